@@ -1,0 +1,15 @@
+//! Kernels: quantized weight formats, dot products with 8-bit-quantized activations (as ggml
+//! does), matrix-vector / matrix-matrix products on a thread pool, and f32 elementwise ops.
+//! SIMD paths are chosen at run time (`is_x86_feature_detected!`), never at compile time, so the
+//! portable binary we ship is fast on every x86-64 CPU.
+//!
+//! OWNER of quant.rs / dot.rs / matmul.rs: kernels helper. ops.rs: models owner.
+
+mod types;
+pub use types::GgmlType;
+
+pub mod ops;
+pub mod quant;
+pub mod matmul;
+
+pub use matmul::{matmul, QWeight, ThreadPool};

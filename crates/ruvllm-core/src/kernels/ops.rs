@@ -1,0 +1,1 @@
+//! f32 elementwise ops. OWNER: lead.
