@@ -3,12 +3,22 @@
 //! every token. A panic inside the worker is caught and reported as `Error::Internal`.
 //! OWNER: models owner (lead). The public interface below is what the binding uses.
 
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
 
-use crate::chat::ChatMessage;
-use crate::sampling::SamplingParams;
+use crate::chat::{ChatMessage, ChatTemplate};
+use crate::gguf::GgufFile;
+use crate::kernels::ThreadPool;
+use crate::kv::KvCache;
+use crate::models::{self, Transformer};
+use crate::sampling::{Sampler, SamplingParams, StopMatcher, StopResult};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::{Error, Result};
 
 /// Options for loading a model.
@@ -107,26 +117,396 @@ pub struct GenerateRequest {
     pub sink: Sink,
 }
 
+/// Most tokens evaluated in one forward call (prefill is split into chunks of this size).
+pub const MAX_BATCH: usize = 512;
+/// Default KV cache length when the caller gives none.
+pub const DEFAULT_CONTEXT: usize = 4096;
+
+/// What the request path shares with the worker: the file (metadata, mmap), tokenizer, template.
+struct Shared {
+    file: GgufFile,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+}
+
+enum Command {
+    Generate(GenerateRequest),
+    Close,
+}
+
 /// A loaded model with its worker thread. Cheap to share behind an `Arc`.
-pub struct Engine { /* lead */ }
+pub struct Engine {
+    info: ModelInfo,
+    shared: Mutex<Option<Arc<Shared>>>,
+    tx: Mutex<Option<Sender<Command>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The model and everything the worker thread owns.
+struct Worker {
+    model: Transformer,
+    shared: Arc<Shared>,
+    pool: ThreadPool,
+    cache: KvCache,
+    scratch: models::transformer::Scratch,
+    context: usize,
+}
+
+static REQUEST_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `general.file_type` as llama.cpp names it.
+fn file_type_name(ft: u64) -> Option<&'static str> {
+    Some(match ft {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => return None,
+    })
+}
+
+fn model_info(file: &GgufFile, cfg: &models::TransformerConfig, context: usize, threads: usize, vocab: usize, has_template: bool) -> ModelInfo {
+    let mut tensor_types = BTreeMap::new();
+    let mut params = 0u64;
+    for t in &file.tensors {
+        *tensor_types.entry(t.dtype.name().to_string()).or_insert(0) += 1;
+        params += t.n_elements();
+    }
+    let quantization = file
+        .get("general.file_type")
+        .and_then(|v| v.as_u64())
+        .and_then(file_type_name)
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            // No file type: name the most common weight type.
+            tensor_types.iter().filter(|(k, _)| k.as_str() != "F32").max_by_key(|(_, n)| **n).map(|(k, _)| k.clone()).unwrap_or_else(|| "F32".into())
+        });
+    ModelInfo {
+        path: file.path.display().to_string(),
+        name: file.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string(),
+        architecture: cfg.architecture.clone(),
+        parameter_count: params,
+        quantization,
+        tensor_types,
+        context_length: context,
+        train_context_length: cfg.train_context,
+        vocab_size: vocab,
+        has_chat_template: has_template,
+        threads,
+    }
+}
 
 impl Engine {
     /// Opens the GGUF, builds tokenizer, template and model, and starts the worker thread.
-    pub fn load(path: &Path, opts: LoadOptions) -> Result<Engine> { todo!() }
-    pub fn info(&self) -> &ModelInfo { todo!() }
+    pub fn load(path: &Path, opts: LoadOptions) -> Result<Engine> {
+        let file = GgufFile::open(path)?;
+        let cfg = models::config_from_gguf(&file)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        if tokenizer.vocab_size() > cfg.vocab_size {
+            return Err(Error::gguf(&file.path, format!("tokenizer has {} tokens but the embedding only {}", tokenizer.vocab_size(), cfg.vocab_size)));
+        }
+        let template = ChatTemplate::from_gguf(&file, &tokenizer)?;
+        let context = match opts.context_size {
+            Some(0) => return Err(Error::InvalidArg("contextSize must be at least 1".into())),
+            Some(c) if c > cfg.train_context => {
+                return Err(Error::InvalidArg(format!("contextSize {c} exceeds the model's context length {}", cfg.train_context)))
+            }
+            Some(c) => c,
+            None => cfg.train_context.min(DEFAULT_CONTEXT),
+        };
+        let threads = match opts.threads {
+            Some(0) => return Err(Error::InvalidArg("threads must be at least 1".into())),
+            Some(t) => t,
+            None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        };
+        let max_batch = MAX_BATCH.min(context);
+        let model = {
+            let loader = models::WeightLoader { file: &file };
+            Transformer::load(&loader, cfg.clone(), context)?
+        };
+        let info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
+        let shared = Arc::new(Shared { file, tokenizer, template });
+        let (tx, rx) = channel();
+        let worker_shared = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("ruvllm-engine".into())
+            .spawn(move || {
+                let worker = Worker {
+                    cache: model.new_cache(context, max_batch),
+                    scratch: model.new_scratch(max_batch),
+                    model,
+                    shared: worker_shared,
+                    pool: ThreadPool::new(threads),
+                    context,
+                };
+                worker.run(rx, opts.seed)
+            })
+            .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
+        Ok(Engine { info, shared: Mutex::new(Some(shared)), tx: Mutex::new(Some(tx)), worker: Mutex::new(Some(handle)) })
+    }
+
+    fn shared(&self) -> Result<Arc<Shared>> {
+        lock(&self.shared).clone().ok_or(Error::Closed)
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
     /// All GGUF metadata as JSON (token arrays included).
-    pub fn metadata_json(&self) -> serde_json::Value { todo!() }
-    pub fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>> { todo!() }
-    pub fn detokenize(&self, ids: &[u32]) -> Result<String> { todo!() }
+    pub fn metadata_json(&self) -> Result<serde_json::Value> {
+        Ok(self.shared()?.file.metadata_json())
+    }
+
+    pub fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        self.shared()?.tokenizer.encode(text, add_special, true)
+    }
+
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        let shared = self.shared()?;
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= shared.tokenizer.vocab_size()) {
+            return Err(Error::InvalidArg(format!("token id {bad} is outside the vocabulary ({})", shared.tokenizer.vocab_size())));
+        }
+        shared.tokenizer.decode(ids, false)
+    }
+
     /// Renders chat messages to the prompt text (the model's template, or `template`).
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], template: Option<&str>) -> Result<String> { todo!() }
-    /// Queues a request. Validation errors (and `Closed`) are returned here; everything after
-    /// goes to the sink.
-    pub fn submit(&self, req: GenerateRequest) -> Result<()> { todo!() }
-    /// Stops the worker, failing queued requests with `Closed`, and frees the model. Idempotent.
-    pub fn close(&self) { todo!() }
-    pub fn is_closed(&self) -> bool { todo!() }
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], template: Option<&str>) -> Result<String> {
+        self.shared()?.render_chat(messages, template)
+    }
+
+    /// Queues a request. `Closed` is returned here; everything after goes to the sink.
+    pub fn submit(&self, req: GenerateRequest) -> Result<()> {
+        let tx = lock(&self.tx);
+        let tx = tx.as_ref().ok_or(Error::Closed)?;
+        tx.send(Command::Generate(req)).map_err(|_| Error::Closed)
+    }
+
+    /// Stops the worker (the running request finishes its current token and ends as aborted is
+    /// not guaranteed: it completes; queued requests fail with `Closed`) and frees the model.
+    pub fn close(&self) {
+        if let Some(tx) = lock(&self.tx).take() {
+            let _ = tx.send(Command::Close);
+        }
+        if let Some(handle) = lock(&self.worker).take() {
+            let _ = handle.join();
+        }
+        lock(&self.shared).take();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        lock(&self.tx).is_none()
+    }
 }
 
-#[allow(dead_code)]
-fn _unused(_: Error) {}
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Shared {
+    fn render_chat(&self, messages: &[ChatMessage], template: Option<&str>) -> Result<String> {
+        if messages.is_empty() {
+            return Err(Error::InvalidArg("messages must not be empty".into()));
+        }
+        let tok = &self.tokenizer;
+        let piece = |id: Option<u32>| id.and_then(|i| tok.decode(&[i], false).ok()).unwrap_or_default();
+        match template {
+            Some(src) => ChatTemplate::new(src, &piece(tok.bos_id()), &piece(tok.eos_id()))?.render(messages, true),
+            None => match &self.template {
+                Some(t) => t.render(messages, true),
+                None => Err(Error::ChatTemplate(
+                    "this model ships no chat template (tokenizer.chat_template); pass a prompt string, or give one with the chatTemplate option".into(),
+                )),
+            },
+        }
+    }
+}
+
+/// Longest common prefix of two token sequences.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<Command>, default_seed: Option<u64>) {
+        while let Ok(cmd) = rx.recv() {
+            let mut req = match cmd {
+                Command::Close => break,
+                Command::Generate(req) => req,
+            };
+            if let Some(seed) = default_seed {
+                if req.params.sampling.seed == 0 {
+                    req.params.sampling.seed = seed;
+                }
+            }
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(&mut req)));
+            let event = match outcome {
+                Ok(Ok(done)) => Event::Done(done),
+                Ok(Err(e)) => Event::Error(e),
+                Err(panic) => {
+                    // The cache may be half-written: forget it.
+                    self.cache.tokens.clear();
+                    Event::Error(Error::from_panic(panic))
+                }
+            };
+            let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(event)));
+        }
+        // Fail whatever is still queued.
+        while let Ok(cmd) = rx.try_recv() {
+            if let Command::Generate(mut req) = cmd {
+                let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(Event::Error(Error::Closed))));
+            }
+        }
+    }
+
+    /// How much of the cached sequence can be kept for `ids` (at least one token is always
+    /// re-evaluated to get logits). Sliding-window rings only keep their window when the old
+    /// sequence did not run far past the shared prefix.
+    fn reusable_prefix(&self, ids: &[u32]) -> usize {
+        let old = &self.cache.tokens;
+        let mut n = common_prefix(old, ids).min(ids.len() - 1);
+        if let Some(window) = self.model.cfg.sliding_window {
+            let ring = self.cache.layers.iter().map(|l| l.capacity).min().unwrap_or(0);
+            if ring < self.context && old.len() > n + ring.saturating_sub(window) {
+                n = 0;
+            }
+        }
+        n
+    }
+
+    fn generate(&mut self, req: &mut GenerateRequest) -> Result<Completion> {
+        let start = Instant::now();
+        let id = format!("cmpl-{}-{}", std::process::id(), REQUEST_COUNTER.fetch_add(1, Ordering::Relaxed));
+        let shared = self.shared.clone();
+        let tok = &shared.tokenizer;
+        let ids = match &req.prompt {
+            Prompt::Text(text) => tok.encode(text, true, true)?,
+            Prompt::Chat(messages) => {
+                let text = shared.render_chat(messages, req.params.chat_template.as_deref())?;
+                // Templates usually write the BOS text themselves; don't add a second one.
+                let bos_text = tok.bos_id().and_then(|b| tok.decode(&[b], false).ok()).unwrap_or_default();
+                let add_special = bos_text.is_empty() || !text.starts_with(&bos_text);
+                tok.encode(&text, add_special, true)?
+            }
+        };
+        if ids.is_empty() {
+            return Err(Error::InvalidArg("the prompt is empty".into()));
+        }
+        if ids.len() >= self.context {
+            return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
+        }
+        let max_new = req.params.max_tokens.min(self.context - ids.len());
+        let completion = |text: String, tokens: Vec<u32>, finish_reason: FinishReason| Completion {
+            id: id.clone(),
+            text,
+            completion_tokens: tokens.len(),
+            tokens,
+            finish_reason,
+            prompt_tokens: ids.len(),
+            ttft_ms: 0.0,
+            prefill_tokens_per_second: 0.0,
+            decode_tokens_per_second: 0.0,
+        };
+        if req.cancel.load(Ordering::Relaxed) {
+            return Ok(completion(String::new(), Vec::new(), FinishReason::Abort));
+        }
+
+        // Prefill.
+        let t_prefill = Instant::now();
+        let n_past = self.reusable_prefix(&ids);
+        for (i, chunk) in ids[n_past..].chunks(self.scratch.max_batch).enumerate() {
+            if req.cancel.load(Ordering::Relaxed) {
+                self.cache.tokens.truncate(n_past + i * self.scratch.max_batch);
+                return Ok(completion(String::new(), Vec::new(), FinishReason::Abort));
+            }
+            self.model.forward(chunk, n_past + i * self.scratch.max_batch, &mut self.cache, &mut self.scratch, &self.pool)?;
+        }
+        let prefill_s = t_prefill.elapsed().as_secs_f64();
+        let prefill_tokens = ids.len() - n_past;
+
+        // Decode.
+        let mut sampler = Sampler::new(req.params.sampling.clone());
+        let mut history = ids.clone();
+        let mut generated = Vec::new();
+        let mut text = String::new();
+        let mut decoder = StreamDecoder::new(tok);
+        let mut stops = StopMatcher::new(req.params.stop.clone());
+        let mut ttft = None;
+        let t_decode = Instant::now();
+        let mut reason = FinishReason::Length;
+        let mut stopped_by_string = false;
+        while generated.len() < max_new {
+            if req.cancel.load(Ordering::Relaxed) {
+                reason = FinishReason::Abort;
+                break;
+            }
+            let next = sampler.sample(&mut self.scratch.logits, &history);
+            if ttft.is_none() {
+                ttft = Some(start.elapsed().as_secs_f64() * 1000.0);
+            }
+            if tok.is_end_of_generation(next) {
+                reason = FinishReason::Stop;
+                break;
+            }
+            generated.push(next);
+            history.push(next);
+            let piece = decoder.push(next)?;
+            let (emit, stopped) = match stops.push(&piece) {
+                StopResult::Continue(t) => (t, false),
+                StopResult::Stop(t) => (t, true),
+            };
+            text.push_str(&emit);
+            (req.sink)(Event::Token { id: next, text: emit });
+            if stopped {
+                reason = FinishReason::Stop;
+                stopped_by_string = true;
+                break;
+            }
+            if generated.len() == max_new {
+                break;
+            }
+            let pos = history.len() - 1;
+            self.model.forward(&[next], pos, &mut self.cache, &mut self.scratch, &self.pool)?;
+        }
+        if !stopped_by_string {
+            // Flush held-back text (an incomplete character, or a suffix that could have begun
+            // a stop string).
+            let tail = decoder.finish();
+            let tail = match stops.push(&tail) {
+                StopResult::Continue(t) => t + &stops.flush(),
+                StopResult::Stop(t) => t,
+            };
+            if !tail.is_empty() {
+                text.push_str(&tail);
+                let last = generated.last().copied().unwrap_or(0);
+                (req.sink)(Event::Token { id: last, text: tail });
+            }
+        }
+        let decode_s = t_decode.elapsed().as_secs_f64();
+        let mut c = completion(text, generated, reason);
+        c.ttft_ms = ttft.unwrap_or(0.0);
+        c.prefill_tokens_per_second = if prefill_s > 0.0 { prefill_tokens as f64 / prefill_s } else { 0.0 };
+        let decoded = c.completion_tokens.saturating_sub(1);
+        c.decode_tokens_per_second = if decode_s > 0.0 && decoded > 0 { decoded as f64 / decode_s } else { 0.0 };
+        Ok(c)
+    }
+}

@@ -1,1 +1,56 @@
-//! Model architectures. OWNER: lead.
+//! Model architectures: one file per family maps the checkpoint's metadata to a
+//! [`TransformerConfig`]; the shared decoder lives in `transformer.rs`.
+
+pub mod gemma3;
+pub mod llama;
+pub mod transformer;
+
+pub use transformer::{Transformer, TransformerConfig, WeightLoader};
+
+use crate::gguf::GgufFile;
+use crate::{Error, Result};
+
+/// Architectures we can run (`general.architecture`).
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["gemma3", "llama", "mistral", "qwen2"];
+
+/// Reads the config of a supported architecture, validating it.
+pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
+    let arch = file.get_str("general.architecture")?;
+    let embd = file
+        .tensor("token_embd.weight")
+        .ok_or_else(|| Error::gguf(&file.path, "missing tensor 'token_embd.weight'"))?;
+    let vocab = match embd.dims.as_slice() {
+        [_, v] => *v as usize,
+        d => return Err(Error::gguf(&file.path, format!("tensor 'token_embd.weight' has shape {d:?}, expected 2-D"))),
+    };
+    let cfg = match arch {
+        "gemma3" => gemma3::config(file, vocab)?,
+        "llama" | "mistral" | "qwen2" => llama::config(file, arch, vocab)?,
+        other => {
+            return Err(Error::unsupported(
+                &file.path,
+                format!("architecture '{other}' is not supported (supported: {})", SUPPORTED_ARCHITECTURES.join(", ")),
+            ))
+        }
+    };
+    validate(file, &cfg)?;
+    Ok(cfg)
+}
+
+fn validate(file: &GgufFile, c: &TransformerConfig) -> Result<()> {
+    let bad = |m: String| Err(Error::gguf(&file.path, m));
+    let dims = [c.n_layer, c.d_model, c.n_head, c.n_kv_head, c.head_dim, c.ff_dim, c.vocab_size];
+    if dims.iter().any(|&v| v == 0 || v > 1 << 20) {
+        return bad(format!("implausible model dimensions {dims:?}"));
+    }
+    if c.n_head % c.n_kv_head != 0 {
+        return bad(format!("head_count {} is not a multiple of head_count_kv {}", c.n_head, c.n_kv_head));
+    }
+    if c.rope_dim > c.head_dim || c.rope_dim % 2 != 0 {
+        return bad(format!("rope dimension {} does not fit head dimension {}", c.rope_dim, c.head_dim));
+    }
+    if !(c.norm_eps.is_finite() && c.norm_eps >= 0.0) || !(c.rope_base.is_finite() && c.rope_base > 0.0) {
+        return bad("invalid norm epsilon or RoPE base".into());
+    }
+    Ok(())
+}

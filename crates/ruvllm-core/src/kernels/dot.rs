@@ -1,0 +1,337 @@
+//! Dot products of one weight row (raw ggml blocks) with one quantized activation row, as
+//! ggml's `ggml_vec_dot_*`: scalar reference versions here, SIMD versions in `simd_avx2`,
+//! chosen once at run time by [`kernels`]. OWNER: kernels helper.
+//!
+//! Every function takes the weight row as bytes (`nb × type_size` long) and the activation row
+//! (`nb` blocks, or `cols` f32 for the float formats). Lengths are checked by the callers
+//! (`matmul`), so the SIMD versions may rely on them.
+
+use std::sync::OnceLock;
+
+use half::{bf16, f16};
+
+use super::quant::{f16_at, get_scale_min_k4, BlockQ8, BlockQ8K, QK, QK_K};
+use super::GgmlType;
+
+/// Weight row × Q8 activation row (the 32-element formats).
+pub type DotQ8Fn = unsafe fn(w: &[u8], a: &[BlockQ8]) -> f32;
+/// Weight row × Q8_K activation row (the K-quants).
+pub type DotQ8KFn = unsafe fn(w: &[u8], a: &[BlockQ8K]) -> f32;
+/// Weight row × f32 activations (F32, F16, BF16).
+pub type DotF32Fn = unsafe fn(w: &[u8], x: &[f32]) -> f32;
+
+/// The dot product to use for one weight type.
+#[derive(Clone, Copy)]
+pub enum DotKernel {
+    /// Activations quantized to [`BlockQ8`].
+    Q8(DotQ8Fn),
+    /// Activations quantized to [`BlockQ8K`].
+    Q8K(DotQ8KFn),
+    /// Activations kept as f32.
+    F32(DotF32Fn),
+}
+
+/// One complete set of dot products.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    pub q4_0: DotQ8Fn,
+    pub q4_1: DotQ8Fn,
+    pub q5_0: DotQ8Fn,
+    pub q5_1: DotQ8Fn,
+    pub q8_0: DotQ8Fn,
+    pub q4_k: DotQ8KFn,
+    pub q5_k: DotQ8KFn,
+    pub q6_k: DotQ8KFn,
+    pub f32: DotF32Fn,
+    pub f16: DotF32Fn,
+    pub bf16: DotF32Fn,
+    /// Name of the instruction set, for logs and benchmarks.
+    pub isa: &'static str,
+}
+
+impl Kernels {
+    /// The kernel for weights of type `ty`, `None` when unsupported.
+    pub fn for_type(&self, ty: GgmlType) -> Option<DotKernel> {
+        Some(match ty {
+            GgmlType::Q4_0 => DotKernel::Q8(self.q4_0),
+            GgmlType::Q4_1 => DotKernel::Q8(self.q4_1),
+            GgmlType::Q5_0 => DotKernel::Q8(self.q5_0),
+            GgmlType::Q5_1 => DotKernel::Q8(self.q5_1),
+            GgmlType::Q8_0 => DotKernel::Q8(self.q8_0),
+            GgmlType::Q4_K => DotKernel::Q8K(self.q4_k),
+            GgmlType::Q5_K => DotKernel::Q8K(self.q5_k),
+            GgmlType::Q6_K => DotKernel::Q8K(self.q6_k),
+            GgmlType::F32 => DotKernel::F32(self.f32),
+            GgmlType::F16 => DotKernel::F32(self.f16),
+            GgmlType::BF16 => DotKernel::F32(self.bf16),
+            _ => return None,
+        })
+    }
+}
+
+/// The portable scalar kernels (reference implementations).
+pub static SCALAR: Kernels = Kernels {
+    q4_0: dot_q4_0,
+    q4_1: dot_q4_1,
+    q5_0: dot_q5_0,
+    q5_1: dot_q5_1,
+    q8_0: dot_q8_0,
+    q4_k: dot_q4_k,
+    q5_k: dot_q5_k,
+    q6_k: dot_q6_k,
+    f32: dot_f32,
+    f16: dot_f16,
+    bf16: dot_bf16,
+    isa: "scalar",
+};
+
+/// The best kernels for this CPU, detected once.
+pub fn kernels() -> &'static Kernels {
+    static BEST: OnceLock<Kernels> = OnceLock::new();
+    BEST.get_or_init(detect)
+}
+
+fn detect() -> Kernels {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::env::var_os("RUVLLM_FORCE_SCALAR").is_none()
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+        {
+            return super::simd_avx2::kernels(is_x86_feature_detected!("f16c"));
+        }
+    }
+    SCALAR
+}
+
+// ---------------------------------------------------------------------------------------------
+// scalar reference dot products (ggml_vec_dot_*_generic)
+// ---------------------------------------------------------------------------------------------
+
+/// Q4_0 × Q8_0.
+pub fn dot_q4_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(18).zip(a) {
+        let qs = &b[2..18];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let v0 = (qs[j] & 0x0F) as i32 - 8;
+            let v1 = (qs[j] >> 4) as i32 - 8;
+            sumi += v0 * y.qs[j] as i32 + v1 * y.qs[j + 16] as i32;
+        }
+        sumf += sumi as f32 * (f16_at(b, 0) * y.d);
+    }
+    sumf
+}
+
+/// Q4_1 × Q8_1.
+pub fn dot_q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(20).zip(a) {
+        let qs = &b[4..20];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            sumi += (qs[j] & 0x0F) as i32 * y.qs[j] as i32 + (qs[j] >> 4) as i32 * y.qs[j + 16] as i32;
+        }
+        sumf += sumi as f32 * (f16_at(b, 0) * y.d) + f16_at(b, 2) * y.s;
+    }
+    sumf
+}
+
+/// Q5_0 × Q8_0.
+pub fn dot_q5_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(22).zip(a) {
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let qs = &b[6..22];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let xh0 = (((qh >> j) << 4) & 0x10) as u8;
+            let xh1 = ((qh >> (j + 12)) & 0x10) as u8;
+            let x0 = ((qs[j] & 0x0F) | xh0) as i32 - 16;
+            let x1 = ((qs[j] >> 4) | xh1) as i32 - 16;
+            sumi += x0 * y.qs[j] as i32 + x1 * y.qs[j + 16] as i32;
+        }
+        sumf += sumi as f32 * (f16_at(b, 0) * y.d);
+    }
+    sumf
+}
+
+/// Q5_1 × Q8_1.
+pub fn dot_q5_1(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(24).zip(a) {
+        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        let qs = &b[8..24];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let xh0 = (((qh >> j) << 4) & 0x10) as u8;
+            let xh1 = ((qh >> (j + 12)) & 0x10) as u8;
+            let x0 = ((qs[j] & 0x0F) | xh0) as i32;
+            let x1 = ((qs[j] >> 4) | xh1) as i32;
+            sumi += x0 * y.qs[j] as i32 + x1 * y.qs[j + 16] as i32;
+        }
+        sumf += sumi as f32 * (f16_at(b, 0) * y.d) + f16_at(b, 2) * y.s;
+    }
+    sumf
+}
+
+/// Q8_0 × Q8_0.
+pub fn dot_q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(34).zip(a) {
+        let mut sumi = 0i32;
+        for j in 0..QK {
+            sumi += (b[2 + j] as i8) as i32 * y.qs[j] as i32;
+        }
+        sumf += sumi as f32 * (f16_at(b, 0) * y.d);
+    }
+    sumf
+}
+
+/// The min correction `Σ_j mins[j]·(bsums[2j] + bsums[2j+1])` of a Q4_K/Q5_K block.
+#[inline(always)]
+fn k_min_sum(scales: &[u8], y: &BlockQ8K) -> (i32, [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut msum = 0i32;
+    for j in 0..8 {
+        let (s, m) = get_scale_min_k4(j, scales);
+        sc[j] = s;
+        msum += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
+    }
+    (msum, sc)
+}
+
+/// Q4_K × Q8_K.
+pub fn dot_q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(144).zip(a) {
+        let (msum, sc) = k_min_sum(&b[4..16], y);
+        let qs = &b[16..144];
+        let mut isum = 0i32;
+        for k in 0..4 {
+            let q = &qs[32 * k..32 * k + 32];
+            let y0 = &y.qs[64 * k..64 * k + 32];
+            let y1 = &y.qs[64 * k + 32..64 * k + 64];
+            let (mut s0, mut s1) = (0i32, 0i32);
+            for l in 0..32 {
+                s0 += (q[l] & 0xF) as i32 * y0[l] as i32;
+                s1 += (q[l] >> 4) as i32 * y1[l] as i32;
+            }
+            isum += sc[2 * k] as i32 * s0 + sc[2 * k + 1] as i32 * s1;
+        }
+        sumf += f16_at(b, 0) * y.d * isum as f32 - f16_at(b, 2) * y.d * msum as f32;
+    }
+    sumf
+}
+
+/// Q5_K × Q8_K.
+pub fn dot_q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(176).zip(a) {
+        let (msum, sc) = k_min_sum(&b[4..16], y);
+        let qh = &b[16..48];
+        let qs = &b[48..176];
+        let mut isum = 0i32;
+        for k in 0..4 {
+            let q = &qs[32 * k..32 * k + 32];
+            let y0 = &y.qs[64 * k..64 * k + 32];
+            let y1 = &y.qs[64 * k + 32..64 * k + 64];
+            let (mut s0, mut s1) = (0i32, 0i32);
+            for l in 0..32 {
+                let h0 = ((qh[l] >> (2 * k)) & 1) << 4;
+                let h1 = ((qh[l] >> (2 * k + 1)) & 1) << 4;
+                s0 += ((q[l] & 0xF) | h0) as i32 * y0[l] as i32;
+                s1 += ((q[l] >> 4) | h1) as i32 * y1[l] as i32;
+            }
+            isum += sc[2 * k] as i32 * s0 + sc[2 * k + 1] as i32 * s1;
+        }
+        sumf += f16_at(b, 0) * y.d * isum as f32 - f16_at(b, 2) * y.d * msum as f32;
+    }
+    sumf
+}
+
+/// Q6_K × Q8_K.
+pub fn dot_q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(210).zip(a) {
+        let mut isum = 0i32;
+        for n in 0..2 {
+            let ql = &b[64 * n..64 * n + 64];
+            let qh = &b[128 + 32 * n..128 + 32 * n + 32];
+            let sc = &b[192 + 8 * n..192 + 8 * n + 8];
+            let yq = &y.qs[128 * n..128 * n + 128];
+            let mut s = [0i32; 8];
+            for l in 0..32 {
+                let is = l / 16;
+                let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                s[is] += q1 * yq[l] as i32;
+                s[is + 2] += q2 * yq[l + 32] as i32;
+                s[is + 4] += q3 * yq[l + 64] as i32;
+                s[is + 6] += q4 * yq[l + 96] as i32;
+            }
+            for g in 0..8 {
+                isum += (sc[g] as i8) as i32 * s[g];
+            }
+        }
+        sumf += f16_at(b, 208) * y.d * isum as f32;
+    }
+    sumf
+}
+
+/// F32 × f32.
+pub fn dot_f32(w: &[u8], x: &[f32]) -> f32 {
+    // 8 partial sums so that the compiler can vectorize (SSE2) and the rounding is stable.
+    let mut acc = [0f32; 8];
+    for (c, xs) in w.chunks_exact(32).zip(x.chunks_exact(8)) {
+        for i in 0..8 {
+            let v = f32::from_le_bytes([c[4 * i], c[4 * i + 1], c[4 * i + 2], c[4 * i + 3]]);
+            acc[i] += v * xs[i];
+        }
+    }
+    let done = (x.len() / 8) * 8;
+    let mut tail = 0f32;
+    for i in done..x.len() {
+        let o = 4 * i;
+        tail += f32::from_le_bytes([w[o], w[o + 1], w[o + 2], w[o + 3]]) * x[i];
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// F16 × f32.
+pub fn dot_f16(w: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (c, xs) in w.chunks_exact(16).zip(x.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += f16::from_bits(u16::from_le_bytes([c[2 * i], c[2 * i + 1]])).to_f32() * xs[i];
+        }
+    }
+    let done = (x.len() / 8) * 8;
+    let mut tail = 0f32;
+    for i in done..x.len() {
+        tail += f16::from_bits(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])).to_f32() * x[i];
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// BF16 × f32.
+pub fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (c, xs) in w.chunks_exact(16).zip(x.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += bf16::from_bits(u16::from_le_bytes([c[2 * i], c[2 * i + 1]])).to_f32() * xs[i];
+        }
+    }
+    let done = (x.len() / 8) * 8;
+    let mut tail = 0f32;
+    for i in done..x.len() {
+        tail += bf16::from_bits(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])).to_f32() * x[i];
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[allow(dead_code)]
+const _: () = assert!(QK_K == 256);

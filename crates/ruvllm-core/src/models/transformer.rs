@@ -1,0 +1,411 @@
+//! The decoder-only transformer shared by our architecture families. Each family file
+//! (`gemma3.rs`, `llama.rs`) reads its checkpoint's metadata into a [`TransformerConfig`] and
+//! loads its tensors by their GGUF names; the forward pass here follows llama.cpp's graphs
+//! (`llm_build_gemma3_iswa`, `llm_build_llama`, `llm_build_qwen2`) so greedy output matches it.
+
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::kernels::matmul::WeightData;
+use crate::kernels::ops::{self, RopeStyle, RopeTable};
+use crate::kernels::{matmul, GgmlType, QWeight, ThreadPool};
+use crate::kv::{KvCache, LayerCache};
+use crate::{Error, Result};
+use std::sync::Arc;
+
+/// Feed-forward activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// GELU (tanh approximation) gate: Gemma.
+    GeluTanh,
+    /// SiLU gate (SwiGLU): Llama, Qwen2, Mistral.
+    Silu,
+}
+
+/// Everything the forward pass needs to know about an architecture instance.
+#[derive(Debug, Clone)]
+pub struct TransformerConfig {
+    pub architecture: String,
+    pub n_layer: usize,
+    pub d_model: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub ff_dim: usize,
+    pub vocab_size: usize,
+    pub norm_eps: f32,
+    pub train_context: usize,
+    pub rope_base: f32,
+    /// RoPE base of sliding-window layers, when it differs (Gemma 3: 10,000).
+    pub rope_base_swa: Option<f32>,
+    pub rope_dim: usize,
+    pub rope_style: RopeStyle,
+    pub rope_linear_factor: f32,
+    pub sliding_window: Option<usize>,
+    /// Per layer: does it use the sliding window?
+    pub swa_layers: Vec<bool>,
+    pub activation: Activation,
+    /// Per-head RMSNorm of Q and K (Gemma 3).
+    pub qk_norm: bool,
+    /// RMSNorm after attention and after the FFN, before the residual add (Gemma).
+    pub sandwich_norm: bool,
+    /// Multiply embeddings by this (Gemma: sqrt(d_model)).
+    pub embed_scale: Option<f32>,
+    /// Scale applied to attention scores.
+    pub attn_scale: f32,
+    pub qkv_bias: bool,
+    pub final_logit_softcap: Option<f32>,
+}
+
+/// One decoder block's weights, by GGUF name `blk.N.*`.
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub wq: QWeight,
+    pub wk: QWeight,
+    pub wv: QWeight,
+    pub wo: QWeight,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub ffn_gate: QWeight,
+    pub ffn_up: QWeight,
+    pub ffn_down: QWeight,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// Reads weights out of a GGUF file, checking shapes against the config.
+pub struct WeightLoader<'a> {
+    pub file: &'a GgufFile,
+}
+
+impl<'a> WeightLoader<'a> {
+    fn info(&self, name: &str) -> Result<&'a TensorInfo> {
+        self.file
+            .tensor(name)
+            .ok_or_else(|| Error::gguf(&self.file.path, format!("missing tensor '{name}'")))
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.file.tensor(name).is_some()
+    }
+
+    /// A `rows × cols` matrix (GGUF dims `[cols, rows]`), kept in its quantized form.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QWeight> {
+        let info = self.info(name)?;
+        if info.dims != [cols as u64, rows as u64] {
+            return Err(Error::gguf(
+                &self.file.path,
+                format!("tensor '{name}' has shape {:?}, expected [{cols}, {rows}]", info.dims),
+            ));
+        }
+        if !info.dtype.is_supported_weight() {
+            return Err(Error::unsupported(
+                &self.file.path,
+                format!("tensor '{name}' has type {}, which ruvllm cannot run yet", info.dtype.name()),
+            ));
+        }
+        let data = WeightData::Mapped {
+            storage: self.file.storage(),
+            offset: info.offset as usize,
+            len: info.size as usize,
+        };
+        QWeight::new(info.dtype, rows, cols, data).map_err(|m| Error::gguf(&self.file.path, format!("tensor '{name}': {m}")))
+    }
+
+    /// A 1-D tensor of length `len`, as f32.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let info = self.info(name)?;
+        if info.dims != [len as u64] {
+            return Err(Error::gguf(
+                &self.file.path,
+                format!("tensor '{name}' has shape {:?}, expected [{len}]", info.dims),
+            ));
+        }
+        if !matches!(info.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            return Err(Error::unsupported(
+                &self.file.path,
+                format!("1-D tensor '{name}' has type {}; expected F32, F16 or BF16", info.dtype.name()),
+            ));
+        }
+        let mut out = vec![0.0; len];
+        crate::kernels::quant::dequantize(info.dtype, self.file.tensor_bytes(info), &mut out);
+        Ok(out)
+    }
+
+    pub fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+        if self.has(name) {
+            self.vector(name, len).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+impl Layer {
+    /// Loads block `i` (`blk.{i}.*`).
+    pub fn load(w: &WeightLoader, cfg: &TransformerConfig, i: usize) -> Result<Self> {
+        let p = |n: &str| format!("blk.{i}.{n}");
+        let (d, q_dim, kv_dim) = (cfg.d_model, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
+        let bias = |n: &str, len| if cfg.qkv_bias { w.optional_vector(&p(n), len) } else { Ok(None) };
+        let norm = |n: &str, len| if w.has(&p(n)) { w.vector(&p(n), len).map(Some) } else { Ok(None) };
+        let layer = Layer {
+            attn_norm: w.vector(&p("attn_norm.weight"), d)?,
+            wq: w.matrix(&p("attn_q.weight"), q_dim, d)?,
+            wk: w.matrix(&p("attn_k.weight"), kv_dim, d)?,
+            wv: w.matrix(&p("attn_v.weight"), kv_dim, d)?,
+            wo: w.matrix(&p("attn_output.weight"), d, q_dim)?,
+            bq: bias("attn_q.bias", q_dim)?,
+            bk: bias("attn_k.bias", kv_dim)?,
+            bv: bias("attn_v.bias", kv_dim)?,
+            q_norm: if cfg.qk_norm { Some(w.vector(&p("attn_q_norm.weight"), cfg.head_dim)?) } else { None },
+            k_norm: if cfg.qk_norm { Some(w.vector(&p("attn_k_norm.weight"), cfg.head_dim)?) } else { None },
+            post_attn_norm: if cfg.sandwich_norm { Some(w.vector(&p("post_attention_norm.weight"), d)?) } else { norm("post_attention_norm.weight", d)? },
+            ffn_norm: w.vector(&p("ffn_norm.weight"), d)?,
+            ffn_gate: w.matrix(&p("ffn_gate.weight"), cfg.ff_dim, d)?,
+            ffn_up: w.matrix(&p("ffn_up.weight"), cfg.ff_dim, d)?,
+            ffn_down: w.matrix(&p("ffn_down.weight"), d, cfg.ff_dim)?,
+            post_ffn_norm: if cfg.sandwich_norm { Some(w.vector(&p("post_ffw_norm.weight"), d)?) } else { None },
+        };
+        Ok(layer)
+    }
+}
+
+/// Reusable activation buffers for up to `max_batch` tokens: nothing is allocated per token.
+pub struct Scratch {
+    pub max_batch: usize,
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    pub logits: Vec<f32>,
+}
+
+/// A loaded decoder-only transformer.
+pub struct Transformer {
+    pub cfg: TransformerConfig,
+    pub embed: QWeight,
+    pub layers: Vec<Layer>,
+    pub output_norm: Vec<f32>,
+    /// The LM head; the same bytes as `embed` when the embeddings are tied.
+    pub output: QWeight,
+    rope: Arc<RopeTable>,
+    rope_swa: Arc<RopeTable>,
+}
+
+thread_local! {
+    /// Per-thread attention score row, grown to the longest span seen (no per-token allocation).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Lets pool tasks write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// A method (not field access) so closures capture the whole `Sync` wrapper.
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
+impl Transformer {
+    /// Builds the model from a config and the file's tensors. RoPE tables are sized to
+    /// `context` (not the model's maximum) and shared by all layers with the same base.
+    pub fn load(w: &WeightLoader, cfg: TransformerConfig, context: usize) -> Result<Self> {
+        let embed = w.matrix("token_embd.weight", cfg.vocab_size, cfg.d_model)?;
+        let output = if w.has("output.weight") {
+            w.matrix("output.weight", cfg.vocab_size, cfg.d_model)?
+        } else {
+            embed.clone()
+        };
+        let layers = (0..cfg.n_layer).map(|i| Layer::load(w, &cfg, i)).collect::<Result<Vec<_>>>()?;
+        let output_norm = w.vector("output_norm.weight", cfg.d_model)?;
+        let rope = Arc::new(RopeTable::new(cfg.rope_dim, cfg.rope_base, cfg.rope_linear_factor, context, cfg.rope_style));
+        let rope_swa = match cfg.rope_base_swa {
+            Some(b) if b != cfg.rope_base => Arc::new(RopeTable::new(cfg.rope_dim, b, 1.0, context, cfg.rope_style)),
+            _ => rope.clone(),
+        };
+        Ok(Transformer { cfg, embed, layers, output_norm, output, rope, rope_swa })
+    }
+
+    /// A KV cache for `context` positions with ring buffers for sliding-window layers.
+    pub fn new_cache(&self, context: usize, max_batch: usize) -> KvCache {
+        let caps: Vec<usize> = (0..self.cfg.n_layer)
+            .map(|l| match (self.cfg.sliding_window, self.cfg.swa_layers[l]) {
+                (Some(w), true) => context.min(w + max_batch),
+                _ => context,
+            })
+            .collect();
+        KvCache::new(&caps, self.cfg.n_kv_head * self.cfg.head_dim)
+    }
+
+    pub fn new_scratch(&self, max_batch: usize) -> Scratch {
+        let c = &self.cfg;
+        let (q_dim, kv_dim) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
+        Scratch {
+            max_batch,
+            x: vec![0.0; max_batch * c.d_model],
+            xn: vec![0.0; max_batch * c.d_model],
+            q: vec![0.0; max_batch * q_dim],
+            k: vec![0.0; max_batch * kv_dim],
+            v: vec![0.0; max_batch * kv_dim],
+            attn: vec![0.0; max_batch * q_dim],
+            proj: vec![0.0; max_batch * c.d_model],
+            gate: vec![0.0; max_batch * c.ff_dim],
+            up: vec![0.0; max_batch * c.ff_dim],
+            logits: vec![0.0; c.vocab_size],
+        }
+    }
+
+    /// Runs `tokens` (at most `scratch.max_batch`) at positions `pos0..`, appending their keys
+    /// and values to `cache`, and leaves the logits of the last token in `scratch.logits`.
+    pub fn forward(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, s: &mut Scratch, pool: &ThreadPool) -> Result<()> {
+        let c = &self.cfg;
+        let n = tokens.len();
+        if n == 0 || n > s.max_batch {
+            return Err(Error::Internal(format!("forward called with {n} tokens (max {})", s.max_batch)));
+        }
+        if pos0 + n > self.rope.max_pos() {
+            return Err(Error::ContextOverflow { tokens: pos0 + n, context: self.rope.max_pos() });
+        }
+        let d = c.d_model;
+        let (q_dim, kv_dim) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
+        for (t, &tok) in tokens.iter().enumerate() {
+            if tok as usize >= c.vocab_size {
+                return Err(Error::InvalidArg(format!("token id {tok} is outside the vocabulary ({})", c.vocab_size)));
+            }
+            let row = &mut s.x[t * d..(t + 1) * d];
+            self.embed.dequantize_row(tok as usize, row);
+            if let Some(scale) = c.embed_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            let swa = c.swa_layers[l];
+            let rope = if swa { &self.rope_swa } else { &self.rope };
+            // Attention block.
+            for t in 0..n {
+                ops::rms_norm(&s.x[t * d..(t + 1) * d], &layer.attn_norm, c.norm_eps, &mut s.xn[t * d..(t + 1) * d]);
+            }
+            let xn = &s.xn[..n * d];
+            matmul(pool, &layer.wq, xn, n, &mut s.q[..n * q_dim]);
+            matmul(pool, &layer.wk, xn, n, &mut s.k[..n * kv_dim]);
+            matmul(pool, &layer.wv, xn, n, &mut s.v[..n * kv_dim]);
+            for t in 0..n {
+                let q = &mut s.q[t * q_dim..(t + 1) * q_dim];
+                let k = &mut s.k[t * kv_dim..(t + 1) * kv_dim];
+                let v = &mut s.v[t * kv_dim..(t + 1) * kv_dim];
+                if let Some(b) = &layer.bq {
+                    ops::add_inplace(q, b);
+                }
+                if let Some(b) = &layer.bk {
+                    ops::add_inplace(k, b);
+                }
+                if let Some(b) = &layer.bv {
+                    ops::add_inplace(v, b);
+                }
+                if let Some(w) = &layer.q_norm {
+                    ops::rms_norm_chunks_inplace(q, w, c.norm_eps);
+                }
+                if let Some(w) = &layer.k_norm {
+                    ops::rms_norm_chunks_inplace(k, w, c.norm_eps);
+                }
+                rope.apply(q, c.head_dim, pos0 + t);
+                rope.apply(k, c.head_dim, pos0 + t);
+                cache.layers[l].store(pos0 + t, k, v);
+            }
+            let window = if swa { c.sliding_window } else { None };
+            self.attention(&cache.layers[l], n, pos0, window, s, pool);
+            matmul(pool, &layer.wo, &s.attn[..n * q_dim], n, &mut s.proj[..n * d]);
+            for t in 0..n {
+                let proj = &mut s.proj[t * d..(t + 1) * d];
+                if let Some(w) = &layer.post_attn_norm {
+                    ops::rms_norm_chunks_inplace(proj, w, c.norm_eps);
+                }
+                ops::add_inplace(&mut s.x[t * d..(t + 1) * d], proj);
+            }
+            // Feed-forward block.
+            for t in 0..n {
+                ops::rms_norm(&s.x[t * d..(t + 1) * d], &layer.ffn_norm, c.norm_eps, &mut s.xn[t * d..(t + 1) * d]);
+            }
+            let xn = &s.xn[..n * d];
+            let ff = c.ff_dim;
+            matmul(pool, &layer.ffn_gate, xn, n, &mut s.gate[..n * ff]);
+            matmul(pool, &layer.ffn_up, xn, n, &mut s.up[..n * ff]);
+            let act = c.activation;
+            for (g, &u) in s.gate[..n * ff].iter_mut().zip(&s.up[..n * ff]) {
+                *g = match act {
+                    Activation::GeluTanh => ops::gelu_tanh(*g),
+                    Activation::Silu => ops::silu(*g),
+                } * u;
+            }
+            matmul(pool, &layer.ffn_down, &s.gate[..n * ff], n, &mut s.proj[..n * d]);
+            for t in 0..n {
+                let proj = &mut s.proj[t * d..(t + 1) * d];
+                if let Some(w) = &layer.post_ffn_norm {
+                    ops::rms_norm_chunks_inplace(proj, w, c.norm_eps);
+                }
+                ops::add_inplace(&mut s.x[t * d..(t + 1) * d], proj);
+            }
+        }
+        cache.tokens.truncate(pos0);
+        cache.tokens.extend_from_slice(tokens);
+        // Final norm and LM head on the last token only.
+        let last = &s.x[(n - 1) * d..n * d];
+        ops::rms_norm(last, &self.output_norm, c.norm_eps, &mut s.xn[..d]);
+        matmul(pool, &self.output, &s.xn[..d], 1, &mut s.logits);
+        if let Some(cap) = c.final_logit_softcap {
+            s.logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+        }
+        Ok(())
+    }
+
+    /// Causal (optionally sliding-window) attention of the `n` new queries over the cache.
+    fn attention(&self, cache: &LayerCache, n: usize, pos0: usize, window: Option<usize>, s: &mut Scratch, pool: &ThreadPool) {
+        let c = &self.cfg;
+        let (hd, n_head) = (c.head_dim, c.n_head);
+        let group = n_head / c.n_kv_head;
+        let q_dim = n_head * hd;
+        let kv_row = c.n_kv_head * hd;
+        let attn = SharedMut(s.attn.as_mut_ptr());
+        let q_all = &s.q;
+        let scale = c.attn_scale;
+        let task = |i: usize| {
+            let (t, h) = (i / n_head, i % n_head);
+            let pos = pos0 + t;
+            let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let g = h / group;
+            let q = &q_all[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+            // SAFETY: task i owns attn[t*q_dim + h*hd ..][..hd]: disjoint across tasks and inside
+            // the buffer (sized for max_batch tokens in new_scratch; n <= max_batch).
+            let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd), hd) };
+            SCORES.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            if buf.len() < pos + 1 - lo {
+                buf.resize(pos + 1 - lo, 0.0);
+            }
+            let sc = &mut buf[..pos + 1 - lo];
+            for (j, p) in (lo..=pos).enumerate() {
+                let off = cache.slot(p) * kv_row + g * hd;
+                sc[j] = ops::dot(q, &cache.k[off..off + hd]) * scale;
+            }
+            ops::softmax_inplace(sc);
+            out.iter_mut().for_each(|v| *v = 0.0);
+            for (j, p) in (lo..=pos).enumerate() {
+                let off = cache.slot(p) * kv_row + g * hd;
+                ops::axpy(out, sc[j], &cache.v[off..off + hd]);
+            }
+            });
+        };
+        pool.for_each(n * n_head, &task);
+    }
+}

@@ -1,0 +1,184 @@
+//! The Llama-family forward pass against candle-transformers' quantized llama / qwen2 on tiny
+//! synthetic GGUFs that this test writes itself: same file, same tokens, logits compared after
+//! a prefill and after one decode step, for several weight types.
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, Tensor};
+use candle_transformers::models::{quantized_llama, quantized_qwen2};
+use ruvllm_core::gguf::writer::GgufWriter;
+use ruvllm_core::gguf::{GgufFile, MetadataValue};
+use ruvllm_core::kernels::{quant, GgmlType, ThreadPool};
+use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
+
+const VOCAB: usize = 128;
+const D: usize = 256;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const FF: usize = 512;
+const LAYERS: usize = 2;
+const PROMPT: [u32; 7] = [1, 17, 42, 99, 5, 63, 127];
+
+/// Deterministic pseudo-random weights (xorshift), scaled.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+fn build(arch: &str, ty: GgmlType, tied: bool) -> Vec<u8> {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut w = GgufWriter::new();
+    let key = |k: &str| format!("{arch}.{k}");
+    w.add_metadata("general.architecture", MetadataValue::String(arch.into()));
+    w.add_metadata(&key("context_length"), MetadataValue::U32(256));
+    w.add_metadata(&key("embedding_length"), MetadataValue::U32(D as u32));
+    w.add_metadata(&key("block_count"), MetadataValue::U32(LAYERS as u32));
+    w.add_metadata(&key("feed_forward_length"), MetadataValue::U32(FF as u32));
+    w.add_metadata(&key("attention.head_count"), MetadataValue::U32(HEADS as u32));
+    w.add_metadata(&key("attention.head_count_kv"), MetadataValue::U32(KV_HEADS as u32));
+    w.add_metadata(&key("rope.dimension_count"), MetadataValue::U32((D / HEADS) as u32));
+    w.add_metadata(&key("rope.freq_base"), MetadataValue::F32(10000.0));
+    w.add_metadata(&key("attention.layer_norm_rms_epsilon"), MetadataValue::F32(1e-5));
+    let mut matrix = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, t: GgmlType| {
+        let data = rng.vec(rows * cols, 1.0 / (cols as f32).sqrt() * 1.7);
+        let bytes = if t == GgmlType::F32 { data.iter().flat_map(|v| v.to_le_bytes()).collect() } else { quant::quantize(t, &data) };
+        w.add_tensor(name, &[cols as u64, rows as u64], t, bytes);
+    };
+    matrix(&mut w, "token_embd.weight", VOCAB, D, ty);
+    if !tied {
+        matrix(&mut w, "output.weight", VOCAB, D, ty);
+    }
+    let hd = D / HEADS;
+    for l in 0..LAYERS {
+        let p = |n: &str| format!("blk.{l}.{n}");
+        matrix(&mut w, &p("attn_q.weight"), HEADS * hd, D, ty);
+        matrix(&mut w, &p("attn_k.weight"), KV_HEADS * hd, D, ty);
+        matrix(&mut w, &p("attn_v.weight"), KV_HEADS * hd, D, ty);
+        matrix(&mut w, &p("attn_output.weight"), D, HEADS * hd, ty);
+        matrix(&mut w, &p("ffn_gate.weight"), FF, D, ty);
+        matrix(&mut w, &p("ffn_up.weight"), FF, D, ty);
+        // ffn_down's rows are FF long: fine for every block size.
+        matrix(&mut w, &p("ffn_down.weight"), D, FF, ty);
+        let mut r2 = Rng(l as u64 * 7919 + 13);
+        let norm: Vec<f32> = (0..D).map(|_| 1.0 + 0.2 * r2.next()).collect();
+        w.add_f32(&p("attn_norm.weight"), &[D as u64], &norm);
+        w.add_f32(&p("ffn_norm.weight"), &[D as u64], &norm);
+        if arch == "qwen2" {
+            w.add_f32(&p("attn_q.bias"), &[(HEADS * hd) as u64], &r2.vec(HEADS * hd, 0.3));
+            w.add_f32(&p("attn_k.bias"), &[(KV_HEADS * hd) as u64], &r2.vec(KV_HEADS * hd, 0.3));
+            w.add_f32(&p("attn_v.bias"), &[(KV_HEADS * hd) as u64], &r2.vec(KV_HEADS * hd, 0.3));
+        }
+    }
+    w.add_f32("output_norm.weight", &[D as u64], &vec![1.1; D]);
+    w.to_bytes()
+}
+
+/// Logits after the prompt and after one more token, from our engine.
+fn ours(bytes: &[u8]) -> (Vec<f32>, Vec<f32>) {
+    let file = GgufFile::from_bytes(bytes.to_vec(), "synthetic.gguf").expect("our reader accepts the file");
+    let cfg = config_from_gguf(&file).expect("config");
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 64).expect("load");
+    let mut cache = model.new_cache(64, 16);
+    let mut scratch = model.new_scratch(16);
+    let pool = ThreadPool::new(2);
+    model.forward(&PROMPT, 0, &mut cache, &mut scratch, &pool).expect("prefill");
+    let first = scratch.logits.clone();
+    model.forward(&[33], PROMPT.len(), &mut cache, &mut scratch, &pool).expect("decode");
+    (first, scratch.logits.clone())
+}
+
+/// The same from candle-transformers.
+fn candle(arch: &str, bytes: &[u8]) -> (Vec<f32>, Vec<f32>) {
+    let dev = Device::Cpu;
+    let mut cursor = std::io::Cursor::new(bytes.to_vec());
+    let content = gguf_file::Content::read(&mut cursor).expect("candle reads our file");
+    let prompt = Tensor::new(&[PROMPT], &dev).unwrap();
+    let next = Tensor::new(&[[33u32]], &dev).unwrap();
+    let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    if arch == "qwen2" {
+        let mut m = quantized_qwen2::ModelWeights::from_gguf(content, &mut cursor, &dev).expect("candle qwen2");
+        let a = flat(m.forward(&prompt, 0).unwrap());
+        let b = flat(m.forward(&next, PROMPT.len()).unwrap());
+        (a, b)
+    } else {
+        let mut m = quantized_llama::ModelWeights::from_gguf(content, &mut cursor, &dev).expect("candle llama");
+        let a = flat(m.forward(&prompt, 0).unwrap());
+        let b = flat(m.forward(&next, PROMPT.len()).unwrap());
+        (a, b)
+    }
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter().enumerate().fold(0, |best, (i, &x)| if x > v[best] { i } else { best })
+}
+
+fn check(arch: &str, ty: GgmlType, tied: bool, rel_tol: f32) {
+    let bytes = build(arch, ty, tied);
+    let (a1, a2) = ours(&bytes);
+    let (b1, b2) = candle(arch, &bytes);
+    for (step, a, b) in [("prefill", &a1, &b1), ("decode", &a2, &b2)] {
+        assert_eq!(a.len(), VOCAB);
+        assert_eq!(b.len(), VOCAB);
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = a.iter().zip(b.iter()).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(scale > 0.1, "{arch} {ty:?}: degenerate logits");
+        assert!(
+            diff <= rel_tol * scale,
+            "{arch} {} {step}: max |ours - candle| = {diff} > {rel_tol} × max|logit| {scale}",
+            ty.name()
+        );
+        assert_eq!(argmax(a), argmax(b), "{arch} {} {step}: argmax differs", ty.name());
+    }
+}
+
+#[test]
+fn llama_f32_matches_candle() {
+    check("llama", GgmlType::F32, false, 1e-4);
+}
+
+#[test]
+fn llama_q8_0_matches_candle() {
+    check("llama", GgmlType::Q8_0, false, 1e-2);
+}
+
+#[test]
+fn llama_q4_0_matches_candle() {
+    check("llama", GgmlType::Q4_0, true, 1e-2);
+}
+
+#[test]
+fn llama_q5_0_matches_candle() {
+    check("llama", GgmlType::Q5_0, false, 1e-2);
+}
+
+#[test]
+fn llama_q4_k_matches_candle() {
+    check("llama", GgmlType::Q4_K, false, 1e-2);
+}
+
+#[test]
+fn llama_q5_k_matches_candle() {
+    check("llama", GgmlType::Q5_K, false, 1e-2);
+}
+
+#[test]
+fn llama_q6_k_matches_candle() {
+    check("llama", GgmlType::Q6_K, true, 1e-2);
+}
+
+#[test]
+fn qwen2_f32_tied_matches_candle() {
+    check("qwen2", GgmlType::F32, true, 1e-4);
+}
+
+#[test]
+fn qwen2_q8_0_matches_candle() {
+    check("qwen2", GgmlType::Q8_0, false, 1e-2);
+}
