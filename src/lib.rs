@@ -1,1 +1,27 @@
+//! `@ruvector/ruvllm`: the napi-rs binding over `ruvllm-core`. Wrappers only: one file per area,
+//! errors mapped in `error.rs`. Nothing long-running happens on the JS thread or the libuv pool:
+//! loading runs on tokio's blocking pool, generation on the engine's own thread, and JavaScript
+//! awaits promises and async iterators fed by channels.
 
+#![deny(clippy::all)]
+
+mod error;
+mod llm;
+mod options;
+mod request;
+mod resolve;
+mod signal;
+mod stream;
+mod types;
+
+pub use llm::Llm;
+pub use stream::TokenStream;
+pub use types::*;
+
+use napi_derive::napi;
+
+/// Model ids that `LLM.load` resolves without a path.
+#[napi]
+pub fn known_models() -> Vec<String> {
+  resolve::KNOWN_MODELS.iter().map(|m| m.id.to_string()).collect()
+}

@@ -57,6 +57,8 @@ pub struct ModelInfo {
 pub enum Prompt {
     Text(String),
     Chat(Vec<ChatMessage>),
+    /// Token ids, used as given (no BOS added).
+    Tokens(Vec<u32>),
 }
 
 #[derive(Debug, Clone)]
@@ -400,6 +402,12 @@ impl Worker {
         let tok = &shared.tokenizer;
         let ids = match &req.prompt {
             Prompt::Text(text) => tok.encode(text, true, true)?,
+            Prompt::Tokens(ids) => {
+                if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.model.cfg.vocab_size) {
+                    return Err(Error::InvalidArg(format!("token id {bad} is outside the vocabulary ({})", self.model.cfg.vocab_size)));
+                }
+                ids.clone()
+            }
             Prompt::Chat(messages) => {
                 let text = shared.render_chat(messages, req.params.chat_template.as_deref())?;
                 // Templates usually write the BOS text themselves; don't add a second one.

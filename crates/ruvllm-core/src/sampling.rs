@@ -1,32 +1,292 @@
 //! Token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence / frequency
-//! penalties, seeded RNG; and stop-string matching on the output text. OWNER: sampling helper.
+//! penalties, seeded RNG; and stop-string matching on the output text.
+//!
+//! The order follows llama.cpp's common sampler: penalties → (greedy if `temperature <= 0`) →
+//! top-k → softmax with temperature → top-p → min-p → a draw from a seeded xoshiro256** RNG.
+//! Same seed and same logits give the same tokens.
+
+use std::cmp::Ordering;
 
 /// Sampling settings. `temperature <= 0` means greedy.
 #[derive(Debug, Clone)]
 pub struct SamplingParams {
+    /// Softmax temperature; `<= 0` (or NaN) means greedy.
     pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 disables.
     pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `top_p`; `>= 1` disables.
     pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; `<= 0` disables.
     pub min_p: f32,
+    /// llama.cpp-style: positive logits of recent tokens are divided by it, negative ones
+    /// multiplied. 1 disables (as does a value `<= 0`).
     pub repeat_penalty: f32,
+    /// OpenAI-style: subtracted once from the logit of every recent token.
     pub presence_penalty: f32,
+    /// OpenAI-style: subtracted from a recent token's logit once per occurrence.
     pub frequency_penalty: f32,
     /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Seed of the random generator.
     pub seed: u64,
 }
 
-pub struct Sampler { /* helper decides */ }
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Always the most likely token, no penalties.
+    pub fn greedy() -> Self {
+        Self { temperature: 0.0, ..Self::default() }
+    }
+}
+
+/// One token still in the running.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    id: u32,
+    logit: f32,
+    /// Unnormalized probability, set by the softmax.
+    prob: f32,
+}
+
+/// Higher logit first; equal logits by lower id, so every order is total and reproducible.
+fn by_logit_desc(a: &Candidate, b: &Candidate) -> Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
+/// Picks tokens from logits. Keeps its scratch buffers between calls, so sampling does not
+/// allocate once warmed up.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    /// Candidates of the current call (capacity reused).
+    candidates: Vec<Candidate>,
+    /// Sorted copy of the penalty window (capacity reused).
+    window: Vec<u32>,
+}
 
 impl Sampler {
-    pub fn new(params: SamplingParams) -> Self { todo!() }
+    /// A sampler whose random generator is seeded with `params.seed`.
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = Rng::new(params.seed);
+        Self { params, rng, candidates: Vec::new(), window: Vec::new() }
+    }
+
+    /// The settings this sampler uses.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
     /// Picks the next token. `logits` may be modified in place; `history` is prompt + output.
-    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 { todo!() }
+    /// NaN logits are never chosen; with no usable logit at all (empty or all NaN) it returns 0.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.apply_penalties(logits, history);
+        let t = self.params.temperature;
+        if t.is_nan() || t <= 0.0 {
+            return argmax(logits);
+        }
+        self.collect_candidates(logits);
+        if self.candidates.is_empty() {
+            return argmax(logits);
+        }
+        self.top_k();
+        self.softmax();
+        self.top_p();
+        self.min_p();
+        self.draw()
+    }
+
+    /// Repeat penalty (llama.cpp style) then presence / frequency penalties (OpenAI style) on
+    /// the tokens of the last `repeat_last_n` of `history`.
+    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+        let p = &self.params;
+        let repeat = p.repeat_penalty > 0.0 && p.repeat_penalty != 1.0;
+        let additive = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        if !(repeat || additive) || p.repeat_last_n == 0 {
+            return;
+        }
+        let start = history.len().saturating_sub(p.repeat_last_n);
+        self.window.clear();
+        self.window.extend_from_slice(&history[start..]);
+        self.window.sort_unstable();
+        for run in self.window.chunk_by(|a, b| a == b) {
+            if let Some(logit) = logits.get_mut(run[0] as usize) {
+                *logit = penalize(*logit, run.len(), p, repeat);
+            }
+        }
+    }
+
+    /// Every token with a logit that is neither NaN nor -inf (+inf is clamped to the largest f32).
+    fn collect_candidates(&mut self, logits: &[f32]) {
+        self.candidates.clear();
+        let usable = logits.iter().enumerate().filter(|(_, l)| !l.is_nan() && **l != f32::NEG_INFINITY);
+        self.candidates
+            .extend(usable.map(|(i, &l)| Candidate { id: i as u32, logit: l.min(f32::MAX), prob: 0.0 }));
+    }
+
+    /// Keeps the `top_k` highest logits, without sorting the whole vocabulary.
+    fn top_k(&mut self) {
+        let k = self.params.top_k;
+        if k > 0 && k < self.candidates.len() {
+            self.candidates.select_nth_unstable_by(k - 1, by_logit_desc);
+            self.candidates.truncate(k);
+        }
+    }
+
+    /// Unnormalized probabilities `exp((logit - max) / temperature)`; the best one is 1.
+    fn softmax(&mut self) {
+        let max = self.candidates.iter().map(|c| c.logit).fold(f32::MIN, f32::max);
+        let t = self.params.temperature;
+        for c in &mut self.candidates {
+            let p = ((c.logit - max) / t).exp();
+            c.prob = if p.is_nan() { 0.0 } else { p };
+        }
+    }
+
+    /// Keeps the most likely tokens until their share of the probability reaches `top_p` (at
+    /// least one). Sorts only as much of the candidates as it needs, in growing chunks.
+    fn top_p(&mut self) {
+        let top_p = self.params.top_p;
+        if top_p.is_nan() || top_p >= 1.0 {
+            return;
+        }
+        let total: f64 = self.candidates.iter().map(|c| f64::from(c.prob)).sum();
+        let target = f64::from(top_p) * total;
+        let (mut sorted, mut chunk, mut cum) = (0, 64, 0.0f64);
+        while sorted < self.candidates.len() {
+            let end = (sorted + chunk).min(self.candidates.len());
+            sort_prefix(&mut self.candidates[sorted..], end - sorted);
+            for i in sorted..end {
+                cum += f64::from(self.candidates[i].prob);
+                if cum >= target {
+                    self.candidates.truncate(i + 1);
+                    return;
+                }
+            }
+            sorted = end;
+            chunk *= 2;
+        }
+    }
+
+    /// Drops tokens whose probability is below `min_p` times the best one (which always stays).
+    fn min_p(&mut self) {
+        let min_p = self.params.min_p;
+        if min_p.is_nan() || min_p <= 0.0 {
+            return;
+        }
+        let best = self.candidates.iter().map(|c| c.prob).fold(0.0, f32::max);
+        let threshold = (min_p * best).min(best);
+        self.candidates.retain(|c| c.prob >= threshold);
+    }
+
+    /// Draws one candidate in proportion to its probability.
+    fn draw(&mut self) -> u32 {
+        let total: f64 = self.candidates.iter().map(|c| f64::from(c.prob)).sum();
+        let target = self.rng.next_f64() * total;
+        let mut cum = 0.0;
+        for c in &self.candidates {
+            cum += f64::from(c.prob);
+            if target < cum {
+                return c.id;
+            }
+        }
+        self.candidates.last().map_or(0, |c| c.id)
+    }
+}
+
+/// One token's logit after the penalties, given how often it occurs in the window.
+fn penalize(logit: f32, count: usize, p: &SamplingParams, repeat: bool) -> f32 {
+    let mut l = logit;
+    if repeat {
+        l = if l > 0.0 { l / p.repeat_penalty } else { l * p.repeat_penalty };
+    }
+    l - count as f32 * p.frequency_penalty - p.presence_penalty
+}
+
+/// Index of the largest logit (the first on ties), ignoring NaN; 0 when there is none.
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if !l.is_nan() && best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
+}
+
+/// Puts the `m` best candidates of `c` first, in order (`1 <= m <= c.len()`).
+fn sort_prefix(c: &mut [Candidate], m: usize) {
+    if m < c.len() {
+        c.select_nth_unstable_by(m - 1, by_logit_desc);
+    }
+    c[..m].sort_unstable_by(by_logit_desc);
+}
+
+/// xoshiro256** (Blackman and Vigna), seeded through splitmix64.
+struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        let mut x = seed;
+        Self { s: [(); 4].map(|()| splitmix64(&mut x)) }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in `[0, 1)` with 53 random bits.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// One step of splitmix64 (used to expand a seed into xoshiro state).
+fn splitmix64(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Finds stop strings in streamed text and holds back text that could still become one.
-pub struct StopMatcher { /* helper decides */ }
+pub struct StopMatcher {
+    /// Non-empty stop strings.
+    stops: Vec<String>,
+    /// Text received but not yet emitted: a prefix of some stop string.
+    held: String,
+    /// Set once a stop string was found.
+    stopped: bool,
+}
 
+/// What to do with the text after a [`StopMatcher::push`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopResult {
     /// Text safe to emit now (may be empty).
     Continue(String),
@@ -35,8 +295,60 @@ pub enum StopResult {
 }
 
 impl StopMatcher {
-    pub fn new(stops: Vec<String>) -> Self { todo!() }
-    pub fn push(&mut self, text: &str) -> StopResult { todo!() }
-    /// Text still held back at the end of generation.
-    pub fn flush(&mut self) -> String { todo!() }
+    /// A matcher for `stops`; empty strings are ignored.
+    pub fn new(stops: Vec<String>) -> Self {
+        let stops = stops.into_iter().filter(|s| !s.is_empty()).collect();
+        Self { stops, held: String::new(), stopped: false }
+    }
+
+    /// Adds a piece of streamed text. Once a stop was found, every later push gives `Stop("")`.
+    pub fn push(&mut self, text: &str) -> StopResult {
+        if self.stopped {
+            return StopResult::Stop(String::new());
+        }
+        self.held.push_str(text);
+        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            self.held.truncate(pos);
+            self.stopped = true;
+            return StopResult::Stop(std::mem::take(&mut self.held));
+        }
+        let keep = self.partial_suffix_len();
+        let rest = self.held.split_off(self.held.len() - keep);
+        StopResult::Continue(std::mem::replace(&mut self.held, rest))
+    }
+
+    /// Text still held back at the end of generation (empty after a stop).
+    pub fn flush(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+
+    /// Length of the longest suffix of `held` that is a proper prefix of some stop string.
+    fn partial_suffix_len(&self) -> usize {
+        let held = &self.held;
+        let longest = self.stops.iter().map(|s| s.len() - 1).max().unwrap_or(0).min(held.len());
+        (1..=longest)
+            .rev()
+            .find(|&k| {
+                let start = held.len() - k;
+                held.is_char_boundary(start) && self.stops.iter().any(|s| s.starts_with(&held[start..]))
+            })
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitmix64_reference_value() {
+        let mut x = 0;
+        assert_eq!(splitmix64(&mut x), 0xE220_A839_7B1D_CDAF);
+    }
+
+    #[test]
+    fn next_f64_in_unit_interval() {
+        let mut rng = Rng::new(7);
+        assert!((0..10_000).map(|_| rng.next_f64()).all(|x| (0.0..1.0).contains(&x)));
+    }
 }

@@ -163,11 +163,15 @@ impl std::ops::Deref for Storage {
 
 /// An open, validated GGUF file.
 pub struct GgufFile {
+    /// Where it was opened from (used in error messages).
     pub path: PathBuf,
+    /// GGUF version: 2 or 3.
     pub version: u32,
     /// Key order is sorted (BTreeMap) for stable output.
     pub metadata: BTreeMap<String, MetadataValue>,
+    /// Tensors in file order.
     pub tensors: Vec<TensorInfo>,
+    /// Alignment of tensor data (`general.alignment`, default 32).
     pub alignment: u64,
     /// Absolute offset of the tensor data section.
     pub data_offset: u64,
@@ -190,10 +194,7 @@ impl GgufFile {
 
     /// Validates the header of `storage` and builds the file.
     fn parse(storage: Storage, path: PathBuf) -> Result<Self> {
-        let header = match reader::parse(&storage) {
-            Ok(h) => h,
-            Err(msg) => return Err(Error::gguf(path, msg)),
-        };
+        let header = reader::parse(&storage).map_err(|msg| Error::gguf(&path, msg))?;
         Ok(Self {
             path,
             version: header.version,

@@ -178,33 +178,23 @@ fn read_tensor_infos(cur: &mut Cursor<'_>, count: u64) -> Result<Vec<RawTensor>,
     let mut out = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
     for i in 0..count {
         let name = cur.string("a tensor name").map_err(|e| format!("tensor entry {i}: {e}"))?;
-        let raw = read_tensor_rest(cur, name).map_err(|(name, e)| format!("tensor '{name}': {e}"))?;
-        out.push(raw);
+        let (dims, type_id, offset) = read_tensor_fields(cur, &name)?;
+        out.push(RawTensor { name, dims, type_id, offset });
     }
     Ok(out)
 }
 
-/// Reads a tensor entry after its name; errors carry the name back for the message.
-fn read_tensor_rest(cur: &mut Cursor<'_>, name: String) -> Result<RawTensor, (String, String)> {
-    let n_dims = match cur.u32("the number of dimensions") {
-        Ok(n) => n,
-        Err(e) => return Err((name, e)),
-    };
+/// Reads the dims, type id and relative offset that follow a tensor's name.
+fn read_tensor_fields(cur: &mut Cursor<'_>, name: &str) -> Result<(Vec<u64>, u32, u64), String> {
+    let ctx = |e: String| format!("tensor '{name}': {e}");
+    let n_dims = cur.u32("the number of dimensions").map_err(ctx)?;
     if !(1..=MAX_DIMS).contains(&n_dims) {
-        return Err((name, format!("has {n_dims} dimensions (must be 1 to {MAX_DIMS})")));
+        return Err(format!("tensor '{name}' has {n_dims} dimensions (must be 1 to {MAX_DIMS})"));
     }
-    let mut dims = Vec::with_capacity(n_dims as usize);
-    for _ in 0..n_dims {
-        match cur.u64("a dimension") {
-            Ok(d) => dims.push(d),
-            Err(e) => return Err((name, e)),
-        }
-    }
-    let fields = cur.u32("the tensor type").and_then(|t| Ok((t, cur.u64("the tensor offset")?)));
-    match fields {
-        Ok((type_id, offset)) => Ok(RawTensor { name, dims, type_id, offset }),
-        Err(e) => Err((name, e)),
-    }
+    let dims = (0..n_dims).map(|_| cur.u64("a dimension")).collect::<Result<Vec<_>, _>>().map_err(ctx)?;
+    let type_id = cur.u32("the tensor type").map_err(ctx)?;
+    let offset = cur.u64("the tensor offset").map_err(ctx)?;
+    Ok((dims, type_id, offset))
 }
 
 /// `general.alignment` if present (must be a u32 power of two), else the default.
@@ -246,7 +236,7 @@ fn validate_tensor(t: RawTensor, data_offset: u64, alignment: u64, file_len: u64
     let dtype = GgmlType::from_id(t.type_id)
         .ok_or_else(|| format!("tensor '{name}' has unknown ggml type id {}", t.type_id))?;
     let size = byte_size(name, &t.dims, n_elements, dtype)?;
-    if t.offset % alignment != 0 {
+    if !t.offset.is_multiple_of(alignment) {
         return Err(format!(
             "tensor '{name}' offset {} is not a multiple of the alignment {alignment}",
             t.offset
@@ -284,7 +274,7 @@ fn element_count(name: &str, dims: &[u64]) -> Result<u64, String> {
 fn byte_size(name: &str, dims: &[u64], n_elements: u64, dtype: GgmlType) -> Result<u64, String> {
     let block = dtype.block_size() as u64;
     let row = dims.first().copied().unwrap_or(1);
-    if row % block != 0 {
+    if !row.is_multiple_of(block) {
         return Err(format!(
             "tensor '{name}' row length {row} is not a multiple of the {} block size {block}",
             dtype.name()

@@ -1,7 +1,20 @@
 //! Quantized matrix products. OWNER: kernels helper.
+//!
+//! `matmul` quantizes the activations once per call (Q8_0/Q8_1-style [`BlockQ8`] for the
+//! 32-element formats, [`BlockQ8K`] for the K-quants; float formats keep f32), then splits the
+//! weight rows over a [`ThreadPool`]. With several tokens (prefill) each task walks its rows in
+//! small tiles and, per tile, loops over all tokens, so the tile's weight bytes are read from
+//! memory once and reused from L1.
 
-use std::sync::Arc;
+use std::cell::{RefCell, UnsafeCell};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use super::dot::{self, DotKernel, Kernels};
+use super::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
 use super::GgmlType;
 use crate::gguf::Storage;
 
@@ -25,25 +38,453 @@ pub struct QWeight {
 impl QWeight {
     /// Validates that the byte length matches `rows × cols` of `ty` and `cols` is a multiple of
     /// the block size; returns a description of the problem otherwise.
-    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: WeightData) -> Result<Self, String> { todo!() }
-    pub fn bytes(&self) -> &[u8] { todo!() }
-    pub fn row_bytes(&self, r: usize) -> &[u8] { todo!() }
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: WeightData) -> Result<Self, String> {
+        if !ty.is_supported_weight() {
+            return Err(format!("weight type {} is not supported by the kernels", ty.name()));
+        }
+        let bs = ty.block_size();
+        if cols % bs != 0 {
+            return Err(format!("{} weight: {cols} columns is not a multiple of the block size {bs}", ty.name()));
+        }
+        let need = (rows as u64)
+            .checked_mul(cols as u64)
+            .and_then(|n| ty.bytes_for(n))
+            .ok_or_else(|| format!("{} weight {rows}×{cols}: size overflows", ty.name()))?;
+        let len = match &data {
+            WeightData::Mapped { storage, offset, len } => {
+                let end = offset.checked_add(*len).ok_or_else(|| "weight range overflows".to_string())?;
+                if end > storage.len() {
+                    return Err(format!(
+                        "{} weight {rows}×{cols}: bytes {offset}..{end} lie outside the {}-byte file",
+                        ty.name(),
+                        storage.len()
+                    ));
+                }
+                *len
+            }
+            WeightData::Owned(v) => v.len(),
+        };
+        if len as u64 != need {
+            return Err(format!("{} weight {rows}×{cols}: expected {need} bytes, got {len}", ty.name()));
+        }
+        Ok(Self { ty, rows, cols, data })
+    }
+
+    /// All the weight's bytes (`rows × row_size()`).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.data {
+            WeightData::Mapped { storage, offset, len } => &storage[*offset..*offset + *len],
+            WeightData::Owned(v) => v,
+        }
+    }
+
+    /// Bytes of one row.
+    pub fn row_size(&self) -> usize {
+        self.cols / self.ty.block_size() * self.ty.type_size()
+    }
+
+    /// The bytes of row `r` (panics if `r >= rows`).
+    pub fn row_bytes(&self, r: usize) -> &[u8] {
+        assert!(r < self.rows, "row {r} out of range ({} rows)", self.rows);
+        let rs = self.row_size();
+        &self.bytes()[r * rs..(r + 1) * rs]
+    }
+
     /// Dequantizes row `r` into `out` (len `cols`): the quantized embedding gather.
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) { todo!() }
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), self.cols);
+        quant::dequantize(self.ty, self.row_bytes(r), &mut out[..self.cols]);
+    }
 }
 
+// ---------------------------------------------------------------------------------------------
+// thread pool
+// ---------------------------------------------------------------------------------------------
+
+/// How long an idle worker spins (checking for new work) before it parks. Decode issues a
+/// matmul every few microseconds, so workers stay hot within a token; between requests they
+/// sleep.
+const SPIN_TIME: Duration = Duration::from_micros(300);
+
+type JobPtr = *const (dyn Fn(usize) + Sync + 'static);
+
+struct Shared {
+    /// Bumped once per `for_each`; workers wait for it to change.
+    gen: AtomicU64,
+    /// The current job; written only by the caller holding `ThreadPool::call`, before `gen`
+    /// is bumped, and read by workers after they saw the new `gen`.
+    job: UnsafeCell<Option<JobPtr>>,
+    n_tasks: AtomicUsize,
+    next: AtomicUsize,
+    /// Workers that finished the current generation.
+    done: AtomicUsize,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    cv: Condvar,
+    shutdown: AtomicBool,
+    panicked: AtomicBool,
+}
+
+// SAFETY: `job` is only written while no worker reads it (see `for_each`), and the closure it
+// points to is `Sync`.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
 /// A fixed pool of worker threads, created once per model (no per-op spawning).
-pub struct ThreadPool { /* helper decides */ }
+///
+/// Workers spin for a short while after each job, then park on a condition variable, so a
+/// `for_each` costs about a microsecond while work is flowing. `for_each` may be called from
+/// several threads; a call that finds the pool busy (or that is nested inside a task) runs its
+/// tasks on the calling thread instead of waiting.
+pub struct ThreadPool {
+    n: usize,
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    call: Mutex<()>,
+}
 
 impl ThreadPool {
-    /// `n` threads in all, the calling thread included.
-    pub fn new(n: usize) -> Self { todo!() }
-    pub fn threads(&self) -> usize { todo!() }
+    /// `n` threads in all, the calling thread included (`n = 0` is treated as 1).
+    pub fn new(n: usize) -> Self {
+        let n = n.max(1);
+        let shared = Arc::new(Shared {
+            gen: AtomicU64::new(0),
+            job: UnsafeCell::new(None),
+            n_tasks: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+        });
+        let mut workers = Vec::with_capacity(n - 1);
+        for i in 1..n {
+            let sh = shared.clone();
+            let spawned = std::thread::Builder::new().name(format!("ruvllm-kernel-{i}")).spawn(move || worker_loop(&sh));
+            match spawned {
+                Ok(h) => workers.push(h),
+                Err(_) => break, // run with fewer threads rather than fail
+            }
+        }
+        Self { n: workers.len() + 1, shared, workers, call: Mutex::new(()) }
+    }
+
+    /// Number of threads, the caller included.
+    pub fn threads(&self) -> usize {
+        self.n
+    }
+
     /// Runs `f(i)` for i in 0..n_tasks across the pool, returning when all are done.
-    pub fn for_each(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) { todo!() }
+    /// A panic in a task is re-raised on the calling thread after all tasks have finished.
+    pub fn for_each(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if n_tasks == 0 {
+            return;
+        }
+        if self.workers.is_empty() || n_tasks == 1 {
+            (0..n_tasks).for_each(f);
+            return;
+        }
+        let _guard = match self.call.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                (0..n_tasks).for_each(f);
+                return;
+            }
+        };
+        let sh = &*self.shared;
+        // SAFETY: the lifetime is erased only for the duration of this call: we do not return
+        // before every worker has reported `done` for this generation, and they do not touch
+        // the pointer afterwards.
+        let job: JobPtr = unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), JobPtr>(f) };
+        unsafe { *sh.job.get() = Some(job) };
+        sh.n_tasks.store(n_tasks, Ordering::Relaxed);
+        sh.next.store(0, Ordering::Relaxed);
+        sh.done.store(0, Ordering::Relaxed);
+        sh.gen.fetch_add(1, Ordering::SeqCst);
+        if sh.sleepers.load(Ordering::SeqCst) > 0 {
+            let _l = sh.lock.lock().unwrap_or_else(|p| p.into_inner());
+            sh.cv.notify_all();
+        }
+        let mut payload = None;
+        loop {
+            let i = sh.next.fetch_add(1, Ordering::Relaxed);
+            if i >= n_tasks {
+                break;
+            }
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(i))) {
+                payload.get_or_insert(p);
+            }
+        }
+        let nw = self.workers.len();
+        let mut spins = 0u32;
+        while sh.done.load(Ordering::Acquire) < nw {
+            spins += 1;
+            if spins < 1 << 14 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        unsafe { *sh.job.get() = None };
+        if let Some(p) = payload {
+            resume_unwind(p);
+        }
+        if sh.panicked.swap(false, Ordering::Relaxed) {
+            panic!("ThreadPool: a task panicked on a worker thread");
+        }
+    }
+}
+
+fn worker_loop(sh: &Shared) {
+    let mut seen = 0u64;
+    loop {
+        let mut spins = 0u32;
+        let mut start: Option<Instant> = None;
+        loop {
+            let g = sh.gen.load(Ordering::Acquire);
+            if g != seen {
+                seen = g;
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 128 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let t0 = *start.get_or_insert_with(Instant::now);
+            if t0.elapsed() < SPIN_TIME {
+                continue;
+            }
+            let mut guard = sh.lock.lock().unwrap_or_else(|p| p.into_inner());
+            sh.sleepers.fetch_add(1, Ordering::SeqCst);
+            while sh.gen.load(Ordering::SeqCst) == seen {
+                guard = sh.cv.wait(guard).unwrap_or_else(|p| p.into_inner());
+            }
+            sh.sleepers.fetch_sub(1, Ordering::SeqCst);
+            drop(guard);
+            start = None;
+        }
+        if sh.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: written before `gen` was bumped (Acquire above); valid until we report done.
+        if let Some(job) = unsafe { *sh.job.get() } {
+            let n = sh.n_tasks.load(Ordering::Relaxed);
+            loop {
+                let i = sh.next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                // SAFETY: see `for_each`.
+                if catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(i) })).is_err() {
+                    sh.panicked.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        sh.done.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        let sh = &*self.shared;
+        sh.shutdown.store(true, Ordering::Release);
+        sh.gen.fetch_add(1, Ordering::SeqCst);
+        {
+            let _l = sh.lock.lock().unwrap_or_else(|p| p.into_inner());
+            sh.cv.notify_all();
+        }
+        for h in self.workers.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+// ---------------------------------------------------------------------------------------------
+
+thread_local! {
+    static SCRATCH_Q8: RefCell<Vec<BlockQ8>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH_Q8K: RefCell<Vec<BlockQ8K>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a scratch slice of `len` blocks from the thread's reusable buffer (a fresh one
+/// if that is already in use, e.g. a nested call).
+fn with_scratch<T: Default + Clone, R>(
+    key: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
+    len: usize,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < len {
+                v.resize(len, T::default());
+            }
+            f(&mut v[..len])
+        }
+        Err(_) => f(&mut vec![T::default(); len]),
+    })
+}
+
+struct SyncPtr<T>(*mut T);
+impl<T> Clone for SyncPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
+unsafe impl<T> Send for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    /// Taking `self` whole makes closures capture the wrapper, not the raw pointer field.
+    #[inline(always)]
+    fn get(self) -> *mut T {
+        self.0
+    }
 }
 
 /// `y[t][r] = sum_c w[r][c] * x[t][c]` for `t in 0..n` tokens: `x` is `n × w.cols`, `y` is
 /// `n × w.rows` (row-major). Activations are quantized to 8 bits as ggml does (Q8_0 for the
 /// 32-blocks, Q8_K for the K-quants); F32/F16/BF16 weights use f32 dots.
-pub fn matmul(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut [f32]) { todo!() }
+///
+/// Panics if `x` or `y` is too short for `n` tokens.
+pub fn matmul(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_with(pool, w, x, n, y, dot::kernels());
+}
+
+/// [`matmul`] with the scalar reference kernels, for tests and benchmarks.
+#[doc(hidden)]
+pub fn matmul_scalar(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_with(pool, w, x, n, y, &dot::SCALAR);
+}
+
+/// Name of the instruction set `matmul` uses on this CPU ("avx2" or "scalar").
+pub fn isa() -> &'static str {
+    dot::kernels().isa
+}
+
+/// [`matmul`] with an explicit kernel set.
+#[doc(hidden)]
+pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut [f32], k: &Kernels) {
+    let (rows, cols) = (w.rows, w.cols);
+    assert!(x.len() >= n * cols, "matmul: x has {} values, need {n}×{cols}", x.len());
+    assert!(y.len() >= n * rows, "matmul: y has {} values, need {n}×{rows}", y.len());
+    if n == 0 || rows == 0 {
+        return;
+    }
+    if cols == 0 {
+        y[..n * rows].fill(0.0);
+        return;
+    }
+    let data = w.bytes();
+    let rs = w.row_size();
+    let x = &x[..n * cols];
+    let y = &mut y[..n * rows];
+    // `QWeight::new` only accepts supported types.
+    let Some(kernel) = k.for_type(w.ty) else {
+        panic!("matmul: unsupported weight type {}", w.ty.name())
+    };
+    match kernel {
+        DotKernel::Q8(f) => {
+            let nb = cols / QK;
+            with_scratch(&SCRATCH_Q8, n * nb, |act| {
+                quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8);
+                run(pool, data, rs, rows, n, act, nb, f, y);
+            })
+        }
+        DotKernel::Q8K(f) => {
+            let nb = cols / QK_K;
+            with_scratch(&SCRATCH_Q8K, n * nb, |act| {
+                quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8k);
+                run(pool, data, rs, rows, n, act, nb, f, y);
+            })
+        }
+        DotKernel::F32(f) => run(pool, data, rs, rows, n, x, cols, f, y),
+    }
+}
+
+/// Quantizes the `n` activation rows, in parallel when there are many.
+fn quantize_acts<B: Send>(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, act: &mut [B], q: fn(&[f32], &mut [B])) {
+    let nb = act.len() / n;
+    if n < 4 || pool.threads() == 1 || n * cols < 1 << 15 {
+        for (xr, ar) in x.chunks_exact(cols).zip(act.chunks_exact_mut(nb)) {
+            q(xr, ar);
+        }
+        return;
+    }
+    let tasks = (pool.threads() * 2).min(n);
+    let per = n.div_ceil(tasks);
+    let ap = SyncPtr(act.as_mut_ptr());
+    pool.for_each(tasks, &|i| {
+        let t0 = i * per;
+        let t1 = (t0 + per).min(n);
+        for t in t0..t1 {
+            // SAFETY: each token's blocks are written by exactly one task.
+            let ar = unsafe { std::slice::from_raw_parts_mut(ap.get().add(t * nb), nb) };
+            q(&x[t * cols..(t + 1) * cols], ar);
+        }
+    });
+}
+
+/// Rows per tile when several tokens share the weights (prefill).
+const ROW_TILE: usize = 16;
+
+/// Splits rows (and, for few rows, tokens) into tasks and computes every `y[t][r]`.
+#[allow(clippy::too_many_arguments)]
+fn run<A: Sync>(
+    pool: &ThreadPool,
+    data: &[u8],
+    rs: usize,
+    rows: usize,
+    n: usize,
+    act: &[A],
+    stride: usize,
+    f: unsafe fn(&[u8], &[A]) -> f32,
+    y: &mut [f32],
+) {
+    let threads = pool.threads();
+    // Row chunks: a few per thread for load balance, but not tiny ones.
+    let min_rows = if n == 1 { 32 } else { ROW_TILE };
+    let row_tasks = if threads == 1 { 1 } else { (threads * 4).min(rows.div_ceil(min_rows)).max(1) };
+    let rows_per = rows.div_ceil(row_tasks).next_multiple_of(4).min(rows);
+    let row_tasks = rows.div_ceil(rows_per);
+    // Few row chunks but many tokens: split tokens too.
+    let tok_tasks = if n > 1 && row_tasks < threads * 2 { (threads * 2).div_ceil(row_tasks).min(n) } else { 1 };
+    let toks_per = n.div_ceil(tok_tasks);
+    let tok_tasks = n.div_ceil(toks_per);
+    let yp = SyncPtr(y.as_mut_ptr());
+    let task = |i: usize| {
+        let (rt, tt) = (i % row_tasks, i / row_tasks);
+        let r0 = rt * rows_per;
+        let r1 = (r0 + rows_per).min(rows);
+        let t0 = tt * toks_per;
+        let t1 = (t0 + toks_per).min(n);
+        if t1 - t0 == 1 {
+            let a = &act[t0 * stride..(t0 + 1) * stride];
+            for r in r0..r1 {
+                // SAFETY: lengths are checked by `matmul_with`/`QWeight::new`; the kernel set
+                // matches the CPU (`dot::kernels`); each `y[t][r]` has exactly one writer.
+                unsafe { *yp.get().add(t0 * rows + r) = f(&data[r * rs..(r + 1) * rs], a) };
+            }
+            return;
+        }
+        let mut tr = r0;
+        while tr < r1 {
+            let te = (tr + ROW_TILE).min(r1);
+            for t in t0..t1 {
+                let a = &act[t * stride..(t + 1) * stride];
+                for r in tr..te {
+                    // SAFETY: as above.
+                    unsafe { *yp.get().add(t * rows + r) = f(&data[r * rs..(r + 1) * rs], a) };
+                }
+            }
+            tr = te;
+        }
+    };
+    pool.for_each(row_tasks * tok_tasks, &task);
+}

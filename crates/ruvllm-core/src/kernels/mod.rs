@@ -11,5 +11,9 @@ pub use types::GgmlType;
 pub mod ops;
 pub mod quant;
 pub mod matmul;
+#[doc(hidden)]
+pub mod dot;
+#[cfg(target_arch = "x86_64")]
+mod simd_avx2;
 
 pub use matmul::{matmul, QWeight, ThreadPool};

@@ -1,0 +1,551 @@
+//! Kernel tests: block formats round-trip, matmul against an f32 reference of the dequantized
+//! weights, SIMD against scalar, thread-count independence, weight validation. All data is
+//! synthetic (seeded), so these run without a model file.
+//!
+//! Throughput check (prints GB/s): `cargo test -p ruvllm-core --test kernels --release -- --ignored --nocapture throughput`
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ruvllm_core::kernels::matmul::{matmul_scalar, WeightData};
+use ruvllm_core::kernels::quant::{dequantize, quantize};
+use ruvllm_core::kernels::{matmul, GgmlType, QWeight, ThreadPool};
+
+/// xorshift64* with a Box-Muller normal.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32
+    }
+    fn normal(&mut self) -> f32 {
+        let (u1, u2) = (self.uniform(), self.uniform());
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f32::consts::PI * u2).cos()
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+}
+
+const ALL: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Bound on RMS(dequant − orig) / RMS(orig) for Gaussian data.
+fn rel_rms_bound(ty: GgmlType) -> f32 {
+    match ty {
+        GgmlType::F32 => 0.0,
+        GgmlType::F16 => 5e-4,
+        GgmlType::BF16 => 4e-3,
+        GgmlType::Q4_0 => 0.12,
+        GgmlType::Q4_1 => 0.10,
+        GgmlType::Q5_0 => 0.06,
+        GgmlType::Q5_1 => 0.05,
+        GgmlType::Q8_0 => 0.006,
+        GgmlType::Q4_K => 0.10,
+        GgmlType::Q5_K => 0.05,
+        GgmlType::Q6_K => 0.025,
+        _ => unreachable!(),
+    }
+}
+
+fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (QWeight, Vec<f32>) {
+    let mut rng = Rng::new(seed);
+    let w = rng.vec(rows * cols, 0.05);
+    let bytes = quantize(ty, &w);
+    let qw = QWeight::new(ty, rows, cols, WeightData::Owned(Arc::new(bytes))).expect("valid weight");
+    let mut deq = vec![0f32; rows * cols];
+    dequantize(ty, qw.bytes(), &mut deq);
+    (qw, deq)
+}
+
+/// Activation block size of the dot product used for `ty` (1 for the float formats).
+fn act_block(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 256,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+        _ => 32,
+    }
+}
+
+#[test]
+fn roundtrip_error_within_bounds() {
+    for ty in ALL {
+        let mut rng = Rng::new(7 + ty.id() as u64);
+        let n = 256 * 16;
+        let x = rng.vec(n, 1.0);
+        let q = quantize(ty, &x);
+        assert_eq!(q.len() as u64, ty.bytes_for(n as u64).unwrap(), "{}", ty.name());
+        let mut y = vec![0f32; n];
+        dequantize(ty, &q, &mut y);
+        let err: f64 = x.iter().zip(&y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let nrm: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
+        let rel = (err / nrm).sqrt() as f32;
+        assert!(rel <= rel_rms_bound(ty), "{}: relative RMS error {rel} > {}", ty.name(), rel_rms_bound(ty));
+        // Re-quantizing the dequantized values of the 32-element formats must be a fixed
+        // point of the value grid (same values again).
+        let max_abs = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let max_err = x.iter().zip(&y).fold(0f32, |a, (p, q)| a.max((p - q).abs()));
+        assert!(max_err <= max_abs * 0.35, "{}: max error {max_err}", ty.name());
+    }
+}
+
+#[test]
+fn roundtrip_zero_and_constant_blocks() {
+    for ty in ALL {
+        let n = 512;
+        let zeros = vec![0f32; n];
+        let mut y = vec![1f32; n];
+        dequantize(ty, &quantize(ty, &zeros), &mut y);
+        assert!(y.iter().all(|v| *v == 0.0), "{}: zeros do not round-trip", ty.name());
+        let c = vec![0.25f32; n];
+        dequantize(ty, &quantize(ty, &c), &mut y);
+        for v in &y {
+            assert!((v - 0.25).abs() <= 0.25 * 0.07, "{}: constant 0.25 became {v}", ty.name());
+        }
+    }
+}
+
+#[test]
+fn known_block_layouts() {
+    // Q8_0: d = 1.0 as f16, qs = -16..16.
+    let mut b = vec![0u8; 34];
+    b[0..2].copy_from_slice(&half::f16::from_f32(0.5).to_bits().to_le_bytes());
+    for j in 0..32 {
+        b[2 + j] = (j as i8 - 16) as u8;
+    }
+    let mut y = [0f32; 32];
+    dequantize(GgmlType::Q8_0, &b, &mut y);
+    for j in 0..32 {
+        assert_eq!(y[j], (j as f32 - 16.0) * 0.5);
+    }
+    // Q4_0: low nibbles are elements 0..16, high nibbles 16..32, offset 8.
+    let mut b = vec![0u8; 18];
+    b[0..2].copy_from_slice(&half::f16::from_f32(2.0).to_bits().to_le_bytes());
+    for j in 0..16 {
+        b[2 + j] = (j as u8) | ((15 - j as u8) << 4);
+    }
+    dequantize(GgmlType::Q4_0, &b, &mut y);
+    for j in 0..16 {
+        assert_eq!(y[j], (j as f32 - 8.0) * 2.0);
+        assert_eq!(y[j + 16], (7.0 - j as f32) * 2.0);
+    }
+    // Q5_0: bit j of qh is the 5th bit of element j.
+    let mut b = vec![0u8; 22];
+    b[0..2].copy_from_slice(&half::f16::from_f32(1.0).to_bits().to_le_bytes());
+    b[2..6].copy_from_slice(&0x8000_0001u32.to_le_bytes());
+    dequantize(GgmlType::Q5_0, &b, &mut y);
+    assert_eq!(y[0], 0.0); // 16 - 16
+    assert_eq!(y[1], -16.0);
+    assert_eq!(y[31], 0.0);
+    // Q6_K: d is at the end of the block.
+    let mut b = vec![0u8; 210];
+    b[208..210].copy_from_slice(&half::f16::from_f32(1.0).to_bits().to_le_bytes());
+    b[192..208].fill(1);
+    b[0] = 0x21; // element 0: low nibble 1, element 64: 2
+    let mut y = [0f32; 256];
+    dequantize(GgmlType::Q6_K, &b, &mut y);
+    assert_eq!(y[0], 1.0 - 32.0);
+    assert_eq!(y[64], 2.0 - 32.0);
+    assert_eq!(y[1], -32.0);
+}
+
+/// Checks `y` against the f64 product of the dequantized weights, with a per-output bound
+/// derived from the 8-bit activation quantization (half a step per element, doubled).
+fn check_against_reference(ty: GgmlType, deq: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, y: &[f32]) {
+    let ab = act_block(ty);
+    let mut l2_err = 0f64;
+    let mut l2_ref = 0f64;
+    for t in 0..n {
+        let xt = &x[t * cols..(t + 1) * cols];
+        // per-element activation step
+        let step: Vec<f32> = if ab == 1 {
+            xt.iter().map(|v| v.abs() * 1e-5).collect()
+        } else {
+            let mut s = vec![0f32; cols];
+            for (blk, sb) in xt.chunks(ab).zip(s.chunks_mut(ab)) {
+                let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+                sb.fill(amax / 127.0);
+            }
+            s
+        };
+        for r in 0..rows {
+            let wr = &deq[r * cols..(r + 1) * cols];
+            let exact: f64 = wr.iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let abs_sum: f64 = wr.iter().zip(xt).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            let bound: f64 = wr.iter().zip(&step).map(|(a, s)| (*a as f64).abs() * *s as f64).sum::<f64>() + abs_sum * 2e-3 + 1e-6;
+            let got = y[t * rows + r] as f64;
+            assert!(
+                (got - exact).abs() <= bound,
+                "{} {rows}x{cols} n={n} t={t} r={r}: got {got}, expected {exact} (bound {bound})",
+                ty.name()
+            );
+            l2_err += (got - exact).powi(2);
+            l2_ref += exact.powi(2);
+        }
+    }
+    // Over a whole output vector (a single output can sit near a cancellation).
+    let rel = (l2_err / l2_ref.max(1e-30)).sqrt();
+    let lim = if ab == 1 { 1e-5 } else { 1e-2 };
+    assert!(rows * n < 16 || rel <= lim, "{} {rows}x{cols} n={n}: relative L2 error {rel}", ty.name());
+}
+
+fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
+    let mut s = vec![(1, 256), (7, 512), (33, 256), (130, 1024)];
+    match ty.block_size() {
+        1 => s.extend([(5, 37), (9, 8), (3, 1)]),
+        32 => s.extend([(5, 96), (65, 32)]),
+        _ => {}
+    }
+    s
+}
+
+#[test]
+fn matmul_matches_f32_reference() {
+    let pool = ThreadPool::new(2);
+    for ty in ALL {
+        for (si, &(rows, cols)) in shapes(ty).iter().enumerate() {
+            let (qw, deq) = weight(ty, rows, cols, 100 + si as u64 + 17 * ty.id() as u64);
+            for n in [1usize, 5] {
+                let mut rng = Rng::new(5 + n as u64 + si as u64);
+                let x = rng.vec(n * cols, 1.0);
+                let mut y = vec![f32::NAN; n * rows];
+                matmul(&pool, &qw, &x, n, &mut y);
+                check_against_reference(ty, &deq, rows, cols, &x, n, &y);
+                let mut ys = vec![f32::NAN; n * rows];
+                matmul_scalar(&pool, &qw, &x, n, &mut ys);
+                check_against_reference(ty, &deq, rows, cols, &x, n, &ys);
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_equals_scalar() {
+    println!("matmul ISA: {}", ruvllm_core::kernels::matmul::isa());
+    let pool = ThreadPool::new(2);
+    for ty in ALL {
+        for (si, &(rows, cols)) in shapes(ty).iter().enumerate() {
+            let (qw, deq) = weight(ty, rows, cols, 900 + si as u64 + ty.id() as u64);
+            for n in [1usize, 5, 17] {
+                let mut rng = Rng::new(77 + n as u64);
+                let x = rng.vec(n * cols, 2.0);
+                let mut a = vec![0f32; n * rows];
+                let mut b = vec![0f32; n * rows];
+                matmul(&pool, &qw, &x, n, &mut a);
+                matmul_scalar(&pool, &qw, &x, n, &mut b);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let wr = &deq[r * cols..(r + 1) * cols];
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let abs_sum: f32 = wr.iter().zip(xt).map(|(p, q)| (p * q).abs()).sum();
+                        let (va, vb) = (a[t * rows + r], b[t * rows + r]);
+                        assert!(
+                            (va - vb).abs() <= 1e-5 * abs_sum + 1e-7,
+                            "{} {rows}x{cols} n={n} t={t} r={r}: simd {va} scalar {vb}",
+                            ty.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dot_kernels_simd_equal_scalar_on_extreme_values() {
+    // Saturating inputs: all weights and activations at the ends of their ranges.
+    let pool = ThreadPool::new(1);
+    for ty in ALL {
+        let (rows, cols) = (4, 512);
+        let mut w = vec![0f32; rows * cols];
+        for (i, v) in w.iter_mut().enumerate() {
+            *v = if i % 3 == 0 { -1.0 } else if i % 3 == 1 { 1.0 } else { 0.999 };
+        }
+        let bytes = quantize(ty, &w);
+        let qw = QWeight::new(ty, rows, cols, WeightData::Owned(Arc::new(bytes))).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| if i % 2 == 0 { 100.0 } else { -100.0 }).collect();
+        let mut a = vec![0f32; rows];
+        let mut b = vec![0f32; rows];
+        matmul(&pool, &qw, &x, 1, &mut a);
+        matmul_scalar(&pool, &qw, &x, 1, &mut b);
+        for r in 0..rows {
+            assert!((a[r] - b[r]).abs() <= 1e-5 * 100.0 * cols as f32, "{}: {} vs {}", ty.name(), a[r], b[r]);
+        }
+    }
+}
+
+#[test]
+fn thread_counts_give_identical_results() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    assert_eq!(pools[2].threads(), 3);
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::F16] {
+        for &(rows, cols) in &[(1usize, 256usize), (67, 512), (641, 256), (5, 1024)] {
+            let (qw, _) = weight(ty, rows, cols, rows as u64 * 31 + ty.id() as u64);
+            for n in [1usize, 5, 40] {
+                let mut rng = Rng::new(n as u64);
+                let x = rng.vec(n * cols, 1.0);
+                let mut outs = Vec::new();
+                for p in &pools {
+                    let mut y = vec![0f32; n * rows];
+                    matmul(p, &qw, &x, n, &mut y);
+                    outs.push(y);
+                }
+                assert_eq!(outs[0], outs[1], "{} {rows}x{cols} n={n}: 1 vs 2 threads", ty.name());
+                assert_eq!(outs[0], outs[2], "{} {rows}x{cols} n={n}: 1 vs 3 threads", ty.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn thread_pool_runs_every_task_once() {
+    for threads in [1, 2, 3, 5] {
+        let pool = ThreadPool::new(threads);
+        for n_tasks in [0usize, 1, 2, 3, 7, 100] {
+            for _ in 0..50 {
+                let counts: Vec<AtomicUsize> = (0..n_tasks).map(|_| AtomicUsize::new(0)).collect();
+                pool.for_each(n_tasks, &|i| {
+                    counts[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+}
+
+#[test]
+fn thread_pool_nested_and_concurrent_calls() {
+    let pool = Arc::new(ThreadPool::new(2));
+    let total = AtomicUsize::new(0);
+    pool.for_each(4, &|_| {
+        // Nested use runs inline instead of deadlocking.
+        pool.for_each(3, &|_| {
+            total.fetch_add(1, Ordering::Relaxed);
+        });
+    });
+    assert_eq!(total.load(Ordering::Relaxed), 12);
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let p = pool.clone();
+            std::thread::spawn(move || {
+                let c = AtomicUsize::new(0);
+                for _ in 0..200 {
+                    p.for_each(5, &|_| {
+                        c.fetch_add(1, Ordering::Relaxed);
+                    });
+                }
+                c.load(Ordering::Relaxed)
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 1000);
+    }
+}
+
+#[test]
+fn thread_pool_propagates_panics_and_survives() {
+    let pool = ThreadPool::new(2);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.for_each(8, &|i| {
+            if i == 5 {
+                panic!("task 5 fails");
+            }
+        })
+    }));
+    assert!(r.is_err());
+    let c = AtomicUsize::new(0);
+    pool.for_each(8, &|_| {
+        c.fetch_add(1, Ordering::Relaxed);
+    });
+    assert_eq!(c.load(Ordering::Relaxed), 8);
+}
+
+#[test]
+fn qweight_validation() {
+    let ok = |ty: GgmlType, rows: usize, cols: usize, len: usize| {
+        QWeight::new(ty, rows, cols, WeightData::Owned(Arc::new(vec![0u8; len])))
+    };
+    assert!(ok(GgmlType::Q8_0, 2, 64, 2 * 2 * 34).is_ok());
+    assert!(ok(GgmlType::Q8_0, 2, 64, 2 * 2 * 34 - 1).is_err());
+    assert!(ok(GgmlType::Q8_0, 2, 64, 2 * 2 * 34 + 1).is_err());
+    assert!(ok(GgmlType::Q8_0, 2, 48, 2 * 34 + 17).is_err()); // cols not a multiple of 32
+    assert!(ok(GgmlType::Q4_K, 3, 256, 3 * 144).is_ok());
+    assert!(ok(GgmlType::Q4_K, 3, 128, 3 * 72).is_err());
+    assert!(ok(GgmlType::Q6_K, 1, 512, 419).is_err());
+    assert!(ok(GgmlType::F32, 3, 5, 60).is_ok());
+    assert!(ok(GgmlType::F16, 3, 5, 60).is_err());
+    assert!(ok(GgmlType::Q2_K, 1, 256, 84).is_err()); // unsupported
+    assert!(ok(GgmlType::Q8_K, 1, 256, 292).is_err()); // activation-only format
+    assert!(ok(GgmlType::F32, usize::MAX, 2, 0).is_err()); // overflow
+    // Mapped ranges must lie inside the storage.
+    let storage = Arc::new(ruvllm_core::gguf::Storage::Owned(vec![0u8; 100]));
+    let mapped = |offset, len| WeightData::Mapped { storage: storage.clone(), offset, len };
+    assert!(QWeight::new(GgmlType::Q8_0, 1, 32, mapped(10, 34)).is_ok());
+    assert!(QWeight::new(GgmlType::Q8_0, 1, 32, mapped(80, 34)).is_err());
+    assert!(QWeight::new(GgmlType::Q8_0, 1, 32, mapped(usize::MAX, 34)).is_err());
+}
+
+#[test]
+fn mapped_weight_rows_and_gather() {
+    let (rows, cols) = (6, 64);
+    let mut rng = Rng::new(3);
+    let w = rng.vec(rows * cols, 1.0);
+    let bytes = quantize(GgmlType::Q8_0, &w);
+    let mut file = vec![0xAAu8; 7];
+    file.extend_from_slice(&bytes);
+    file.extend_from_slice(&[0x55; 9]);
+    let storage = Arc::new(ruvllm_core::gguf::Storage::Owned(file));
+    let qw = QWeight::new(GgmlType::Q8_0, rows, cols, WeightData::Mapped { storage, offset: 7, len: bytes.len() }).unwrap();
+    assert_eq!(qw.bytes(), &bytes[..]);
+    assert_eq!(qw.row_bytes(2), &bytes[2 * 68..3 * 68]);
+    let mut all = vec![0f32; rows * cols];
+    dequantize(GgmlType::Q8_0, &bytes, &mut all);
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        qw.dequantize_row(r, &mut row);
+        assert_eq!(&row[..], &all[r * cols..(r + 1) * cols]);
+    }
+}
+
+#[test]
+fn matmul_zero_tokens_and_long_buffers() {
+    let pool = ThreadPool::new(2);
+    let (qw, deq) = weight(GgmlType::Q4_0, 3, 64, 1);
+    let mut y = vec![7f32; 3];
+    matmul(&pool, &qw, &[], 0, &mut y);
+    assert_eq!(y, vec![7f32; 3]);
+    // Longer x / y than needed: only the first n rows are touched.
+    let x = vec![0.5f32; 64 * 2];
+    let mut y = vec![9f32; 3 * 2];
+    matmul(&pool, &qw, &x, 1, &mut y);
+    assert_eq!(&y[3..], &[9.0, 9.0, 9.0]);
+    check_against_reference(GgmlType::Q4_0, &deq, 3, 64, &x[..64], 1, &y[..3]);
+}
+
+/// Quantizer fixed points: quantizing already-quantized values reproduces the same bytes for
+/// the formats whose reference quantizer is deterministic in that sense (Q8_0, Q4_0, Q5_0).
+#[test]
+fn requantize_is_stable() {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::F16, GgmlType::BF16] {
+        let mut rng = Rng::new(11);
+        let x = rng.vec(1024, 1.0);
+        let q1 = quantize(ty, &x);
+        let mut y = vec![0f32; 1024];
+        dequantize(ty, &q1, &mut y);
+        let q2 = quantize(ty, &y);
+        let mut z = vec![0f32; 1024];
+        dequantize(ty, &q2, &mut z);
+        assert_eq!(y, z, "{}", ty.name());
+    }
+}
+
+/// Dev cross-check against python's `gguf` package: compares files dumped by a small Python
+/// script into `RUVLLM_XCHECK_DIR` (raw tensor bytes + numpy-dequantized f32, and python-quantized
+/// random data). Not run by default and skipped when the variable is unset.
+#[test]
+#[ignore]
+fn xcheck_python_dumps() {
+    let Some(dir) = std::env::var_os("RUVLLM_XCHECK_DIR") else {
+        eprintln!("RUVLLM_XCHECK_DIR not set; skipping");
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let index = std::fs::read_to_string(dir.join("index.txt")).expect("index.txt");
+    let mut checked = 0;
+    for line in index.lines() {
+        // kind type_id n name
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (kind, id, n, name) = (f[0], f[1].parse::<u32>().unwrap(), f[2].parse::<usize>().unwrap(), f[3]);
+        let ty = GgmlType::from_id(id).unwrap();
+        let raw = std::fs::read(dir.join(format!("{name}.raw"))).unwrap();
+        let f32s: Vec<f32> = std::fs::read(dir.join(format!("{name}.f32")))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        match kind {
+            "deq" => {
+                let mut y = vec![0f32; n];
+                dequantize(ty, &raw, &mut y);
+                let bad = y.iter().zip(&f32s).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(bad, 0, "{name} ({}): {bad} of {n} values differ", ty.name());
+            }
+            "quant" => {
+                let q = quantize(ty, &f32s);
+                let bad = q.iter().zip(&raw).filter(|(a, b)| a != b).count();
+                assert_eq!(q.len(), raw.len());
+                assert_eq!(bad, 0, "{name} ({}): {bad} of {} bytes differ", ty.name(), raw.len());
+            }
+            _ => panic!("bad kind {kind}"),
+        }
+        checked += 1;
+        eprintln!("ok {kind} {name} {}", ty.name());
+    }
+    assert!(checked > 0);
+}
+
+fn bench_one(ty: GgmlType, rows: usize, cols: usize, threads: usize, n: usize) -> (f64, f64) {
+    let mut rng = Rng::new(1);
+    let w = rng.vec(rows * cols, 0.05);
+    let bytes = quantize(ty, &w);
+    let gb = bytes.len() as f64 / 1e9;
+    let qw = QWeight::new(ty, rows, cols, WeightData::Owned(Arc::new(bytes))).unwrap();
+    let pool = ThreadPool::new(threads);
+    let x = rng.vec(cols * n, 1.0);
+    let mut y = vec![0f32; rows * n];
+    matmul(&pool, &qw, &x, n, &mut y);
+    let iters = ((2.0 / gb) as usize).clamp(3, 2000);
+    let t = std::time::Instant::now();
+    for _ in 0..iters {
+        matmul(&pool, &qw, &x, n, &mut y);
+    }
+    let dt = t.elapsed().as_secs_f64() / iters as f64;
+    (gb / dt, dt * 1e6)
+}
+
+#[test]
+#[ignore]
+fn throughput() {
+    println!("ISA: {}", ruvllm_core::kernels::matmul::isa());
+    let cases = [
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q8_0, 262144, 640),
+        (GgmlType::Q4_K, 640, 2048),
+        (GgmlType::Q6_K, 640, 2048),
+        (GgmlType::Q8_0, 640, 256),
+        (GgmlType::F32, 1024, 640),
+    ];
+    for (ty, rows, cols) in cases {
+        for threads in [1, 2] {
+            let (gbs, us) = bench_one(ty, rows, cols, threads, 1);
+            println!("{:5} {rows:>6}x{cols:<5} n=1 threads={threads}: {gbs:6.2} GB/s  {us:9.1} us/call", ty.name());
+        }
+    }
+    for (ty, rows, cols) in [(GgmlType::Q5_0, 2048, 640), (GgmlType::Q4_K, 640, 2048), (GgmlType::Q6_K, 640, 2048)] {
+        let n = 64;
+        let (_, us) = bench_one(ty, rows, cols, 2, n);
+        let gflops = 2.0 * (rows * cols * n) as f64 / (us * 1e3);
+        println!("{:5} {rows:>6}x{cols:<5} n={n} threads=2: {gflops:6.1} GFLOP/s  {us:9.1} us/call", ty.name());
+    }
+}

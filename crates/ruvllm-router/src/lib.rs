@@ -1,0 +1,1 @@
+//! Agent router (issue 5).

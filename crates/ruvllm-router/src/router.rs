@@ -1,0 +1,636 @@
+//! The learning agent router.
+//!
+//! A router holds agents and labelled patterns (example tasks with their embedding). A task is
+//! scored per agent from two signals:
+//!
+//! - **k-NN vote**: the `k` nearest patterns vote for their agent with weight
+//!   `pattern.weight * exp((cos - cos_best) / tau)`; votes are normalised to shares summing to 1.
+//! - **centroid similarity**: cosine between the task and the agent's (weight-averaged,
+//!   normalised) pattern centroid.
+//!
+//! `logit[a] = beta_knn * share[a] + beta_centroid * cos_centroid[a]`, and `confidence` is the
+//! softmax of the logits at the winning agent. `(beta_knn, beta_centroid, tau)` are fitted by
+//! leave-one-out maximum likelihood over the router's own patterns, so the confidence is a
+//! calibrated probability on tasks that look like the patterns (the benchmark reports how well
+//! that holds on held-out tasks: reliability buckets and ECE).
+//!
+//! Learning (`feedback`): a success adds the task as a new pattern of that agent (or, if a
+//! near-identical pattern of the agent exists, raises its weight); a failure lowers the weight of
+//! the agent's patterns that pulled the task towards it (each failure multiplies their weight by
+//! `failure_decay`, so repeated failures push a pattern towards the floor).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use crate::embed::Embedder;
+use crate::error::{Error, Result};
+use crate::index::{IndexConfig, VectorIndex};
+use crate::simd::dot;
+
+/// An agent the router can choose.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Example tasks this agent should get (embedded when the router is built).
+    #[serde(default)]
+    pub examples: Vec<String>,
+}
+
+/// Where a pattern came from.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// The agent's description.
+    Description,
+    /// Given at construction or through `add_examples`.
+    Example,
+    /// Learned from a successful outcome.
+    Feedback,
+    /// Synthetic (benchmarks only).
+    Synthetic,
+}
+
+/// One stored pattern.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Pattern {
+    pub text: String,
+    pub agent: usize,
+    pub weight: f32,
+    pub successes: u32,
+    pub failures: u32,
+    pub source: Source,
+}
+
+/// Scoring and learning parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Params {
+    /// Neighbours that vote.
+    pub k: usize,
+    /// Softness of the k-NN vote.
+    pub tau: f32,
+    pub beta_knn: f32,
+    pub beta_centroid: f32,
+    /// A success this close to an existing pattern of the same agent reinforces it instead of
+    /// adding a new one.
+    pub dedup_cos: f32,
+    /// A failure lowers the weight of the agent's neighbouring patterns at least this similar.
+    pub failure_cos: f32,
+    /// Weight multiplier per failure.
+    pub failure_decay: f32,
+    /// Weight floor.
+    pub min_weight: f32,
+    /// Weight ceiling (reinforced patterns).
+    pub max_weight: f32,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            k: 10,
+            tau: 0.05,
+            beta_knn: 6.0,
+            beta_centroid: 20.0,
+            dedup_cos: 0.97,
+            failure_cos: 0.6,
+            failure_decay: 0.6,
+            min_weight: 0.05,
+            max_weight: 3.0,
+        }
+    }
+}
+
+/// An agent and its score.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AgentScore {
+    pub agent: String,
+    pub score: f32,
+}
+
+/// What `route` answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Route {
+    pub agent: String,
+    /// Calibrated probability that `agent` is right.
+    pub confidence: f32,
+    /// The next agents, best first, with their probabilities.
+    pub alternatives: Vec<AgentScore>,
+}
+
+/// What `feedback` did.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub enum FeedbackEffect {
+    /// A new pattern was stored.
+    Added { pattern: usize },
+    /// An existing near-identical pattern was reinforced.
+    Reinforced { pattern: usize },
+    /// These patterns' weights were lowered.
+    Penalised { patterns: Vec<usize> },
+}
+
+/// The router.
+pub struct Router {
+    embedder: Arc<dyn Embedder>,
+    agents: Vec<AgentSpec>,
+    patterns: Vec<Pattern>,
+    index: VectorIndex,
+    /// Per agent: weighted sum of pattern vectors, and its normalised form.
+    centroid_sum: Vec<Vec<f32>>,
+    centroid: Vec<Vec<f32>>,
+    params: Params,
+}
+
+const FORMAT: &str = "ruvllm-router";
+const VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct SavedPattern {
+    #[serde(flatten)]
+    p: Pattern,
+    /// Little-endian f32 vector, base64.
+    v: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    format: String,
+    version: u32,
+    embedder: String,
+    dim: usize,
+    agents: Vec<AgentSpec>,
+    params: Params,
+    patterns: Vec<SavedPattern>,
+}
+
+fn encode_vec(v: &[f32]) -> String {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn decode_vec(s: &str, dim: usize) -> Option<Vec<f32>> {
+    let bytes = base64::engine::general_purpose::STANDARD.decode(s).ok()?;
+    if bytes.len() != dim * 4 {
+        return None;
+    }
+    Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// Writes `bytes` to `path` atomically: a temp file in the same directory, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("creating directory", dir, e))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "router".into());
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let tmp = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
+    let res = (|| {
+        let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
+        f.write_all(bytes).map_err(|e| Error::io("writing", &tmp, e))?;
+        f.sync_all().map_err(|e| Error::io("syncing", &tmp, e))?;
+        drop(f);
+        std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming into", path, e))
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+fn softmax(logits: &[f32]) -> Vec<f32> {
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = logits.iter().map(|l| (l - m).exp()).collect();
+    let s: f32 = e.iter().sum();
+    e.into_iter().map(|x| x / s).collect()
+}
+
+impl Router {
+    /// An empty router over `agents` (their examples and descriptions are embedded and stored).
+    pub fn new(agents: Vec<AgentSpec>, embedder: Arc<dyn Embedder>) -> Result<Self> {
+        Self::with_config(agents, embedder, Params::default(), IndexConfig::default())
+    }
+
+    /// As `new`, with explicit parameters. Fits the scoring parameters when there are enough
+    /// patterns.
+    pub fn with_config(agents: Vec<AgentSpec>, embedder: Arc<dyn Embedder>, params: Params, index: IndexConfig) -> Result<Self> {
+        if agents.is_empty() {
+            return Err(Error::InvalidArg("a router needs at least one agent".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for a in &agents {
+            if a.name.trim().is_empty() {
+                return Err(Error::InvalidArg("agent names must not be empty".into()));
+            }
+            if !seen.insert(a.name.as_str()) {
+                return Err(Error::InvalidArg(format!("agent '{}' is listed twice", a.name)));
+            }
+        }
+        let dim = embedder.dim();
+        let mut r = Router {
+            centroid_sum: vec![vec![0.0; dim]; agents.len()],
+            centroid: vec![vec![0.0; dim]; agents.len()],
+            index: VectorIndex::new(dim, index),
+            embedder,
+            patterns: Vec::new(),
+            params,
+            agents: Vec::new(),
+        };
+        let mut items: Vec<(String, usize, Source)> = Vec::new();
+        for (i, a) in agents.iter().enumerate() {
+            if !a.description.trim().is_empty() {
+                items.push((a.description.clone(), i, Source::Description));
+            }
+            for ex in &a.examples {
+                if !ex.trim().is_empty() {
+                    items.push((ex.clone(), i, Source::Example));
+                }
+            }
+        }
+        r.agents = agents.into_iter().map(|a| AgentSpec { examples: Vec::new(), ..a }).collect();
+        let texts: Vec<&str> = items.iter().map(|(t, _, _)| t.as_str()).collect();
+        let vecs = if texts.is_empty() { Vec::new() } else { r.embedder.embed(&texts)? };
+        let batch = items
+            .into_iter()
+            .zip(vecs)
+            .map(|((text, agent, source), v)| (Pattern { text, agent, weight: 1.0, successes: 0, failures: 0, source }, v))
+            .collect();
+        r.push_many(batch);
+        r.fit();
+        Ok(r)
+    }
+
+    pub fn embedder(&self) -> &Arc<dyn Embedder> {
+        &self.embedder
+    }
+    pub fn agents(&self) -> &[AgentSpec] {
+        &self.agents
+    }
+    pub fn patterns(&self) -> &[Pattern] {
+        &self.patterns
+    }
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+    pub fn set_params(&mut self, p: Params) {
+        self.params = p;
+    }
+    pub fn index(&self) -> &VectorIndex {
+        &self.index
+    }
+    /// Waits for a background index rebuild (benchmarks).
+    pub fn wait_index(&mut self) {
+        self.index.wait();
+    }
+
+    /// Index of agent `name`.
+    pub fn agent_index(&self, name: &str) -> Result<usize> {
+        self.agents.iter().position(|a| a.name == name).ok_or_else(|| {
+            Error::InvalidArg(format!(
+                "unknown agent '{name}'; known agents: {}",
+                self.agents.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })
+    }
+
+    fn push_pattern(&mut self, p: Pattern, v: &[f32]) -> usize {
+        let a = p.agent;
+        for (s, x) in self.centroid_sum[a].iter_mut().zip(v) {
+            *s += p.weight * x;
+        }
+        self.patterns.push(p);
+        let id = self.index.push(v);
+        self.renorm_centroid(a);
+        id
+    }
+
+    /// Adds many patterns, updating the index once at the end (one rebuild decision).
+    fn push_many(&mut self, items: Vec<(Pattern, Vec<f32>)>) {
+        let mut touched = vec![false; self.agents.len()];
+        let mut vecs = Vec::with_capacity(items.len());
+        for (p, v) in items {
+            for (s, x) in self.centroid_sum[p.agent].iter_mut().zip(&v) {
+                *s += p.weight * x;
+            }
+            touched[p.agent] = true;
+            self.patterns.push(p);
+            vecs.push(v);
+        }
+        self.index.extend(vecs.iter().map(|v| v.as_slice()));
+        for (a, t) in touched.into_iter().enumerate() {
+            if t {
+                self.renorm_centroid(a);
+            }
+        }
+    }
+
+    fn renorm_centroid(&mut self, a: usize) {
+        self.centroid[a] = crate::embed::l2_normalized(self.centroid_sum[a].clone());
+    }
+
+    fn set_weight(&mut self, id: usize, w: f32) {
+        let a = self.patterns[id].agent;
+        let dw = w - self.patterns[id].weight;
+        let v = self.index.vector(id).to_vec();
+        for (s, x) in self.centroid_sum[a].iter_mut().zip(&v) {
+            *s += dw * x;
+        }
+        self.patterns[id].weight = w;
+        self.renorm_centroid(a);
+    }
+
+    /// Adds labelled examples (embedded in one batch). Unknown agents are an error.
+    pub fn add_examples(&mut self, examples: &[(String, String)]) -> Result<usize> {
+        let mut resolved = Vec::with_capacity(examples.len());
+        for (text, agent) in examples {
+            if text.trim().is_empty() {
+                return Err(Error::InvalidArg("example text must not be empty".into()));
+            }
+            resolved.push((text.clone(), self.agent_index(agent)?));
+        }
+        let texts: Vec<&str> = resolved.iter().map(|(t, _)| t.as_str()).collect();
+        let vecs = self.embedder.embed(&texts)?;
+        self.add_embedded(resolved.into_iter().zip(vecs).map(|((t, a), v)| (t, a, v, Source::Example)).collect())
+    }
+
+    /// Adds already-embedded patterns `(text, agent index, vector, source)`.
+    pub fn add_embedded(&mut self, items: Vec<(String, usize, Vec<f32>, Source)>) -> Result<usize> {
+        let n = items.len();
+        for (_, agent, v, _) in &items {
+            if *agent >= self.agents.len() {
+                return Err(Error::InvalidArg(format!("agent index {agent} out of range")));
+            }
+            if v.len() != self.embedder.dim() {
+                return Err(Error::InvalidArg(format!("vector has {} entries, expected {}", v.len(), self.embedder.dim())));
+            }
+        }
+        let batch = items
+            .into_iter()
+            .map(|(text, agent, v, source)| (Pattern { text, agent, weight: 1.0, successes: 0, failures: 0, source }, v))
+            .collect();
+        self.push_many(batch);
+        Ok(n)
+    }
+
+    /// Embeds `task` with the router's embedder.
+    pub fn embed_one(&self, task: &str) -> Result<Vec<f32>> {
+        if task.trim().is_empty() {
+            return Err(Error::InvalidArg("the task text must not be empty".into()));
+        }
+        self.embedder.embed(&[task])?.pop().ok_or_else(|| Error::Embed("embedder returned nothing".into()))
+    }
+
+    /// Routes a task text (embeds it, then `route_vector`).
+    pub fn route(&mut self, task: &str) -> Result<Route> {
+        let v = self.embed_one(task)?;
+        self.route_vector(&v)
+    }
+
+    /// Per-agent probabilities for an embedded task.
+    pub fn probabilities(&mut self, q: &[f32]) -> Result<Vec<f32>> {
+        if self.patterns.is_empty() {
+            return Err(Error::Empty("the router has no patterns: give agents examples or descriptions, or call addExamples".into()));
+        }
+        if q.len() != self.embedder.dim() {
+            return Err(Error::InvalidArg(format!("vector has {} entries, expected {}", q.len(), self.embedder.dim())));
+        }
+        let nn = self.index.search(q, self.params.k);
+        let na = self.agents.len();
+        let mut share = vec![0.0f32; na];
+        let best = nn.first().map_or(0.0, |x| x.1);
+        let mut total = 0.0;
+        for &(id, s) in &nn {
+            let p = &self.patterns[id];
+            let w = p.weight * ((s - best) / self.params.tau).exp();
+            share[p.agent] += w;
+            total += w;
+        }
+        let mut logits = vec![0.0f32; na];
+        for a in 0..na {
+            let sh = if total > 0.0 { share[a] / total } else { 0.0 };
+            logits[a] = self.params.beta_knn * sh + self.params.beta_centroid * dot(q, &self.centroid[a]);
+        }
+        Ok(softmax(&logits))
+    }
+
+    /// Routes an embedded task: the winning agent, its probability and the runners-up.
+    pub fn route_vector(&mut self, q: &[f32]) -> Result<Route> {
+        let probs = self.probabilities(q)?;
+        let mut order: Vec<usize> = (0..probs.len()).collect();
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+        let top = order[0];
+        Ok(Route {
+            agent: self.agents[top].name.clone(),
+            confidence: probs[top],
+            alternatives: order[1..]
+                .iter()
+                .take(3)
+                .map(|&a| AgentScore { agent: self.agents[a].name.clone(), score: probs[a] })
+                .collect(),
+        })
+    }
+
+    /// Learns from an outcome: `agent` handled `task`, and it went well or not.
+    pub fn feedback(&mut self, task: &str, agent: &str, success: bool) -> Result<FeedbackEffect> {
+        let a = self.agent_index(agent)?;
+        let v = self.embed_one(task)?;
+        self.feedback_vector(task, &v, a, success)
+    }
+
+    /// `feedback` with the task already embedded.
+    pub fn feedback_vector(&mut self, task: &str, v: &[f32], a: usize, success: bool) -> Result<FeedbackEffect> {
+        if a >= self.agents.len() {
+            return Err(Error::InvalidArg(format!("agent index {a} out of range")));
+        }
+        let nn = self.index.search(v, self.params.k.max(1));
+        if success {
+            if let Some(&(id, _)) = nn.iter().find(|&&(id, s)| self.patterns[id].agent == a && s >= self.params.dedup_cos) {
+                self.patterns[id].successes += 1;
+                let w = (self.patterns[id].weight.max(1.0) + 0.25).min(self.params.max_weight);
+                self.set_weight(id, w);
+                return Ok(FeedbackEffect::Reinforced { pattern: id });
+            }
+            let id = self.push_pattern(
+                Pattern { text: task.to_string(), agent: a, weight: 1.0, successes: 1, failures: 0, source: Source::Feedback },
+                v,
+            );
+            Ok(FeedbackEffect::Added { pattern: id })
+        } else {
+            let hit: Vec<usize> = nn
+                .iter()
+                .filter(|&&(id, s)| self.patterns[id].agent == a && s >= self.params.failure_cos)
+                .map(|&(id, _)| id)
+                .collect();
+            for &id in &hit {
+                self.patterns[id].failures += 1;
+                let w = (self.patterns[id].weight * self.params.failure_decay).max(self.params.min_weight);
+                self.set_weight(id, w);
+            }
+            Ok(FeedbackEffect::Penalised { patterns: hit })
+        }
+    }
+
+    /// Fits `(beta_knn, beta_centroid, tau)` by leave-one-out log-likelihood over (up to 1500 of)
+    /// the router's own patterns. Does nothing with fewer than 2 agents or 20 patterns.
+    pub fn fit(&mut self) {
+        let n = self.patterns.len();
+        let na = self.agents.len();
+        if na < 2 || n < 20 {
+            return;
+        }
+        let step = (n / 1500).max(1);
+        let k = self.params.k;
+        // Per sampled pattern: its neighbours without itself, and LOO centroid cosines.
+        struct Sample {
+            label: usize,
+            nn: Vec<(usize, f32)>,
+            cent: Vec<f32>,
+        }
+        let mut samples = Vec::new();
+        for i in (0..n).step_by(step) {
+            if self.patterns[i].source == Source::Description {
+                continue;
+            }
+            let v = self.index.vector(i).to_vec();
+            let nn: Vec<(usize, f32)> = self.index.search(&v, k + 1).into_iter().filter(|&(id, _)| id != i).take(k).collect();
+            let label = self.patterns[i].agent;
+            let w = self.patterns[i].weight;
+            let cent: Vec<f32> = (0..na)
+                .map(|a| {
+                    if a == label {
+                        let c: Vec<f32> = self.centroid_sum[a].iter().zip(&v).map(|(s, x)| s - w * x).collect();
+                        dot(&v, &crate::embed::l2_normalized(c))
+                    } else {
+                        dot(&v, &self.centroid[a])
+                    }
+                })
+                .collect();
+            samples.push(Sample { label, nn, cent });
+        }
+        if samples.len() < 10 {
+            return;
+        }
+        let mut best = (f64::NEG_INFINITY, self.params.beta_knn, self.params.beta_centroid, self.params.tau);
+        for &tau in &[0.02f32, 0.05, 0.1] {
+            let shares: Vec<Vec<f32>> = samples
+                .iter()
+                .map(|s| {
+                    let mut sh = vec![0.0f32; na];
+                    let top = s.nn.first().map_or(0.0, |x| x.1);
+                    let mut tot = 0.0;
+                    for &(id, sim) in &s.nn {
+                        let w = self.patterns[id].weight * ((sim - top) / tau).exp();
+                        sh[self.patterns[id].agent] += w;
+                        tot += w;
+                    }
+                    if tot > 0.0 {
+                        sh.iter_mut().for_each(|x| *x /= tot);
+                    }
+                    sh
+                })
+                .collect();
+            for bk in (0..=16).map(|i| i as f32 * 0.75) {
+                for bc in (0..=16).map(|i| i as f32 * 5.0) {
+                    let mut ll = 0.0f64;
+                    for (s, sh) in samples.iter().zip(&shares) {
+                        let logits: Vec<f32> = (0..na).map(|a| bk * sh[a] + bc * s.cent[a]).collect();
+                        let p = softmax(&logits)[s.label].max(1e-6);
+                        ll += (p as f64).ln();
+                    }
+                    if ll > best.0 {
+                        best = (ll, bk, bc, tau);
+                    }
+                }
+            }
+        }
+        self.params.beta_knn = best.1;
+        self.params.beta_centroid = best.2;
+        self.params.tau = best.3;
+    }
+
+    /// Serialises the router (agents, parameters, patterns with their vectors).
+    pub fn to_json(&self) -> Result<String> {
+        let saved = Saved {
+            format: FORMAT.into(),
+            version: VERSION,
+            embedder: self.embedder.id().to_string(),
+            dim: self.embedder.dim(),
+            agents: self.agents.clone(),
+            params: self.params.clone(),
+            patterns: self
+                .patterns
+                .iter()
+                .enumerate()
+                .map(|(i, p)| SavedPattern { p: p.clone(), v: encode_vec(self.index.vector(i)) })
+                .collect(),
+        };
+        serde_json::to_string(&saved).map_err(|e| Error::Internal(format!("serialising the router: {e}")))
+    }
+
+    /// Saves atomically (temp file + rename).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        write_atomic(path, self.to_json()?.as_bytes())
+    }
+
+    /// Loads a saved router. If it was saved with another embedder, its pattern texts are
+    /// embedded again with `embedder`.
+    pub fn load(path: &Path, embedder: Arc<dyn Embedder>, index: IndexConfig) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("reading", path, e))?;
+        Self::from_json(&text, path, embedder, index)
+    }
+
+    /// Parses what `to_json` wrote; `path` is only used in errors.
+    pub fn from_json(text: &str, path: &Path, embedder: Arc<dyn Embedder>, index: IndexConfig) -> Result<Self> {
+        let bad = |reason: String| Error::BadState { path: path.to_path_buf(), reason };
+        let saved: Saved = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if saved.format != FORMAT {
+            return Err(bad(format!("not a router file (format '{}')", saved.format)));
+        }
+        if saved.version != VERSION {
+            return Err(bad(format!("unsupported version {}", saved.version)));
+        }
+        if saved.agents.is_empty() {
+            return Err(bad("no agents".into()));
+        }
+        let dim = embedder.dim();
+        let same = saved.embedder == embedder.id() && saved.dim == dim;
+        let mut vecs: Vec<Vec<f32>> = Vec::with_capacity(saved.patterns.len());
+        if same {
+            for (i, sp) in saved.patterns.iter().enumerate() {
+                vecs.push(decode_vec(&sp.v, dim).ok_or_else(|| bad(format!("pattern {i}: bad vector")))?);
+            }
+        } else {
+            let texts: Vec<&str> = saved.patterns.iter().map(|sp| sp.p.text.as_str()).collect();
+            if !texts.is_empty() {
+                vecs = embedder.embed(&texts)?;
+            }
+        }
+        let na = saved.agents.len();
+        let mut r = Router {
+            centroid_sum: vec![vec![0.0; dim]; na],
+            centroid: vec![vec![0.0; dim]; na],
+            index: VectorIndex::new(dim, index),
+            embedder,
+            patterns: Vec::with_capacity(saved.patterns.len()),
+            params: saved.params,
+            agents: saved.agents,
+        };
+        let mut batch = Vec::with_capacity(vecs.len());
+        for (i, (sp, v)) in saved.patterns.into_iter().zip(vecs).enumerate() {
+            if sp.p.agent >= na {
+                return Err(bad(format!("pattern {i}: agent index {} out of range", sp.p.agent)));
+            }
+            if !sp.p.weight.is_finite() || sp.p.weight < 0.0 {
+                return Err(bad(format!("pattern {i}: bad weight")));
+            }
+            batch.push((sp.p, v));
+        }
+        r.push_many(batch);
+        if !same {
+            r.fit();
+        }
+        Ok(r)
+    }
+}

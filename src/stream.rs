@@ -1,0 +1,143 @@
+//! `llm.stream()`: a native async iterable (napi 3 `AsyncGenerator`), so `for await` works on
+//! the value the addon returns, with no JS wrapper. Generation starts at the first `next()`;
+//! `return()` (what `break` calls) cancels it, and so does dropping the stream.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use napi::bindgen_prelude::AsyncGenerator;
+use napi_derive::napi;
+use tokio::sync::Mutex;
+
+use ruvllm_core::engine::{Engine, GenerateParams, Prompt};
+
+use crate::error::{CodedError, OrError};
+use crate::request::{Request, Step};
+use crate::signal::{CancelState, SignalHook};
+use crate::types::Completion;
+
+/// The iterator's item. Named `TokenChunk` on purpose: napi's type generator writes the Rust name
+/// of `Yield` into `index.d.ts`, and what JavaScript receives is exactly a `TokenChunk` (an error
+/// variant never becomes a value: it rejects the `next()` promise with the coded error, built on
+/// the JS thread).
+type TokenChunk = OrError<crate::types::TokenChunk>;
+
+enum State {
+  Pending {
+    engine: Arc<Engine>,
+    closed: Arc<AtomicBool>,
+    prompt: Prompt,
+    params: GenerateParams,
+    hook: Option<SignalHook>,
+  },
+  Running(Request),
+  Failed(CodedError),
+  Finished(Option<Box<ruvllm_core::engine::Completion>>),
+}
+
+/// A running (or not yet started) generation, consumed with `for await (const chunk of stream)`.
+/// After the loop ends normally, `completion` holds the finished `Completion`.
+#[napi(async_iterator)]
+pub struct TokenStream {
+  state: Arc<Mutex<State>>,
+  cancel: Arc<CancelState>,
+}
+
+impl TokenStream {
+  pub(crate) fn pending(
+    engine: Arc<Engine>,
+    closed: Arc<AtomicBool>,
+    prompt: Prompt,
+    params: GenerateParams,
+    cancel: Arc<CancelState>,
+    hook: Option<SignalHook>,
+  ) -> Self {
+    TokenStream { state: Arc::new(Mutex::new(State::Pending { engine, closed, prompt, params, hook })), cancel }
+  }
+
+  pub(crate) fn failed(err: CodedError) -> Self {
+    TokenStream { state: Arc::new(Mutex::new(State::Failed(err))), cancel: Arc::new(CancelState::default()) }
+  }
+}
+
+#[napi]
+impl TokenStream {
+  /// The finished completion (id, full text, usage, timings) once the stream has ended
+  /// normally; `null` before that, or when it ended with an error or early.
+  #[napi(getter)]
+  pub fn completion(&self) -> Option<Completion> {
+    match self.state.try_lock() {
+      Ok(st) => match &*st {
+        State::Finished(Some(c)) => Some(Completion::from((**c).clone())),
+        _ => None,
+      },
+      Err(_) => None,
+    }
+  }
+}
+
+#[napi]
+impl AsyncGenerator for TokenStream {
+  type Yield = TokenChunk;
+  type Next = ();
+  type Return = ();
+
+  fn next(&mut self, _value: Option<()>) -> impl Future<Output = napi::Result<Option<TokenChunk>>> + Send + 'static {
+    let state = self.state.clone();
+    let cancel = self.cancel.clone();
+    async move {
+      let mut st = state.lock().await;
+      loop {
+        match std::mem::replace(&mut *st, State::Finished(None)) {
+          State::Pending { engine, closed, prompt, params, hook } => {
+            *st = if closed.load(Ordering::SeqCst) {
+              State::Failed(CodedError::closed())
+            } else if cancel.aborted() {
+              State::Failed(CodedError::aborted(None))
+            } else {
+              match Request::submit(&engine, prompt, params, cancel.clone(), hook) {
+                Ok(r) => State::Running(r),
+                Err(e) => State::Failed(e),
+              }
+            };
+          }
+          State::Running(mut req) => {
+            return Ok(match req.next().await {
+              Step::Token { id, text } => {
+                *st = State::Running(req);
+                Some(OrError::Value(crate::types::TokenChunk { text, token: id }))
+              }
+              Step::Done(c) => {
+                *st = State::Finished(Some(Box::new(c)));
+                None
+              }
+              Step::Failed(e) => Some(OrError::Error(e)),
+            });
+          }
+          State::Failed(e) => return Ok(Some(OrError::Error(e))),
+          State::Finished(c) => {
+            *st = State::Finished(c);
+            return Ok(None);
+          }
+        }
+      }
+    }
+  }
+
+  fn complete(&mut self, _value: Option<()>) -> impl Future<Output = napi::Result<Option<TokenChunk>>> + Send + 'static {
+    // Cancel before taking the lock, so a `next()` in flight ends within a token.
+    self.cancel.cancel();
+    let state = self.state.clone();
+    async move {
+      let mut st = state.lock().await;
+      if let State::Running(req) = &mut *st {
+        req.cancel();
+      }
+      if !matches!(&*st, State::Finished(Some(_))) {
+        *st = State::Finished(None);
+      }
+      Ok(None)
+    }
+  }
+}

@@ -1,0 +1,191 @@
+//! Plain objects that cross the boundary. Option bags are declared here for their TypeScript
+//! types and docs; they are read field by field in `options.rs`, so that every bad value gets an
+//! `ERR_INVALID_ARG` error naming the option (napi's own conversion errors would not).
+
+use std::collections::HashMap;
+
+use napi_derive::napi;
+
+/// Options for `LLM.load`.
+#[napi(object, object_to_js = false)]
+pub struct LoadOptions {
+  /// KV cache length in tokens: the most prompt + output tokens one request can hold.
+  /// Default: the model's trained context, capped at 4096.
+  pub context_size: Option<u32>,
+  /// Threads for the compute kernels. Default: the number of CPU cores.
+  pub threads: Option<u32>,
+  /// Default sampling seed for requests that give none. Default: a random seed per request.
+  pub seed: Option<u32>,
+}
+
+/// One chat message, for `generate(messages)` / `stream(messages)`.
+#[napi(object)]
+pub struct ChatMessage {
+  /// Who speaks: usually `'system'`, `'user'` or `'assistant'` (the template decides what is allowed).
+  pub role: String,
+  /// The message text.
+  pub content: String,
+}
+
+/// Options for `llm.generate` and `llm.stream`. Every field is optional; a value of the wrong
+/// type or out of range is rejected with `code: 'ERR_INVALID_ARG'`, as is an unknown key.
+#[napi(object, object_to_js = false)]
+pub struct GenerateOptions {
+  /// Most tokens to generate, an integer in 1..=contextSize. Default 256.
+  pub max_tokens: Option<u32>,
+  /// Sampling temperature, finite and >= 0; 0 means greedy (always the most likely token). Default 0.8.
+  pub temperature: Option<f64>,
+  /// Keep only the k most likely tokens; an integer >= 0, 0 turns it off. Default 40.
+  pub top_k: Option<u32>,
+  /// Nucleus sampling: keep the smallest set of tokens whose probability adds up to topP; in (0, 1]. Default 0.95.
+  pub top_p: Option<f64>,
+  /// Drop tokens less likely than minP times the most likely one; in [0, 1]. Default 0.05.
+  pub min_p: Option<f64>,
+  /// Penalty > 0 for tokens seen in the last `repeatLastN` tokens; 1 turns it off. Default 1.
+  pub repeat_penalty: Option<f64>,
+  /// Subtracted from the logit of every token already present (finite). Default 0.
+  pub presence_penalty: Option<f64>,
+  /// Subtracted from a token's logit once per earlier occurrence (finite). Default 0.
+  pub frequency_penalty: Option<f64>,
+  /// How many recent tokens the penalties look at, an integer >= 0. Default 64.
+  pub repeat_last_n: Option<u32>,
+  /// Sampling seed, an integer in 0..=Number.MAX_SAFE_INTEGER: the same seed, prompt and options give the same text.
+  pub seed: Option<f64>,
+  /// Stop when the output contains one of these (non-empty) strings; the stop string itself is not returned.
+  #[napi(ts_type = "string | string[]")]
+  pub stop: Option<serde_json::Value>,
+  /// Aborts the request: the promise rejects (the stream throws) with an `AbortError`
+  /// (`code: 'ABORT_ERR'`) within one token; an already-aborted signal rejects at once.
+  #[napi(ts_type = "AbortSignal")]
+  pub signal: Option<serde_json::Value>,
+  /// A Jinja chat template used instead of the model's own for chat-message prompts
+  /// (needed for models that ship none, such as base models).
+  pub chat_template: Option<String>,
+  /// `generate` only: called with every token as it is produced, in order. When it returns a
+  /// promise, generation output is not delivered further until the promise settles; a throw or
+  /// a rejection cancels the request and rejects `generate` with that error.
+  #[napi(ts_type = "(chunk: TokenChunk) => unknown")]
+  pub on_token: Option<serde_json::Value>,
+}
+
+/// Options for `llm.tokenize`.
+#[napi(object, object_to_js = false)]
+pub struct TokenizeOptions {
+  /// Add the model's special tokens (BOS for Gemma and Llama), as generation does. Default true.
+  pub add_special: Option<bool>,
+}
+
+/// One piece of generated output.
+#[napi(object)]
+pub struct TokenChunk {
+  /// Text this token completes (may be empty while a multi-byte character or a possible stop
+  /// string is held back; the held text comes with a later chunk).
+  pub text: String,
+  /// The token id.
+  pub token: u32,
+}
+
+/// Token counts of a finished request.
+#[napi(object)]
+pub struct Usage {
+  /// Tokens in the prompt (after the chat template, with special tokens).
+  pub prompt_tokens: u32,
+  /// Tokens generated.
+  pub completion_tokens: u32,
+}
+
+/// Speed of a finished request.
+#[napi(object)]
+pub struct Timings {
+  /// Milliseconds from the request's start to its first generated token.
+  pub ttft_ms: f64,
+  /// Prompt tokens processed per second.
+  pub prefill_tokens_per_second: f64,
+  /// Tokens generated per second after the first.
+  pub decode_tokens_per_second: f64,
+}
+
+/// The result of `llm.generate`.
+#[napi(object)]
+pub struct Completion {
+  /// Unique id of this completion.
+  pub id: String,
+  /// The generated text (without the prompt and without a matched stop string).
+  pub text: String,
+  /// The generated token ids.
+  pub tokens: Vec<u32>,
+  /// Why generation ended: `'stop'` (end-of-sequence token or a stop string), `'length'` (maxTokens
+  /// or the context was reached) or `'abort'`.
+  #[napi(ts_type = "'stop' | 'length' | 'abort'")]
+  pub finish_reason: String,
+  /// Token counts.
+  pub usage: Usage,
+  /// Speed measurements.
+  pub timings: Timings,
+}
+
+/// What `llm.info` reports about the loaded model.
+#[napi(object)]
+pub struct ModelInfo {
+  /// The file the model was loaded from.
+  pub path: String,
+  /// `general.name` from the file.
+  pub name: String,
+  /// Architecture, e.g. `'gemma3'`, `'llama'`, `'qwen2'`.
+  pub architecture: String,
+  /// Number of weights.
+  pub parameter_count: f64,
+  /// Quantization of the file, e.g. `'Q4_K_M'`.
+  pub quantization: String,
+  /// How many tensors of each type the file holds, e.g. `{ Q8_0: 120, F32: 73 }`.
+  pub tensor_types: HashMap<String, f64>,
+  /// Context size this instance was loaded with (tokens).
+  pub context_length: u32,
+  /// The model's trained maximum context (tokens).
+  pub train_context_length: u32,
+  /// Vocabulary size.
+  pub vocab_size: u32,
+  /// Whether the file ships a chat template (`tokenizer.chat_template`).
+  pub has_chat_template: bool,
+  /// Threads the kernels use.
+  pub threads: u32,
+}
+
+impl From<&ruvllm_core::engine::ModelInfo> for ModelInfo {
+  fn from(i: &ruvllm_core::engine::ModelInfo) -> Self {
+    ModelInfo {
+      path: i.path.clone(),
+      name: i.name.clone(),
+      architecture: i.architecture.clone(),
+      parameter_count: i.parameter_count as f64,
+      quantization: i.quantization.clone(),
+      tensor_types: i.tensor_types.iter().map(|(k, v)| (k.clone(), *v as f64)).collect(),
+      context_length: clamp_u32(i.context_length),
+      train_context_length: clamp_u32(i.train_context_length),
+      vocab_size: clamp_u32(i.vocab_size),
+      has_chat_template: i.has_chat_template,
+      threads: clamp_u32(i.threads),
+    }
+  }
+}
+
+impl From<ruvllm_core::engine::Completion> for Completion {
+  fn from(c: ruvllm_core::engine::Completion) -> Self {
+    Completion {
+      id: c.id,
+      text: c.text,
+      tokens: c.tokens,
+      finish_reason: c.finish_reason.as_str().to_string(),
+      usage: Usage { prompt_tokens: clamp_u32(c.prompt_tokens), completion_tokens: clamp_u32(c.completion_tokens) },
+      timings: Timings {
+        ttft_ms: c.ttft_ms,
+        prefill_tokens_per_second: c.prefill_tokens_per_second,
+        decode_tokens_per_second: c.decode_tokens_per_second,
+      },
+    }
+  }
+}
+
+pub(crate) fn clamp_u32(v: usize) -> u32 {
+  u32::try_from(v).unwrap_or(u32::MAX)
+}
