@@ -99,11 +99,10 @@ impl Sampler {
         if t.is_nan() || t <= 0.0 {
             return argmax(logits);
         }
-        self.collect_candidates(logits);
+        self.collect_top_k(logits);
         if self.candidates.is_empty() {
             return argmax(logits);
         }
-        self.top_k();
         self.softmax();
         self.top_p();
         self.min_p();
@@ -130,21 +129,36 @@ impl Sampler {
         }
     }
 
-    /// Every token with a logit that is neither NaN nor -inf (+inf is clamped to the largest f32).
-    fn collect_candidates(&mut self, logits: &[f32]) {
+    /// The `top_k` best tokens (all when `top_k` is 0) among those whose logit is neither NaN
+    /// nor -inf; +inf is clamped to the largest f32. One pass over the vocabulary with a buffer
+    /// of at most `2 * top_k`: once `top_k` tokens are kept, a logit no higher than the k-th best
+    /// cannot get in (on a tie the earlier, lower id wins), so most tokens are skipped at once.
+    fn collect_top_k(&mut self, logits: &[f32]) {
+        let k = match self.params.top_k {
+            0 => usize::MAX,
+            k => k,
+        };
         self.candidates.clear();
-        let usable = logits.iter().enumerate().filter(|(_, l)| !l.is_nan() && **l != f32::NEG_INFINITY);
-        self.candidates
-            .extend(usable.map(|(i, &l)| Candidate { id: i as u32, logit: l.min(f32::MAX), prob: 0.0 }));
+        let mut floor = f32::NEG_INFINITY;
+        for (i, &l) in logits.iter().enumerate() {
+            if l.is_nan() || l <= floor {
+                continue;
+            }
+            self.candidates.push(Candidate { id: i as u32, logit: l.min(f32::MAX), prob: 0.0 });
+            if self.candidates.len() >= k.saturating_mul(2) {
+                floor = self.keep_best(k);
+            }
+        }
+        if self.candidates.len() > k {
+            self.keep_best(k);
+        }
     }
 
-    /// Keeps the `top_k` highest logits, without sorting the whole vocabulary.
-    fn top_k(&mut self) {
-        let k = self.params.top_k;
-        if k > 0 && k < self.candidates.len() {
-            self.candidates.select_nth_unstable_by(k - 1, by_logit_desc);
-            self.candidates.truncate(k);
-        }
+    /// Truncates the candidates to the best `k` (`1 <= k < len`); returns the k-th best logit.
+    fn keep_best(&mut self, k: usize) -> f32 {
+        self.candidates.select_nth_unstable_by(k - 1, by_logit_desc);
+        self.candidates.truncate(k);
+        self.candidates[k - 1].logit
     }
 
     /// Unnormalized probabilities `exp((logit - max) / temperature)`; the best one is 1.

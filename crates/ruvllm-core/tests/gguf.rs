@@ -15,6 +15,7 @@ fn small_writer() -> GgufWriter {
     w.add_metadata("general.architecture", V::String("llama".into()))
         .add_metadata("llama.block_count", V::U32(2))
         .add_metadata("tokenizer.ggml.tokens", V::Array(vec![V::String("a".into()), V::String("bc".into())]))
+        .add_metadata("tokenizer.ggml.scores", V::Array(vec![V::F32(-1.0), V::F32(-2.0)]))
         .add_f32("tok.weight", &[4, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
         .add_f32("norm.weight", &[3], &[0.5, 0.25, 0.125]);
     w
@@ -147,6 +148,7 @@ fn accessors_and_json() {
     assert_eq!(json["general.architecture"], "llama");
     assert_eq!(json["llama.block_count"], 2);
     assert_eq!(json["tokenizer.ggml.tokens"], serde_json::json!(["a", "bc"]));
+    assert_eq!(json["tokenizer.ggml.scores"], serde_json::json!([-1.0, -2.0]));
 }
 
 #[test]

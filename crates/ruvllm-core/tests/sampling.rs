@@ -109,6 +109,17 @@ fn top_k_keeps_only_the_k_best() {
 }
 
 #[test]
+fn top_k_on_ties_and_ascending_logits() {
+    let flat = vec![1.0; 1000];
+    let picked = draws(SamplingParams { top_k: 3, ..plain(4) }, &flat, 300);
+    assert!(picked.iter().all(|&t| t < 3), "ties go to the lowest ids");
+    assert!((0..3).all(|t| picked.contains(&t)));
+    let rising: Vec<f32> = (0..10_000).map(|i| i as f32 * 1e-3).collect();
+    let picked = draws(SamplingParams { top_k: 5, ..plain(4) }, &rising, 300);
+    assert!(picked.iter().all(|&t| t >= 9_995));
+}
+
+#[test]
 fn tiny_top_p_is_greedy() {
     let mut s = Sampler::new(SamplingParams { top_p: 1e-6, ..plain(5) });
     for seed in 0..50 {

@@ -398,11 +398,57 @@ impl<'a> Cursor<'a> {
                 self.remaining()
             ));
         }
+        if let Some(size) = fixed_numeric_size(elem) {
+            // Fits: `len * size <= remaining` was checked above.
+            let raw = self.take(len as usize * size, "array elements")?;
+            return Ok(decode_numeric(raw, elem));
+        }
         let mut out = Vec::with_capacity(len as usize);
         for i in 0..len {
             let v = self.value(elem, depth + 1).map_err(|e| format!("array element {i}: {e}"))?;
             out.push(v);
         }
         Ok(out)
+    }
+}
+
+/// Byte size of numeric types that need no per-element validation (bool does), else `None`.
+fn fixed_numeric_size(ty: u32) -> Option<usize> {
+    use value_type::*;
+    match ty {
+        U8 | I8 => Some(1),
+        U16 | I16 => Some(2),
+        U32 | I32 | F32 => Some(4),
+        U64 | I64 | F64 => Some(8),
+        _ => None,
+    }
+}
+
+/// Decodes a packed little-endian array of numeric type `ty` (the fast path for large arrays
+/// such as token scores). `raw.len()` is a multiple of the type's size.
+fn decode_numeric(raw: &[u8], ty: u32) -> Vec<MetadataValue> {
+    use value_type::*;
+    use MetadataValue as V;
+    fn each<const N: usize>(raw: &[u8], f: impl Fn([u8; N]) -> MetadataValue) -> Vec<MetadataValue> {
+        raw.chunks_exact(N)
+            .map(|c| {
+                let mut b = [0u8; N];
+                b.copy_from_slice(c);
+                f(b)
+            })
+            .collect()
+    }
+    match ty {
+        U8 => raw.iter().map(|&b| V::U8(b)).collect(),
+        I8 => each(raw, |b| V::I8(i8::from_le_bytes(b))),
+        U16 => each(raw, |b| V::U16(u16::from_le_bytes(b))),
+        I16 => each(raw, |b| V::I16(i16::from_le_bytes(b))),
+        U32 => each(raw, |b| V::U32(u32::from_le_bytes(b))),
+        I32 => each(raw, |b| V::I32(i32::from_le_bytes(b))),
+        F32 => each(raw, |b| V::F32(f32::from_le_bytes(b))),
+        U64 => each(raw, |b| V::U64(u64::from_le_bytes(b))),
+        I64 => each(raw, |b| V::I64(i64::from_le_bytes(b))),
+        F64 => each(raw, |b| V::F64(f64::from_le_bytes(b))),
+        _ => Vec::new(), // only called for the types of `fixed_numeric_size`
     }
 }

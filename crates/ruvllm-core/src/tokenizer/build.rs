@@ -20,6 +20,8 @@ use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
 
+use rayon::prelude::*;
+
 use super::spec::{TokenizerKind, TokenizerSpec};
 use crate::{Error, Result};
 
@@ -40,21 +42,29 @@ fn vocab_map(tokens: &[String]) -> Vocab {
 /// both in the vocabulary, ordered by the merged piece's score (highest first), ties by id.
 pub(crate) fn sentencepiece_merges(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(String, String)> {
     let score = |id: u32| scores.get(id as usize).copied().unwrap_or(0.0);
+    // A piece listed twice contributes its merges once (for the id the vocabulary keeps).
+    let has_duplicates = vocab.len() < tokens.len();
     let mut order: Vec<u32> = (0..tokens.len() as u32)
-        .filter(|&id| vocab.get(tokens[id as usize].as_str()) == Some(&id))
+        .filter(|&id| !has_duplicates || vocab.get(tokens[id as usize].as_str()) == Some(&id))
         .collect();
-    order.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
-    let mut merges = Vec::with_capacity(tokens.len() * 4);
-    for id in order {
-        let piece = tokens[id as usize].as_str();
-        for (k, _) in piece.char_indices().skip(1) {
-            let (left, right) = piece.split_at(k);
-            if vocab.contains_key(left) && vocab.contains_key(right) {
-                merges.push((left.to_string(), right.to_string()));
+    order.par_sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
+    // Independent per piece: split the work across threads; `collect` keeps the order.
+    order
+        .par_chunks(4096)
+        .flat_map_iter(|chunk| {
+            let mut out = Vec::with_capacity(chunk.len() * 2);
+            for &id in chunk {
+                let piece = tokens[id as usize].as_str();
+                for (k, _) in piece.char_indices().skip(1) {
+                    let (left, right) = piece.split_at(k);
+                    if vocab.contains_key(right) && vocab.contains_key(left) {
+                        out.push((left.to_string(), right.to_string()));
+                    }
+                }
             }
-        }
-    }
-    merges
+            out
+        })
+        .collect()
 }
 
 /// Merges from `tokenizer.ggml.merges` (`"left right"`), keeping the first of duplicates (as
@@ -90,15 +100,12 @@ pub(crate) fn build_hf(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
     let vocab = vocab_map(&spec.tokens);
     match spec.kind {
         TokenizerKind::SentencePiece => {
-            let t0 = std::time::Instant::now();
             let merges = sentencepiece_merges(&spec.tokens, &spec.scores, &vocab);
-            eprintln!("TIMING merges {:?} n={}", t0.elapsed(), merges.len());
             let mut builder = BpeBuilder::new().vocab_and_merges(vocab, merges).byte_fallback(true).fuse_unk(true);
             if let Some(unk) = spec.unk.and_then(|u| spec.tokens.get(u as usize)) {
                 builder = builder.unk_token(unk.clone());
             }
             let bpe = builder.build().map_err(|e| tk_err("building the SentencePiece BPE model", e))?;
-            eprintln!("TIMING bpe {:?}", t0.elapsed());
             let mut tok = tokenizers::Tokenizer::new(bpe);
             let mut norms: Vec<NormalizerWrapper> = Vec::new();
             if spec.add_space_prefix {

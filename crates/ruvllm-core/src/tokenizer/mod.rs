@@ -13,11 +13,15 @@
 //! 3. BOS / EOS are added when asked and the model wants them.
 //!
 //! Decoding also follows llama.cpp (`token_to_piece` / `detokenize`), piece by piece, so that
-//! [`StreamDecoder`] produces exactly the same text incrementally.
+//! [`StreamDecoder`] produces exactly the same text incrementally: control and unknown tokens
+//! are rendered only without `skip_special`, user-defined ones always, `▁` becomes a space, byte
+//! tokens are raw bytes, and with `add_space_prefix` the first token's leading space is dropped.
+//! llama.cpp's optional `clean_up_tokenization_spaces` pass (" ." -> ".", for some byte-level
+//! models) is not applied: it rewrites text and cannot be streamed token by token.
 
 mod build;
-mod special;
 mod spec;
+mod special;
 
 pub use spec::{PreTokenizer, TokenType, TokenizerKind, TokenizerSpec};
 
@@ -74,9 +78,7 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Builds from GGUF metadata; `Error::Tokenizer`/`GgufInvalid` on bad or missing metadata.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
-        let t0 = std::time::Instant::now();
         let spec = TokenizerSpec::from_gguf(file)?;
-        eprintln!("TIMING spec {:?}", t0.elapsed());
         Self::from_spec(spec).map_err(|e| match e {
             Error::Tokenizer(msg) => Error::gguf(file.path.clone(), format!("tokenizer: {msg}")),
             other => other,
@@ -98,7 +100,9 @@ impl Tokenizer {
         if !spec.token_types.is_empty() && spec.token_types.len() != n {
             return Err(Error::Tokenizer(format!("{} token types for {n} tokens", spec.token_types.len())));
         }
-        for (what, id) in [("bos", spec.bos), ("eos", spec.eos), ("eot", spec.eot), ("eom", spec.eom), ("unk", spec.unk)] {
+        for (what, id) in
+            [("bos", spec.bos), ("eos", spec.eos), ("eot", spec.eot), ("eom", spec.eom), ("unk", spec.unk)]
+        {
             if let Some(id) = id {
                 if id as usize >= n {
                     return Err(Error::Tokenizer(format!("{what} token id {id} is outside the vocabulary of {n}")));
@@ -117,11 +121,8 @@ impl Tokenizer {
         end_of_generation.sort_unstable();
         end_of_generation.dedup();
 
-        let t0 = std::time::Instant::now();
         let special = SpecialMatcher::new(&spec.tokens, &types)?;
-        eprintln!("TIMING special {:?}", t0.elapsed());
         let hf = build::build_hf(&spec)?;
-        eprintln!("TIMING hf {:?}", t0.elapsed());
         Ok(Tokenizer {
             kind: spec.kind,
             hf,
@@ -151,10 +152,8 @@ impl Tokenizer {
             match fragment {
                 Fragment::Token(id) => out.push(id),
                 Fragment::Text(t) => {
-                    let enc = self
-                        .hf
-                        .encode_fast(t, false)
-                        .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
+                    let enc =
+                        self.hf.encode_fast(t, false).map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
                     out.extend_from_slice(enc.get_ids());
                 }
             }
@@ -362,7 +361,7 @@ impl<'a> StreamDecoder<'a> {
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
-                    // SAFETY-free: from_utf8 validated this prefix.
+                    // from_utf8 validated this prefix, so this cannot fail.
                     out.push_str(std::str::from_utf8(&rest[..valid]).unwrap_or_default());
                     match e.error_len() {
                         // Incomplete character at the end: hold it back.

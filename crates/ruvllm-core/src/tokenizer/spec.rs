@@ -77,8 +77,7 @@ impl PreTokenizer {
 
     /// The split regexes, applied one after the other (llama.cpp `regex_exprs`).
     pub fn regexes(self) -> &'static [&'static str] {
-        const CONTRACTIONS_GPT2: &str =
-            r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+        const CONTRACTIONS_GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
         match self {
             PreTokenizer::Default => &[r"[\p{P}\$\+<=>\^~\|]+", CONTRACTIONS_GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],
             PreTokenizer::Gpt2 => &[CONTRACTIONS_GPT2],
@@ -153,7 +152,12 @@ impl TokenizerSpec {
     }
 
     /// A byte-level BPE spec (no special ids, no BOS).
-    pub fn byte_level(tokens: Vec<String>, merges: Vec<String>, token_types: Vec<TokenType>, pre: PreTokenizer) -> Self {
+    pub fn byte_level(
+        tokens: Vec<String>,
+        merges: Vec<String>,
+        token_types: Vec<TokenType>,
+        pre: PreTokenizer,
+    ) -> Self {
         TokenizerSpec {
             kind: TokenizerKind::ByteLevelBpe,
             pre,
@@ -214,7 +218,9 @@ impl TokenizerSpec {
                 }
                 let mut out = Vec::with_capacity(n);
                 for (i, v) in arr[..n].iter().enumerate() {
-                    out.push(v.as_f64().ok_or_else(|| bad(format!("tokenizer.ggml.scores[{i}] is not a number")))? as f32);
+                    out.push(
+                        v.as_f64().ok_or_else(|| bad(format!("tokenizer.ggml.scores[{i}] is not a number")))? as f32
+                    );
                 }
                 out
             }
@@ -227,7 +233,8 @@ impl TokenizerSpec {
                 }
                 let mut out = Vec::with_capacity(n);
                 for (i, v) in arr[..n].iter().enumerate() {
-                    let code = v.as_i64().ok_or_else(|| bad(format!("tokenizer.ggml.token_type[{i}] is not an integer")))?;
+                    let code =
+                        v.as_i64().ok_or_else(|| bad(format!("tokenizer.ggml.token_type[{i}] is not an integer")))?;
                     out.push(TokenType::from_code(code));
                 }
                 out
@@ -240,15 +247,21 @@ impl TokenizerSpec {
                 let pre = match pre_name {
                     None => PreTokenizer::Default,
                     Some(name) => PreTokenizer::from_name(name).ok_or_else(|| {
-                        Error::unsupported(path.clone(), format!("unknown pre-tokenizer type tokenizer.ggml.pre = '{name}'"))
+                        Error::unsupported(
+                            path.clone(),
+                            format!("unknown pre-tokenizer type tokenizer.ggml.pre = '{name}'"),
+                        )
                     })?,
                 };
-                let merges_arr = array(file, "tokenizer.ggml.merges")?
-                    .ok_or_else(|| bad("missing metadata key tokenizer.ggml.merges (required by the gpt2 tokenizer)".into()))?;
+                let merges_arr = array(file, "tokenizer.ggml.merges")?.ok_or_else(|| {
+                    bad("missing metadata key tokenizer.ggml.merges (required by the gpt2 tokenizer)".into())
+                })?;
                 let mut merges = Vec::with_capacity(merges_arr.len());
                 for (i, v) in merges_arr.iter().enumerate() {
                     merges.push(
-                        v.as_str().ok_or_else(|| bad(format!("tokenizer.ggml.merges[{i}] is not a string")))?.to_string(),
+                        v.as_str()
+                            .ok_or_else(|| bad(format!("tokenizer.ggml.merges[{i}] is not a string")))?
+                            .to_string(),
                     );
                 }
                 let mut spec = TokenizerSpec::byte_level(tokens, merges, token_types, pre);
@@ -267,7 +280,8 @@ impl TokenizerSpec {
             match file.get(key) {
                 None => Ok(None),
                 Some(v) => {
-                    let raw = v.as_i64().ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not an integer")))?;
+                    let raw =
+                        v.as_i64().ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not an integer")))?;
                     // A negative id (-1) means "none", as llama.cpp writes it.
                     if raw < 0 {
                         return Ok(Some(None));
@@ -337,9 +351,8 @@ impl TokenizerSpec {
 fn array<'a>(file: &'a GgufFile, key: &str) -> Result<Option<&'a [MetadataValue]>> {
     match file.get(key) {
         None => Ok(None),
-        Some(v) => v
-            .as_array()
-            .map(Some)
-            .ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not an array"))),
+        Some(v) => {
+            v.as_array().map(Some).ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not an array")))
+        }
     }
 }

@@ -42,10 +42,8 @@ impl SpecialMatcher {
             .match_kind(MatchKind::Standard)
             .build(ids.iter().map(|&id| tokens[id as usize].as_bytes()))
             .map_err(|e| Error::Tokenizer(format!("building the special-token matcher: {e}")))?;
-        let patterns = ids
-            .iter()
-            .map(|&id| (id, matches!(types[id as usize], TokenType::Control | TokenType::Unknown)))
-            .collect();
+        let patterns =
+            ids.iter().map(|&id| (id, matches!(types[id as usize], TokenType::Control | TokenType::Unknown))).collect();
         Ok(SpecialMatcher { ac: Some(ac), patterns })
     }
 
