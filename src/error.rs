@@ -14,7 +14,6 @@ use napi::{sys, Env, JsError, JsRangeError, JsTypeError};
 pub const ERR_INVALID_ARG: &str = "ERR_INVALID_ARG";
 pub const ERR_CLOSED: &str = "ERR_CLOSED";
 pub const ERR_INTERNAL: &str = "ERR_INTERNAL";
-pub const ERR_MODEL_NOT_FOUND: &str = "ERR_MODEL_NOT_FOUND";
 pub const ABORT_ERR: &str = "ABORT_ERR";
 
 /// Which JS constructor the error gets.
@@ -106,9 +105,7 @@ impl CodedError {
       obj.set_named_property("name", "AbortError")?;
     }
     if let Some(partial) = &self.partial {
-      let mut p = Object::new(env)?;
-      p.set("text", partial.text.as_str())?;
-      p.set("tokens", partial.tokens.clone())?;
+      let p = crate::types::PartialCompletion { text: partial.text.clone(), tokens: partial.tokens.clone() };
       obj.set_named_property("partial", p)?;
     }
     Ok(raw)

@@ -6,10 +6,11 @@
 #![deny(clippy::all)]
 
 mod error;
+mod hub;
 mod llm;
 mod options;
 mod request;
-mod resolve;
+mod router;
 mod signal;
 mod stream;
 mod types;
@@ -17,11 +18,3 @@ mod types;
 pub use llm::Llm;
 pub use stream::TokenStream;
 pub use types::*;
-
-use napi_derive::napi;
-
-/// Model ids that `LLM.load` resolves without a path.
-#[napi]
-pub fn known_models() -> Vec<String> {
-  resolve::KNOWN_MODELS.iter().map(|m| m.id.to_string()).collect()
-}

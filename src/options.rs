@@ -211,8 +211,13 @@ pub fn path_or_id(v: Option<Val>) -> Res<String> {
 }
 
 /// `LLM.load(_, opts)`.
+/// `download`, `source`, `onProgress`, `onNotice` and `signal` are read by `hub::fetch_options`.
 pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
-  let bag = option_bag(v, "LLM.load", &["contextSize", "threads", "seed"])?;
+  let bag = option_bag(
+    v,
+    "LLM.load",
+    &["contextSize", "threads", "seed", "download", "source", "onProgress", "onNotice", "signal"],
+  )?;
   Ok(LoadOptions {
     context_size: int_in(bag, "contextSize", 1.0, 1_048_576.0)?.map(|n| n as usize),
     threads: int_in(bag, "threads", 1.0, 1024.0)?.map(|n| n as usize),

@@ -60,6 +60,11 @@ impl Request {
     }
   }
 
+  fn closed_error(&mut self) -> Step {
+    self.finish();
+    Step::Failed(CodedError::closed())
+  }
+
   fn abort_error(&mut self) -> Step {
     self.cancel.cancel();
     self.finish();
@@ -72,6 +77,9 @@ impl Request {
       return Step::Failed(CodedError::internal("the request has already finished"));
     }
     loop {
+      if self.cancel.closed() {
+        return self.closed_error();
+      }
       if self.cancel.aborted() {
         return self.abort_error();
       }
@@ -82,6 +90,9 @@ impl Request {
       };
       match ev {
         Some(Event::Token { id, text }) => {
+          if self.cancel.closed() {
+            return self.closed_error();
+          }
           if self.cancel.aborted() {
             return self.abort_error();
           }
@@ -90,6 +101,9 @@ impl Request {
           return Step::Token { id, text };
         }
         Some(Event::Done(c)) => {
+          if self.cancel.closed() {
+            return self.closed_error();
+          }
           if c.finish_reason == FinishReason::Abort || self.cancel.aborted() {
             self.partial = Partial { text: c.text, tokens: c.tokens };
             return self.abort_error();
@@ -99,6 +113,9 @@ impl Request {
         }
         Some(Event::Error(e)) => {
           let err = CodedError::from_core(&e);
+          if self.cancel.closed() {
+            return self.closed_error();
+          }
           if err.is_abort() || self.cancel.aborted() {
             return self.abort_error();
           }

@@ -25,6 +25,8 @@ pub struct CancelState {
   pub flag: Arc<AtomicBool>,
   /// Set when the cancel came from the user's AbortSignal (the request then rejects with AbortError).
   by_signal: AtomicBool,
+  /// Set when the cancel came from `llm.close()` (the request then fails with ERR_CLOSED).
+  by_close: AtomicBool,
   /// Wakes the awaiting task at once, even while the engine is busy with other requests.
   pub notify: Notify,
 }
@@ -40,6 +42,17 @@ impl CancelState {
     self.by_signal.store(true, Ordering::SeqCst);
     self.cancel();
     self.notify.notify_one();
+  }
+
+  /// Stops the request because its model is being closed.
+  pub fn close(&self) {
+    self.by_close.store(true, Ordering::SeqCst);
+    self.cancel();
+    self.notify.notify_one();
+  }
+
+  pub fn closed(&self) -> bool {
+    self.by_close.load(Ordering::SeqCst)
   }
 
   pub fn aborted(&self) -> bool {

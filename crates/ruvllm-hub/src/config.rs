@@ -16,7 +16,7 @@ pub struct Config {
     /// Hub endpoint (`HF_ENDPOINT`), without a trailing slash.
     pub endpoint: String,
     pub token: Option<String>,
-    /// Base of PyPI's JSON API (`<base>/<project>/<version>/json`).
+    /// Base of PyPI's JSON API (`<base>/<project>/json`).
     pub pypi_url: String,
     pub home: Option<PathBuf>,
     /// Automatic resumes after a dropped connection within one download.

@@ -135,7 +135,7 @@ pub(crate) fn agent(follow_redirects: bool) -> ureq::Agent {
 
 /// Host part of a URL, for messages.
 pub(crate) fn origin(url: &str) -> String {
-    let rest = url.split_once("://").map(|(s, r)| (s, r));
+    let rest = url.split_once("://");
     match rest {
         Some((scheme, r)) => format!("{scheme}://{}", r.split('/').next().unwrap_or(r)),
         None => url.to_string(),

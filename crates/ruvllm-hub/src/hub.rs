@@ -177,7 +177,10 @@ pub fn download(cfg: &Config, m: &ModelRef, hooks: &Hooks) -> Result<PathBuf> {
         free_margin: cfg.free_margin,
     };
     let mut meter = Meter::new("hub", &m.file, meta.size);
-    http::fetch_verified(&fetch, &mut meter, 0, hooks)?;
+    if let Err(e) = http::fetch_verified(&fetch, &mut meter, 0, hooks) {
+        crate::prune_empty(&repo_dir(cfg, &m.repo));
+        return Err(e);
+    }
     meter.base.phase = "done";
     meter.update(hooks, meta.size, true);
     let pointer = link_snapshot(cfg, m, &commit, &blob)?;

@@ -651,7 +651,7 @@ pub fn delete(cfg: &Config, id: &str) -> Result<Vec<PathBuf>> {
 
 /// Removes empty folders under a repo folder, and the repo folder (with `refs/`) when no
 /// snapshot file is left.
-fn prune_empty(rdir: &Path) {
+pub(crate) fn prune_empty(rdir: &Path) {
     fn prune(d: &Path) -> bool {
         let mut empty = true;
         if let Ok(rd) = std::fs::read_dir(d) {

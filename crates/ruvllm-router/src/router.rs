@@ -280,6 +280,10 @@ impl Router {
     pub fn index(&self) -> &VectorIndex {
         &self.index
     }
+    /// The `k` nearest patterns to `q` as `(pattern id, cosine)` through the index.
+    pub fn index_search(&mut self, q: &[f32], k: usize) -> Vec<(usize, f32)> {
+        self.index.search(q, k)
+    }
     /// Waits for a background index rebuild (benchmarks).
     pub fn wait_index(&mut self) {
         self.index.wait();
@@ -396,7 +400,9 @@ impl Router {
         if q.len() != self.embedder.dim() {
             return Err(Error::InvalidArg(format!("vector has {} entries, expected {}", q.len(), self.embedder.dim())));
         }
-        let nn = self.index.search(q, self.params.k);
+        // With a fitted beta_knn of 0 the vote cannot change the result: skip the search, so a
+        // route costs one dot product per agent whatever the number of patterns.
+        let nn = if self.params.beta_knn > 0.0 { self.index.search(q, self.params.k) } else { Vec::new() };
         let na = self.agents.len();
         let mut share = vec![0.0f32; na];
         let best = nn.first().map_or(0.0, |x| x.1);

@@ -108,16 +108,21 @@ const SPIN_TIME: Duration = Duration::from_micros(300);
 
 type JobPtr = *const (dyn Fn(usize) + Sync + 'static);
 
+/// `Shared::state` layout: generation in the high 32 bits, `CLOSED` flag, and the number of
+/// workers registered on the current job in the low bits.
+const CLOSED: u64 = 1 << 31;
+const COUNT_MASK: u64 = CLOSED - 1;
+
 struct Shared {
-    /// Bumped once per `for_each`; workers wait for it to change.
-    gen: AtomicU64,
-    /// The current job; written only by the caller holding `ThreadPool::call`, before `gen`
-    /// is bumped, and read by workers after they saw the new `gen`.
+    /// Generation (high 32 bits) | CLOSED | registered-worker count. A worker may only touch
+    /// `job` after registering with a CAS on the generation it saw while the job is open, so
+    /// the caller never waits for workers that were not running when the job was published.
+    state: AtomicU64,
+    /// The current job; written only by the caller holding `ThreadPool::call` while no worker
+    /// is registered, before the new generation is published.
     job: UnsafeCell<Option<JobPtr>>,
     n_tasks: AtomicUsize,
     next: AtomicUsize,
-    /// Workers that finished the current generation.
-    done: AtomicUsize,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
@@ -125,22 +130,36 @@ struct Shared {
     panicked: AtomicBool,
 }
 
-// SAFETY: `job` is only written while no worker reads it (see `for_each`), and the closure it
-// points to is `Sync`.
+// SAFETY: `job` is only written while no worker can read it (see `for_each`), and the closure
+// it points to is `Sync`.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
+
+impl Shared {
+    /// Publishes a new generation (job or shutdown) and wakes parked workers.
+    fn publish(&self, state: u64) {
+        self.state.store(state, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _l = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.cv.notify_all();
+        }
+    }
+}
 
 /// A fixed pool of worker threads, created once per model (no per-op spawning).
 ///
 /// Workers spin for a short while after each job, then park on a condition variable, so a
-/// `for_each` costs about a microsecond while work is flowing. `for_each` may be called from
-/// several threads; a call that finds the pool busy (or that is nested inside a task) runs its
-/// tasks on the calling thread instead of waiting.
+/// `for_each` costs about a microsecond while work is flowing. The calling thread takes tasks
+/// too and never waits for a worker that has not started (tasks are claimed from a shared
+/// counter), which keeps the pool fast when the machine is oversubscribed. `for_each` may be
+/// called from several threads; a call that finds the pool busy (or that is nested inside a
+/// task) runs its tasks on the calling thread instead of waiting.
 pub struct ThreadPool {
     n: usize,
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
-    call: Mutex<()>,
+    /// Serializes jobs; holds the current generation.
+    call: Mutex<u32>,
 }
 
 impl ThreadPool {
@@ -148,11 +167,10 @@ impl ThreadPool {
     pub fn new(n: usize) -> Self {
         let n = n.max(1);
         let shared = Arc::new(Shared {
-            gen: AtomicU64::new(0),
+            state: AtomicU64::new(CLOSED),
             job: UnsafeCell::new(None),
             n_tasks: AtomicUsize::new(0),
             next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
@@ -168,7 +186,7 @@ impl ThreadPool {
                 Err(_) => break, // run with fewer threads rather than fail
             }
         }
-        Self { n: workers.len() + 1, shared, workers, call: Mutex::new(()) }
+        Self { n: workers.len() + 1, shared, workers, call: Mutex::new(0) }
     }
 
     /// Number of threads, the caller included.
@@ -186,7 +204,7 @@ impl ThreadPool {
             (0..n_tasks).for_each(f);
             return;
         }
-        let _guard = match self.call.try_lock() {
+        let mut guard = match self.call.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => {
@@ -195,19 +213,16 @@ impl ThreadPool {
             }
         };
         let sh = &*self.shared;
-        // SAFETY: the lifetime is erased only for the duration of this call: we do not return
-        // before every worker has reported `done` for this generation, and they do not touch
-        // the pointer afterwards.
+        // Invariant here: the previous job is CLOSED with no registered worker.
+        // SAFETY: the lifetime is erased only for the duration of this call: the job is closed
+        // and every registered worker has deregistered before we return, and unregistered
+        // workers never dereference it.
         let job: JobPtr = unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), JobPtr>(f) };
         unsafe { *sh.job.get() = Some(job) };
         sh.n_tasks.store(n_tasks, Ordering::Relaxed);
         sh.next.store(0, Ordering::Relaxed);
-        sh.done.store(0, Ordering::Relaxed);
-        sh.gen.fetch_add(1, Ordering::SeqCst);
-        if sh.sleepers.load(Ordering::SeqCst) > 0 {
-            let _l = sh.lock.lock().unwrap_or_else(|p| p.into_inner());
-            sh.cv.notify_all();
-        }
+        *guard = guard.wrapping_add(1);
+        sh.publish((*guard as u64) << 32);
         let mut payload = None;
         loop {
             let i = sh.next.fetch_add(1, Ordering::Relaxed);
@@ -218,17 +233,20 @@ impl ThreadPool {
                 payload.get_or_insert(p);
             }
         }
-        let nw = self.workers.len();
+        // Every task is claimed; close the job and wait for the workers still running one.
+        let mut st = sh.state.fetch_or(CLOSED, Ordering::AcqRel) | CLOSED;
         let mut spins = 0u32;
-        while sh.done.load(Ordering::Acquire) < nw {
+        while st & COUNT_MASK != 0 {
             spins += 1;
-            if spins < 1 << 14 {
+            if spins < 1 << 12 {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
             }
+            st = sh.state.load(Ordering::Acquire);
         }
         unsafe { *sh.job.get() = None };
+        drop(guard);
         if let Some(p) = payload {
             resume_unwind(p);
         }
@@ -239,15 +257,15 @@ impl ThreadPool {
 }
 
 fn worker_loop(sh: &Shared) {
-    let mut seen = 0u64;
+    let mut seen = sh.state.load(Ordering::Acquire) >> 32;
     loop {
+        // Wait for a new generation: spin a little, then park.
         let mut spins = 0u32;
         let mut start: Option<Instant> = None;
-        loop {
-            let g = sh.gen.load(Ordering::Acquire);
-            if g != seen {
-                seen = g;
-                break;
+        let st = loop {
+            let st = sh.state.load(Ordering::Acquire);
+            if st >> 32 != seen {
+                break st;
             }
             spins = spins.wrapping_add(1);
             if spins % 128 != 0 {
@@ -260,17 +278,33 @@ fn worker_loop(sh: &Shared) {
             }
             let mut guard = sh.lock.lock().unwrap_or_else(|p| p.into_inner());
             sh.sleepers.fetch_add(1, Ordering::SeqCst);
-            while sh.gen.load(Ordering::SeqCst) == seen {
+            while sh.state.load(Ordering::SeqCst) >> 32 == seen {
                 guard = sh.cv.wait(guard).unwrap_or_else(|p| p.into_inner());
             }
             sh.sleepers.fetch_sub(1, Ordering::SeqCst);
             drop(guard);
             start = None;
-        }
+        };
+        seen = st >> 32;
         if sh.shutdown.load(Ordering::Acquire) {
             return;
         }
-        // SAFETY: written before `gen` was bumped (Acquire above); valid until we report done.
+        // Register on this generation's job unless it is already closed.
+        let mut cur = st;
+        let registered = loop {
+            if cur >> 32 != seen || cur & CLOSED != 0 {
+                break false;
+            }
+            match sh.state.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break true,
+                Err(c) => cur = c,
+            }
+        };
+        if !registered {
+            continue;
+        }
+        // SAFETY: registered on an open job: the caller keeps `job` alive and unchanged until
+        // we deregister.
         if let Some(job) = unsafe { *sh.job.get() } {
             let n = sh.n_tasks.load(Ordering::Relaxed);
             loop {
@@ -278,25 +312,25 @@ fn worker_loop(sh: &Shared) {
                 if i >= n {
                     break;
                 }
-                // SAFETY: see `for_each`.
                 if catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(i) })).is_err() {
                     sh.panicked.store(true, Ordering::Relaxed);
                 }
             }
         }
-        sh.done.fetch_add(1, Ordering::Release);
+        sh.state.fetch_sub(1, Ordering::Release);
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         let sh = &*self.shared;
-        sh.shutdown.store(true, Ordering::Release);
-        sh.gen.fetch_add(1, Ordering::SeqCst);
-        {
-            let _l = sh.lock.lock().unwrap_or_else(|p| p.into_inner());
-            sh.cv.notify_all();
-        }
+        sh.shutdown.store(true, Ordering::SeqCst);
+        let g = {
+            let mut g = self.call.lock().unwrap_or_else(|p| p.into_inner());
+            *g = g.wrapping_add(1);
+            *g
+        };
+        sh.publish(((g as u64) << 32) | CLOSED);
         for h in self.workers.drain(..) {
             let _ = h.join();
         }

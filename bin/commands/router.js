@@ -1,0 +1,119 @@
+'use strict'
+// CLI subcommands for agent routing (issue 5):
+//   ruvllm route "<task>" [--json] [--state <file>]
+//   ruvllm hooks pre-task --description "<task>" [--state <file>]
+//   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
+//   ruvllm bench routing [--json] [--sizes 5000,50000]
+// `run(command, argv)`: command is 'route' | 'hooks' | 'bench'; argv the arguments after it.
+// Resolves to the exit code. Errors print `error [CODE]: message` on stderr.
+
+const { parseArgs } = require('node:util')
+const path = require('node:path')
+
+function addon() {
+  return require(path.join(__dirname, '..', '..', 'index.js'))
+}
+
+class UsageError extends Error {
+  constructor(message) {
+    super(message)
+    this.code = 'ERR_USAGE'
+  }
+}
+
+const USAGE = `usage:
+  ruvllm route "<task>" [--json] [--state <file>]
+  ruvllm hooks pre-task --description "<task>" [--state <file>]
+  ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
+  ruvllm bench routing [--json] [--sizes 5000,50000]`
+
+function parse(argv, options) {
+  try {
+    return parseArgs({ args: argv, options, allowPositionals: true, strict: true })
+  } catch (e) {
+    throw new UsageError(e.message)
+  }
+}
+
+function bool(v, name) {
+  if (v === 'true' || v === '1' || v === 'yes') return true
+  if (v === 'false' || v === '0' || v === 'no') return false
+  throw new UsageError(`${name} must be true or false (got ${JSON.stringify(v)})`)
+}
+
+async function route(argv) {
+  const { values, positionals } = parse(argv, { json: { type: 'boolean' }, state: { type: 'string' } })
+  const task = positionals.join(' ').trim()
+  if (!task) throw new UsageError('route needs a task: ruvllm route "add OAuth login to the API"')
+  // The CLI routes with the persisted (learning) router, as the hooks do.
+  const r = await addon().hooksPreTask(task, values.state)
+  if (values.json) {
+    process.stdout.write(JSON.stringify(r) + '\n')
+  } else {
+    const alts = r.alternatives.map((a) => `${a.agent} ${(a.score * 100).toFixed(1)}%`).join(', ')
+    process.stdout.write(
+      `${r.agent}  (confidence ${(r.confidence * 100).toFixed(1)}%, ${r.latencyMs.toFixed(1)} ms)\n` +
+        `alternatives: ${alts}\nsuggested model: ${r.model}\n`,
+    )
+  }
+  return 0
+}
+
+async function hooks(argv) {
+  const [sub, ...rest] = argv
+  if (sub === 'pre-task') {
+    const { values } = parse(rest, { description: { type: 'string' }, state: { type: 'string' } })
+    if (!values.description) throw new UsageError('hooks pre-task needs --description "<task>"')
+    const r = await addon().hooksPreTask(values.description, values.state)
+    process.stdout.write(JSON.stringify(r) + '\n')
+    return 0
+  }
+  if (sub === 'post-task') {
+    const { values } = parse(rest, {
+      task: { type: 'string' },
+      agent: { type: 'string' },
+      success: { type: 'string' },
+      state: { type: 'string' },
+    })
+    if (!values.task || !values.agent || values.success === undefined) {
+      throw new UsageError('hooks post-task needs --task "<task>" --agent <agent> --success true|false')
+    }
+    const r = await addon().hooksPostTask(values.task, values.agent, bool(values.success, '--success'), values.state)
+    process.stdout.write(JSON.stringify(r) + '\n')
+    return 0
+  }
+  throw new UsageError(`unknown hooks command ${JSON.stringify(sub)}; use pre-task or post-task`)
+}
+
+async function bench(argv) {
+  const [sub, ...rest] = argv
+  if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; this module runs "bench routing"`)
+  const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' } })
+  const opts = {}
+  if (values.sizes) {
+    opts.sizes = values.sizes.split(',').map((s) => {
+      const n = Number(s)
+      if (!Number.isInteger(n) || n < 0) throw new UsageError(`--sizes takes numbers, got ${JSON.stringify(s)}`)
+      return n
+    })
+  }
+  const out = await addon().benchRouting(opts)
+  process.stdout.write(values.json ? JSON.stringify(out.report, null, 1) + '\n' : out.markdown + '\n')
+  return 0
+}
+
+async function run(command, argv) {
+  try {
+    if (command === 'route') return await route(argv)
+    if (command === 'hooks') return await hooks(argv)
+    if (command === 'bench') return await bench(argv)
+    throw new UsageError(`unknown command ${JSON.stringify(command)}`)
+  } catch (e) {
+    const code = (e && e.code) || 'ERR_INTERNAL'
+    process.stderr.write(`error [${code}]: ${e && e.message}\n`)
+    if (code === 'ERR_USAGE') process.stderr.write(USAGE + '\n')
+    return code === 'ERR_USAGE' ? 2 : 1
+  }
+}
+
+module.exports = { run, USAGE }

@@ -1,0 +1,328 @@
+#!/usr/bin/env node
+// ruvllm CLI: `generate` streams a completion to stdout, `chat` is an interactive chat with
+// history. No dependencies beyond the addon and Node's own modules. Any error is one line on
+// stderr (`ruvllm: <code>: <message>`) and a non-zero exit; Ctrl-C during generation aborts it
+// (exit 130), a second Ctrl-C exits at once.
+'use strict'
+
+const { parseArgs } = require('node:util')
+const fs = require('node:fs')
+const path = require('node:path')
+const readline = require('node:readline')
+
+const pkg = require('../package.json')
+const { templates: builtinTemplates, stops: builtinStops } = require('./chat-templates.js')
+
+const HELP = `ruvllm ${pkg.version}: run GGUF language models from Node.js on a Rust engine
+
+Usage:
+  ruvllm generate "<prompt>" [options]   stream a completion of <prompt> to stdout
+  ruvllm chat [options]                  interactive chat with history (Ctrl-D or /exit quits)
+  ruvllm models list|download|status|path|delete|import ...
+                                         the model manager (ruvllm models --help)
+  ruvllm route "<task>" | hooks pre-task|post-task ... | bench routing
+                                         agent routing for Claude Flow
+  ruvllm --help | --version
+
+Model:
+  -m, --model <path|id>      a .gguf file, a known id (downloaded when missing) or hf:owner/repo/file.gguf
+                             (default: $RUVLLM_MODEL, else gemma-3-270m)
+      --context-size <n>     KV cache length in tokens (default: min(model's context, 4096))
+      --threads <n>          compute threads (default: all cores)
+
+Generation:
+  -n, --max-tokens <n>       most tokens to generate (default 256)
+  -t, --temperature <x>      0 = greedy (default 0.8)
+      --top-k <n>            (default 40; 0 = off)
+      --top-p <x>            (default 0.95)
+      --min-p <x>            (default 0.05)
+      --repeat-penalty <x>   (default 1 = off)
+      --presence-penalty <x> (default 0)
+      --frequency-penalty <x>(default 0)
+      --seed <n>             same seed, same text
+      --stop <s>             stop string; repeat for several
+      --stats                print tokens, tokens/s and time to first token on stderr
+
+Chat:
+      --chat-template <name|file>  a Jinja chat template: a file, or a built-in name
+                             (${Object.keys(builtinTemplates).join(', ')}). Default: the model's own; a model
+                             that ships none (a base model) gets 'gemma' for Gemma models, else 'plain'.
+      --system <text>        a system message to start the conversation with
+
+Errors print one line, "ruvllm: <code>: <message>", and exit non-zero. Ctrl-C stops a
+generation (exit 130; in chat it returns to the prompt); a second Ctrl-C exits.`
+
+const OPTIONS = {
+  model: { type: 'string', short: 'm' },
+  'context-size': { type: 'string' },
+  threads: { type: 'string' },
+  'max-tokens': { type: 'string', short: 'n' },
+  temperature: { type: 'string', short: 't' },
+  'top-k': { type: 'string' },
+  'top-p': { type: 'string' },
+  'min-p': { type: 'string' },
+  'repeat-penalty': { type: 'string' },
+  'presence-penalty': { type: 'string' },
+  'frequency-penalty': { type: 'string' },
+  seed: { type: 'string' },
+  stop: { type: 'string', multiple: true },
+  stats: { type: 'boolean' },
+  'chat-template': { type: 'string' },
+  system: { type: 'string' },
+  help: { type: 'boolean', short: 'h' },
+  version: { type: 'boolean', short: 'v' },
+}
+
+class CliError extends Error {
+  constructor(code, message) {
+    super(message)
+    this.code = code
+  }
+}
+
+function fail(err) {
+  const code = (err && err.code) || 'ERR_INTERNAL'
+  const message = String((err && err.message) || err).replace(/\s*\n\s*/g, ' ')
+  process.stderr.write(`ruvllm: ${code}: ${message}\n`)
+  process.exit(code === 'ABORT_ERR' ? 130 : code === 'ERR_USAGE' ? 2 : 1)
+}
+
+function num(values, flag) {
+  const raw = values[flag]
+  if (raw === undefined) return undefined
+  const n = Number(raw)
+  if (raw.trim() === '' || Number.isNaN(n)) throw new CliError('ERR_INVALID_ARG', `--${flag} must be a number, got '${raw}'`)
+  return n
+}
+
+function loadOptions(values) {
+  const o = { contextSize: num(values, 'context-size'), threads: num(values, 'threads') }
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined))
+}
+
+function generateOptions(values) {
+  const o = {
+    maxTokens: num(values, 'max-tokens'),
+    temperature: num(values, 'temperature'),
+    topK: num(values, 'top-k'),
+    topP: num(values, 'top-p'),
+    minP: num(values, 'min-p'),
+    repeatPenalty: num(values, 'repeat-penalty'),
+    presencePenalty: num(values, 'presence-penalty'),
+    frequencyPenalty: num(values, 'frequency-penalty'),
+    seed: num(values, 'seed'),
+    stop: values.stop,
+  }
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined))
+}
+
+function addon() {
+  try {
+    return require('../index.js')
+  } catch (e) {
+    throw new CliError('ERR_ADDON_LOAD', `the native addon did not load (build it with \`npm run build\`): ${e.message}`)
+  }
+}
+
+async function load(values) {
+  const { LLM } = addon()
+  const model = values.model || process.env.RUVLLM_MODEL || 'gemma-3-270m'
+  return LLM.load(model, loadOptions(values))
+}
+
+/** Ctrl-C handling: the first press calls `onFirst` (abort), a second one exits at once. */
+function onInterrupt(onFirst) {
+  let pressed = false
+  const handler = () => {
+    if (pressed) process.exit(130)
+    pressed = true
+    onFirst()
+  }
+  process.on('SIGINT', handler)
+}
+
+function printStats(stream) {
+  const c = stream.completion
+  if (!c) return
+  process.stderr.write(
+    `[${c.usage.promptTokens} prompt + ${c.usage.completionTokens} generated tokens, ` +
+      `prefill ${c.timings.prefillTokensPerSecond.toFixed(1)} tok/s, decode ${c.timings.decodeTokensPerSecond.toFixed(1)} tok/s, ` +
+      `first token after ${c.timings.ttftMs.toFixed(0)} ms, finish: ${c.finishReason}]\n`,
+  )
+}
+
+async function generate(values, positionals) {
+  if (positionals.length !== 1) {
+    throw new CliError('ERR_USAGE', 'generate takes exactly one prompt argument: ruvllm generate "<prompt>" [options] (see --help)')
+  }
+  const opts = generateOptions(values)
+  const controller = new AbortController()
+  onInterrupt(() => controller.abort()) // stays installed: a second Ctrl-C exits with 130
+  const llm = await load(values)
+  if (controller.signal.aborted) process.exit(130)
+  try {
+    const stream = llm.stream(positionals[0], { ...opts, signal: controller.signal })
+    for await (const chunk of stream) process.stdout.write(chunk.text)
+    process.stdout.write('\n')
+    if (values.stats) printStats(stream)
+  } catch (e) {
+    if (e && e.code === 'ABORT_ERR') process.stdout.write('\n')
+    throw e
+  }
+  // No llm.close(): the process exits right after, which frees everything at once.
+}
+
+function resolveTemplate(values, info) {
+  const given = values['chat-template']
+  if (given !== undefined) {
+    if (Object.hasOwn(builtinTemplates, given)) return { name: given, text: builtinTemplates[given] }
+    let text
+    try {
+      text = fs.readFileSync(given, 'utf8')
+    } catch (e) {
+      throw new CliError(
+        'ERR_INVALID_ARG',
+        `--chat-template '${given}' is neither a readable file (${e.code}) nor a built-in template (${Object.keys(builtinTemplates).join(', ')})`,
+      )
+    }
+    return { name: path.basename(given), text }
+  }
+  if (info.hasChatTemplate) return { name: 'the model\'s own', text: undefined }
+  const name = info.architecture.startsWith('gemma') ? 'gemma' : 'plain'
+  process.stderr.write(
+    `ruvllm: note: this model ships no chat template (it is probably a base model, not tuned for chat); ` +
+      `using the built-in '${name}' template. Choose another with --chat-template <file|${Object.keys(builtinTemplates).join('|')}>.\n`,
+  )
+  return { name, text: builtinTemplates[name] }
+}
+
+/** Removes the oldest user/assistant exchange (keeping a system message); false if none can go. */
+function dropOldestExchange(history) {
+  const first = history.findIndex((m) => m.role !== 'system')
+  if (first < 0 || history.length - first <= 1) return false
+  history.splice(first, 2)
+  return true
+}
+
+async function chat(values, positionals) {
+  if (positionals.length !== 0) throw new CliError('ERR_USAGE', 'chat takes no positional arguments (see --help)')
+  const opts = generateOptions(values)
+  const llm = await load(values)
+  const template = resolveTemplate(values, llm.info)
+  const stop = [...(opts.stop || []), ...((template.text && builtinStops[template.name]) || [])]
+  const history = values.system ? [{ role: 'system', content: values.system }] : []
+  const rl = readline.createInterface({ input: process.stdin, output: process.stdout, terminal: process.stdin.isTTY })
+  process.stderr.write(`ruvllm chat: ${llm.info.name || llm.info.architecture} (${template.name} template). Ctrl-D or /exit to quit.\n`)
+
+  let controller = null
+  let lastInterrupt = 0
+  const interrupt = () => {
+    const now = Date.now()
+    if (controller && !controller.signal.aborted) {
+      controller.abort()
+    } else if (now - lastInterrupt < 2000 || !process.stdin.isTTY) {
+      process.exit(130)
+    } else {
+      process.stderr.write('\n(press Ctrl-C again to quit)\n')
+      rl.prompt()
+    }
+    lastInterrupt = now
+  }
+  rl.on('SIGINT', interrupt)
+  process.on('SIGINT', interrupt)
+
+  /** Streams the reply to `history`; null when the last message cannot be answered at all. */
+  const answer = async () => {
+    for (;;) {
+      controller = new AbortController()
+      let reply = ''
+      try {
+        const stream = llm.stream(history, { ...opts, stop, chatTemplate: template.text, signal: controller.signal })
+        for await (const chunk of stream) {
+          reply += chunk.text
+          process.stdout.write(chunk.text)
+        }
+        process.stdout.write('\n')
+        if (values.stats) printStats(stream)
+        return reply
+      } catch (e) {
+        if (e && e.code === 'ABORT_ERR') {
+          process.stdout.write(' [stopped]\n')
+          return (e.partial && e.partial.text) || reply
+        }
+        if (!e || e.code !== 'ERR_CONTEXT_OVERFLOW') throw e
+        if (!dropOldestExchange(history)) {
+          process.stderr.write(`ruvllm: ${e.code}: ${e.message} (the message is too long for the context; try --context-size)\n`)
+          return null
+        }
+        process.stderr.write('ruvllm: note: the conversation outgrew the context; forgetting its oldest exchange\n')
+      } finally {
+        controller = null
+      }
+    }
+  }
+
+  // Lines are read through the async iterator, which queues them: piped input that arrives
+  // while a reply is generating is not lost.
+  const lines = rl[Symbol.asyncIterator]()
+  rl.setPrompt('> ')
+  try {
+    for (;;) {
+      rl.prompt()
+      const { value: line, done } = await lines.next()
+      if (done || line.trim() === '/exit') break
+      if (line.trim() === '') continue
+      history.push({ role: 'user', content: line })
+      const reply = await answer()
+      if (reply === null) history.pop()
+      else history.push({ role: 'assistant', content: reply.trim() })
+    }
+  } finally {
+    rl.close()
+  }
+}
+
+/** Subcommands that live in their own modules (their own flags, usage and exit codes). */
+const SUBCOMMANDS = {
+  models: (argv) => require('./commands/models.js').run(argv.slice(1)),
+  route: (argv) => require('./commands/router.js').run('route', argv.slice(1)),
+  hooks: (argv) => require('./commands/router.js').run('hooks', argv.slice(1)),
+  bench: (argv) => require('./commands/router.js').run('bench', argv.slice(1)),
+}
+
+async function main() {
+  const argv = process.argv.slice(2)
+  if (Object.hasOwn(SUBCOMMANDS, argv[0])) {
+    process.exitCode = await SUBCOMMANDS[argv[0]](argv)
+    return
+  }
+  let parsed
+  try {
+    parsed = parseArgs({ args: process.argv.slice(2), options: OPTIONS, allowPositionals: true, strict: true })
+  } catch (e) {
+    throw new CliError('ERR_USAGE', `${e.message} (see --help)`)
+  }
+  const { values, positionals } = parsed
+  if (values.version) {
+    process.stdout.write(`${pkg.version}\n`)
+    return
+  }
+  const [command, ...rest] = positionals
+  if (values.help || command === undefined || command === 'help') {
+    process.stdout.write(HELP + '\n')
+    return
+  }
+  switch (command) {
+    case 'generate':
+      return generate(values, rest)
+    case 'chat':
+      return chat(values, rest)
+    default:
+      throw new CliError('ERR_USAGE', `unknown command '${command}' (commands: generate, chat, ${Object.keys(SUBCOMMANDS).join(', ')}; see --help)`)
+  }
+}
+
+main().then(
+  () => process.exit(process.exitCode ?? 0),
+  (e) => fail(e),
+)
