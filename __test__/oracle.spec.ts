@@ -4,16 +4,21 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { LLM, modelPath, type LLMType } from './helpers.js'
 
+// The reference set of crates/ruvllm-core/tests/gemma3_real.rs: prompts on which llama.cpp
+// agrees with itself across its attention paths for 32 greedy tokens (greedy decoding of this
+// small model is numerically fragile: on other prompts llama.cpp's flash and plain attention
+// disagree with each other at near-ties).
 const PROMPTS = [
-  'The capital of France is Paris. The capital of Germany is',
-  'Once upon a time',
-  'def fibonacci(n):',
-  'The quick brown fox',
-  '1, 2, 3, 4, 5,',
-  'Hello, my name is',
-  'The capital of France is',
-  'Water boils at a temperature of',
-  'Here is a list of fruits: apple, banana,',
+  "The capital of France is Paris. The capital of Germany is",
+  "def fibonacci(n):",
+  "The quick brown fox",
+  "1, 2, 3, 4, 5,",
+  "The capital of France is",
+  "Water boils at a temperature of",
+  "Monday, Tuesday, Wednesday,",
+  "The chemical symbol for gold is",
+  "<html>\n<head>\n<title>",
+  "Twinkle, twinkle, little star,",
 ]
 const N = 32
 
@@ -64,22 +69,31 @@ describe('llama.cpp oracle (Gemma 3 270M Q4_K_M)', () => {
     for (const r of reference) expect(llm.tokenize(r.prompt), r.prompt).toEqual(r.promptTokens)
   })
 
-  it(`greedy token ids equal llama.cpp's for the first ${N} tokens on ${PROMPTS.length} prompts`, async () => {
+  // Our attention is exact f32 (llama.cpp's CPU path rounds K/V and accumulations to f16), so
+  // rare late divergences at near-ties remain possible: as the Rust test, we demand the first
+  // 4 tokens on every prompt and all 32 on at least 7 (the issue asks for at least 5).
+  it(`greedy token ids equal llama.cpp's for the first ${N} tokens on at least 7 of ${PROMPTS.length} prompts`, async () => {
     const eos = new Set([1, 106]) // <eos>, <end_of_turn>
+    const report: string[] = []
+    let exact = 0
     for (const r of reference) {
       const out = await llm.generate(r.prompt, { temperature: 0, maxTokens: N })
-      if (out.tokens.length < N) {
+      let at = out.tokens.findIndex((t, i) => t !== r.greedy[i])
+      if (at < 0 && out.tokens.length < N) {
         // We stop at end-of-generation tokens; llama.cpp's evaluate() runs on through them.
-        expect.soft(out.finishReason).toBe('stop')
-        expect.soft(eos.has(r.greedy[out.tokens.length]), r.prompt).toBe(true)
+        if (!(out.finishReason === 'stop' && eos.has(r.greedy[out.tokens.length]))) at = out.tokens.length
       }
-      const at = out.tokens.findIndex((t, i) => t !== r.greedy[i])
-      const where =
-        at < 0
-          ? ''
-          : ` first differs at token ${at}: ours ${out.tokens[at]} ${JSON.stringify(llm.detokenize([out.tokens[at]]))}, ` +
-            `llama.cpp ${r.greedy[at]} ${JSON.stringify(llm.detokenize([r.greedy[at]]))}, after ${JSON.stringify(llm.detokenize(out.tokens.slice(0, at)))}`
-      expect.soft(out.tokens, `prompt ${JSON.stringify(r.prompt)}${where}`).toEqual(r.greedy.slice(0, out.tokens.length))
+      if (at < 0) {
+        exact++
+        continue
+      }
+      report.push(
+        `${JSON.stringify(r.prompt)} first differs at token ${at}: ours ${out.tokens[at]} ${JSON.stringify(llm.detokenize(out.tokens.slice(at, at + 1)))}, ` +
+          `llama.cpp ${r.greedy[at]} ${JSON.stringify(llm.detokenize(r.greedy.slice(at, at + 1)))}, after ${JSON.stringify(llm.detokenize(out.tokens.slice(0, at)))}`,
+      )
+      expect.soft(at, report.at(-1)).toBeGreaterThanOrEqual(4)
     }
+    console.log(`${exact}/${reference.length} prompts equal llama.cpp for ${N} tokens${report.length ? '; ' + report.join('; ') : ''}`)
+    expect(exact, report.join('\n')).toBeGreaterThanOrEqual(7)
   })
 })

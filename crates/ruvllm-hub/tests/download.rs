@@ -169,7 +169,7 @@ fn unauthorized_asks_for_hf_token_and_token_is_sent() {
     cfg.token = Some("hf_secret".into());
     let got = ruvllm_hub::download(&cfg, "hf:org/tiny-GGUF/tiny-q4.gguf", &DownloadOptions::default()).unwrap();
     assert_eq!(std::fs::read(got.path).unwrap(), data);
-    assert!(srv.log().iter().filter(|l| l.path.contains("/resolve/")).last().unwrap().auth.as_deref() == Some("Bearer hf_secret"));
+    assert!(srv.log().iter().rfind(|l| l.path.contains("/resolve/")).unwrap().auth.as_deref() == Some("Bearer hf_secret"));
 }
 
 #[test]
