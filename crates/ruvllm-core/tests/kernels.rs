@@ -4,6 +4,8 @@
 //!
 //! Throughput check (prints GB/s): `cargo test -p ruvllm-core --test kernels --release -- --ignored --nocapture throughput`
 
+#![allow(clippy::needless_range_loop)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -295,6 +297,29 @@ fn dot_kernels_simd_equal_scalar_on_extreme_values() {
 }
 
 #[test]
+fn batched_equals_per_token() {
+    // Prefill paths (row tiles, Q4_0/Q5_0 repacked to Q8_0) give exactly the decode results.
+    let pool = ThreadPool::new(2);
+    for ty in ALL {
+        let (rows, cols) = (37, 512);
+        let (qw, _) = weight(ty, rows, cols, 5 + ty.id() as u64);
+        let n = 9;
+        let mut rng = Rng::new(8);
+        let x = rng.vec(n * cols, 1.0);
+        for scalar in [false, true] {
+            let mm = if scalar { matmul_scalar } else { matmul };
+            let mut yb = vec![0f32; n * rows];
+            mm(&pool, &qw, &x, n, &mut yb);
+            for t in 0..n {
+                let mut y1 = vec![0f32; rows];
+                mm(&pool, &qw, &x[t * cols..(t + 1) * cols], 1, &mut y1);
+                assert_eq!(&yb[t * rows..(t + 1) * rows], &y1[..], "{} scalar={scalar} t={t}", ty.name());
+            }
+        }
+    }
+}
+
+#[test]
 fn thread_counts_give_identical_results() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     assert_eq!(pools[2].threads(), 3);
@@ -329,6 +354,17 @@ fn thread_pool_runs_every_task_once() {
                 });
                 assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1));
             }
+        }
+    }
+}
+
+#[test]
+fn thread_pool_create_and_drop_quickly() {
+    // Workers that start after the pool is already shutting down must still exit.
+    for i in 0..200 {
+        let p = ThreadPool::new(1 + i % 4);
+        if i % 2 == 0 {
+            p.for_each(3, &|_| {});
         }
     }
 }
@@ -524,6 +560,35 @@ fn bench_one(ty: GgmlType, rows: usize, cols: usize, threads: usize, n: usize) -
     (gb / dt, dt * 1e6)
 }
 
+/// Weights with the shapes of Gemma 3 270M Q4_K_M (18 layers + tied Q8_0 embedding as the
+/// output head), distinct memory per layer so that they stream from DRAM as in real decode.
+/// Returns the matmuls of one token in order.
+fn decode_like_weights() -> Vec<QWeight> {
+    let mut rng = Rng::new(42);
+    let mut make = |ty: GgmlType, rows: usize, cols: usize| {
+        let w = rng.vec(rows.min(4096) * cols, 0.05);
+        let block = quantize(ty, &w);
+        let mut bytes = Vec::with_capacity(block.len() * rows.div_ceil(4096));
+        while bytes.len() < ty.bytes_for((rows * cols) as u64).unwrap() as usize {
+            bytes.extend_from_slice(&block);
+        }
+        bytes.truncate(ty.bytes_for((rows * cols) as u64).unwrap() as usize);
+        QWeight::new(ty, rows, cols, WeightData::Owned(Arc::new(bytes))).unwrap()
+    };
+    let mut ws = Vec::new();
+    for l in 0..18 {
+        ws.push(make(GgmlType::Q5_0, 1024, 640)); // attn_q
+        ws.push(make(GgmlType::Q5_0, 256, 640)); // attn_k
+        ws.push(make(if l % 2 == 0 { GgmlType::Q8_0 } else { GgmlType::Q5_0 }, 256, 640)); // attn_v
+        ws.push(make(GgmlType::Q4_K, 640, 1024)); // attn_output
+        ws.push(make(GgmlType::Q5_0, 2048, 640)); // ffn_gate
+        ws.push(make(GgmlType::Q5_0, 2048, 640)); // ffn_up
+        ws.push(make(if l % 2 == 0 { GgmlType::Q6_K } else { GgmlType::Q4_K }, 640, 2048)); // ffn_down
+    }
+    ws.push(make(GgmlType::Q8_0, 262144, 640)); // output (tied embedding)
+    ws
+}
+
 #[test]
 #[ignore]
 fn throughput() {
@@ -542,7 +607,56 @@ fn throughput() {
             println!("{:5} {rows:>6}x{cols:<5} n=1 threads={threads}: {gbs:6.2} GB/s  {us:9.1} us/call", ty.name());
         }
     }
-    for (ty, rows, cols) in [(GgmlType::Q5_0, 2048, 640), (GgmlType::Q4_K, 640, 2048), (GgmlType::Q6_K, 640, 2048)] {
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        let iters = 200_000;
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            pool.for_each(threads * 4, &|_| {});
+        }
+        println!("empty for_each threads={threads}: {:.2} us/call", t.elapsed().as_secs_f64() * 1e6 / iters as f64);
+    }
+    let ws = decode_like_weights();
+    let total: usize = ws.iter().map(|w| w.bytes().len()).sum();
+    let mut rng = Rng::new(9);
+    let x = rng.vec(2048, 1.0);
+    let mut y = vec![0f32; 262144];
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        let mut best = f64::MAX;
+        for _ in 0..8 {
+            let t = std::time::Instant::now();
+            for w in &ws {
+                matmul(&pool, w, &x[..w.cols], 1, &mut y[..w.rows]);
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let body = &ws[..ws.len() - 1];
+        let t = std::time::Instant::now();
+        for _ in 0..8 {
+            for w in body {
+                matmul(&pool, w, &x[..w.cols], 1, &mut y[..w.rows]);
+            }
+        }
+        let body_s = t.elapsed().as_secs_f64() / 8.0;
+        let body_bytes: usize = body.iter().map(|w| w.bytes().len()).sum();
+        println!(
+            "decode-like token ({} matmuls, {:.1} MB) threads={threads}: {:.2} ms/token, {:.2} GB/s; layers only ({:.1} MB): {:.2} ms, {:.2} GB/s",
+            ws.len(),
+            total as f64 / 1e6,
+            best * 1e3,
+            total as f64 / best / 1e9,
+            body_bytes as f64 / 1e6,
+            body_s * 1e3,
+            body_bytes as f64 / body_s / 1e9
+        );
+    }
+    for (ty, rows, cols) in [
+        (GgmlType::Q5_0, 2048, 640),
+        (GgmlType::Q8_0, 2048, 640),
+        (GgmlType::Q4_K, 640, 2048),
+        (GgmlType::Q6_K, 640, 2048),
+    ] {
         let n = 64;
         let (_, us) = bench_one(ty, rows, cols, 2, n);
         let gflops = 2.0 * (rows * cols * n) as f64 / (us * 1e3);

@@ -6,6 +6,9 @@
 //! (`nb` blocks, or `cols` f32 for the float formats). Lengths are checked by the callers
 //! (`matmul`), so the SIMD versions may rely on them.
 
+// Loops are kept index-based to mirror ggml-quants.c line by line.
+#![allow(clippy::needless_range_loop)]
+
 use std::sync::OnceLock;
 
 use half::{bf16, f16};
@@ -17,6 +20,9 @@ use super::GgmlType;
 pub type DotQ8Fn = unsafe fn(w: &[u8], a: &[BlockQ8]) -> f32;
 /// Weight row × Q8_K activation row (the K-quants).
 pub type DotQ8KFn = unsafe fn(w: &[u8], a: &[BlockQ8K]) -> f32;
+/// One Q8_0 weight row × four Q8 activation rows; equal, bit for bit, to four `DotQ8Fn` calls
+/// of the same kernel set.
+pub type DotQ8x4Fn = unsafe fn(w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4];
 /// Weight row × f32 activations (F32, F16, BF16).
 pub type DotF32Fn = unsafe fn(w: &[u8], x: &[f32]) -> f32;
 
@@ -39,6 +45,8 @@ pub struct Kernels {
     pub q5_0: DotQ8Fn,
     pub q5_1: DotQ8Fn,
     pub q8_0: DotQ8Fn,
+    /// Q8_0 × four tokens at once (prefill).
+    pub q8_0_x4: DotQ8x4Fn,
     pub q4_k: DotQ8KFn,
     pub q5_k: DotQ8KFn,
     pub q6_k: DotQ8KFn,
@@ -76,6 +84,7 @@ pub static SCALAR: Kernels = Kernels {
     q5_0: dot_q5_0,
     q5_1: dot_q5_1,
     q8_0: dot_q8_0,
+    q8_0_x4: dot_q8_0_x4,
     q4_k: dot_q4_k,
     q5_k: dot_q5_k,
     q6_k: dot_q6_k,
@@ -187,6 +196,11 @@ pub fn dot_q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
         sumf += sumi as f32 * (f16_at(b, 0) * y.d);
     }
     sumf
+}
+
+/// Q8_0 × 4 tokens.
+pub fn dot_q8_0_x4(w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
+    a.map(|a| dot_q8_0(w, a))
 }
 
 /// The min correction `Σ_j mins[j]·(bsums[2j] + bsums[2j+1])` of a Q4_K/Q5_K block.

@@ -43,7 +43,7 @@ impl QWeight {
             return Err(format!("weight type {} is not supported by the kernels", ty.name()));
         }
         let bs = ty.block_size();
-        if cols % bs != 0 {
+        if !cols.is_multiple_of(bs) {
             return Err(format!("{} weight: {cols} columns is not a multiple of the block size {bs}", ty.name()));
         }
         let need = (rows as u64)
@@ -107,6 +107,8 @@ impl QWeight {
 const SPIN_TIME: Duration = Duration::from_micros(300);
 
 type JobPtr = *const (dyn Fn(usize) + Sync + 'static);
+/// A dot product of one weight row with four activation rows.
+type Dot4<A> = unsafe fn(&[u8], [&[A]; 4]) -> [f32; 4];
 
 /// `Shared::state` layout: generation in the high 32 bits, `CLOSED` flag, and the number of
 /// workers registered on the current job in the low bits.
@@ -257,7 +259,9 @@ impl ThreadPool {
 }
 
 fn worker_loop(sh: &Shared) {
-    let mut seen = sh.state.load(Ordering::Acquire) >> 32;
+    // Generation 0 is the initial, closed state: a worker that starts late still sees every
+    // later generation (including shutdown) as new.
+    let mut seen = 0u64;
     loop {
         // Wait for a new generation: spin a little, then park.
         let mut spins = 0u32;
@@ -268,7 +272,7 @@ fn worker_loop(sh: &Shared) {
                 break st;
             }
             spins = spins.wrapping_add(1);
-            if spins % 128 != 0 {
+            if !spins.is_multiple_of(128) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -428,17 +432,22 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
             let nb = cols / QK;
             with_scratch(&SCRATCH_Q8, n * nb, |act| {
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8);
-                run(pool, data, rs, rows, n, act, nb, f, y);
+                if n >= REPACK_MIN_TOKENS && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q5_0) {
+                    run_repacked(pool, w.ty, data, rs, rows, n, act, nb, k.q8_0, k.q8_0_x4, y);
+                } else {
+                    let x4 = (w.ty == GgmlType::Q8_0).then_some(k.q8_0_x4);
+                    run(pool, data, rs, rows, n, act, nb, f, x4, y);
+                }
             })
         }
         DotKernel::Q8K(f) => {
             let nb = cols / QK_K;
             with_scratch(&SCRATCH_Q8K, n * nb, |act| {
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8k);
-                run(pool, data, rs, rows, n, act, nb, f, y);
+                run(pool, data, rs, rows, n, act, nb, f, None, y);
             })
         }
-        DotKernel::F32(f) => run(pool, data, rs, rows, n, x, cols, f, y),
+        DotKernel::F32(f) => run(pool, data, rs, rows, n, x, cols, f, None, y),
     }
 }
 
@@ -468,6 +477,67 @@ fn quantize_acts<B: Send>(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a
 /// Rows per tile when several tokens share the weights (prefill).
 const ROW_TILE: usize = 16;
 
+/// From this many tokens on, Q4_0/Q5_0 row tiles are unpacked to Q8_0 once per tile.
+const REPACK_MIN_TOKENS: usize = 6;
+
+thread_local! {
+    static SCRATCH_TILE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Splits `rows` (and, for few row chunks, the `n` tokens) into tasks:
+/// `(row_tasks, rows_per, tok_tasks, toks_per)`.
+fn split(threads: usize, rows: usize, n: usize) -> (usize, usize, usize, usize) {
+    // Row chunks: a few per thread for load balance, but not tiny ones.
+    let min_rows = if n == 1 { 32 } else { ROW_TILE };
+    let row_tasks = if threads == 1 { 1 } else { (threads * 4).min(rows.div_ceil(min_rows)).max(1) };
+    let rows_per = rows.div_ceil(row_tasks).next_multiple_of(4).min(rows);
+    let row_tasks = rows.div_ceil(rows_per);
+    // Few row chunks but many tokens: split tokens too.
+    let tok_tasks = if n > 1 && row_tasks < threads * 2 { (threads * 2).div_ceil(row_tasks).min(n) } else { 1 };
+    let toks_per = n.div_ceil(tok_tasks);
+    let tok_tasks = n.div_ceil(toks_per);
+    (row_tasks, rows_per, tok_tasks, toks_per)
+}
+
+/// Like [`run`] for Q4_0/Q5_0 weights and many tokens: each row tile is rewritten as Q8_0
+/// (same integers and scales, so the same results) and then dotted with every token.
+#[allow(clippy::too_many_arguments)]
+fn run_repacked(
+    pool: &ThreadPool,
+    ty: GgmlType,
+    data: &[u8],
+    rs: usize,
+    rows: usize,
+    n: usize,
+    act: &[BlockQ8],
+    nb: usize,
+    f: super::dot::DotQ8Fn,
+    f4: super::dot::DotQ8x4Fn,
+    y: &mut [f32],
+) {
+    let (row_tasks, rows_per, tok_tasks, toks_per) = split(pool.threads(), rows, n);
+    let rs8 = nb * 34;
+    let yp = SyncPtr(y.as_mut_ptr());
+    let task = |i: usize| {
+        let (rt, tt) = (i % row_tasks, i / row_tasks);
+        let r0 = rt * rows_per;
+        let r1 = (r0 + rows_per).min(rows);
+        let t0 = tt * toks_per;
+        let t1 = (t0 + toks_per).min(n);
+        with_scratch(&SCRATCH_TILE, ROW_TILE * rs8, |tile| {
+            let mut tr = r0;
+            while tr < r1 {
+                let te = (tr + ROW_TILE).min(r1);
+                quant::repack_to_q8_0(ty, &data[tr * rs..te * rs], &mut tile[..(te - tr) * rs8]);
+                // SAFETY: as in `run`.
+                unsafe { tile_dots(&tile[..(te - tr) * rs8], rs8, tr, te, t0, t1, act, nb, rows, f, Some(f4), yp) };
+                tr = te;
+            }
+        })
+    };
+    pool.for_each(row_tasks * tok_tasks, &task);
+}
+
 /// Splits rows (and, for few rows, tokens) into tasks and computes every `y[t][r]`.
 #[allow(clippy::too_many_arguments)]
 fn run<A: Sync>(
@@ -479,18 +549,10 @@ fn run<A: Sync>(
     act: &[A],
     stride: usize,
     f: unsafe fn(&[u8], &[A]) -> f32,
+    f4: Option<Dot4<A>>,
     y: &mut [f32],
 ) {
-    let threads = pool.threads();
-    // Row chunks: a few per thread for load balance, but not tiny ones.
-    let min_rows = if n == 1 { 32 } else { ROW_TILE };
-    let row_tasks = if threads == 1 { 1 } else { (threads * 4).min(rows.div_ceil(min_rows)).max(1) };
-    let rows_per = rows.div_ceil(row_tasks).next_multiple_of(4).min(rows);
-    let row_tasks = rows.div_ceil(rows_per);
-    // Few row chunks but many tokens: split tokens too.
-    let tok_tasks = if n > 1 && row_tasks < threads * 2 { (threads * 2).div_ceil(row_tasks).min(n) } else { 1 };
-    let toks_per = n.div_ceil(tok_tasks);
-    let tok_tasks = n.div_ceil(toks_per);
+    let (row_tasks, rows_per, tok_tasks, toks_per) = split(pool.threads(), rows, n);
     let yp = SyncPtr(y.as_mut_ptr());
     let task = |i: usize| {
         let (rt, tt) = (i % row_tasks, i / row_tasks);
@@ -510,15 +572,55 @@ fn run<A: Sync>(
         let mut tr = r0;
         while tr < r1 {
             let te = (tr + ROW_TILE).min(r1);
-            for t in t0..t1 {
-                let a = &act[t * stride..(t + 1) * stride];
-                for r in tr..te {
-                    // SAFETY: as above.
-                    unsafe { *yp.get().add(t * rows + r) = f(&data[r * rs..(r + 1) * rs], a) };
-                }
-            }
+            // SAFETY: as above.
+            unsafe { tile_dots(&data[tr * rs..te * rs], rs, tr, te, t0, t1, act, stride, rows, f, f4, yp) };
             tr = te;
         }
     };
     pool.for_each(row_tasks * tok_tasks, &task);
+}
+
+/// `y[t][r]` for rows `tr..te` (bytes in `tile`, `rs` per row) and tokens `t0..t1`, four tokens
+/// at a time when `f4` is given.
+///
+/// # Safety
+/// `f`/`f4` must be callable on this CPU with these lengths, and `yp` must be valid for
+/// `y[t * rows + r]` with no other writer of those elements.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn tile_dots<A>(
+    tile: &[u8],
+    rs: usize,
+    tr: usize,
+    te: usize,
+    t0: usize,
+    t1: usize,
+    act: &[A],
+    stride: usize,
+    rows: usize,
+    f: unsafe fn(&[u8], &[A]) -> f32,
+    f4: Option<Dot4<A>>,
+    yp: SyncPtr<f32>,
+) {
+    let a = |t: usize| &act[t * stride..(t + 1) * stride];
+    let mut t = t0;
+    if let Some(f4) = f4 {
+        while t + 4 <= t1 {
+            let acts = [a(t), a(t + 1), a(t + 2), a(t + 3)];
+            for r in tr..te {
+                let v = f4(&tile[(r - tr) * rs..(r - tr + 1) * rs], acts);
+                for (k, v) in v.into_iter().enumerate() {
+                    *yp.get().add((t + k) * rows + r) = v;
+                }
+            }
+            t += 4;
+        }
+    }
+    while t < t1 {
+        let at = a(t);
+        for r in tr..te {
+            *yp.get().add(t * rows + r) = f(&tile[(r - tr) * rs..(r - tr + 1) * rs], at);
+        }
+        t += 1;
+    }
 }

@@ -18,6 +18,9 @@
 //! products ([`BlockQ8`] for the 32-element formats, [`BlockQ8K`] for the K-quants) and their
 //! quantizers, which follow ggml's x86 `quantize_row_q8_0`/`q8_1` and `quantize_row_q8_K_ref`.
 
+// Loops are kept index-based to mirror ggml-quants.c line by line.
+#![allow(clippy::needless_range_loop)]
+
 use half::{bf16, f16};
 
 use super::GgmlType;
@@ -81,7 +84,7 @@ pub(crate) fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     let bs = ty.block_size();
     let ts = ty.type_size();
-    assert!(dst.len() % bs == 0, "dequantize {}: {} elements is not a whole number of blocks", ty.name(), dst.len());
+    assert!(dst.len().is_multiple_of(bs), "dequantize {}: {} elements is not a whole number of blocks", ty.name(), dst.len());
     let nb = dst.len() / bs;
     assert!(src.len() >= nb * ts, "dequantize {}: {} bytes, need {}", ty.name(), src.len(), nb * ts);
     let src = &src[..nb * ts];
@@ -239,7 +242,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
 pub fn quantize(ty: GgmlType, src: &[f32]) -> Vec<u8> {
     let bs = ty.block_size();
     let ts = ty.type_size();
-    assert!(src.len() % bs == 0, "quantize {}: {} elements is not a whole number of blocks", ty.name(), src.len());
+    assert!(src.len().is_multiple_of(bs), "quantize {}: {} elements is not a whole number of blocks", ty.name(), src.len());
     let nb = src.len() / bs;
     let mut out = vec![0u8; nb * ts];
     match ty {
@@ -678,6 +681,42 @@ fn quantize_block_q6_k(x: &[f32], y: &mut [u8]) {
             y[qlo + i + 32] = q2 | (q4 << 4);
             y[qho + i] = (l[j + i] >> 4) | ((l[j + i + 32] >> 4) << 2) | ((l[j + i + 64] >> 4) << 4) | ((l[j + i + 96] >> 4) << 6);
         }
+    }
+}
+
+/// Rewrites Q4_0 or Q5_0 blocks as Q8_0 blocks with the same scale and integer values, so a
+/// row tile can be unpacked once and reused for many tokens (exact: the integer dot products
+/// and scales are unchanged). `dst` holds `src.len() / type_size` Q8_0 blocks.
+pub fn repack_to_q8_0(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
+    let ts = ty.type_size();
+    debug_assert_eq!(dst.len(), src.len() / ts * 34);
+    match ty {
+        GgmlType::Q4_0 => {
+            for (b, o) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(34)) {
+                o[0] = b[0];
+                o[1] = b[1];
+                let (lo, hi) = o[2..34].split_at_mut(16);
+                for j in 0..16 {
+                    lo[j] = (b[2 + j] & 0x0F).wrapping_sub(8);
+                    hi[j] = (b[2 + j] >> 4).wrapping_sub(8);
+                }
+            }
+        }
+        GgmlType::Q5_0 => {
+            for (b, o) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(34)) {
+                o[0] = b[0];
+                o[1] = b[1];
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                let (lo, hi) = o[2..34].split_at_mut(16);
+                for j in 0..16 {
+                    let h0 = (((qh >> j) << 4) & 0x10) as u8;
+                    let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+                    lo[j] = ((b[6 + j] & 0x0F) | h0).wrapping_sub(16);
+                    hi[j] = ((b[6 + j] >> 4) | h1).wrapping_sub(16);
+                }
+            }
+        }
+        other => panic!("repack_to_q8_0: unsupported type {}", other.name()),
     }
 }
 

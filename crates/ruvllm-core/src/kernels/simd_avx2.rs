@@ -26,6 +26,7 @@ pub fn kernels(f16c: bool) -> Kernels {
         q5_0: dot_q5_0,
         q5_1: dot_q5_1,
         q8_0: dot_q8_0,
+        q8_0_x4: dot_q8_0_x4,
         q4_k: dot_q4_k,
         q5_k: dot_q5_k,
         q6_k: dot_q6_k,
@@ -239,6 +240,47 @@ pub unsafe fn dot_q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
         acc0 = _mm256_fmadd_ps(d0, mul_sum_i8_pairs_float(load256(b0.add(2)), load256(y0.qs.as_ptr() as *const u8)), acc0);
     }
     hsum_ps(_mm256_add_ps(acc0, acc1))
+}
+
+/// Q8_0 × four Q8 activation rows; the same operations in the same order as [`dot_q8_0`] for
+/// each token (so results are bit-identical), with the weight block loaded once.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_0_x4(w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4] {
+    let nb = a[0].len();
+    debug_assert!(w.len() >= nb * 34 && a.iter().all(|x| x.len() == nb));
+    let mut even = [_mm256_setzero_ps(); 4];
+    let mut odd = [_mm256_setzero_ps(); 4];
+    let p = w.as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    #[inline(always)]
+    unsafe fn step(qx: __m256i, ax: __m256i, dw: f32, y: &BlockQ8, ones: __m256i, acc: __m256) -> __m256 {
+        let sy = _mm256_sign_epi8(load256(y.qs.as_ptr() as *const u8), qx);
+        let q = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy)));
+        _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), q, acc)
+    }
+    let mut i = 0;
+    while i < nb {
+        let b = p.add(34 * i);
+        let dw = f16_ptr(b);
+        let qx = load256(b.add(2));
+        let ax = _mm256_sign_epi8(qx, qx);
+        if i & 1 == 0 {
+            for t in 0..4 {
+                even[t] = step(qx, ax, dw, a[t].get_unchecked(i), ones, even[t]);
+            }
+        } else {
+            for t in 0..4 {
+                odd[t] = step(qx, ax, dw, a[t].get_unchecked(i), ones, odd[t]);
+            }
+        }
+        i += 1;
+    }
+    [
+        hsum_ps(_mm256_add_ps(even[0], odd[0])),
+        hsum_ps(_mm256_add_ps(even[1], odd[1])),
+        hsum_ps(_mm256_add_ps(even[2], odd[2])),
+        hsum_ps(_mm256_add_ps(even[3], odd[3])),
+    ]
 }
 
 // ---------------------------------------------------------------------------------------------
