@@ -123,6 +123,49 @@ fn check(arch: &str, ty: GgmlType, tied: bool, rel_tol: f32) {
     let bytes = build(arch, ty, tied);
     let (a1, a2) = ours(&bytes);
     let (b1, b2) = candle(arch, &bytes);
+    compare(arch, ty, rel_tol, (a1, a2), (b1, b2));
+}
+
+/// The same file with every tensor dequantized to F32, after checking that our dequantization
+/// equals candle's bit for bit.
+fn dequantized(bytes: &[u8]) -> Vec<u8> {
+    use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+    let f = GgufFile::from_bytes(bytes.to_vec(), "synthetic.gguf").unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata.iter() {
+        w.add_metadata(k, v.clone());
+    }
+    for t in f.tensors.iter() {
+        let mut vals = vec![0f32; t.n_elements() as usize];
+        quant::dequantize(t.dtype, f.tensor_bytes(t), &mut vals);
+        let cty = match t.dtype {
+            GgmlType::F32 => GgmlDType::F32,
+            GgmlType::Q8_0 => GgmlDType::Q8_0,
+            other => panic!("add {} to the candle type map", other.name()),
+        };
+        let storage = QStorage::from_data(std::borrow::Cow::Borrowed(f.tensor_bytes(t)), &Device::Cpu, cty).unwrap();
+        let theirs = QTensor::new(storage, (t.n_elements() as usize,)).unwrap();
+        let theirs = theirs.dequantize(&Device::Cpu).unwrap().to_vec1::<f32>().unwrap();
+        assert!(vals == theirs, "{}: our {} dequantization differs from candle's", t.name, t.dtype.name());
+        w.add_f32(&t.name, &t.dims, &vals);
+    }
+    w.to_bytes()
+}
+
+/// For weight types where candle-core 0.11's CPU matmul does not follow ggml's activation
+/// quantization (Q8_0: on one 64×256 matmul candle and we differ by 7e-3 while Q4_0/Q4_K agree
+/// to 4e-7, and ours is the closer of the two to the f32 product): our quantized forward
+/// against candle's forward on the dequantized f32 file. The gap is then our own 8-bit
+/// activation error (about 1.5% of the largest logit here), hence the looser tolerance; the
+/// dequantization itself is checked to be bit-equal to candle's.
+fn check_against_dequantized(arch: &str, ty: GgmlType, tied: bool, rel_tol: f32) {
+    let bytes = build(arch, ty, tied);
+    let (a1, a2) = ours(&bytes);
+    let (b1, b2) = candle(arch, &dequantized(&bytes));
+    compare(arch, ty, rel_tol, (a1, a2), (b1, b2));
+}
+
+fn compare(arch: &str, ty: GgmlType, rel_tol: f32, (a1, a2): (Vec<f32>, Vec<f32>), (b1, b2): (Vec<f32>, Vec<f32>)) {
     for (step, a, b) in [("prefill", &a1, &b1), ("decode", &a2, &b2)] {
         assert_eq!(a.len(), VOCAB);
         assert_eq!(b.len(), VOCAB);
@@ -145,17 +188,17 @@ fn llama_f32_matches_candle() {
 
 #[test]
 fn llama_q8_0_matches_candle() {
-    check("llama", GgmlType::Q8_0, false, 1e-2);
+    check_against_dequantized("llama", GgmlType::Q8_0, false, 3e-2);
 }
 
 #[test]
 fn llama_q4_0_matches_candle() {
-    check("llama", GgmlType::Q4_0, true, 1e-2);
+    check("llama", GgmlType::Q4_0, true, 1e-3);
 }
 
 #[test]
 fn llama_q5_0_matches_candle() {
-    check("llama", GgmlType::Q5_0, false, 1e-2);
+    check("llama", GgmlType::Q5_0, false, 1e-3);
 }
 
 #[test]
@@ -165,12 +208,12 @@ fn llama_q4_k_matches_candle() {
 
 #[test]
 fn llama_q5_k_matches_candle() {
-    check("llama", GgmlType::Q5_K, false, 1e-2);
+    check("llama", GgmlType::Q5_K, false, 1e-3);
 }
 
 #[test]
 fn llama_q6_k_matches_candle() {
-    check("llama", GgmlType::Q6_K, true, 1e-2);
+    check("llama", GgmlType::Q6_K, true, 1e-3);
 }
 
 #[test]
@@ -180,5 +223,5 @@ fn qwen2_f32_tied_matches_candle() {
 
 #[test]
 fn qwen2_q8_0_matches_candle() {
-    check("qwen2", GgmlType::Q8_0, false, 1e-2);
+    check_against_dequantized("qwen2", GgmlType::Q8_0, false, 3e-2);
 }
