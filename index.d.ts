@@ -67,20 +67,27 @@ export declare class LLM {
   /** Token ids to text. */
   detokenize(tokens: number[]): string
   /**
-   * Generates a completion of `prompt` (text, or chat messages rendered with the model's chat
-   * template or `options.chatTemplate`). With `options.onToken`, every token is handed to the
+   * Generates a completion of `prompt` (text; chat messages rendered with the model's chat
+   * template or `options.chatTemplate`; or token ids, used as given). With `options.onToken`, every token is handed to the
    * callback first, in order, awaiting a returned promise. Rejects with a coded error; on abort,
    * with an `AbortError` (`code: 'ABORT_ERR'`) whose `partial` holds the text and tokens
    * produced so far.
    */
-  generate(prompt: string | ChatMessage[], options?: GenerateOptions): Promise<Completion>
+  generate(prompt: string | ChatMessage[] | number[], options?: GenerateOptions): Promise<Completion>
   /**
    * Streams a completion: an async iterable of `{ text, token }` chunks for `for await`.
    * Generation starts at the first `next()`; leaving the loop early (`break`, `return`, a throw)
    * cancels it. Bad options throw at once; an aborted signal makes the iteration throw an
    * `AbortError`.
    */
-  stream(prompt: string | ChatMessage[], options?: GenerateOptions): TokenStream
+  stream(prompt: string | ChatMessage[] | number[], options?: GenerateOptions): TokenStream
+  /**
+   * Scores `prompt` (text, chat messages or token ids, as for `generate`): the log-probability
+   * the model gives each token after the ones before it, and the perplexity. Evaluates the whole
+   * prompt in one pass (it must fit the context: else `ERR_CONTEXT_OVERFLOW`). Options:
+   * `{ chatTemplate?, signal? }`; an aborted signal rejects with an `AbortError`.
+   */
+  score(prompt: string | ChatMessage[] | number[], options?: ScoreOptions): Promise<ScoreResult>
   /**
    * Stops the engine and frees the model's memory. Requests still queued or running fail with
    * `ERR_CLOSED`, and so does every later call. Safe to call more than once.
@@ -484,6 +491,29 @@ export interface RouterOptions {
   agents?: RouterAgent[]
   /** An `Embedder`, or a model directory. Default: the process-wide default embedder. */
   embedder?: Embedder | string
+}
+
+/** Options for `llm.score`. */
+export interface ScoreOptions {
+  /** A Jinja chat template for a chat-message prompt (default: the model's). */
+  chatTemplate?: string
+  /** Stops the evaluation (between chunks of tokens); the promise rejects with an `AbortError`. */
+  signal?: AbortSignal
+}
+
+/** The result of `llm.score`. */
+export interface ScoreResult {
+  /** The evaluated token ids (a text prompt gets the model's BOS token first). */
+  tokens: Array<number>
+  /**
+   * `logprobs[i]` is the natural-log probability of `tokens[i + 1]` after `tokens[0..=i]`
+   * (one fewer entry than `tokens`).
+   */
+  logprobs: Array<number>
+  /** `exp(-mean(logprobs))`; `NaN` for a single token. */
+  perplexity: number
+  /** Tokens evaluated per second. */
+  tokensPerSecond: number
 }
 
 /** Speed of a finished request. */

@@ -52,6 +52,30 @@ describe('LLM', () => {
     expect(llm.detokenize(out.tokens)).toBe(out.text)
   })
 
+  it('takes token ids as a prompt, used as given', async () => {
+    const fromText = await llm.generate(CAPITALS, { temperature: 0, maxTokens: 6 })
+    const fromIds = await llm.generate(llm.tokenize(CAPITALS), { temperature: 0, maxTokens: 6 })
+    expect(fromIds.tokens).toEqual(fromText.tokens)
+    expect(fromIds.usage.promptTokens).toBe(llm.tokenize(CAPITALS).length)
+    await expect(llm.generate([1, -3], { maxTokens: 1 })).rejects.toMatchObject({ code: 'ERR_INVALID_ARG', message: expect.stringContaining('prompt[1]') })
+    await expect(llm.generate([2, 1e9], { maxTokens: 1 })).rejects.toMatchObject({ code: 'ERR_INVALID_ARG' })
+  })
+
+  it('scores text: logprobs per token, perplexity, and the likelier answer wins', async () => {
+    const berlin = await llm.score(`${CAPITALS} Berlin`)
+    const madrid = await llm.score(`${CAPITALS} Madrid`)
+    expect(berlin.tokens).toEqual(llm.tokenize(`${CAPITALS} Berlin`))
+    expect(berlin.logprobs.length).toBe(berlin.tokens.length - 1)
+    expect(berlin.logprobs.every((l) => Number.isFinite(l) && l <= 0)).toBe(true)
+    expect(berlin.logprobs.at(-1)!).toBeGreaterThan(madrid.logprobs.at(-1)! + 1)
+    const mean = -berlin.logprobs.reduce((a, b) => a + b, 0) / berlin.logprobs.length
+    expect(berlin.perplexity).toBeCloseTo(Math.exp(mean), 6)
+    expect((await llm.score(berlin.tokens)).logprobs).toEqual(berlin.logprobs)
+    await expect(llm.score(CAPITALS, { signal: AbortSignal.abort() })).rejects.toMatchObject({ code: 'ABORT_ERR', name: 'AbortError' })
+    await expect(llm.score(CAPITALS, { nope: 1 } as any)).rejects.toMatchObject({ code: 'ERR_INVALID_ARG' })
+    await expect(llm.score(42 as any)).rejects.toMatchObject({ code: 'ERR_INVALID_ARG' })
+  })
+
   it('is deterministic for a seed, and stream chunks concatenate to the generate text (temperature 0.8)', async () => {
     const opts = { temperature: 0.8, seed: 42, maxTokens: 40 }
     const a = await llm.generate('Once upon a time', opts)

@@ -10,14 +10,14 @@ use napi::threadsafe_function::{ThreadsafeFunction, UnknownReturnValue};
 use napi::{sys, Env, Status};
 use napi_derive::napi;
 
-use ruvllm_core::engine::{Engine, GenerateParams, ModelInfo as CoreModelInfo, Prompt};
+use ruvllm_core::engine::{Engine, GenerateParams, ModelInfo as CoreModelInfo, Prompt, ScoreRequest};
 
 use crate::error::{guard, sync_call, CodedError, Res};
 use crate::options::{self, Val};
 use crate::request::{Request, Step};
 use crate::signal::{self, CancelState, SignalHook};
 use crate::stream::TokenStream;
-use crate::types::{Completion, ModelInfo, TokenChunk};
+use crate::types::{Completion, ModelInfo, ScoreResult, TokenChunk};
 
 /// A loaded model. Create one with `LLM.load`; free it with `close()`.
 #[napi(js_name = "LLM")]
@@ -156,12 +156,12 @@ impl Llm {
     })
   }
 
-  /// Generates a completion of `prompt` (text, or chat messages rendered with the model's chat
-  /// template or `options.chatTemplate`). With `options.onToken`, every token is handed to the
+  /// Generates a completion of `prompt` (text; chat messages rendered with the model's chat
+  /// template or `options.chatTemplate`; or token ids, used as given). With `options.onToken`, every token is handed to the
   /// callback first, in order, awaiting a returned promise. Rejects with a coded error; on abort,
   /// with an `AbortError` (`code: 'ABORT_ERR'`) whose `partial` holds the text and tokens
   /// produced so far.
-  #[napi(ts_args_type = "prompt: string | ChatMessage[], options?: GenerateOptions", ts_return_type = "Promise<Completion>")]
+  #[napi(ts_args_type = "prompt: string | ChatMessage[] | number[], options?: GenerateOptions", ts_return_type = "Promise<Completion>")]
   pub fn generate<'env>(&self, env: &'env Env, prompt: Unknown, options: Unknown) -> napi::Result<PromiseRaw<'env, Completion>> {
     let started = guard(|| {
       let p = self.prepare(env, &prompt, &options, false)?;
@@ -191,13 +191,74 @@ impl Llm {
   /// Generation starts at the first `next()`; leaving the loop early (`break`, `return`, a throw)
   /// cancels it. Bad options throw at once; an aborted signal makes the iteration throw an
   /// `AbortError`.
-  #[napi(catch_unwind, ts_args_type = "prompt: string | ChatMessage[], options?: GenerateOptions")]
+  #[napi(catch_unwind, ts_args_type = "prompt: string | ChatMessage[] | number[], options?: GenerateOptions")]
   pub fn stream(&self, env: &Env, prompt: Unknown, options: Unknown) -> napi::Result<TokenStream> {
     match guard(|| self.prepare(env, &prompt, &options, true)) {
       Ok(p) => Ok(TokenStream::pending(self.engine.clone(), self.closed.clone(), p.prompt, p.params, p.cancel, p.hook)),
       Err(e) if e.is_abort() => Ok(TokenStream::failed(e)),
       Err(e) => Err(e.into_napi(env)),
     }
+  }
+
+  /// Scores `prompt` (text, chat messages or token ids, as for `generate`): the log-probability
+  /// the model gives each token after the ones before it, and the perplexity. Evaluates the whole
+  /// prompt in one pass (it must fit the context: else `ERR_CONTEXT_OVERFLOW`). Options:
+  /// `{ chatTemplate?, signal? }`; an aborted signal rejects with an `AbortError`.
+  #[napi(
+    ts_args_type = "prompt: string | ChatMessage[] | number[], options?: ScoreOptions",
+    ts_return_type = "Promise<ScoreResult>"
+  )]
+  pub fn score<'env>(&self, env: &'env Env, prompt: Unknown, options: Unknown) -> napi::Result<PromiseRaw<'env, ScoreResult>> {
+    let started = guard(|| {
+      self.check_open()?;
+      let prompt = options::prompt(Some(Val::new(env, &prompt)), self.info.vocab_size)?;
+      let (chat_template, signal) = options::score_options(Some(Val::new(env, &options)))?;
+      let cancel = Arc::new(CancelState::default());
+      {
+        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        active.retain(|c| c.strong_count() > 0);
+        active.push(Arc::downgrade(&cancel));
+      }
+      let hook = match signal {
+        Some(s) => Some(signal::attach(env, s, cancel.clone())?),
+        None => None,
+      };
+      let (tx, rx) = tokio::sync::oneshot::channel();
+      let req = ScoreRequest {
+        prompt,
+        chat_template,
+        cancel: cancel.flag.clone(),
+        reply: Box::new(move |r| {
+          let _ = tx.send(r);
+        }),
+      };
+      self.engine.submit_score(req)?;
+      Ok((rx, cancel, hook))
+    });
+    let fut = async move {
+      let (rx, cancel, mut hook) = started?;
+      let outcome = tokio::select! {
+        biased;
+        r = rx => Some(r),
+        _ = cancel.notify.notified() => None,
+      };
+      if let Some(h) = hook.as_mut() {
+        h.detach();
+      }
+      if cancel.closed() {
+        return Err(CodedError::closed());
+      }
+      if cancel.aborted() {
+        cancel.cancel();
+        return Err(CodedError::aborted(None));
+      }
+      match outcome {
+        Some(Ok(Ok(score))) => Ok(ScoreResult::from(score)),
+        Some(Ok(Err(e))) => Err(CodedError::from(e)),
+        _ => Err(CodedError::internal("the engine dropped the request without finishing it")),
+      }
+    };
+    env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<ScoreResult>| r.map_err(|e| e.into_napi(env)))
   }
 
   /// Stops the engine and frees the model's memory. Requests still queued or running fail with
@@ -230,7 +291,7 @@ impl Llm {
 
   fn prepare(&self, env: &Env, prompt: &Unknown, options: &Unknown, for_stream: bool) -> Res<Prepared> {
     self.check_open()?;
-    let prompt = options::prompt(Some(Val::new(env, prompt)))?;
+    let prompt = options::prompt(Some(Val::new(env, prompt)), self.info.vocab_size)?;
     let (params, hooks) =
       options::generate_options(Some(Val::new(env, options)), self.info.context_length, self.default_seed)?;
     if for_stream && hooks.on_token.is_some() {

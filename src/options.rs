@@ -241,15 +241,20 @@ pub fn text_arg(v: Option<Val>, key: &str) -> Res<String> {
 
 /// `llm.detokenize(tokens)`: an array of token ids (integers in 0..vocabSize).
 pub fn token_ids(v: Option<Val>, vocab_size: usize) -> Res<Vec<u32>> {
-  let Some(v) = v else { return Err(CodedError::invalid_type("tokens must be an array of token ids, got undefined")) };
+  named_token_ids(v, vocab_size, "tokens")
+}
+
+/// [`token_ids`] with the argument's name for the messages.
+fn named_token_ids(v: Option<Val>, vocab_size: usize, name: &str) -> Res<Vec<u32>> {
+  let Some(v) = v else { return Err(CodedError::invalid_type(format!("{name} must be an array of token ids, got undefined"))) };
   if !v.is_array() {
-    return Err(CodedError::invalid_type(format!("tokens must be an array of token ids, got {}", type_name(&v))));
+    return Err(CodedError::invalid_type(format!("{name} must be an array of token ids, got {}", type_name(&v))));
   }
   let n = v.len()?;
   let mut out = Vec::with_capacity(n as usize);
   for i in 0..n {
     let e = v.index(i)?;
-    let key = format!("tokens[{i}]");
+    let key = format!("{name}[{i}]");
     let x = number(&e, &key, "a token id")?;
     if x.fract() != 0.0 || x < 0.0 || x >= vocab_size as f64 {
       return Err(CodedError::out_of_range(format!("{key} must be a token id in 0..{vocab_size}, got {x}")));
@@ -259,16 +264,20 @@ pub fn token_ids(v: Option<Val>, vocab_size: usize) -> Res<Vec<u32>> {
   Ok(out)
 }
 
-/// `generate(prompt)`: a string, or a non-empty array of `{ role, content }`.
-pub fn prompt(v: Option<Val>) -> Res<Prompt> {
-  const EXPECT: &str = "prompt must be a string or an array of { role, content } chat messages";
+/// `generate(prompt)`: a string, a non-empty array of `{ role, content }`, or a non-empty array
+/// of token ids (used as given: no BOS is added).
+pub fn prompt(v: Option<Val>, vocab_size: usize) -> Res<Prompt> {
+  const EXPECT: &str = "prompt must be a string, an array of { role, content } chat messages or an array of token ids";
   let Some(v) = v else { return Err(CodedError::invalid_type(format!("{EXPECT}, got undefined"))) };
   match v.ty()? {
     ValueType::String => Ok(Prompt::Text(v.get::<String>()?)),
     ValueType::Object if v.is_array() => {
       let n = v.len()?;
       if n == 0 {
-        return Err(CodedError::out_of_range("prompt must not be an empty array of chat messages"));
+        return Err(CodedError::out_of_range("prompt must not be an empty array"));
+      }
+      if v.index(0)?.ty()? == ValueType::Number {
+        return Ok(Prompt::Tokens(named_token_ids(Some(v), vocab_size, "prompt")?));
       }
       let mut msgs = Vec::with_capacity(n as usize);
       for i in 0..n {
@@ -310,6 +319,26 @@ pub const GENERATE_KEYS: &[&str] = &[
 pub struct JsHooks {
   pub signal: Option<Val>,
   pub on_token: Option<Val>,
+}
+
+/// `score(_, opts)`: `{ chatTemplate?, signal? }`.
+pub fn score_options(v: Option<Val>) -> Res<(Option<String>, Option<Val>)> {
+  let bag = option_bag(v, "score", &["chatTemplate", "signal"])?;
+  let chat_template = match field(bag, "chatTemplate")? {
+    None => None,
+    Some(v) => {
+      let s = string(&v, "chatTemplate")?;
+      if s.trim().is_empty() {
+        return Err(CodedError::out_of_range("chatTemplate must be a non-empty Jinja template"));
+      }
+      Some(s)
+    }
+  };
+  let signal = match field(bag, "signal")? {
+    None => None,
+    Some(v) => Some(check_signal(v)?),
+  };
+  Ok((chat_template, signal))
 }
 
 /// `generate(_, opts)` / `stream(_, opts)`.

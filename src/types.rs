@@ -81,6 +81,16 @@ pub struct GenerateOptions {
   pub on_token: Option<serde_json::Value>,
 }
 
+/// Options for `llm.score`.
+#[napi(object, object_to_js = false)]
+pub struct ScoreOptions {
+  /// A Jinja chat template for a chat-message prompt (default: the model's).
+  pub chat_template: Option<String>,
+  /// Stops the evaluation (between chunks of tokens); the promise rejects with an `AbortError`.
+  #[napi(ts_type = "AbortSignal")]
+  pub signal: Option<serde_json::Value>,
+}
+
 /// Options for `llm.tokenize`.
 #[napi(object, object_to_js = false)]
 pub struct TokenizeOptions {
@@ -145,6 +155,26 @@ pub struct Completion {
   pub usage: Usage,
   /// Speed measurements.
   pub timings: Timings,
+}
+
+/// The result of `llm.score`.
+#[napi(object)]
+pub struct ScoreResult {
+  /// The evaluated token ids (a text prompt gets the model's BOS token first).
+  pub tokens: Vec<u32>,
+  /// `logprobs[i]` is the natural-log probability of `tokens[i + 1]` after `tokens[0..=i]`
+  /// (one fewer entry than `tokens`).
+  pub logprobs: Vec<f64>,
+  /// `exp(-mean(logprobs))`; `NaN` for a single token.
+  pub perplexity: f64,
+  /// Tokens evaluated per second.
+  pub tokens_per_second: f64,
+}
+
+impl From<ruvllm_core::engine::Score> for ScoreResult {
+  fn from(s: ruvllm_core::engine::Score) -> Self {
+    ScoreResult { tokens: s.tokens, logprobs: s.logprobs, perplexity: s.perplexity, tokens_per_second: s.tokens_per_second }
+  }
 }
 
 /// What `llm.info` reports about the loaded model.

@@ -129,10 +129,37 @@ struct Shared {
     file: GgufFile,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    /// The BOS token's text ("" when the model has none), to see if a rendered chat has it.
+    bos_text: String,
+}
+
+/// Scores a text: the log-probability the model gives each token after the ones before it.
+pub struct ScoreRequest {
+    pub prompt: Prompt,
+    /// A chat template for `Prompt::Chat` (else the model's).
+    pub chat_template: Option<String>,
+    /// Set to true to stop; checked between chunks of tokens.
+    pub cancel: Arc<AtomicBool>,
+    /// Called once with the result.
+    pub reply: Box<dyn FnOnce(Result<Score>) + Send>,
+}
+
+/// The result of a [`ScoreRequest`].
+#[derive(Debug, Clone)]
+pub struct Score {
+    /// The evaluated token ids (BOS included for text prompts).
+    pub tokens: Vec<u32>,
+    /// `logprobs[i]` = ln p(tokens[i + 1] | tokens[..=i]); one fewer than `tokens`.
+    pub logprobs: Vec<f64>,
+    /// `exp(-mean(logprobs))` (NaN with fewer than two tokens).
+    pub perplexity: f64,
+    /// Tokens evaluated per second.
+    pub tokens_per_second: f64,
 }
 
 enum Command {
     Generate(GenerateRequest),
+    Score(ScoreRequest),
     Close,
 }
 
@@ -244,7 +271,8 @@ impl Engine {
             Transformer::load(&loader, cfg.clone(), context)?
         };
         let info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
-        let shared = Arc::new(Shared { file, tokenizer, template });
+        let bos_text = tokenizer.bos_id().and_then(|b| tokenizer.decode(&[b], false).ok()).unwrap_or_default();
+        let shared = Arc::new(Shared { file, tokenizer, template, bos_text });
         let (tx, rx) = channel();
         let worker_shared = shared.clone();
         let handle = std::thread::Builder::new()
@@ -301,6 +329,13 @@ impl Engine {
         tx.send(Command::Generate(req)).map_err(|_| Error::Closed)
     }
 
+    /// Queues a scoring request; its result goes to `req.reply` (`Closed` is returned here).
+    pub fn submit_score(&self, req: ScoreRequest) -> Result<()> {
+        let tx = lock(&self.tx);
+        let tx = tx.as_ref().ok_or(Error::Closed)?;
+        tx.send(Command::Score(req)).map_err(|_| Error::Closed)
+    }
+
     /// Stops the worker (the running request finishes its current token and ends as aborted is
     /// not guaranteed: it completes; queued requests fail with `Closed`) and frees the model.
     pub fn close(&self) {
@@ -343,6 +378,13 @@ impl Shared {
     }
 }
 
+/// `ln softmax(logits)[i]`, in f64.
+fn log_softmax_at(logits: &[f32], i: usize) -> f64 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+    logits[i] as f64 - max - sum.ln()
+}
+
 /// Longest common prefix of two token sequences.
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -354,6 +396,16 @@ impl Worker {
             let mut req = match cmd {
                 Command::Close => break,
                 Command::Generate(req) => req,
+                Command::Score(req) => {
+                    let ScoreRequest { prompt, chat_template, cancel, reply } = req;
+                    let outcome = catch_unwind(AssertUnwindSafe(|| self.score(&prompt, chat_template.as_deref(), &cancel)));
+                    let result = outcome.unwrap_or_else(|panic| {
+                        self.cache.tokens.clear();
+                        Err(Error::from_panic(panic))
+                    });
+                    let _ = catch_unwind(AssertUnwindSafe(|| reply(result)));
+                    continue;
+                }
             };
             if let Some(seed) = default_seed {
                 if req.params.sampling.seed == 0 {
@@ -374,8 +426,14 @@ impl Worker {
         }
         // Fail whatever is still queued.
         while let Ok(cmd) = rx.try_recv() {
-            if let Command::Generate(mut req) = cmd {
-                let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(Event::Error(Error::Closed))));
+            match cmd {
+                Command::Generate(mut req) => {
+                    let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(Event::Error(Error::Closed))));
+                }
+                Command::Score(req) => {
+                    let _ = catch_unwind(AssertUnwindSafe(|| (req.reply)(Err(Error::Closed))));
+                }
+                Command::Close => {}
             }
         }
     }
@@ -395,12 +453,10 @@ impl Worker {
         n
     }
 
-    fn generate(&mut self, req: &mut GenerateRequest) -> Result<Completion> {
-        let start = Instant::now();
-        let id = format!("cmpl-{}-{}", std::process::id(), REQUEST_COUNTER.fetch_add(1, Ordering::Relaxed));
-        let shared = self.shared.clone();
-        let tok = &shared.tokenizer;
-        let ids = match &req.prompt {
+    /// The token ids of a prompt (BOS added to text; chat rendered with its template).
+    fn prompt_ids(&self, prompt: &Prompt, chat_template: Option<&str>) -> Result<Vec<u32>> {
+        let tok = &self.shared.tokenizer;
+        let ids = match prompt {
             Prompt::Text(text) => tok.encode(text, true, true)?,
             Prompt::Tokens(ids) => {
                 if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.model.cfg.vocab_size) {
@@ -409,16 +465,57 @@ impl Worker {
                 ids.clone()
             }
             Prompt::Chat(messages) => {
-                let text = shared.render_chat(messages, req.params.chat_template.as_deref())?;
+                let text = self.shared.render_chat(messages, chat_template)?;
                 // Templates usually write the BOS text themselves; don't add a second one.
-                let bos_text = tok.bos_id().and_then(|b| tok.decode(&[b], false).ok()).unwrap_or_default();
-                let add_special = bos_text.is_empty() || !text.starts_with(&bos_text);
+                let add_special = self.shared.bos_text.is_empty() || !text.starts_with(&self.shared.bos_text);
                 tok.encode(&text, add_special, true)?
             }
         };
         if ids.is_empty() {
             return Err(Error::InvalidArg("the prompt is empty".into()));
         }
+        Ok(ids)
+    }
+
+    /// Evaluates `prompt` from position 0 and returns each token's log-probability.
+    fn score(&mut self, prompt: &Prompt, chat_template: Option<&str>, cancel: &AtomicBool) -> Result<Score> {
+        let ids = self.prompt_ids(prompt, chat_template)?;
+        if ids.len() > self.context {
+            return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
+        }
+        let start = Instant::now();
+        let mut logprobs = Vec::with_capacity(ids.len().saturating_sub(1));
+        let batch = self.scratch.max_batch;
+        // Positions 0.. are rewritten: the cache keeps what this request evaluates.
+        self.cache.tokens.clear();
+        for (i, chunk) in ids.chunks(batch).enumerate() {
+            if cancel.load(Ordering::Relaxed) {
+                self.cache.tokens.truncate(i * batch);
+                return Err(Error::Aborted);
+            }
+            let pos0 = i * batch;
+            let mut each = |t: usize, logits: &[f32]| {
+                if let Some(&next) = ids.get(pos0 + t + 1) {
+                    logprobs.push(log_softmax_at(logits, next as usize));
+                }
+            };
+            self.model.forward_each_logits(chunk, pos0, &mut self.cache, &mut self.scratch, &self.pool, &mut each)?;
+        }
+        let perplexity = if logprobs.is_empty() {
+            f64::NAN
+        } else {
+            (-logprobs.iter().sum::<f64>() / logprobs.len() as f64).exp()
+        };
+        let secs = start.elapsed().as_secs_f64();
+        Ok(Score { tokens_per_second: if secs > 0.0 { ids.len() as f64 / secs } else { 0.0 }, tokens: ids, logprobs, perplexity })
+    }
+
+    fn generate(&mut self, req: &mut GenerateRequest) -> Result<Completion> {
+        let start = Instant::now();
+        let id = format!("cmpl-{}-{}", std::process::id(), REQUEST_COUNTER.fetch_add(1, Ordering::Relaxed));
+        let shared = self.shared.clone();
+        let tok = &shared.tokenizer;
+        let ids = self.prompt_ids(&req.prompt, req.params.chat_template.as_deref())?;
         if ids.len() >= self.context {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
         }

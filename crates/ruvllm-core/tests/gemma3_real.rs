@@ -114,3 +114,41 @@ fn prefix_reuse_gives_the_same_tokens() {
     assert_eq!(a.tokens, b.tokens);
     assert_eq!(a.text, b.text);
 }
+
+fn score(engine: &Engine, text: &str) -> ruvllm_core::engine::Score {
+    let (tx, rx) = channel();
+    let req = ruvllm_core::engine::ScoreRequest {
+        prompt: Prompt::Text(text.into()),
+        chat_template: None,
+        cancel: Arc::new(AtomicBool::new(false)),
+        reply: Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    };
+    engine.submit_score(req).expect("submit");
+    rx.recv().expect("engine answers").expect("score")
+}
+
+#[test]
+fn scoring_prefers_the_right_answer_and_real_text() {
+    let e = engine();
+    let capitals = "The capital of France is Paris. The capital of Germany is";
+    let berlin = score(&e, &format!("{capitals} Berlin"));
+    let madrid = score(&e, &format!("{capitals} Madrid"));
+    assert_eq!(berlin.tokens, e.tokenize(&format!("{capitals} Berlin"), true).unwrap());
+    assert_eq!(berlin.logprobs.len(), berlin.tokens.len() - 1);
+    assert!(berlin.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+    let (b, m) = (*berlin.logprobs.last().unwrap(), *madrid.logprobs.last().unwrap());
+    assert!(b > (0.2f64).ln() && b > m + 1.0, "ln p(Berlin) = {b}, ln p(Madrid) = {m}");
+    let mean = -berlin.logprobs.iter().sum::<f64>() / berlin.logprobs.len() as f64;
+    assert!((berlin.perplexity - mean.exp()).abs() < 1e-9 * berlin.perplexity);
+    // Real text is far less surprising than the same words shuffled.
+    let text = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness";
+    let shuffled = "times of the it foolishness was, age it best the of was of wisdom, worst times age it the was, the of was it";
+    let (p1, p2) = (score(&e, text).perplexity, score(&e, shuffled).perplexity);
+    assert!(p1 * 3.0 < p2, "perplexity {p1} (text) vs {p2} (shuffled)");
+    // The last position's log-probability does not depend on how the prompt was chunked: the
+    // same text scored after another request (cache rewritten from position 0) agrees.
+    let again = score(&e, &format!("{capitals} Berlin"));
+    assert_eq!(again.logprobs, berlin.logprobs);
+}

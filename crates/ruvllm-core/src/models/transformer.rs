@@ -185,6 +185,8 @@ pub struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     pub logits: Vec<f32>,
+    /// Logits of several tokens at once ([`Transformer::forward_each_logits`]), grown on use.
+    head_logits: Vec<f32>,
 }
 
 /// A loaded decoder-only transformer.
@@ -263,12 +265,67 @@ impl Transformer {
             gate: vec![0.0; max_batch * c.ff_dim],
             up: vec![0.0; max_batch * c.ff_dim],
             logits: vec![0.0; c.vocab_size],
+            head_logits: Vec::new(),
         }
     }
 
     /// Runs `tokens` (at most `scratch.max_batch`) at positions `pos0..`, appending their keys
     /// and values to `cache`, and leaves the logits of the last token in `scratch.logits`.
     pub fn forward(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, s: &mut Scratch, pool: &ThreadPool) -> Result<()> {
+        self.forward_hidden(tokens, pos0, cache, s, pool)?;
+        let d = self.cfg.d_model;
+        let n = tokens.len();
+        let (x, xn, logits) = (&s.x, &mut s.xn, &mut s.logits);
+        self.head(&x[(n - 1) * d..n * d], 1, &mut xn[..d], logits, pool);
+        Ok(())
+    }
+
+    /// Like [`forward`](Self::forward), then calls `each(t, logits)` with the logits of every
+    /// token `t` of `tokens` in order (the LM head runs on a few tokens at a time, so memory
+    /// stays at a few vocabulary rows). `scratch.logits` is left unspecified.
+    pub fn forward_each_logits(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        cache: &mut KvCache,
+        s: &mut Scratch,
+        pool: &ThreadPool,
+        each: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        const HEAD_BATCH: usize = 8;
+        self.forward_hidden(tokens, pos0, cache, s, pool)?;
+        let (d, v, n) = (self.cfg.d_model, self.cfg.vocab_size, tokens.len());
+        if s.head_logits.len() < HEAD_BATCH.min(n) * v {
+            s.head_logits.resize(HEAD_BATCH.min(n) * v, 0.0);
+        }
+        let mut t0 = 0;
+        while t0 < n {
+            let m = HEAD_BATCH.min(n - t0);
+            let (x, xn, out) = (&s.x, &mut s.xn, &mut s.head_logits);
+            self.head(&x[t0 * d..(t0 + m) * d], m, &mut xn[..m * d], &mut out[..m * v], pool);
+            for i in 0..m {
+                each(t0 + i, &out[i * v..(i + 1) * v]);
+            }
+            t0 += m;
+        }
+        Ok(())
+    }
+
+    /// Final norm, LM head and soft-capping for `m` hidden rows `x`.
+    fn head(&self, x: &[f32], m: usize, xn: &mut [f32], logits: &mut [f32], pool: &ThreadPool) {
+        let c = &self.cfg;
+        let d = c.d_model;
+        for t in 0..m {
+            ops::rms_norm(&x[t * d..(t + 1) * d], &self.output_norm, c.norm_eps, &mut xn[t * d..(t + 1) * d]);
+        }
+        matmul(pool, &self.output, &xn[..m * d], m, &mut logits[..m * c.vocab_size]);
+        if let Some(cap) = c.final_logit_softcap {
+            logits[..m * c.vocab_size].iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+        }
+    }
+
+    /// The layers: leaves the final hidden state of every token in `s.x`.
+    fn forward_hidden(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, s: &mut Scratch, pool: &ThreadPool) -> Result<()> {
         let c = &self.cfg;
         let n = tokens.len();
         if n == 0 || n > s.max_batch {
@@ -359,13 +416,6 @@ impl Transformer {
         }
         cache.tokens.truncate(pos0);
         cache.tokens.extend_from_slice(tokens);
-        // Final norm and LM head on the last token only.
-        let last = &s.x[(n - 1) * d..n * d];
-        ops::rms_norm(last, &self.output_norm, c.norm_eps, &mut s.xn[..d]);
-        matmul(pool, &self.output, &s.xn[..d], 1, &mut s.logits);
-        if let Some(cap) = c.final_logit_softcap {
-            s.logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
-        }
         Ok(())
     }
 
