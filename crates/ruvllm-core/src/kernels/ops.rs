@@ -104,12 +104,92 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// `e^x` for f32 from plain arithmetic (Cephes `expf`: range reduction by ln 2, degree-6
+/// polynomial; within 2 ulp of libm over the normal range; 0 below -87.3, clamped above 88.7),
+/// written so that LLVM vectorises loops that call it.
+#[inline(always)]
+pub fn exp_approx(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
+    let under = x < -87.336_55;
+    let x = x.clamp(-87.336_55, 88.722_83);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4_f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let y = p * r * r + r + 1.0;
+    // 2^n by building the exponent (n in -126..=128; split to keep both factors finite).
+    let ni = n as i32;
+    let a = ni >> 1;
+    let b = ni - a;
+    let pa = f32::from_bits(((a + 127) as u32) << 23);
+    let pb = f32::from_bits(((b + 127) as u32) << 23);
+    if under { 0.0 } else { y * pa * pb }
+}
+
+/// Fused gated activations over whole buffers: `gate[i] = act(gate[i]) * up[i]`.
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { simd::gelu_tanh_mul(gate, up) };
+    }
+    gelu_tanh_mul_generic(gate, up)
+}
+
+/// [`gelu_tanh_mul`] with SiLU.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { simd::silu_mul(gate, up) };
+    }
+    silu_mul_generic(gate, up)
+}
+
+/// `0.5·x·(1 + tanh(u)) = x / (1 + e^(-2u))`, with `u = √(2/π)·x·(1 + 0.044715·x²)`.
+#[inline(always)]
+fn gelu_tanh_exp(x: f32) -> f32 {
+    const TWO_SQRT_2_OVER_PI: f32 = 1.595_769_1;
+    x / (1.0 + exp_approx(-TWO_SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)))
+}
+
+#[inline(always)]
+fn gelu_tanh_mul_generic(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh_exp(*g) * u;
+    }
+}
+
+#[inline(always)]
+fn silu_mul_generic(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + exp_approx(-*g)) * u;
+    }
+}
+
 /// In-place softmax.
 pub fn softmax_inplace(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { simd::softmax_inplace(x) };
+    }
+    softmax_generic(x)
+}
+
+#[inline(always)]
+fn softmax_generic(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
+        *v = exp_approx(*v - max);
         sum += *v;
     }
     let inv = 1.0 / sum;
@@ -125,18 +205,30 @@ pub fn add_inplace(a: &mut [f32], b: &[f32]) {
     }
 }
 
+/// `Σ a[i]·b[i]`.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { simd::dot(a, b) };
+    }
+    dot_generic(a, b)
+}
+
+#[inline(always)]
+fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
     // Eight accumulators so LLVM vectorises without fast-math.
+    let n = a.len().min(b.len());
     let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
+    let chunks = n / 8;
     for c in 0..chunks {
         for j in 0..8 {
             acc[j] += a[c * 8 + j] * b[c * 8 + j];
         }
     }
     let mut s: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
+    for i in chunks * 8..n {
         s += a[i] * b[i];
     }
     s
@@ -145,8 +237,88 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `out += w * v`.
 #[inline]
 pub fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { simd::axpy(out, w, v) };
+    }
     for (o, &x) in out.iter_mut().zip(v) {
         *o += w * x;
+    }
+}
+
+/// AVX2 + FMA versions, chosen at run time (the crate is built for baseline x86-64).
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    /// AVX2 and FMA present (and `RUVLLM_FORCE_SCALAR` unset).
+    #[inline]
+    pub fn avx2() -> bool {
+        static OK: OnceLock<bool> = OnceLock::new();
+        *OK.get_or_init(|| {
+            std::env::var_os("RUVLLM_FORCE_SCALAR").is_none() && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        })
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+        super::gelu_tanh_mul_generic(gate, up)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        super::silu_mul_generic(gate, up)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax_inplace(x: &mut [f32]) {
+        super::softmax_generic(x)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), acc1);
+            i += 16;
+        }
+        if i + 8 <= n {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+            i += 8;
+        }
+        let acc = _mm256_add_ps(acc0, acc1);
+        let r = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
+        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+        let mut s = _mm_cvtss_f32(r);
+        while i < n {
+            s += a[i] * b[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
+        let n = out.len().min(v.len());
+        let (po, pv) = (out.as_mut_ptr(), v.as_ptr());
+        let wv = _mm256_set1_ps(w);
+        let mut i = 0;
+        while i + 8 <= n {
+            _mm256_storeu_ps(po.add(i), _mm256_fmadd_ps(wv, _mm256_loadu_ps(pv.add(i)), _mm256_loadu_ps(po.add(i))));
+            i += 8;
+        }
+        while i < n {
+            out[i] += w * v[i];
+            i += 1;
+        }
     }
 }
 
@@ -192,6 +364,51 @@ mod tests {
             dot(&a, &b)
         };
         assert!((score(5, 2) - score(13, 10)).abs() < 1e-4);
+    }
+
+    #[test]
+    fn exp_approx_is_within_a_few_ulp_of_libm() {
+        let mut worst = 0f32;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (a, b) = (exp_approx(x), x.exp());
+            worst = worst.max(((a - b) / b).abs());
+            x += 0.001_7;
+        }
+        assert!(worst < 3.0 * f32::EPSILON, "worst relative error {worst}");
+        assert_eq!(exp_approx(-100.0), 0.0);
+        assert!(exp_approx(100.0).is_finite());
+        assert_eq!(exp_approx(0.0), 1.0);
+    }
+
+    #[test]
+    fn fused_activations_match_the_formulas() {
+        let x: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.031).collect();
+        let up: Vec<f32> = (0..1000).map(|i| 1.0 + (i % 7) as f32 * 0.1).collect();
+        let (mut g, mut s) = (x.clone(), x.clone());
+        gelu_tanh_mul(&mut g, &up);
+        silu_mul(&mut s, &up);
+        for i in 0..x.len() {
+            let want = gelu_tanh(x[i]) * up[i];
+            assert!((g[i] - want).abs() <= 1e-6 * want.abs().max(1.0), "gelu({}) = {} want {want}", x[i], g[i]);
+            let want = silu(x[i]) * up[i];
+            assert!((s[i] - want).abs() <= 1e-6 * want.abs().max(1.0), "silu({}) = {} want {want}", x[i], s[i]);
+        }
+    }
+
+    #[test]
+    fn simd_dot_and_axpy_match_scalar() {
+        for n in [0, 1, 7, 8, 15, 16, 17, 64, 100, 256] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            assert!((dot(&a, &b) as f64 - want).abs() < 1e-4, "n={n}");
+            let mut o = b.clone();
+            axpy(&mut o, 0.5, &a);
+            for i in 0..n {
+                assert!((o[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6);
+            }
+        }
     }
 
     #[test]

@@ -398,12 +398,9 @@ impl Transformer {
             let ff = c.ff_dim;
             matmul(pool, &layer.ffn_gate, xn, n, &mut s.gate[..n * ff]);
             matmul(pool, &layer.ffn_up, xn, n, &mut s.up[..n * ff]);
-            let act = c.activation;
-            for (g, &u) in s.gate[..n * ff].iter_mut().zip(&s.up[..n * ff]) {
-                *g = match act {
-                    Activation::GeluTanh => ops::gelu_tanh(*g),
-                    Activation::Silu => ops::silu(*g),
-                } * u;
+            match c.activation {
+                Activation::GeluTanh => ops::gelu_tanh_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
+                Activation::Silu => ops::silu_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
             }
             matmul(pool, &layer.ffn_down, &s.gate[..n * ff], n, &mut s.proj[..n * d]);
             for t in 0..n {

@@ -1,0 +1,34 @@
+//! Times prefill and decode of the forward pass alone (no tokenizer, no sampling), for
+//! profiling: `cargo run --release -p ruvllm-core --example forward -- MODEL.gguf [threads] [prompt] [reps]`.
+use std::time::Instant;
+
+use ruvllm_core::gguf::GgufFile;
+use ruvllm_core::kernels::ThreadPool;
+use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args.get(1).expect("usage: forward MODEL.gguf [threads] [prompt] [reps]");
+    let threads: usize = args.get(2).map_or(2, |s| s.parse().unwrap());
+    let prompt: usize = args.get(3).map_or(128, |s| s.parse().unwrap());
+    let reps: usize = args.get(4).map_or(3, |s| s.parse().unwrap());
+    let file = GgufFile::open(path).unwrap();
+    let cfg = config_from_gguf(&file).unwrap();
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 1024).unwrap();
+    let pool = ThreadPool::new(threads);
+    let mut cache = model.new_cache(1024, 512);
+    let mut scratch = model.new_scratch(512);
+    let tokens: Vec<u32> = (0..prompt as u32).map(|i| 2 + (i * 7919) % 20000).collect();
+    for r in 0..reps {
+        let t = Instant::now();
+        model.forward(&tokens, 0, &mut cache, &mut scratch, &pool).unwrap();
+        let pre = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let n_dec = if std::env::var_os("PREFILL_ONLY").is_some() { 1 } else { 32 };
+        for i in 0..n_dec {
+            model.forward(&[100 + i], prompt + i as usize, &mut cache, &mut scratch, &pool).unwrap();
+        }
+        let dec = t.elapsed().as_secs_f64() / n_dec as f64;
+        println!("rep {r}: prefill {prompt} tokens {:.1} ms ({:.1} tok/s); decode {:.2} ms/token ({:.1} tok/s)", pre * 1e3, prompt as f64 / pre, dec * 1e3, 1.0 / dec);
+    }
+}
