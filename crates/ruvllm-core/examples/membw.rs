@@ -1,0 +1,53 @@
+//! The decode-speed floor of a model on this machine: streaming-read bandwidth measured with our
+//! own thread pool, and the bytes a decoded token must read (every weight once; a tied embedding
+//! is read whole as the LM head, an untied one only gathers a row).
+//! `cargo run --release -p ruvllm-core --example membw -- MODEL.gguf [threads]` prints one JSON line.
+use std::time::Instant;
+
+use ruvllm_core::gguf::GgufFile;
+use ruvllm_core::kernels::ThreadPool;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args.get(1).expect("usage: membw MODEL.gguf [threads]");
+    let threads: usize = args.get(2).map_or(2, |s| s.parse().expect("threads"));
+    let file = GgufFile::open(path).expect("model");
+    let untied = file.tensor("output.weight").is_some();
+    let bytes_per_token: u64 = file
+        .tensors
+        .iter()
+        .filter(|t| !(untied && t.name == "token_embd.weight"))
+        .map(|t| t.size)
+        .sum();
+
+    // 1 GiB of u64s (far beyond any cache), touched first so pages are resident.
+    let n = (1usize << 30) / 8;
+    let buf: Vec<u64> = (0..n as u64).collect();
+    let pool = ThreadPool::new(threads);
+    let tasks = threads * 4;
+    let per = n / tasks;
+    let sums: Vec<std::sync::atomic::AtomicU64> = (0..tasks).map(|_| Default::default()).collect();
+    let mut best = 0f64;
+    for _ in 0..7 {
+        let t = Instant::now();
+        pool.for_each(tasks, &|i| {
+            let s = &buf[i * per..(i + 1) * per];
+            let mut acc = [0u64; 8];
+            for c in s.chunks_exact(8) {
+                for j in 0..8 {
+                    acc[j] = acc[j].wrapping_add(c[j]);
+                }
+            }
+            sums[i].store(acc.iter().fold(0u64, |a, &b| a.wrapping_add(b)), std::sync::atomic::Ordering::Relaxed);
+        });
+        let gbps = (tasks * per * 8) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        best = best.max(gbps);
+    }
+    let check: u64 = sums.iter().map(|s| s.load(std::sync::atomic::Ordering::Relaxed)).fold(0, u64::wrapping_add);
+    let floor_ms = bytes_per_token as f64 / (best * 1e9) * 1e3;
+    println!(
+        "{{\"threads\":{threads},\"readGBps\":{best:.2},\"bytesPerToken\":{bytes_per_token},\"floorMsPerToken\":{floor_ms:.3},\"floorTokensPerSecond\":{:.1},\"check\":{}}}",
+        1e3 / floor_ms,
+        check % 1000
+    );
+}
