@@ -23,6 +23,9 @@ pub type DotQ8KFn = unsafe fn(w: &[u8], a: &[BlockQ8K]) -> f32;
 /// One Q8_0 weight row × four Q8 activation rows; equal, bit for bit, to four `DotQ8Fn` calls
 /// of the same kernel set.
 pub type DotQ8x4Fn = unsafe fn(w: &[u8], a: [&[BlockQ8]; 4]) -> [f32; 4];
+/// One K-quant weight row × four Q8_K activation rows; equal, bit for bit, to four `DotQ8KFn`
+/// calls of the same kernel set.
+pub type DotQ8Kx4Fn = unsafe fn(w: &[u8], a: [&[BlockQ8K]; 4]) -> [f32; 4];
 /// Weight row × f32 activations (F32, F16, BF16).
 pub type DotF32Fn = unsafe fn(w: &[u8], x: &[f32]) -> f32;
 
@@ -48,8 +51,12 @@ pub struct Kernels {
     /// Q8_0 × four tokens at once (prefill).
     pub q8_0_x4: DotQ8x4Fn,
     pub q4_k: DotQ8KFn,
+    /// Q4_K × four tokens at once (prefill).
+    pub q4_k_x4: DotQ8Kx4Fn,
     pub q5_k: DotQ8KFn,
     pub q6_k: DotQ8KFn,
+    /// Q6_K × four tokens at once (prefill).
+    pub q6_k_x4: DotQ8Kx4Fn,
     pub f32: DotF32Fn,
     pub f16: DotF32Fn,
     pub bf16: DotF32Fn,
@@ -86,8 +93,10 @@ pub static SCALAR: Kernels = Kernels {
     q8_0: dot_q8_0,
     q8_0_x4: dot_q8_0_x4,
     q4_k: dot_q4_k,
+    q4_k_x4: dot_q4_k_x4,
     q5_k: dot_q5_k,
     q6_k: dot_q6_k,
+    q6_k_x4: dot_q6_k_x4,
     f32: dot_f32,
     f16: dot_f16,
     bf16: dot_bf16,
@@ -196,6 +205,16 @@ pub fn dot_q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
         sumf += sumi as f32 * (f16_at(b, 0) * y.d);
     }
     sumf
+}
+
+/// Q4_K × 4 tokens.
+pub fn dot_q4_k_x4(w: &[u8], a: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    a.map(|a| dot_q4_k(w, a))
+}
+
+/// Q6_K × 4 tokens.
+pub fn dot_q6_k_x4(w: &[u8], a: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    a.map(|a| dot_q6_k(w, a))
 }
 
 /// Q8_0 × 4 tokens.

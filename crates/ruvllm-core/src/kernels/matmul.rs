@@ -444,7 +444,12 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
             let nb = cols / QK_K;
             with_scratch(&SCRATCH_Q8K, n * nb, |act| {
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8k);
-                run(pool, data, rs, rows, n, act, nb, f, None, y);
+                let x4 = match w.ty {
+                    GgmlType::Q4_K => Some(k.q4_k_x4),
+                    GgmlType::Q6_K => Some(k.q6_k_x4),
+                    _ => None,
+                };
+                run(pool, data, rs, rows, n, act, nb, f, x4, y);
             })
         }
         DotKernel::F32(f) => run(pool, data, rs, rows, n, x, cols, f, None, y),

@@ -28,8 +28,10 @@ pub fn kernels(f16c: bool) -> Kernels {
         q8_0: dot_q8_0,
         q8_0_x4: dot_q8_0_x4,
         q4_k: dot_q4_k,
+        q4_k_x4: dot_q4_k_x4,
         q5_k: dot_q5_k,
         q6_k: dot_q6_k,
+        q6_k_x4: dot_q6_k_x4,
         f32: dot_f32,
         f16: dot_f16,
         bf16: dot_bf16,
@@ -469,6 +471,105 @@ pub unsafe fn dot_q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
+}
+
+/// Q4_K × four Q8_K activation rows: [`dot_q4_k`]'s operations in the same order for each
+/// token (bit-identical results), with the weight block unpacked once for the four.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_k_x4(w: &[u8], a: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    let nb = a[0].len();
+    debug_assert!(w.len() >= nb * 144 && a.iter().all(|x| x.len() == nb));
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc_m = [_mm_setzero_ps(); 4];
+    let sh: [__m256i; 8] = shuffles_i16();
+    let p = w.as_ptr();
+    for i in 0..nb {
+        let b = p.add(144 * i);
+        let (dw, dminw) = (f16_ptr(b), f16_ptr(b.add(2)));
+        let mins_and_scales = _mm256_cvtepu8_epi16(unpack_scales_k4(b.add(4)));
+        let ys = [a[0].get_unchecked(i), a[1].get_unchecked(i), a[2].get_unchecked(i), a[3].get_unchecked(i)];
+        for t in 0..4 {
+            acc_m[t] = k4_mins(mins_and_scales, ys[t], -ys[t].d * dminw, acc_m[t]);
+        }
+        let sc128 = _mm256_castsi256_si128(mins_and_scales);
+        let scales = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(sc128), sc128);
+        let q4 = b.add(16);
+        let mut sumi = [_mm256_setzero_si256(); 4];
+        for j in 0..4 {
+            let scale_l = _mm256_shuffle_epi8(scales, sh[2 * j]);
+            let scale_h = _mm256_shuffle_epi8(scales, sh[2 * j + 1]);
+            let q4bits = load256(q4.add(32 * j));
+            let q4l = _mm256_and_si256(q4bits, m4);
+            let q4h = _mm256_and_si256(_mm256_srli_epi16(q4bits, 4), m4);
+            for t in 0..4 {
+                let q8 = ys[t].qs.as_ptr() as *const u8;
+                let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, load256(q8.add(64 * j))));
+                let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, load256(q8.add(64 * j + 32))));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p16l, p16h));
+            }
+        }
+        for t in 0..4 {
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(ys[t].d * dw), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+    [
+        hsum_ps(acc[0]) + hsum_ps128(acc_m[0]),
+        hsum_ps(acc[1]) + hsum_ps128(acc_m[1]),
+        hsum_ps(acc[2]) + hsum_ps128(acc_m[2]),
+        hsum_ps(acc[3]) + hsum_ps128(acc_m[3]),
+    ]
+}
+
+/// Q6_K × four Q8_K activation rows: [`dot_q6_k`]'s operations in the same order for each
+/// token (bit-identical results), with the weight block unpacked once for the four.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q6_k_x4(w: &[u8], a: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    let nb = a[0].len();
+    debug_assert!(w.len() >= nb * 210 && a.iter().all(|x| x.len() == nb));
+    let m4 = _mm256_set1_epi8(0xF);
+    let m2 = _mm256_set1_epi8(3);
+    let m32s = _mm256_set1_epi8(32);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let p = w.as_ptr();
+    for i in 0..nb {
+        let b = p.add(210 * i);
+        let dw = f16_ptr(b.add(208));
+        let scp = b.add(192) as *const i8;
+        let ys = [a[0].get_unchecked(i), a[1].get_unchecked(i), a[2].get_unchecked(i), a[3].get_unchecked(i)];
+        let mut sumi = [_mm256_setzero_si256(); 4];
+        for j in 0..2 {
+            let ql = b.add(64 * j);
+            let qh = b.add(128 + 32 * j);
+            let q4bits1 = load256(ql);
+            let q4bits2 = load256(ql.add(32));
+            let q4bits_h = load256(qh);
+            let q4h0 = _mm256_slli_epi16(_mm256_and_si256(q4bits_h, m2), 4);
+            let q4h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(q4bits_h, 2), m2), 4);
+            let q4h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(q4bits_h, 4), m2), 4);
+            let q4h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(q4bits_h, 6), m2), 4);
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(q4bits1, m4), q4h0),
+                _mm256_or_si256(_mm256_and_si256(q4bits2, m4), q4h1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits1, 4), m4), q4h2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4bits2, 4), m4), q4h3),
+            ];
+            for (k, qk) in q.iter().enumerate() {
+                let s0 = *scp.add(8 * j + 2 * k) as i16;
+                let s1 = *scp.add(8 * j + 2 * k + 1) as i16;
+                let scale = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_set1_epi16(s0)), _mm_set1_epi16(s1));
+                for t in 0..4 {
+                    let y8 = load256((ys[t].qs.as_ptr() as *const u8).add(128 * j + 32 * k));
+                    let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(*qk, y8), _mm256_maddubs_epi16(m32s, y8));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(scale, p16));
+                }
+            }
+        }
+        for t in 0..4 {
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(ys[t].d * dw), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
+    }
+    [hsum_ps(acc[0]), hsum_ps(acc[1]), hsum_ps(acc[2]), hsum_ps(acc[3])]
 }
 
 // ---------------------------------------------------------------------------------------------
