@@ -450,8 +450,8 @@ impl BenchReport {
         let _ = writeln!(s, "## Routing benchmark (held-out split)\n");
         let _ = writeln!(
             s,
-            "embedder `{}` (dim {}); router built from {} catalogue patterns (13 descriptions + examples) in {:.0} ms; {} held-out tasks; fitted k={} tau={} beta_knn={} beta_centroid={}\n",
-            self.embedder, self.dim, self.train_patterns, self.build_ms, self.test_tasks, self.params.k, self.params.tau, self.params.beta_knn, self.params.beta_centroid
+            "embedder `{}` (dim {}); router built from {} catalogue patterns (13 descriptions + examples) in {:.0} ms; {} held-out tasks; fitted k={} tau={} beta_linear={} beta_knn={} beta_nearest={} beta_centroid={}\n",
+            self.embedder, self.dim, self.train_patterns, self.build_ms, self.test_tasks, self.params.k, self.params.tau, self.params.beta_linear, self.params.beta_knn, self.params.beta_nearest, self.params.beta_centroid
         );
         let _ = writeln!(s, "| router | accuracy | easy | medium | hard | route p50 | route p99 |");
         let _ = writeln!(s, "|---|---|---|---|---|---|---|");

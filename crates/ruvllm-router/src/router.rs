@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::embed::Embedder;
 use crate::error::{Error, Result};
 use crate::index::{IndexConfig, VectorIndex};
+use crate::linear::{LinearHead, ITERS, ITERS_WARM};
 use crate::simd::dot;
 
 /// An agent the router can choose.
@@ -75,6 +76,12 @@ pub struct Params {
     pub tau: f32,
     pub beta_knn: f32,
     pub beta_centroid: f32,
+    /// Weight of each agent's best similarity among the `k` neighbours ("nearest pattern").
+    #[serde(default)]
+    pub beta_nearest: f32,
+    /// Weight of the softmax-regression head's logits (`linear.rs`).
+    #[serde(default)]
+    pub beta_linear: f32,
     /// A success this close to an existing pattern of the same agent reinforces it instead of
     /// adding a new one.
     pub dedup_cos: f32,
@@ -86,6 +93,14 @@ pub struct Params {
     pub min_weight: f32,
     /// Weight ceiling (reinforced patterns).
     pub max_weight: f32,
+    /// Starting weight of a pattern learned from a successful outcome: an observed task of this
+    /// deployment counts more than a hand-written catalogue example.
+    #[serde(default = "default_feedback_weight")]
+    pub feedback_weight: f32,
+}
+
+fn default_feedback_weight() -> f32 {
+    2.0
 }
 
 impl Default for Params {
@@ -95,11 +110,14 @@ impl Default for Params {
             tau: 0.05,
             beta_knn: 6.0,
             beta_centroid: 20.0,
+            beta_nearest: 0.0,
+            beta_linear: 0.0,
             dedup_cos: 0.97,
             failure_cos: 0.6,
             failure_decay: 0.6,
             min_weight: 0.05,
             max_weight: 3.0,
+            feedback_weight: default_feedback_weight(),
         }
     }
 }
@@ -141,6 +159,8 @@ pub struct Router {
     /// Per agent: weighted sum of pattern vectors, and its normalised form.
     centroid_sum: Vec<Vec<f32>>,
     centroid: Vec<Vec<f32>>,
+    /// Softmax-regression head over the non-synthetic patterns.
+    head: LinearHead,
     params: Params,
 }
 
@@ -163,6 +183,8 @@ struct Saved {
     dim: usize,
     agents: Vec<AgentSpec>,
     params: Params,
+    #[serde(default)]
+    head: LinearHead,
     patterns: Vec<SavedPattern>,
 }
 
@@ -200,6 +222,31 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     res
 }
 
+/// Per agent, from the neighbours `nn` (best first): the k-NN vote share (weights times
+/// `exp((cos - cos_best) / tau)`, normalised to sum 1) and the best weighted similarity of the
+/// agent's patterns among them (the last neighbour's similarity when the agent has none there:
+/// an upper bound of what it could have). A pattern's weight scales its similarity for the
+/// latter as `cos * min(weight, 1)`, so penalised patterns stop counting as near.
+fn neighbour_features(patterns: &[Pattern], nn: &[(usize, f32)], na: usize, tau: f32) -> (Vec<f32>, Vec<f32>) {
+    let mut share = vec![0.0f32; na];
+    let floor = nn.last().map_or(0.0, |x| x.1);
+    let mut nearest = vec![f32::NEG_INFINITY; na];
+    let best = nn.first().map_or(0.0, |x| x.1);
+    let mut total = 0.0;
+    for &(id, s) in nn {
+        let p = &patterns[id];
+        let w = p.weight * ((s - best) / tau).exp();
+        share[p.agent] += w;
+        total += w;
+        nearest[p.agent] = nearest[p.agent].max(s * p.weight.min(1.0));
+    }
+    if total > 0.0 {
+        share.iter_mut().for_each(|x| *x /= total);
+    }
+    nearest.iter_mut().for_each(|x| *x = if x.is_finite() { x.max(floor) } else { floor });
+    (share, nearest)
+}
+
 fn softmax(logits: &[f32]) -> Vec<f32> {
     let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let e: Vec<f32> = logits.iter().map(|l| (l - m).exp()).collect();
@@ -235,6 +282,7 @@ impl Router {
             index: VectorIndex::new(dim, index),
             embedder,
             patterns: Vec::new(),
+            head: LinearHead::default(),
             params,
             agents: Vec::new(),
         };
@@ -370,11 +418,15 @@ impl Router {
                 return Err(Error::InvalidArg(format!("vector has {} entries, expected {}", v.len(), self.embedder.dim())));
             }
         }
+        let learn = items.iter().any(|x| x.3 != Source::Synthetic);
         let batch = items
             .into_iter()
             .map(|(text, agent, v, source)| (Pattern { text, agent, weight: 1.0, successes: 0, failures: 0, source }, v))
             .collect();
         self.push_many(batch);
+        if learn {
+            self.retrain_head(ITERS_WARM);
+        }
         Ok(n)
     }
 
@@ -402,21 +454,20 @@ impl Router {
         }
         // With a fitted beta_knn of 0 the vote cannot change the result: skip the search, so a
         // route costs one dot product per agent whatever the number of patterns.
-        let nn = if self.params.beta_knn > 0.0 { self.index.search(q, self.params.k) } else { Vec::new() };
+        let use_nn = self.params.beta_knn > 0.0 || self.params.beta_nearest > 0.0;
+        let nn = if use_nn { self.index.search(q, self.params.k) } else { Vec::new() };
         let na = self.agents.len();
-        let mut share = vec![0.0f32; na];
-        let best = nn.first().map_or(0.0, |x| x.1);
-        let mut total = 0.0;
-        for &(id, s) in &nn {
-            let p = &self.patterns[id];
-            let w = p.weight * ((s - best) / self.params.tau).exp();
-            share[p.agent] += w;
-            total += w;
-        }
+        let (share, nearest) = neighbour_features(&self.patterns, &nn, na, self.params.tau);
         let mut logits = vec![0.0f32; na];
         for a in 0..na {
-            let sh = if total > 0.0 { share[a] / total } else { 0.0 };
-            logits[a] = self.params.beta_knn * sh + self.params.beta_centroid * dot(q, &self.centroid[a]);
+            logits[a] = self.params.beta_knn * share[a]
+                + self.params.beta_nearest * nearest[a]
+                + self.params.beta_centroid * dot(q, &self.centroid[a]);
+        }
+        if self.params.beta_linear > 0.0 && self.head.is_trained() {
+            for (l, z) in logits.iter_mut().zip(self.head.logits(q)) {
+                *l += self.params.beta_linear * z;
+            }
         }
         Ok(softmax(&logits))
     }
@@ -456,12 +507,21 @@ impl Router {
                 self.patterns[id].successes += 1;
                 let w = (self.patterns[id].weight.max(1.0) + 0.25).min(self.params.max_weight);
                 self.set_weight(id, w);
+                self.retrain_head(ITERS_WARM);
                 return Ok(FeedbackEffect::Reinforced { pattern: id });
             }
             let id = self.push_pattern(
-                Pattern { text: task.to_string(), agent: a, weight: 1.0, successes: 1, failures: 0, source: Source::Feedback },
+                Pattern {
+                    text: task.to_string(),
+                    agent: a,
+                    weight: self.params.feedback_weight.clamp(self.params.min_weight, self.params.max_weight),
+                    successes: 1,
+                    failures: 0,
+                    source: Source::Feedback,
+                },
                 v,
             );
+            self.retrain_head(ITERS_WARM);
             Ok(FeedbackEffect::Added { pattern: id })
         } else {
             let hit: Vec<usize> = nn
@@ -474,18 +534,54 @@ impl Router {
                 let w = (self.patterns[id].weight * self.params.failure_decay).max(self.params.min_weight);
                 self.set_weight(id, w);
             }
+            if !hit.is_empty() {
+                self.retrain_head(ITERS_WARM);
+            }
             Ok(FeedbackEffect::Penalised { patterns: hit })
         }
     }
 
-    /// Fits `(beta_knn, beta_centroid, tau)` by leave-one-out log-likelihood over (up to 1500 of)
-    /// the router's own patterns. Does nothing with fewer than 2 agents or 20 patterns.
+    /// The head's training set: every non-synthetic pattern, weighted by its weight.
+    fn head_rows(&self, skip_fold: Option<(usize, usize)>) -> Vec<(&[f32], usize, f32)> {
+        self.patterns
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| {
+                p.source != Source::Synthetic && p.weight > 0.0 && skip_fold.is_none_or(|(f, k)| p.source == Source::Description || i % k != f)
+            })
+            .map(|(i, p)| (self.index.vector(i), p.agent, p.weight))
+            .collect()
+    }
+
+    /// Retrains the softmax-regression head (warm-started from the current one).
+    fn retrain_head(&mut self, iters: usize) {
+        if self.agents.len() < 2 {
+            return;
+        }
+        let rows = self.head_rows(None);
+        let head = LinearHead::train(&rows, self.agents.len(), self.embedder.dim(), Some(&self.head), iters);
+        self.head = head;
+    }
+
+    /// Trains the softmax-regression head, then fits `(beta_linear, beta_knn, beta_nearest,
+    /// beta_centroid, tau)` by log-likelihood over (up to 1500 of) the router's own patterns:
+    /// leave-one-out for the k-NN and centroid features, 5-fold out-of-fold logits for the head.
+    /// Does nothing with fewer than 2 agents or 20 patterns.
     pub fn fit(&mut self) {
         let n = self.patterns.len();
         let na = self.agents.len();
-        if na < 2 || n < 20 {
+        if na < 2 {
             return;
         }
+        self.head = LinearHead::default();
+        self.retrain_head(ITERS);
+        if n < 20 {
+            return;
+        }
+        const FOLDS: usize = 5;
+        let fold_heads: Vec<LinearHead> = (0..FOLDS)
+            .map(|f| LinearHead::train(&self.head_rows(Some((f, FOLDS))), na, self.embedder.dim(), None, ITERS))
+            .collect();
         let step = (n / 1500).max(1);
         let k = self.params.k;
         // Per sampled pattern: its neighbours without itself, and LOO centroid cosines.
@@ -493,10 +589,11 @@ impl Router {
             label: usize,
             nn: Vec<(usize, f32)>,
             cent: Vec<f32>,
+            oof: Vec<f32>,
         }
         let mut samples = Vec::new();
         for i in (0..n).step_by(step) {
-            if self.patterns[i].source == Source::Description {
+            if matches!(self.patterns[i].source, Source::Description | Source::Synthetic) {
                 continue;
             }
             let v = self.index.vector(i).to_vec();
@@ -513,40 +610,34 @@ impl Router {
                     }
                 })
                 .collect();
-            samples.push(Sample { label, nn, cent });
+            let oof = fold_heads[i % FOLDS].logits(&v);
+            samples.push(Sample { label, nn, cent, oof });
         }
         if samples.len() < 10 {
             return;
         }
-        let mut best = (f64::NEG_INFINITY, self.params.beta_knn, self.params.beta_centroid, self.params.tau);
+        let p0 = &self.params;
+        let mut best = (f64::NEG_INFINITY, p0.beta_knn, p0.beta_centroid, p0.tau, p0.beta_nearest, p0.beta_linear);
+        let mut logits = vec![0.0f32; na];
         for &tau in &[0.02f32, 0.05, 0.1] {
-            let shares: Vec<Vec<f32>> = samples
-                .iter()
-                .map(|s| {
-                    let mut sh = vec![0.0f32; na];
-                    let top = s.nn.first().map_or(0.0, |x| x.1);
-                    let mut tot = 0.0;
-                    for &(id, sim) in &s.nn {
-                        let w = self.patterns[id].weight * ((sim - top) / tau).exp();
-                        sh[self.patterns[id].agent] += w;
-                        tot += w;
-                    }
-                    if tot > 0.0 {
-                        sh.iter_mut().for_each(|x| *x /= tot);
-                    }
-                    sh
-                })
-                .collect();
-            for bk in (0..=16).map(|i| i as f32 * 0.75) {
-                for bc in (0..=16).map(|i| i as f32 * 5.0) {
-                    let mut ll = 0.0f64;
-                    for (s, sh) in samples.iter().zip(&shares) {
-                        let logits: Vec<f32> = (0..na).map(|a| bk * sh[a] + bc * s.cent[a]).collect();
-                        let p = softmax(&logits)[s.label].max(1e-6);
-                        ll += (p as f64).ln();
-                    }
-                    if ll > best.0 {
-                        best = (ll, bk, bc, tau);
+            let feats: Vec<(Vec<f32>, Vec<f32>)> = samples.iter().map(|s| neighbour_features(&self.patterns, &s.nn, na, tau)).collect();
+            for bl in [0.0f32, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0] {
+                for bn in [0.0f32, 5.0, 10.0, 20.0] {
+                    for bk in (0..=6).map(|i| i as f32 * 1.5) {
+                        for bc in (0..=8).map(|i| i as f32 * 10.0) {
+                            let mut ll = 0.0f64;
+                            for (s, (sh, ne)) in samples.iter().zip(&feats) {
+                                for a in 0..na {
+                                    logits[a] = bk * sh[a] + bn * ne[a] + bc * s.cent[a] + bl * s.oof[a];
+                                }
+                                let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                                let z: f32 = logits.iter().map(|l| (l - m).exp()).sum();
+                                ll += ((logits[s.label] - m) - z.ln()) as f64;
+                            }
+                            if ll > best.0 {
+                                best = (ll, bk, bc, tau, bn, bl);
+                            }
+                        }
                     }
                 }
             }
@@ -554,6 +645,8 @@ impl Router {
         self.params.beta_knn = best.1;
         self.params.beta_centroid = best.2;
         self.params.tau = best.3;
+        self.params.beta_nearest = best.4;
+        self.params.beta_linear = best.5;
     }
 
     /// Serialises the router (agents, parameters, patterns with their vectors).
@@ -565,6 +658,7 @@ impl Router {
             dim: self.embedder.dim(),
             agents: self.agents.clone(),
             params: self.params.clone(),
+            head: self.head.clone(),
             patterns: self
                 .patterns
                 .iter()
@@ -620,6 +714,7 @@ impl Router {
             index: VectorIndex::new(dim, index),
             embedder,
             patterns: Vec::with_capacity(saved.patterns.len()),
+            head: if same { saved.head } else { LinearHead::default() },
             params: saved.params,
             agents: saved.agents,
         };
