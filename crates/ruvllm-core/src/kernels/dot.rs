@@ -116,7 +116,17 @@ fn detect() -> Kernels {
             && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
         {
-            return super::simd_avx2::kernels(is_x86_feature_detected!("f16c"));
+            let f16c = is_x86_feature_detected!("f16c");
+            let mut k = super::simd_avx2::kernels(f16c);
+            if f16c
+                && std::env::var_os("RUVLLM_NO_VNNI").is_none()
+                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vl")
+            {
+                k.q8_0_x4 = super::simd_vnni::dot_q8_0_x4;
+                k.isa = "avx2+avx512vnni";
+            }
+            return k;
         }
     }
     SCALAR

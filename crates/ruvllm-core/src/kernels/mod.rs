@@ -15,5 +15,7 @@ pub mod matmul;
 pub mod dot;
 #[cfg(target_arch = "x86_64")]
 mod simd_avx2;
+#[cfg(target_arch = "x86_64")]
+mod simd_vnni;
 
 pub use matmul::{matmul, QWeight, ThreadPool};

@@ -1,0 +1,82 @@
+//! One criterion benchmark per weight-type kernel: `matmul` of a 1024 × 2048 weight with one
+//! token (decode: throughput in weight bytes streamed) and with 64 tokens (prefill: throughput
+//! in multiply-accumulates), through the run-time dispatched kernels and the scalar reference,
+//! at 1 and 2 threads. Plus the fused activation and softmax ops.
+//! `cargo bench -p ruvllm-core --bench kernels` (add `-- Q8_0` to filter).
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ruvllm_core::kernels::matmul::{matmul, matmul_scalar, QWeight, WeightData};
+use ruvllm_core::kernels::{ops, quant, GgmlType, ThreadPool};
+
+const ROWS: usize = 1024;
+const COLS: usize = 2048;
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n).map(|i| (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
+}
+
+fn weight(ty: GgmlType) -> QWeight {
+    let w = values(ROWS * COLS, 7);
+    let bytes = if ty == GgmlType::F32 { w.iter().flat_map(|v| v.to_le_bytes()).collect() } else { quant::quantize(ty, &w) };
+    QWeight::new(ty, ROWS, COLS, WeightData::Owned(Arc::new(bytes))).expect("weight")
+}
+
+fn matmuls(c: &mut Criterion) {
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::F32,
+    ];
+    for ty in types {
+        let w = weight(ty);
+        let mut g = c.benchmark_group(format!("matmul/{}", ty.name()));
+        g.sample_size(20);
+        for n in [1usize, 64] {
+            let x = values(n * COLS, 3);
+            let mut y = vec![0f32; n * ROWS];
+            if n == 1 {
+                g.throughput(Throughput::Bytes(w.bytes().len() as u64));
+            } else {
+                g.throughput(Throughput::Elements((n * ROWS * COLS) as u64));
+            }
+            for threads in [1usize, 2] {
+                let pool = ThreadPool::new(threads);
+                g.bench_function(BenchmarkId::new(format!("n{n}/dispatched"), threads), |b| {
+                    b.iter(|| matmul(&pool, &w, black_box(&x), n, &mut y))
+                });
+                if threads == 1 {
+                    g.bench_function(BenchmarkId::new(format!("n{n}/scalar"), threads), |b| {
+                        b.iter(|| matmul_scalar(&pool, &w, black_box(&x), n, &mut y))
+                    });
+                }
+            }
+        }
+        g.finish();
+    }
+}
+
+fn elementwise(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ops");
+    let n = 64 * 2048;
+    g.throughput(Throughput::Elements(n as u64));
+    let up = values(n, 5);
+    let mut gate = values(n, 9);
+    g.bench_function("gelu_tanh_mul", |b| b.iter(|| ops::gelu_tanh_mul(black_box(&mut gate), &up)));
+    let mut s = values(4096, 11);
+    g.throughput(Throughput::Elements(4096));
+    g.bench_function("softmax_4096", |b| b.iter(|| ops::softmax_inplace(black_box(&mut s))));
+    g.finish();
+}
+
+criterion_group!(benches, matmuls, elementwise);
+criterion_main!(benches);
