@@ -138,7 +138,7 @@ describe('generate argument validation', () => {
   })
 
   it('rejects a wrong prompt type', async () => {
-    for (const p of [undefined, null, 42, {}, [], [1], [{ role: 'user' }], [{ role: 5, content: 'x' }], [{ role: '', content: 'x' }]]) {
+    for (const p of [undefined, null, 42, {}, [], [1, 'x'], [-1], [1.5], [{ role: 'user' }], [{ role: 5, content: 'x' }], [{ role: '', content: 'x' }]]) {
       const e = await rejectsWithCode(llm.generate(p as any), 'ERR_INVALID_ARG')
       expect(e.message).toContain('prompt')
       throwsWithCode(() => llm.stream(p as any), 'ERR_INVALID_ARG')
