@@ -99,11 +99,6 @@ for (const threads of values.threads.split(',').map(Number)) {
         process.stderr.write(`  ${r} t=${threads} p=${promptLen} round ${round + 1}: prefill ${res.prefillTps.toFixed(1)} decode ${res.decodeTps.toFixed(1)} tok/s\n`)
       }
     }
-    if (runtimes.length === 2) {
-      const [a, b] = [runs.ruvllm[0].tokens, runs.llamacpp[0].tokens]
-      const at = a.findIndex((t, i) => t !== b[i])
-      console.log(at < 0 ? `greedy tokens: the first ${a.length} are equal to llama.cpp's` : `greedy tokens: equal to llama.cpp's up to token ${at} of ${a.length} (a near-tie; see README, Tests)`)
-    }
     console.log(`\n## ${threads} thread${threads > 1 ? 's' : ''}, ${promptLen}-token prompt\n`)
     const f = floors[threads]
     console.log(`| metric | ${runtimes.join(' | ')} |${runtimes.length === 2 ? ' ours / llama.cpp |' : ''}`)
@@ -114,6 +109,11 @@ for (const threads of values.threads.split(',').map(Number)) {
       row[key] = Object.fromEntries(runtimes.map((r, i) => [r, meds[i]]))
       const ratio = runtimes.length === 2 ? ` ${(meds[0] / meds[1]).toFixed(2)} |` : ''
       console.log(`| ${name} | ${meds.map((m) => m.toFixed(1)).join(' | ')} |${ratio}`)
+    }
+    if (runtimes.length === 2) {
+      const [a, b] = [runs.ruvllm[0].tokens, runs.llamacpp[0].tokens]
+      const at = a.findIndex((t, i) => t !== b[i])
+      console.log(at < 0 ? `greedy tokens: the first ${a.length} are equal to llama.cpp's` : `greedy tokens: equal to llama.cpp's up to token ${at} of ${a.length} (a near-tie; see README, Tests)`)
     }
     const ours = row.decodeTps.ruvllm
     console.log(`\ndecode floor at ${threads} thread${threads > 1 ? 's' : ''}: ${f.readGBps} GB/s streaming read, ${(f.bytesPerToken / 1e6).toFixed(1)} MB per token → ${f.floorTokensPerSecond} tok/s; ruvllm decode = ${((100 * ours) / f.floorTokensPerSecond).toFixed(0)} % of the floor`)
