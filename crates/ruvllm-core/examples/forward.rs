@@ -23,6 +23,11 @@ fn main() {
         let t = Instant::now();
         model.forward(&tokens, 0, &mut cache, &mut scratch, &pool).unwrap();
         let pre = t.elapsed().as_secs_f64();
+        if r == 0 {
+            // A fingerprint of the prefill logits, to check that a change leaves them identical.
+            let bits = scratch.logits.iter().fold(0u64, |h, v| h.wrapping_mul(0x100000001b3) ^ v.to_bits() as u64);
+            println!("prefill logits fingerprint {bits:016x}");
+        }
         let t = Instant::now();
         let n_dec = if std::env::var_os("PREFILL_ONLY").is_some() { 1 } else { 32 };
         for i in 0..n_dec {

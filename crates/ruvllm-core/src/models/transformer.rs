@@ -453,6 +453,50 @@ impl Transformer {
             }
             });
         };
-        pool.for_each(n * n_head, &task);
+        // Decode (few tokens): one task per head keeps both threads busy. Prefill: one task per
+        // (token, KV head) computes all the query heads that share the KV head, so each key and
+        // value row is read once per group instead of once per head (the per-head dots and
+        // axpys are the same operations in the same order: identical results).
+        if group == 1 || n * c.n_kv_head < 2 * pool.threads() {
+            pool.for_each(n * n_head, &task);
+            return;
+        }
+        let n_kv = c.n_kv_head;
+        let grouped = |i: usize| {
+            let (t, g) = (i / n_kv, i % n_kv);
+            let pos = pos0 + t;
+            let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let span = pos + 1 - lo;
+            let h0 = g * group;
+            let q = &q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + group) * hd];
+            // SAFETY: task i owns attn[t*q_dim + h0*hd ..][..group*hd]: disjoint across tasks.
+            let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h0 * hd), group * hd) };
+            SCORES.with(|cell| {
+                let mut buf = cell.borrow_mut();
+                if buf.len() < group * span {
+                    buf.resize(group * span, 0.0);
+                }
+                let sc = &mut buf[..group * span];
+                for (j, p) in (lo..=pos).enumerate() {
+                    let off = cache.slot(p) * kv_row + g * hd;
+                    let k = &cache.k[off..off + hd];
+                    for h in 0..group {
+                        sc[h * span + j] = ops::dot(&q[h * hd..(h + 1) * hd], k) * scale;
+                    }
+                }
+                for h in 0..group {
+                    ops::softmax_inplace(&mut sc[h * span..(h + 1) * span]);
+                }
+                out.iter_mut().for_each(|v| *v = 0.0);
+                for (j, p) in (lo..=pos).enumerate() {
+                    let off = cache.slot(p) * kv_row + g * hd;
+                    let v = &cache.v[off..off + hd];
+                    for h in 0..group {
+                        ops::axpy(&mut out[h * hd..(h + 1) * hd], sc[h * span + j], v);
+                    }
+                }
+            });
+        };
+        pool.for_each(n * n_kv, &grouped);
     }
 }
