@@ -321,19 +321,24 @@ pub struct JsHooks {
   pub on_token: Option<Val>,
 }
 
-/// `score(_, opts)`: `{ chatTemplate?, signal? }`.
-pub fn score_options(v: Option<Val>) -> Res<(Option<String>, Option<Val>)> {
-  let bag = option_bag(v, "score", &["chatTemplate", "signal"])?;
-  let chat_template = match field(bag, "chatTemplate")? {
-    None => None,
+/// The `chatTemplate` option: a non-empty Jinja template, or none.
+fn chat_template_opt(bag: Option<Val>) -> Res<Option<String>> {
+  match field(bag, "chatTemplate")? {
+    None => Ok(None),
     Some(v) => {
       let s = string(&v, "chatTemplate")?;
       if s.trim().is_empty() {
         return Err(CodedError::out_of_range("chatTemplate must be a non-empty Jinja template"));
       }
-      Some(s)
+      Ok(Some(s))
     }
-  };
+  }
+}
+
+/// `score(_, opts)`: `{ chatTemplate?, signal? }`.
+pub fn score_options(v: Option<Val>) -> Res<(Option<String>, Option<Val>)> {
+  let bag = option_bag(v, "score", &["chatTemplate", "signal"])?;
+  let chat_template = chat_template_opt(bag)?;
   let signal = match field(bag, "signal")? {
     None => None,
     Some(v) => Some(check_signal(v)?),
@@ -359,16 +364,7 @@ pub fn generate_options(v: Option<Val>, context: usize, default_seed: Option<u64
     None => default_seed.unwrap_or_else(random_seed),
   };
   let stop = stop_strings(field(bag, "stop")?)?;
-  let chat_template = match field(bag, "chatTemplate")? {
-    None => None,
-    Some(v) => {
-      let s = string(&v, "chatTemplate")?;
-      if s.trim().is_empty() {
-        return Err(CodedError::out_of_range("chatTemplate must be a non-empty Jinja template"));
-      }
-      Some(s)
-    }
-  };
+  let chat_template = chat_template_opt(bag)?;
   let signal = match field(bag, "signal")? {
     None => None,
     Some(v) => Some(check_signal(v)?),

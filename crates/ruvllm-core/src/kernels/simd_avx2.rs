@@ -45,14 +45,14 @@ pub fn kernels(f16c: bool) -> Kernels {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_ptr(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_ptr(p: *const u8) -> f32 {
     let bits = (p as *const u16).read_unaligned();
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps(x: __m256) -> f32 {
+pub(super) unsafe fn hsum_ps(x: __m256) -> f32 {
     let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
     let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     let r = _mm_add_ss(r, _mm_movehdup_ps(r));

@@ -15,22 +15,7 @@
 use std::arch::x86_64::*;
 
 use super::quant::BlockQ8;
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn hsum_ps(x: __m256) -> f32 {
-    let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
-    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    let r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    _mm_cvtss_f32(r)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn f16_ptr(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
+use super::simd_avx2::{f16_ptr, hsum_ps};
 
 /// Q8_0 × four Q8 activation rows (see the module docs).
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
