@@ -489,9 +489,27 @@ thread_local! {
     static SCRATCH_TILE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Splits `rows` (and, for few row chunks, the `n` tokens) into tasks:
-/// `(row_tasks, rows_per, tok_tasks, toks_per)`.
-fn split(threads: usize, rows: usize, n: usize) -> (usize, usize, usize, usize) {
+/// How `rows` (and, for few row chunks, the `n` tokens) are split into tasks.
+#[derive(Clone, Copy)]
+struct Split {
+    row_tasks: usize,
+    rows_per: usize,
+    tok_tasks: usize,
+    toks_per: usize,
+}
+
+impl Split {
+    /// Rows `r0..r1` and tokens `t0..t1` of task `i` (row chunk `i % row_tasks`).
+    fn task(&self, i: usize, rows: usize, n: usize) -> (usize, usize, usize, usize) {
+        let (rt, tt) = (i % self.row_tasks, i / self.row_tasks);
+        let r0 = rt * self.rows_per;
+        let t0 = tt * self.toks_per;
+        (r0, (r0 + self.rows_per).min(rows), t0, (t0 + self.toks_per).min(n))
+    }
+}
+
+/// Splits `rows` (and, for few row chunks, the `n` tokens) into tasks.
+fn split(threads: usize, rows: usize, n: usize) -> Split {
     // Row chunks: a few per thread for load balance, but not tiny ones.
     let min_rows = if n == 1 { 32 } else { ROW_TILE };
     let row_tasks = if threads == 1 { 1 } else { (threads * 4).min(rows.div_ceil(min_rows)).max(1) };
@@ -501,7 +519,7 @@ fn split(threads: usize, rows: usize, n: usize) -> (usize, usize, usize, usize) 
     let tok_tasks = if n > 1 && row_tasks < threads * 2 { (threads * 2).div_ceil(row_tasks).min(n) } else { 1 };
     let toks_per = n.div_ceil(tok_tasks);
     let tok_tasks = n.div_ceil(toks_per);
-    (row_tasks, rows_per, tok_tasks, toks_per)
+    Split { row_tasks, rows_per, tok_tasks, toks_per }
 }
 
 /// Like [`run`] for Q4_0/Q5_0 weights and many tokens: each row tile is rewritten as Q8_0
@@ -520,15 +538,11 @@ fn run_repacked(
     f4: super::dot::DotQ8x4Fn,
     y: &mut [f32],
 ) {
-    let (row_tasks, rows_per, tok_tasks, toks_per) = split(pool.threads(), rows, n);
+    let sp = split(pool.threads(), rows, n);
     let rs8 = nb * 34;
     let yp = SyncPtr(y.as_mut_ptr());
     let task = |i: usize| {
-        let (rt, tt) = (i % row_tasks, i / row_tasks);
-        let r0 = rt * rows_per;
-        let r1 = (r0 + rows_per).min(rows);
-        let t0 = tt * toks_per;
-        let t1 = (t0 + toks_per).min(n);
+        let (r0, r1, t0, t1) = sp.task(i, rows, n);
         with_scratch(&SCRATCH_TILE, ROW_TILE * rs8, |tile| {
             let mut tr = r0;
             while tr < r1 {
@@ -540,7 +554,7 @@ fn run_repacked(
             }
         })
     };
-    pool.for_each(row_tasks * tok_tasks, &task);
+    pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
 }
 
 /// Splits rows (and, for few rows, tokens) into tasks and computes every `y[t][r]`.
@@ -557,14 +571,10 @@ fn run<A: Sync>(
     f4: Option<Dot4<A>>,
     y: &mut [f32],
 ) {
-    let (row_tasks, rows_per, tok_tasks, toks_per) = split(pool.threads(), rows, n);
+    let sp = split(pool.threads(), rows, n);
     let yp = SyncPtr(y.as_mut_ptr());
     let task = |i: usize| {
-        let (rt, tt) = (i % row_tasks, i / row_tasks);
-        let r0 = rt * rows_per;
-        let r1 = (r0 + rows_per).min(rows);
-        let t0 = tt * toks_per;
-        let t1 = (t0 + toks_per).min(n);
+        let (r0, r1, t0, t1) = sp.task(i, rows, n);
         if t1 - t0 == 1 {
             let a = &act[t0 * stride..(t0 + 1) * stride];
             for r in r0..r1 {
@@ -582,7 +592,7 @@ fn run<A: Sync>(
             tr = te;
         }
     };
-    pool.for_each(row_tasks * tok_tasks, &task);
+    pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
 }
 
 /// `y[t][r]` for rows `tr..te` (bytes in `tile`, `rs` per row) and tokens `t0..t1`, four tokens
