@@ -16,6 +16,9 @@ fn main() {
     let cfg = config_from_gguf(&file).unwrap();
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 1024).unwrap();
     let pool = ThreadPool::new(threads);
+    let t = Instant::now();
+    model.prepare(&pool);
+    println!("prepare (pack for the prefill GEMM): {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     let mut cache = model.new_cache(1024, 512);
     let mut scratch = model.new_scratch(512);
     let tokens: Vec<u32> = (0..prompt as u32).map(|i| 2 + (i * 7919) % 20000).collect();

@@ -270,6 +270,8 @@ impl Engine {
             let loader = models::WeightLoader { file: &file };
             Transformer::load(&loader, cfg.clone(), context)?
         };
+        let pool = ThreadPool::new(threads);
+        model.prepare(&pool);
         let info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
         let bos_text = tokenizer.bos_id().and_then(|b| tokenizer.decode(&[b], false).ok()).unwrap_or_default();
         let shared = Arc::new(Shared { file, tokenizer, template, bos_text });
@@ -283,7 +285,7 @@ impl Engine {
                     scratch: model.new_scratch(max_batch),
                     model,
                     shared: worker_shared,
-                    pool: ThreadPool::new(threads),
+                    pool,
                     context,
                 };
                 worker.run(rx, opts.seed)

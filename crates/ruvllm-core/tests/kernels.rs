@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ruvllm_core::kernels::matmul::{matmul_scalar, WeightData};
-use ruvllm_core::kernels::quant::{dequantize, quantize};
+use ruvllm_core::kernels::quant::{dequantize, quantize, quantize_act_q8, BlockQ8};
+use ruvllm_core::kernels::{dot, gemm};
 use ruvllm_core::kernels::{matmul, GgmlType, QWeight, ThreadPool};
 
 /// xorshift64* with a Box-Muller normal.
@@ -296,9 +297,16 @@ fn dot_kernels_simd_equal_scalar_on_extreme_values() {
     }
 }
 
+/// Whether `matmul` runs `ty` with several tokens through the packed tile GEMM on this CPU.
+fn uses_gemm(ty: GgmlType) -> bool {
+    dot::kernels().gemm.is_some() && gemm::PackKind::for_type(ty).is_some()
+}
+
 #[test]
 fn batched_equals_per_token() {
-    // Prefill paths (row tiles, Q4_0/Q5_0 repacked to Q8_0) give exactly the decode results.
+    // Prefill paths (row tiles, Q4_0/Q5_0 repacked to Q8_0) give exactly the decode results;
+    // the packed tile GEMM (one rounding per block instead of per group of four) agrees to
+    // float rounding.
     let pool = ThreadPool::new(2);
     for ty in ALL {
         let (rows, cols) = (37, 512);
@@ -313,7 +321,62 @@ fn batched_equals_per_token() {
             for t in 0..n {
                 let mut y1 = vec![0f32; rows];
                 mm(&pool, &qw, &x[t * cols..(t + 1) * cols], 1, &mut y1);
-                assert_eq!(&yb[t * rows..(t + 1) * rows], &y1[..], "{} scalar={scalar} t={t}", ty.name());
+                let yt = &yb[t * rows..(t + 1) * rows];
+                if !scalar && uses_gemm(ty) {
+                    let scale = y1.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    for r in 0..rows {
+                        assert!((yt[r] - y1[r]).abs() <= 2e-6 * scale, "{} gemm t={t} r={r}: {} vs {}", ty.name(), yt[r], y1[r]);
+                    }
+                } else {
+                    assert_eq!(yt, &y1[..], "{} scalar={scalar} t={t}", ty.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_kernel_equals_scalar_model() {
+    // The SIMD tile GEMM against its scalar model, bit for bit, for every packed format, full
+    // and partial tiles, token counts that exercise the 4-token and 1-token paths.
+    let Some(g) = gemm::kernel() else {
+        eprintln!("no tile GEMM on this CPU; skipped");
+        return;
+    };
+    let pool = ThreadPool::new(1);
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0] {
+        for (rows, cols) in [(16usize, 64usize), (37, 512), (5, 96)] {
+            let (qw, _) = weight(ty, rows, cols, 11 + rows as u64 + ty.id() as u64);
+            let nb = cols / 32;
+            let p = gemm::Packed::new(&pool, ty, qw.bytes(), rows, nb).unwrap();
+            assert_eq!(p.tiles(), rows.div_ceil(16));
+            for n in [1usize, 4, 7] {
+                let mut rng = Rng::new(n as u64 + 100);
+                let x = rng.vec(n * cols, 1.0);
+                let mut act = vec![BlockQ8::default(); n * nb];
+                for t in 0..n {
+                    quantize_act_q8(&x[t * cols..(t + 1) * cols], &mut act[t * nb..(t + 1) * nb]);
+                }
+                let mut ys = vec![0f32; n * rows];
+                let mut yr = vec![0f32; n * rows];
+                for ti in 0..p.tiles() {
+                    let r0 = ti * 16;
+                    let nrows = (rows - r0).min(16);
+                    unsafe {
+                        g(p.kind, p.tile(ti), nb, &act, n, ys.as_mut_ptr().add(r0), rows, nrows);
+                        gemm::gemm_ref(p.kind, p.tile(ti), nb, &act, n, yr.as_mut_ptr().add(r0), rows, nrows);
+                    }
+                }
+                assert_eq!(ys, yr, "{} {rows}x{cols} n={n}", ty.name());
+                // And the model against the per-row scalar dot product (float rounding only).
+                for t in 0..n {
+                    let mut y1 = vec![0f32; rows];
+                    matmul_scalar(&pool, &qw, &x[t * cols..(t + 1) * cols], 1, &mut y1);
+                    let scale = y1.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    for r in 0..rows {
+                        assert!((yr[t * rows + r] - y1[r]).abs() <= 2e-6 * scale, "{} t={t} r={r}", ty.name());
+                    }
+                }
             }
         }
     }

@@ -60,6 +60,8 @@ pub struct Kernels {
     pub f32: DotF32Fn,
     pub f16: DotF32Fn,
     pub bf16: DotF32Fn,
+    /// Prefill tile GEMM for Q4_0/Q5_0/Q8_0 (`gemm`), where the CPU has one.
+    pub gemm: Option<super::gemm::GemmFn>,
     /// Name of the instruction set, for logs and benchmarks.
     pub isa: &'static str,
 }
@@ -100,6 +102,7 @@ pub static SCALAR: Kernels = Kernels {
     f32: dot_f32,
     f16: dot_f16,
     bf16: dot_bf16,
+    gemm: None,
     isa: "scalar",
 };
 
@@ -125,6 +128,10 @@ fn detect() -> Kernels {
             {
                 k.q8_0_x4 = super::simd_vnni::dot_q8_0_x4;
                 k.isa = "avx2+avx512vnni";
+                k.gemm = super::gemm::kernel();
+                if k.gemm.is_some() {
+                    k.isa = "avx2+avx512vnni+gemm";
+                }
             }
             return k;
         }

@@ -9,11 +9,12 @@
 use std::cell::{RefCell, UnsafeCell};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::dot::{self, DotKernel, Kernels};
+use super::gemm;
 use super::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
 use super::GgmlType;
 use crate::gguf::Storage;
@@ -33,6 +34,8 @@ pub struct QWeight {
     pub rows: usize,
     pub cols: usize,
     pub data: WeightData,
+    /// The prefill GEMM's packed copy, made on first use (shared by clones).
+    packed: Arc<OnceLock<Option<gemm::Packed>>>,
 }
 
 impl QWeight {
@@ -67,7 +70,7 @@ impl QWeight {
         if len as u64 != need {
             return Err(format!("{} weight {rows}×{cols}: expected {need} bytes, got {len}", ty.name()));
         }
-        Ok(Self { ty, rows, cols, data })
+        Ok(Self { ty, rows, cols, data, packed: Arc::default() })
     }
 
     /// All the weight's bytes (`rows × row_size()`).
@@ -88,6 +91,24 @@ impl QWeight {
         assert!(r < self.rows, "row {r} out of range ({} rows)", self.rows);
         let rs = self.row_size();
         &self.bytes()[r * rs..(r + 1) * rs]
+    }
+
+    /// The packed tiles for the prefill GEMM, packed on `pool` on first use; `None` for types
+    /// without a packed format and for weights with more than [`gemm::PACK_MAX_ROWS`] rows.
+    pub fn packed(&self, pool: &ThreadPool) -> Option<&gemm::Packed> {
+        if gemm::PackKind::for_type(self.ty).is_none() || self.rows > gemm::PACK_MAX_ROWS {
+            return None;
+        }
+        let nb = self.cols / self.ty.block_size();
+        self.packed.get_or_init(|| gemm::Packed::new(pool, self.ty, self.bytes(), self.rows, nb)).as_ref()
+    }
+
+    /// Packs the weight for the prefill GEMM now (at model load), where this CPU has one and
+    /// the type has a packed format.
+    pub fn prepare(&self, pool: &ThreadPool) {
+        if dot::kernels().gemm.is_some() {
+            let _ = self.packed(pool);
+        }
     }
 
     /// Dequantizes row `r` into `out` (len `cols`): the quantized embedding gather.
@@ -432,7 +453,13 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
             let nb = cols / QK;
             with_scratch(&SCRATCH_Q8, n * nb, |act| {
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8);
-                if n >= REPACK_MIN_TOKENS && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q5_0) {
+                let packed = match k.gemm {
+                    Some(g) if n >= GEMM_MIN_TOKENS => w.packed(pool).map(|p| (g, p)),
+                    _ => None,
+                };
+                if let Some((g, p)) = packed {
+                    run_gemm(pool, p, n, act, g, y);
+                } else if n >= REPACK_MIN_TOKENS && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q5_0) {
                     run_repacked(pool, w.ty, data, rs, rows, n, act, nb, k.q8_0, k.q8_0_x4, y);
                 } else {
                     let x4 = (w.ty == GgmlType::Q8_0).then_some(k.q8_0_x4);
@@ -484,6 +511,9 @@ const ROW_TILE: usize = 16;
 
 /// From this many tokens on, Q4_0/Q5_0 row tiles are unpacked to Q8_0 once per tile.
 const REPACK_MIN_TOKENS: usize = 6;
+
+/// From this many tokens on, the 32-element formats use the tile GEMM where there is one.
+const GEMM_MIN_TOKENS: usize = 4;
 
 thread_local! {
     static SCRATCH_TILE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -553,6 +583,32 @@ fn run_repacked(
                 tr = te;
             }
         })
+    };
+    pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
+}
+
+/// Q4_0/Q5_0/Q8_0 weights and several tokens: each task runs the tile GEMM `g` over its tiles
+/// of the packed weight and its tokens.
+fn run_gemm(pool: &ThreadPool, p: &gemm::Packed, n: usize, act: &[BlockQ8], g: gemm::GemmFn, y: &mut [f32]) {
+    let (rows, nb, tiles) = (p.rows, p.nb, p.tiles());
+    let threads = pool.threads();
+    let row_tasks = if threads == 1 { 1 } else { (threads * 4).min(tiles) };
+    let rows_per = tiles.div_ceil(row_tasks);
+    let row_tasks = tiles.div_ceil(rows_per);
+    // Few tiles but many tokens: split tokens too (in multiples of four).
+    let tok_tasks = if threads > 1 && row_tasks < threads * 2 { (threads * 2).div_ceil(row_tasks).min(n.div_ceil(4)) } else { 1 };
+    let toks_per = n.div_ceil(tok_tasks).next_multiple_of(4);
+    let sp = Split { row_tasks, rows_per, tok_tasks: n.div_ceil(toks_per), toks_per };
+    let yp = SyncPtr(y.as_mut_ptr());
+    let task = |i: usize| {
+        let (i0, i1, t0, t1) = sp.task(i, tiles, n);
+        for ti in i0..i1 {
+            let r0 = ti * gemm::TILE_ROWS;
+            let nrows = (rows - r0).min(gemm::TILE_ROWS);
+            // SAFETY: `g` is the CPU's tile kernel (`gemm::kernel`), which checks the lengths;
+            // `y` holds `n × rows` values (`matmul_with`); each `y[t][r]` has one writer.
+            unsafe { g(p.kind, p.tile(ti), nb, &act[t0 * nb..t1 * nb], t1 - t0, yp.get().add(t0 * rows + r0), rows, nrows) };
+        }
     };
     pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
 }

@@ -17,5 +17,9 @@ pub mod dot;
 mod simd_avx2;
 #[cfg(target_arch = "x86_64")]
 mod simd_vnni;
+#[cfg(target_arch = "x86_64")]
+mod simd_avx512;
+#[doc(hidden)]
+pub mod gemm;
 
 pub use matmul::{matmul, QWeight, ThreadPool};

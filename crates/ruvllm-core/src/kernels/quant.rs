@@ -736,11 +736,13 @@ pub struct BlockQ8 {
     pub s: f32,
     /// Quants.
     pub qs: [i8; QK],
+    /// `Σ qs` (exact), for the prefill GEMM's unsigned-weight correction.
+    pub qsum: i32,
 }
 
 impl Default for BlockQ8 {
     fn default() -> Self {
-        Self { d: 0.0, s: 0.0, qs: [0; QK] }
+        Self { d: 0.0, s: 0.0, qs: [0; QK], qsum: 0 }
     }
 }
 
@@ -781,6 +783,7 @@ pub fn quantize_act_q8(x: &[f32], out: &mut [BlockQ8]) {
         }
         yb.d = round_f16(d);
         yb.s = round_f16(d * sum as f32);
+        yb.qsum = sum;
     }
 }
 

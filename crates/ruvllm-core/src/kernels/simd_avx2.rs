@@ -35,6 +35,7 @@ pub fn kernels(f16c: bool) -> Kernels {
         f32: dot_f32,
         f16: dot_f16,
         bf16: dot_bf16,
+        gemm: None,
         isa: "avx2",
     }
 }

@@ -239,6 +239,15 @@ impl Transformer {
         Ok(Transformer { cfg, embed, layers, output_norm, output, rope, rope_swa })
     }
 
+    /// Prepares the weights for prefill (packs them for the tile GEMM where the CPU has one).
+    pub fn prepare(&self, pool: &ThreadPool) {
+        for l in &self.layers {
+            for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down] {
+                w.prepare(pool);
+            }
+        }
+    }
+
     /// A KV cache for `context` positions with ring buffers for sliding-window layers.
     pub fn new_cache(&self, context: usize, max_batch: usize) -> KvCache {
         let caps: Vec<usize> = (0..self.cfg.n_layer)

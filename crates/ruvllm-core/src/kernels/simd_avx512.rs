@@ -1,0 +1,107 @@
+//! AVX-512 (F, BW, VNNI) prefill GEMM on packed row tiles; the layout and the arithmetic are
+//! described in `gemm`. Chosen at run time by `gemm::kernel`. OWNER: kernels helper.
+//!
+//! Safety contract: the CPU supports AVX512F, AVX512BW, AVX512VNNI and FMA.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::arch::x86_64::*;
+
+use super::gemm::{PackKind, TILE_ROWS};
+use super::quant::BlockQ8;
+
+const Q8: u8 = 0;
+const Q5: u8 = 1;
+const Q4: u8 = 2;
+
+/// Tile GEMM (see `gemm::GemmFn`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
+    assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+    match kind {
+        PackKind::Q8 => run::<Q8>(tile.as_ptr(), nb, act.as_ptr(), ntok, y, ystride, nrows),
+        PackKind::Q5 => run::<Q5>(tile.as_ptr(), nb, act.as_ptr(), ntok, y, ystride, nrows),
+        PackKind::Q4 => run::<Q4>(tile.as_ptr(), nb, act.as_ptr(), ntok, y, ystride, nrows),
+    }
+}
+
+/// Tokens four at a time, then one at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+unsafe fn run<const K: u8>(tile: *const u8, nb: usize, a: *const BlockQ8, ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
+    let mask: __mmask16 = if nrows == TILE_ROWS { 0xFFFF } else { (1u16 << nrows) - 1 };
+    let mut t = 0;
+    while t + 4 <= ntok {
+        tokens::<K, 4>(tile, nb, a.add(t * nb), y.add(t * ystride), ystride, mask);
+        t += 4;
+    }
+    while t < ntok {
+        tokens::<K, 1>(tile, nb, a.add(t * nb), y.add(t * ystride), ystride, mask);
+        t += 1;
+    }
+}
+
+/// The eight unsigned group vectors of block `p` (its quants, after the scales).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+#[inline]
+unsafe fn weights<const K: u8>(p: *const u8) -> [__m512i; 8] {
+    let ld = |o: usize| _mm512_load_si512(p.add(o) as *const _);
+    if K == Q8 {
+        return [ld(0), ld(64), ld(128), ld(192), ld(256), ld(320), ld(384), ld(448)];
+    }
+    let m = _mm512_set1_epi8(0x0F);
+    let mut w = [_mm512_setzero_si512(); 8];
+    for h in 0..4 {
+        let v = ld(64 * h);
+        w[2 * h] = _mm512_and_si512(v, m);
+        w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+    }
+    if K == Q5 {
+        let sixteen = _mm512_set1_epi8(0x10);
+        for (g, w) in w.iter_mut().enumerate() {
+            let k = _cvtu64_mask64((p.add(256 + 8 * g) as *const u64).read_unaligned());
+            *w = _mm512_mask_add_epi8(*w, k, *w, sixteen);
+        }
+    }
+    w
+}
+
+/// `T` consecutive tokens over all blocks of the tile. Each token's block sum runs in two
+/// chains of four `vpdpbusd` (even and odd groups), so four tokens keep eight chains in flight.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+unsafe fn tokens<const K: u8, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8, y: *mut f32, ystride: usize, mask: __mmask16) {
+    let bb = match K {
+        Q8 => PackKind::Q8.block_bytes(),
+        Q5 => PackKind::Q5.block_bytes(),
+        _ => PackKind::Q4.block_bytes(),
+    };
+    let zp = match K {
+        Q8 => PackKind::Q8.zp(),
+        Q5 => PackKind::Q5.zp(),
+        _ => PackKind::Q4.zp(),
+    };
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let base = tile.add(b * bb);
+        let dv = _mm512_load_ps(base as *const f32);
+        let w = weights::<K>(base.add(64));
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let ab = &*act.add(k * nb + b);
+            let q = ab.qs.as_ptr() as *const i32;
+            let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
+            let mut e = _mm512_dpbusd_epi32(_mm512_set1_epi32(-zp * ab.qsum), w[0], x(0));
+            let mut o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
+            e = _mm512_dpbusd_epi32(e, w[2], x(2));
+            o = _mm512_dpbusd_epi32(o, w[3], x(3));
+            e = _mm512_dpbusd_epi32(e, w[4], x(4));
+            o = _mm512_dpbusd_epi32(o, w[5], x(5));
+            e = _mm512_dpbusd_epi32(e, w[6], x(6));
+            o = _mm512_dpbusd_epi32(o, w[7], x(7));
+            let s = _mm512_cvtepi32_ps(_mm512_add_epi32(e, o));
+            *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(ab.d)), s, *acc);
+        }
+    }
+    for (k, acc) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(y.add(k * ystride), mask, *acc);
+    }
+}
