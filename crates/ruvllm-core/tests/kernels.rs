@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ruvllm_core::kernels::matmul::{matmul_scalar, WeightData};
-use ruvllm_core::kernels::quant::{dequantize, quantize, quantize_act_q8, BlockQ8};
+use ruvllm_core::kernels::quant::{dequantize, quantize, quantize_act_q8, quantize_act_q8k, BlockQ8, BlockQ8K};
 use ruvllm_core::kernels::{dot, gemm};
 use ruvllm_core::kernels::{matmul, GgmlType, QWeight, ThreadPool};
 
@@ -375,6 +375,51 @@ fn gemm_kernel_equals_scalar_model() {
                     let scale = y1.iter().fold(0f32, |m, v| m.max(v.abs()));
                     for r in 0..rows {
                         assert!((yr[t * rows + r] - y1[r]).abs() <= 2e-6 * scale, "{} t={t} r={r}", ty.name());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_k_kernel_equals_scalar_model() {
+    // The same for the K-quant tiles (Q4_K, Q6_K): SIMD bit-equal to the scalar model, and the
+    // model within float rounding of the per-row scalar dot product.
+    let Some(g) = gemm::kernel_k() else {
+        eprintln!("no tile GEMM on this CPU; skipped");
+        return;
+    };
+    let pool = ThreadPool::new(1);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for (rows, cols) in [(16usize, 256usize), (37, 512), (5, 768)] {
+            let (qw, _) = weight(ty, rows, cols, 21 + rows as u64 + ty.id() as u64);
+            let nb = cols / 256;
+            let p = gemm::Packed::new(&pool, ty, qw.bytes(), rows, nb).unwrap();
+            for n in [1usize, 4, 6] {
+                let mut rng = Rng::new(n as u64 + 200);
+                let x = rng.vec(n * cols, 1.0);
+                let mut act = vec![BlockQ8K::default(); n * nb];
+                for t in 0..n {
+                    quantize_act_q8k(&x[t * cols..(t + 1) * cols], &mut act[t * nb..(t + 1) * nb]);
+                }
+                let mut ys = vec![0f32; n * rows];
+                let mut yr = vec![0f32; n * rows];
+                for ti in 0..p.tiles() {
+                    let r0 = ti * 16;
+                    let nrows = (rows - r0).min(16);
+                    unsafe {
+                        g(p.kind, p.tile(ti), nb, &act, n, ys.as_mut_ptr().add(r0), rows, nrows);
+                        gemm::gemm_k_ref(p.kind, p.tile(ti), nb, &act, n, yr.as_mut_ptr().add(r0), rows, nrows);
+                    }
+                }
+                assert_eq!(ys, yr, "{} {rows}x{cols} n={n}", ty.name());
+                for t in 0..n {
+                    let mut y1 = vec![0f32; rows];
+                    matmul_scalar(&pool, &qw, &x[t * cols..(t + 1) * cols], 1, &mut y1);
+                    let scale = y1.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    for r in 0..rows {
+                        assert!((yr[t * rows + r] - y1[r]).abs() <= 2e-6 * scale, "{} t={t} r={r}: {} vs {}", ty.name(), yr[t * rows + r], y1[r]);
                     }
                 }
             }

@@ -62,6 +62,8 @@ pub struct Kernels {
     pub bf16: DotF32Fn,
     /// Prefill tile GEMM for Q4_0/Q5_0/Q8_0 (`gemm`), where the CPU has one.
     pub gemm: Option<super::gemm::GemmFn>,
+    /// The same for Q4_K/Q6_K.
+    pub gemm_k: Option<super::gemm::GemmKFn>,
     /// Name of the instruction set, for logs and benchmarks.
     pub isa: &'static str,
 }
@@ -103,6 +105,7 @@ pub static SCALAR: Kernels = Kernels {
     f16: dot_f16,
     bf16: dot_bf16,
     gemm: None,
+    gemm_k: None,
     isa: "scalar",
 };
 
@@ -129,6 +132,7 @@ fn detect() -> Kernels {
                 k.q8_0_x4 = super::simd_vnni::dot_q8_0_x4;
                 k.isa = "avx2+avx512vnni";
                 k.gemm = super::gemm::kernel();
+                k.gemm_k = super::gemm::kernel_k();
                 if k.gemm.is_some() {
                     k.isa = "avx2+avx512vnni+gemm";
                 }

@@ -22,7 +22,7 @@
 //! bit; [`gemm_ref`] is the scalar model of the SIMD kernel, equal to it bit for bit.
 
 use super::matmul::ThreadPool;
-use super::quant::{self, BlockQ8, QK};
+use super::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
 use super::GgmlType;
 
 /// Rows per tile (one 512-bit vector of 32-bit lanes).
@@ -37,6 +37,10 @@ pub enum PackKind {
     Q8,
     Q5,
     Q4,
+    /// Q4_K (see [`pack_tile`] for the K-quant layouts).
+    K4,
+    /// Q6_K.
+    K6,
 }
 
 impl PackKind {
@@ -45,16 +49,21 @@ impl PackKind {
             GgmlType::Q8_0 => Some(Self::Q8),
             GgmlType::Q5_0 => Some(Self::Q5),
             GgmlType::Q4_0 => Some(Self::Q4),
+            GgmlType::Q4_K => Some(Self::K4),
+            GgmlType::Q6_K => Some(Self::K6),
             _ => None,
         }
     }
 
-    /// Bytes of one block of one tile: 16 f32 scales, then the quants.
+    /// Bytes of one block (32 elements, or a 256-element super-block for the K-quants) of
+    /// one tile.
     pub const fn block_bytes(self) -> usize {
-        64 + match self {
-            Self::Q8 => 512,
-            Self::Q5 => 256 + 64,
-            Self::Q4 => 256,
+        match self {
+            Self::Q8 => 64 + 512,
+            Self::Q5 => 64 + 256 + 64,
+            Self::Q4 => 64 + 256,
+            Self::K4 => K4_QS + 8 * 256,
+            Self::K6 => K6_QS + 16 * 256,
         }
     }
 
@@ -64,6 +73,33 @@ impl PackKind {
             Self::Q8 => 128,
             Self::Q5 => 16,
             Self::Q4 => 8,
+            Self::K4 => 0,
+            Self::K6 => 32,
+        }
+    }
+
+    /// Whether activations are `BlockQ8K` (K-quants) rather than `BlockQ8`.
+    pub const fn is_k(self) -> bool {
+        matches!(self, Self::K4 | Self::K6)
+    }
+}
+
+// Offsets inside a K-quant super-block of a tile (see `pack_tile`).
+pub(crate) const K4_DMIN: usize = 64;
+pub(crate) const K4_SC: usize = 128;
+pub(crate) const K4_MIN: usize = 256;
+pub(crate) const K4_QS: usize = 512;
+pub(crate) const K6_SC: usize = 64;
+pub(crate) const K6_PAIRS: usize = 320;
+pub(crate) const K6_QS: usize = 832;
+
+impl PackKind {
+    /// Elements of one block.
+    pub const fn block_elems(self) -> usize {
+        if self.is_k() {
+            QK_K
+        } else {
+            QK
         }
     }
 }
@@ -77,7 +113,7 @@ struct Line([u8; 64]);
 pub struct Packed {
     pub kind: PackKind,
     pub rows: usize,
-    /// 32-element blocks per row.
+    /// Blocks (super-blocks for the K-quants) per row.
     pub nb: usize,
     lines: Vec<Line>,
 }
@@ -137,10 +173,35 @@ impl SendPtr {
 
 /// Writes `nrows ≤ 16` rows (`src`, `nb` blocks of `ty` each) as one tile into `out`
 /// (`nb × kind.block_bytes()` bytes); missing rows get zero scales.
+///
+/// K-quant super-blocks (row `r` of the tile is lane `r`; "lane word" = 4 bytes at `4r`):
+/// - Q4_K: `d` f32 lane words at 0, `dmin` at [`K4_DMIN`]; the 8 sub-block scales as bytes
+///   (`K4_SC + 16j + r`); the 8 mins as i16 pairs (sub-blocks `2p`, `2p+1`) in lane words at
+///   `K4_MIN + 64p`, for `vpdpwssd` with the activations' 32-element sums; the 4-bit quants of
+///   sub-block `j` at `K4_QS + 256j` in the Q4_0 tile layout.
+/// - Q6_K: `d` at 0; the 16 sub-block scales as i8 (`K6_SC + 16j + r`) and again as i16 pairs
+///   at `K6_PAIRS + 64p` (for the `−32` correction with the 16-element sums); the unsigned
+///   6-bit quants (`q + 32`) as bytes, sub-block `j` (16 elements = 4 groups) at
+///   `K6_QS + 256j`, group `g` at `+ 64g`, lane bytes `4r..4r+4`.
 pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usize, out: &mut [u8]) {
     let (ts, bb) = (ty.type_size(), kind.block_bytes());
     assert!(nrows <= TILE_ROWS && out.len() >= nb * bb && src.len() >= nrows * nb * ts);
     assert_eq!(PackKind::for_type(ty), Some(kind));
+    if kind.is_k() {
+        out[..nb * bb].fill(0);
+        for b in 0..nb {
+            let ob = &mut out[b * bb..(b + 1) * bb];
+            for r in 0..nrows {
+                let blk = &src[(r * nb + b) * ts..(r * nb + b + 1) * ts];
+                if kind == PackKind::K4 {
+                    pack_k4(blk, r, ob);
+                } else {
+                    pack_k6(blk, r, ob);
+                }
+            }
+        }
+        return;
+    }
     let rd = |p: &[u8], o: usize| u32::from_le_bytes([p[o], p[o + 1], p[o + 2], p[o + 3]]);
     for b in 0..nb {
         let ob = &mut out[b * bb..(b + 1) * bb];
@@ -178,7 +239,46 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         }
                     }
                 }
+                PackKind::K4 | PackKind::K6 => unreachable!(),
             }
+        }
+    }
+}
+
+fn put(out: &mut [u8], o: usize, bytes: &[u8]) {
+    out[o..o + bytes.len()].copy_from_slice(bytes);
+}
+
+/// Row `r` of a Q4_K super-block into the tile super-block `ob`.
+fn pack_k4(blk: &[u8], r: usize, ob: &mut [u8]) {
+    put(ob, 4 * r, &quant::f16_at(blk, 0).to_le_bytes());
+    put(ob, K4_DMIN + 4 * r, &quant::f16_at(blk, 2).to_le_bytes());
+    let qs = &blk[16..144];
+    for j in 0..8 {
+        let (sc, m) = quant::get_scale_min_k4(j, &blk[4..16]);
+        ob[K4_SC + 16 * j + r] = sc;
+        put(ob, K4_MIN + 64 * (j / 2) + 4 * r + 2 * (j % 2), &(m as i16).to_le_bytes());
+        // Sub-block j: nibble j % 2 of bytes 32·(j/2) ..; vector h as in the Q4_0 tiles.
+        for h in 0..4 {
+            let o = 32 * (j / 2) + 8 * h;
+            let x = u64::from_le_bytes(qs[o..o + 8].try_into().unwrap());
+            let n = (x >> (4 * (j % 2))) & 0x0F0F_0F0F_0F0F_0F0F;
+            let w = (n as u32) | ((n >> 32) as u32) << 4;
+            put(ob, K4_QS + 256 * j + 64 * h + 4 * r, &w.to_le_bytes());
+        }
+    }
+}
+
+/// Row `r` of a Q6_K super-block into the tile super-block `ob`.
+fn pack_k6(blk: &[u8], r: usize, ob: &mut [u8]) {
+    put(ob, 4 * r, &quant::f16_at(blk, 208).to_le_bytes());
+    let u = quant::q6_k_quants(blk);
+    for j in 0..16 {
+        let sc = blk[192 + j] as i8;
+        ob[K6_SC + 16 * j + r] = sc as u8;
+        put(ob, K6_PAIRS + 64 * (j / 2) + 4 * r + 2 * (j % 2), &(sc as i16).to_le_bytes());
+        for g in 0..4 {
+            put(ob, K6_QS + 256 * j + 64 * g + 4 * r, &u[16 * j + 4 * g..16 * j + 4 * g + 4]);
         }
     }
 }
@@ -186,7 +286,14 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
 /// The unsigned quant of row `j`, element `e` of block `b` of a tile (the packed layout's
 /// definition, used by the scalar model).
 fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
-    let p = &tile[b * kind.block_bytes() + 64..];
+    let base = &tile[b * kind.block_bytes()..];
+    match kind {
+        // Sub-block e / 32, laid out as a Q4_0 tile block.
+        PackKind::K4 => return tile_u(PackKind::Q4, &base[K4_QS + 256 * (e / 32) - 64..], 0, j, e % 32),
+        PackKind::K6 => return base[K6_QS + 256 * (e / 16) + 64 * (e % 16 / 4) + 4 * j + e % 4] as i32,
+        _ => {}
+    }
+    let p = &base[64..];
     let (g, k) = (e / 4, e % 4);
     let lane = j * 4 + k;
     match kind {
@@ -196,6 +303,7 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
             let hi = if kind == PackKind::Q5 { (p[256 + 8 * g + lane / 8] >> (lane % 8)) & 1 } else { 0 };
             (lo | hi << 4) as i32
         }
+        PackKind::K4 | PackKind::K6 => unreachable!(),
     }
 }
 
@@ -210,7 +318,7 @@ pub type GemmFn = unsafe fn(kind: PackKind, tile: &[u8], nb: usize, act: &[Block
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
     let bb = kind.block_bytes();
-    assert!(tile.len() >= nb * bb && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+    assert!(!kind.is_k() && tile.len() >= nb * bb && act.len() >= ntok * nb && nrows <= TILE_ROWS);
     for t in 0..ntok {
         let mut acc = [0f32; TILE_ROWS];
         for (b, ab) in act[t * nb..(t + 1) * nb].iter().enumerate() {
@@ -228,6 +336,75 @@ pub unsafe fn gemm_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], 
             *y.add(t * ystride + j) = *v;
         }
     }
+}
+
+/// A K-quant tile GEMM (activations [`BlockQ8K`], `nb` super-blocks per row); otherwise as
+/// [`GemmFn`].
+pub type GemmKFn = unsafe fn(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize);
+
+fn f32_at(p: &[u8], o: usize) -> f32 {
+    f32::from_le_bytes([p[o], p[o + 1], p[o + 2], p[o + 3]])
+}
+
+fn i16_at(p: &[u8], o: usize) -> i32 {
+    i16::from_le_bytes([p[o], p[o + 1]]) as i32
+}
+
+/// Scalar model of the SIMD K-quant tile GEMM (same operations in the same order): per
+/// super-block, `Σ_j sc_j · Σ u·a` in integers; Q4_K adds `− dmin·d_a·Σ_j m_j·Σa_j`, Q6_K
+/// subtracts `32 · Σ_j sc_j · Σa_j` in integers.
+///
+/// # Safety
+/// As [`gemm_ref`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
+    let bb = kind.block_bytes();
+    assert!(kind.is_k() && tile.len() >= nb * bb && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+    let sub = if kind == PackKind::K4 { 32 } else { 16 };
+    for t in 0..ntok {
+        let mut acc = [0f32; TILE_ROWS];
+        for (b, ab) in act[t * nb..(t + 1) * nb].iter().enumerate() {
+            let base = &tile[b * bb..];
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let mut isum = 0i32;
+                for j in 0..QK_K / sub {
+                    let mut s = 0i32;
+                    for e in sub * j..sub * (j + 1) {
+                        s += tile_u(kind, tile, b, r, e) * ab.qs[e] as i32;
+                    }
+                    let sc = if kind == PackKind::K4 { base[K4_SC + 16 * j + r] as i32 } else { base[K6_SC + 16 * j + r] as i8 as i32 };
+                    isum = isum.wrapping_add(s.wrapping_mul(sc));
+                }
+                let bs = |i: usize| ab.bsums[i] as i32;
+                let mut msum = 0i32;
+                if kind == PackKind::K4 {
+                    for j in 0..8 {
+                        msum += i16_at(base, K4_MIN + 64 * (j / 2) + 4 * r + 2 * (j % 2)) * (bs(2 * j) + bs(2 * j + 1));
+                    }
+                    *acc = (f32_at(base, 4 * r) * ab.d).mul_add(isum as f32, *acc);
+                    *acc = (-(f32_at(base, K4_DMIN + 4 * r) * ab.d)).mul_add(msum as f32, *acc);
+                } else {
+                    for j in 0..16 {
+                        msum += i16_at(base, K6_PAIRS + 64 * (j / 2) + 4 * r + 2 * (j % 2)) * bs(j);
+                    }
+                    let s = isum.wrapping_sub(msum << 5);
+                    *acc = (f32_at(base, 4 * r) * ab.d).mul_add(s as f32, *acc);
+                }
+            }
+        }
+        for (j, v) in acc.iter().take(nrows).enumerate() {
+            *y.add(t * ystride + j) = *v;
+        }
+    }
+}
+
+/// The SIMD K-quant tile GEMM for this CPU, if there is one (as [`kernel`]).
+pub fn kernel_k() -> Option<GemmKFn> {
+    kernel()?;
+    #[cfg(target_arch = "x86_64")]
+    return Some(super::simd_avx512::gemm_k);
+    #[allow(unreachable_code)]
+    None
 }
 
 /// The SIMD tile GEMM for this CPU, if there is one (AVX-512 F/BW with VNNI). `RUVLLM_NO_GEMM`

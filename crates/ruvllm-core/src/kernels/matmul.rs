@@ -458,7 +458,7 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
                     _ => None,
                 };
                 if let Some((g, p)) = packed {
-                    run_gemm(pool, p, n, act, g, y);
+                    run_gemm::<BlockQ8>(pool, p, n, act, g, y);
                 } else if n >= REPACK_MIN_TOKENS && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q5_0) {
                     run_repacked(pool, w.ty, data, rs, rows, n, act, nb, k.q8_0, k.q8_0_x4, y);
                 } else {
@@ -471,6 +471,11 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
             let nb = cols / QK_K;
             with_scratch(&SCRATCH_Q8K, n * nb, |act| {
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8k);
+                if let Some(g) = k.gemm_k.filter(|_| n >= GEMM_MIN_TOKENS) {
+                    if let Some(p) = w.packed(pool) {
+                        return run_gemm(pool, p, n, act, g, y);
+                    }
+                }
                 let x4 = match w.ty {
                     GgmlType::Q4_K => Some(k.q4_k_x4),
                     GgmlType::Q6_K => Some(k.q6_k_x4),
@@ -587,9 +592,12 @@ fn run_repacked(
     pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
 }
 
-/// Q4_0/Q5_0/Q8_0 weights and several tokens: each task runs the tile GEMM `g` over its tiles
-/// of the packed weight and its tokens.
-fn run_gemm(pool: &ThreadPool, p: &gemm::Packed, n: usize, act: &[BlockQ8], g: gemm::GemmFn, y: &mut [f32]) {
+/// A tile GEMM over activations of type `A` (`gemm::GemmFn`, `gemm::GemmKFn`).
+type TileGemm<A> = unsafe fn(gemm::PackKind, &[u8], usize, &[A], usize, *mut f32, usize, usize);
+
+/// Packed weights and several tokens: each task runs the tile GEMM `g` over its tiles of the
+/// packed weight and its tokens.
+fn run_gemm<A: Sync>(pool: &ThreadPool, p: &gemm::Packed, n: usize, act: &[A], g: TileGemm<A>, y: &mut [f32]) {
     let (rows, nb, tiles) = (p.rows, p.nb, p.tiles());
     let threads = pool.threads();
     let row_tasks = if threads == 1 { 1 } else { (threads * 4).min(tiles) };

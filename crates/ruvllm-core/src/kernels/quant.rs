@@ -72,6 +72,24 @@ pub(crate) fn get_scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// The 256 unsigned 6-bit quants (`q + 32`) of a Q6_K block, in element order (element `e`
+/// has scale `scales[e / 16]`), as ggml's `dequantize_row_q6_K` walks them.
+pub(crate) fn q6_k_quants(b: &[u8]) -> [u8; QK_K] {
+    let mut u = [0u8; QK_K];
+    for n in 0..2 {
+        let ql = &b[64 * n..64 * n + 64];
+        let qh = &b[128 + 32 * n..128 + 32 * n + 32];
+        let y = &mut u[128 * n..128 * n + 128];
+        for l in 0..32 {
+            y[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+            y[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            y[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            y[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    u
+}
+
 // ---------------------------------------------------------------------------------------------
 // dequantization (ggml's dequantize_row_*)
 // ---------------------------------------------------------------------------------------------
@@ -208,22 +226,9 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::Q6_K => {
             for (b, y) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(QK_K)) {
                 let d = f16_at(b, 208);
-                for n in 0..2 {
-                    let ql = &b[64 * n..64 * n + 64];
-                    let qh = &b[128 + 32 * n..128 + 32 * n + 32];
-                    let sc = &b[192 + 8 * n..192 + 8 * n + 8];
-                    let yy = &mut y[128 * n..128 * n + 128];
-                    for l in 0..32 {
-                        let is = l / 16;
-                        let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-                        let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-                        let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-                        let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-                        yy[l] = d * (sc[is] as i8) as f32 * q1 as f32;
-                        yy[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
-                        yy[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
-                        yy[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
-                    }
+                let u = q6_k_quants(b);
+                for (e, y) in y.iter_mut().enumerate() {
+                    *y = d * (b[192 + e / 16] as i8) as f32 * (u[e] as i32 - 32) as f32;
                 }
             }
         }

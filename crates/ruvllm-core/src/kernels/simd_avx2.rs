@@ -36,6 +36,7 @@ pub fn kernels(f16c: bool) -> Kernels {
         f16: dot_f16,
         bf16: dot_bf16,
         gemm: None,
+        gemm_k: None,
         isa: "avx2",
     }
 }

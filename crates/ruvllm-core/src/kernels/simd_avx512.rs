@@ -7,8 +7,8 @@
 
 use std::arch::x86_64::*;
 
-use super::gemm::{PackKind, TILE_ROWS};
-use super::quant::BlockQ8;
+use super::gemm::{self, PackKind, TILE_ROWS};
+use super::quant::{BlockQ8, BlockQ8K};
 
 const Q8: u8 = 0;
 const Q5: u8 = 1;
@@ -23,6 +23,7 @@ pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok
         PackKind::Q8 => run::<Q8>(tile.as_ptr(), nb, act.as_ptr(), ntok, y, ystride, nrows),
         PackKind::Q5 => run::<Q5>(tile.as_ptr(), nb, act.as_ptr(), ntok, y, ystride, nrows),
         PackKind::Q4 => run::<Q4>(tile.as_ptr(), nb, act.as_ptr(), ntok, y, ystride, nrows),
+        PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
     }
 }
 
@@ -99,6 +100,108 @@ unsafe fn tokens<const K: u8, const T: usize>(tile: *const u8, nb: usize, act: *
             o = _mm512_dpbusd_epi32(o, w[7], x(7));
             let s = _mm512_cvtepi32_ps(_mm512_add_epi32(e, o));
             *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(ab.d)), s, *acc);
+        }
+    }
+    for (k, acc) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(y.add(k * ystride), mask, *acc);
+    }
+}
+
+const K4: u8 = 3;
+const K6: u8 = 4;
+
+/// K-quant tile GEMM (see `gemm::GemmKFn` and `gemm::gemm_k_ref`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
+    assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+    let mask: __mmask16 = if nrows == TILE_ROWS { 0xFFFF } else { (1u16 << nrows) - 1 };
+    let (p, a) = (tile.as_ptr(), act.as_ptr());
+    let mut t = 0;
+    while t + 4 <= ntok {
+        match kind {
+            PackKind::K4 => tokens_k::<K4, 4>(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask),
+            PackKind::K6 => tokens_k::<K6, 4>(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask),
+            _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
+        }
+        t += 4;
+    }
+    while t < ntok {
+        match kind {
+            PackKind::K4 => tokens_k::<K4, 1>(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask),
+            PackKind::K6 => tokens_k::<K6, 1>(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask),
+            _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
+        }
+        t += 1;
+    }
+}
+
+/// `T` consecutive tokens over all super-blocks of a K-quant tile.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8K, y: *mut f32, ystride: usize, mask: __mmask16) {
+    let bb = if K == K4 { PackKind::K4.block_bytes() } else { PackKind::K6.block_bytes() };
+    let mut acc = [_mm512_setzero_ps(); T];
+    let ld = |p: *const u8| _mm512_load_si512(p as *const _);
+    for b in 0..nb {
+        let base = tile.add(b * bb);
+        let mut isum = [_mm512_setzero_si512(); T];
+        if K == K4 {
+            for j in 0..8 {
+                let w = weights::<Q4>(base.add(gemm::K4_QS + 256 * j));
+                let sc = _mm512_cvtepu8_epi32(_mm_load_si128(base.add(gemm::K4_SC + 16 * j) as *const __m128i));
+                for (k, isum) in isum.iter_mut().enumerate() {
+                    let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
+                    let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
+                    let mut e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x(0));
+                    let mut o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
+                    e = _mm512_dpbusd_epi32(e, w[2], x(2));
+                    o = _mm512_dpbusd_epi32(o, w[3], x(3));
+                    e = _mm512_dpbusd_epi32(e, w[4], x(4));
+                    o = _mm512_dpbusd_epi32(o, w[5], x(5));
+                    e = _mm512_dpbusd_epi32(e, w[6], x(6));
+                    o = _mm512_dpbusd_epi32(o, w[7], x(7));
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(_mm512_add_epi32(e, o), sc));
+                }
+            }
+        } else {
+            for j in 0..16 {
+                let wp = base.add(gemm::K6_QS + 256 * j);
+                let (w0, w1, w2, w3) = (ld(wp), ld(wp.add(64)), ld(wp.add(128)), ld(wp.add(192)));
+                let sc = _mm512_cvtepi8_epi32(_mm_load_si128(base.add(gemm::K6_SC + 16 * j) as *const __m128i));
+                for (k, isum) in isum.iter_mut().enumerate() {
+                    let q = (*act.add(k * nb + b)).qs.as_ptr().add(16 * j) as *const i32;
+                    let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
+                    let e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, x(0));
+                    let o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, x(1));
+                    let e = _mm512_dpbusd_epi32(e, w2, x(2));
+                    let o = _mm512_dpbusd_epi32(o, w3, x(3));
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(_mm512_add_epi32(e, o), sc));
+                }
+            }
+        }
+        let dv = _mm512_load_ps(base as *const f32);
+        for (k, (acc, isum)) in acc.iter_mut().zip(isum).enumerate() {
+            let ab = &*act.add(k * nb + b);
+            let da = _mm512_set1_ps(ab.d);
+            let bs = ab.bsums.as_ptr();
+            let mut m = _mm512_setzero_si512();
+            if K == K4 {
+                for p in 0..4 {
+                    let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
+                    let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
+                    m = _mm512_dpwssd_epi32(m, ld(base.add(gemm::K4_MIN + 64 * p)), _mm512_set1_epi32((s0 | s1 << 16) as i32));
+                }
+                *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
+                let dmin = _mm512_load_ps(base.add(gemm::K4_DMIN) as *const f32);
+                *acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(m), *acc);
+            } else {
+                for p in 0..8 {
+                    let pair = (bs.add(2 * p) as *const i32).read_unaligned();
+                    m = _mm512_dpwssd_epi32(m, ld(base.add(gemm::K6_PAIRS + 64 * p)), _mm512_set1_epi32(pair));
+                }
+                let s = _mm512_sub_epi32(isum, _mm512_slli_epi32::<5>(m));
+                *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(s), *acc);
+            }
         }
     }
     for (k, acc) in acc.iter().enumerate() {
