@@ -32,11 +32,12 @@ fn main() {
             println!("prefill logits fingerprint {bits:016x}");
         }
         let t = Instant::now();
-        let n_dec = if std::env::var_os("PREFILL_ONLY").is_some() { 1 } else { 32 };
+        let n_dec = if std::env::var_os("PREFILL_ONLY").is_some() { 1 } else { std::env::var("DECODE_TOKENS").ok().and_then(|s| s.parse().ok()).unwrap_or(32) };
         for i in 0..n_dec {
             model.forward(&[100 + i], prompt + i as usize, &mut cache, &mut scratch, &pool).unwrap();
         }
         let dec = t.elapsed().as_secs_f64() / n_dec as f64;
+
         println!("rep {r}: prefill {prompt} tokens {:.1} ms ({:.1} tok/s); decode {:.2} ms/token ({:.1} tok/s)", pre * 1e3, prompt as f64 / pre, dec * 1e3, 1.0 / dec);
     }
 }

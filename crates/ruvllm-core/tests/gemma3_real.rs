@@ -152,3 +152,35 @@ fn scoring_prefers_the_right_answer_and_real_text() {
     let again = score(&e, &format!("{capitals} Berlin"));
     assert_eq!(again.logprobs, berlin.logprobs);
 }
+
+#[test]
+fn decode_path_matches_prefill_path() {
+    // The last position's logits computed by a 300-token prefill (tile GEMM, grouped attention)
+    // and by a 299-token prefill followed by one decode step (per-row kernels, per-head
+    // attention) agree to float rounding and pick the same token.
+    use ruvllm_core::gguf::GgufFile;
+    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
+    let file = GgufFile::open(&model_path()).unwrap();
+    let cfg = config_from_gguf(&file).unwrap();
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 512).unwrap();
+    let pool = ThreadPool::new(2);
+    model.prepare(&pool);
+    let tokens: Vec<u32> = (0..300u32).map(|i| 2 + (i * 7919) % 20000).collect();
+    let run = |split: usize| {
+        let mut cache = model.new_cache(512, 512);
+        let mut scratch = model.new_scratch(512);
+        model.forward(&tokens[..split], 0, &mut cache, &mut scratch, &pool).unwrap();
+        if split < tokens.len() {
+            model.forward(&tokens[split..], split, &mut cache, &mut scratch, &pool).unwrap();
+        }
+        scratch.logits.clone()
+    };
+    let (a, b) = (run(300), run(299));
+    let argmax = |v: &[f32]| v.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0;
+    assert_eq!(argmax(&a), argmax(&b));
+    let max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    eprintln!("decode vs prefill: max |Δlogit| {max_diff} (max |logit| {scale})");
+    assert!(max_diff < 0.02 * scale, "max |Δlogit| {max_diff} vs scale {scale}");
+}
