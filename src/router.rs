@@ -401,7 +401,7 @@ impl Router {
         let emb = with_router(&shared, |r| Ok(r.embedder().clone()))?;
         let t = std::time::Instant::now();
         let v = emb.embed(&[&task]).map_err(coded)?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
-        let route = with_router(&shared, |r| r.route_vector(&v).map_err(coded))?;
+        let route = with_router(&shared, |r| r.route_vector(&task, &v).map_err(coded))?;
         Ok((route, t.elapsed().as_secs_f64() * 1e3))
       },
       |_, (r, ms)| {

@@ -259,9 +259,9 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
     }
     let mut no_embed = Vec::new();
     for _ in 0..opts.repeats {
-        for v in &test_vecs {
+        for (x, v) in texts.iter().zip(&test_vecs) {
             let t = Instant::now();
-            let r = router.route_vector(v)?;
+            let r = router.route_vector(x, v)?;
             no_embed.push(t.elapsed().as_secs_f64() * 1e6);
             std::hint::black_box(r);
         }
@@ -300,14 +300,14 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
             let score = |r: &mut Router| -> Result<usize> {
                 let mut c = 0;
                 for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == measured) {
-                    c += (r.route_vector(&test_vecs[i])?.agent == t.agent) as usize;
+                    c += (r.route_vector(&t.text, &test_vecs[i])?.agent == t.agent) as usize;
                 }
                 Ok(c)
             };
             let before = score(&mut r)?;
             let mut calls = 0;
             for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == fed) {
-                let routed = r.route_vector(&test_vecs[i])?.agent;
+                let routed = r.route_vector(&t.text, &test_vecs[i])?.agent;
                 let success = routed == t.agent;
                 let a = r.agent_index(&routed)?;
                 r.feedback_vector(&t.text, &test_vecs[i], a, success)?;
@@ -357,7 +357,7 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
         for rep in 0..opts.repeats.clamp(1, 20) {
             for (i, v) in test_vecs.iter().enumerate() {
                 let t = Instant::now();
-                let route = r.route_vector(v)?;
+                let route = r.route_vector(&tests[i].text, v)?;
                 lat.push(t.elapsed().as_secs_f64() * 1e6);
                 if rep == 0 {
                     correct += (route.agent == tests[i].agent) as usize;

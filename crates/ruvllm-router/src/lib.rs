@@ -14,6 +14,7 @@ pub mod error;
 pub mod hooks;
 pub mod index;
 pub mod keyword;
+pub mod lexical;
 pub mod linear;
 pub mod router;
 pub mod simd;

@@ -1,30 +1,32 @@
 //! The learning agent router.
 //!
 //! A router holds agents and labelled patterns (example tasks with their embedding). A task is
-//! scored per agent from up to four signals:
+//! scored per agent from these signals:
 //!
-//! - **softmax-regression head** (`linear.rs`): per-agent weight vector and bias trained on the
-//!   patterns (weights as sample weights, L2-regularised);
+//! - **softmax-regression head** (`linear.rs`) over the embedding plus sparse TF-IDF word
+//!   features of the task text (`lexical.rs`): trained on the patterns (weights as sample
+//!   weights, class-balanced, L2-regularised) and on failed outcomes as "not this agent" rows;
 //! - **centroid similarity**: cosine between the task and the agent's (weight-averaged,
 //!   normalised) pattern centroid;
 //! - optionally (`Params::knn_features`), a **k-NN vote** over the `k` nearest patterns
 //!   (`pattern.weight * exp((cos - cos_best) / tau)`, normalised to shares) and each agent's
-//!   **nearest-pattern similarity**.
+//!   **nearest-pattern similarity**;
 //!
 //! `logit[a] = beta_linear * head[a] + beta_centroid * cos_centroid[a] (+ beta_knn * share[a] +
-//! beta_nearest * nearest[a])`, and `confidence` is the softmax of the logits at the winning
-//! agent. The betas are fitted by maximum likelihood over the router's own patterns (out-of-fold
-//! head logits, leave-one-out centroids and neighbours), so the confidence is a calibrated
-//! probability on tasks that look like the patterns (the benchmark reports how well that holds
-//! on held-out tasks: reliability buckets and ECE). With the k-NN features off (the default; they
-//! add nothing on catalogue cross-validation), a route costs 2 x agents dot products whatever
-//! the number of stored patterns.
+//! beta_nearest * nearest[a])`, and `confidence` is the softmax of the logits at the
+//! winning agent. The betas are fitted by maximum likelihood over the router's own patterns
+//! (out-of-fold head logits, leave-one-out centroids and neighbours), so the confidence is a
+//! calibrated probability on tasks that look like the patterns (the benchmark reports how well
+//! that holds on held-out tasks: reliability buckets and ECE). With the k-NN features off (the
+//! default; they add nothing on catalogue cross-validation), a route costs 2 x agents dot
+//! products plus a lookup per word of the task, whatever the number of stored patterns.
 //!
 //! Learning (`feedback`): a success adds the task as a new pattern of that agent with weight
 //! `feedback_weight` (or, if a near-identical pattern of the agent exists, raises its weight); a
-//! failure lowers the weight of the agent's patterns that pulled the task towards it (each
-//! failure multiplies their weight by `failure_decay`, so repeated failures push a pattern
-//! towards the floor). Either way the centroids update and the head is retrained, warm-started.
+//! failure is kept as a negative row for the head, and near-identical patterns of that agent
+//! (cosine >= `failure_cos`) count it: from their `failures_to_penalise`-th failure on, each
+//! failure multiplies their weight by `failure_decay`. Either way the centroids update and the
+//! head is retrained, warm-started.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -35,7 +37,8 @@ use serde::{Deserialize, Serialize};
 use crate::embed::Embedder;
 use crate::error::{Error, Result};
 use crate::index::{IndexConfig, VectorIndex};
-use crate::linear::{LinearHead, ITERS, ITERS_WARM};
+use crate::lexical::{Lexicon, Sparse};
+use crate::linear::{LinearHead, Row, ITERS, ITERS_WARM};
 use crate::simd::dot;
 
 /// An agent the router can choose.
@@ -92,20 +95,31 @@ pub struct Params {
     /// A success this close to an existing pattern of the same agent reinforces it instead of
     /// adding a new one.
     pub dedup_cos: f32,
-    /// A failure lowers the weight of the agent's neighbouring patterns at least this similar.
+    /// A failure counts against the agent's patterns at least this similar (near-identical
+    /// tasks only); see `failures_to_penalise`.
     pub failure_cos: f32,
+    /// A pattern's weight is lowered (times `failure_decay`) from its this-many-th failure on:
+    /// one failure may be the agent's bad luck, repeated ones say the pattern misleads.
+    #[serde(default = "default_failures_to_penalise")]
+    pub failures_to_penalise: u32,
+    /// Sample weight in the head of a failed (task, agent) outcome, trained as "not this agent"
+    /// (`-log(1 - p)`); 0 ignores failures in the head.
+    #[serde(default = "default_negative_weight")]
+    pub negative_weight: f32,
     /// Weight multiplier per failure.
     pub failure_decay: f32,
     /// Weight floor.
     pub min_weight: f32,
     /// Weight ceiling (reinforced patterns).
     pub max_weight: f32,
-    /// Starting weight of a pattern learned from a successful outcome: an observed task of this
-    /// deployment counts more than a hand-written catalogue example.
+    /// Starting weight of a pattern learned from a successful outcome. 1 (as a catalogue
+    /// example): the learning simulation on the catalogue (`catalogue_cv --learning`) showed no
+    /// gain from weighting outcomes higher (weight 2 did slightly worse).
     #[serde(default = "default_feedback_weight")]
     pub feedback_weight: f32,
     /// Let `fit` use the k-NN vote and nearest-pattern features. Off by default: on 5-fold
-    /// cross-validation over the catalogue they add nothing (85.3 % with and without), and
+    /// cross-validation over the catalogue they added nothing (85.3 % with and without, measured
+    /// with the embedding-only head), and
     /// without them a route costs one dot product per agent (plus the head), independent of the
     /// number of stored patterns; the index then serves feedback (dedup, penalties) only.
     #[serde(default)]
@@ -113,7 +127,13 @@ pub struct Params {
 }
 
 fn default_feedback_weight() -> f32 {
-    2.0
+    1.0
+}
+fn default_failures_to_penalise() -> u32 {
+    2
+}
+fn default_negative_weight() -> f32 {
+    1.0
 }
 
 impl Default for Params {
@@ -126,7 +146,9 @@ impl Default for Params {
             beta_nearest: 0.0,
             beta_linear: 0.0,
             dedup_cos: 0.97,
-            failure_cos: 0.6,
+            failure_cos: 0.9,
+            failures_to_penalise: default_failures_to_penalise(),
+            negative_weight: default_negative_weight(),
             failure_decay: 0.6,
             min_weight: 0.05,
             max_weight: 3.0,
@@ -173,9 +195,24 @@ pub struct Router {
     /// Per agent: weighted sum of pattern vectors, and its normalised form.
     centroid_sum: Vec<Vec<f32>>,
     centroid: Vec<Vec<f32>>,
-    /// Softmax-regression head over the non-synthetic patterns.
+    /// Softmax-regression head over the non-synthetic patterns and the negatives.
     head: LinearHead,
+    /// Words of the non-synthetic pattern texts (the head's lexical features).
+    lexicon: Lexicon,
+    /// Failed outcomes: the task did not go well with this agent.
+    negatives: Vec<Negative>,
     params: Params,
+}
+
+/// A failed outcome kept for the head: `agent` was wrong for `text`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Negative {
+    pub text: String,
+    pub agent: usize,
+    /// Little-endian f32 vector, base64.
+    v: String,
+    #[serde(skip)]
+    vec: Vec<f32>,
 }
 
 const FORMAT: &str = "ruvllm-router";
@@ -200,6 +237,8 @@ struct Saved {
     #[serde(default)]
     head: LinearHead,
     patterns: Vec<SavedPattern>,
+    #[serde(default)]
+    negatives: Vec<Negative>,
 }
 
 fn encode_vec(v: &[f32]) -> String {
@@ -297,6 +336,8 @@ impl Router {
             embedder,
             patterns: Vec::new(),
             head: LinearHead::default(),
+            lexicon: Lexicon::default(),
+            negatives: Vec::new(),
             params,
             agents: Vec::new(),
         };
@@ -333,6 +374,10 @@ impl Router {
     pub fn patterns(&self) -> &[Pattern] {
         &self.patterns
     }
+    /// Failed outcomes kept for the head.
+    pub fn negatives(&self) -> &[Negative] {
+        &self.negatives
+    }
     pub fn params(&self) -> &Params {
         &self.params
     }
@@ -366,6 +411,9 @@ impl Router {
         for (s, x) in self.centroid_sum[a].iter_mut().zip(v) {
             *s += p.weight * x;
         }
+        if p.source != Source::Synthetic {
+            self.lexicon.add_doc(&p.text);
+        }
         self.patterns.push(p);
         let id = self.index.push(v);
         self.renorm_centroid(a);
@@ -381,6 +429,9 @@ impl Router {
                 *s += p.weight * x;
             }
             touched[p.agent] = true;
+            if p.source != Source::Synthetic {
+                self.lexicon.add_doc(&p.text);
+            }
             self.patterns.push(p);
             vecs.push(v);
         }
@@ -455,11 +506,16 @@ impl Router {
     /// Routes a task text (embeds it, then `route_vector`).
     pub fn route(&mut self, task: &str) -> Result<Route> {
         let v = self.embed_one(task)?;
-        self.route_vector(&v)
+        self.route_vector(task, &v)
     }
 
-    /// Per-agent probabilities for an embedded task.
-    pub fn probabilities(&mut self, q: &[f32]) -> Result<Vec<f32>> {
+    /// The lexical features of `task` over the router's vocabulary.
+    pub fn lexical_features(&self, task: &str) -> Sparse {
+        self.lexicon.features(task)
+    }
+
+    /// Per-agent probabilities for a task, given its text and its embedding `q`.
+    pub fn probabilities(&mut self, task: &str, q: &[f32]) -> Result<Vec<f32>> {
         if self.patterns.is_empty() {
             return Err(Error::Empty("the router has no patterns: give agents examples or descriptions, or call addExamples".into()));
         }
@@ -479,16 +535,18 @@ impl Router {
                 + self.params.beta_centroid * dot(q, &self.centroid[a]);
         }
         if self.params.beta_linear > 0.0 && self.head.is_trained() {
-            for (l, z) in logits.iter_mut().zip(self.head.logits(q)) {
+            let lex = self.lexicon.features(task);
+            for (l, z) in logits.iter_mut().zip(self.head.logits(q, &lex)) {
                 *l += self.params.beta_linear * z;
             }
         }
         Ok(softmax(&logits))
     }
 
-    /// Routes an embedded task: the winning agent, its probability and the runners-up.
-    pub fn route_vector(&mut self, q: &[f32]) -> Result<Route> {
-        let probs = self.probabilities(q)?;
+    /// Routes a task whose embedding `q` is already known (`task` is its text, for the lexical
+    /// features): the winning agent, its probability and the runners-up.
+    pub fn route_vector(&mut self, task: &str, q: &[f32]) -> Result<Route> {
+        let probs = self.probabilities(task, q)?;
         let mut order: Vec<usize> = (0..probs.len()).collect();
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
         let top = order[0];
@@ -538,33 +596,69 @@ impl Router {
             self.retrain_head(ITERS_WARM);
             Ok(FeedbackEffect::Added { pattern: id })
         } else {
-            let hit: Vec<usize> = nn
+            // The failure itself: "not this agent" for this task (and, through the head, for
+            // tasks like it).
+            self.negatives.push(Negative { text: task.to_string(), agent: a, v: String::new(), vec: v.to_vec() });
+            // Near-identical patterns of the agent count the failure; from the
+            // `failures_to_penalise`-th on, their weight drops.
+            let near: Vec<usize> = nn
                 .iter()
                 .filter(|&&(id, s)| self.patterns[id].agent == a && s >= self.params.failure_cos)
                 .map(|&(id, _)| id)
                 .collect();
-            for &id in &hit {
+            let mut hit = Vec::new();
+            for &id in &near {
                 self.patterns[id].failures += 1;
-                let w = (self.patterns[id].weight * self.params.failure_decay).max(self.params.min_weight);
-                self.set_weight(id, w);
+                if self.patterns[id].failures >= self.params.failures_to_penalise {
+                    let w = (self.patterns[id].weight * self.params.failure_decay).max(self.params.min_weight);
+                    self.set_weight(id, w);
+                    hit.push(id);
+                }
             }
-            if !hit.is_empty() {
-                self.retrain_head(ITERS_WARM);
-            }
+            self.retrain_head(ITERS_WARM);
             Ok(FeedbackEffect::Penalised { patterns: hit })
         }
     }
 
-    /// The head's training set: every non-synthetic pattern, weighted by its weight.
-    fn head_rows(&self, skip_fold: Option<(usize, usize)>) -> Vec<(&[f32], usize, f32)> {
-        self.patterns
-            .iter()
-            .enumerate()
-            .filter(|(i, p)| {
-                p.source != Source::Synthetic && p.weight > 0.0 && skip_fold.is_none_or(|(f, k)| p.source == Source::Description || i % k != f)
-            })
-            .map(|(i, p)| (self.index.vector(i), p.agent, p.weight))
-            .collect()
+    /// The head's training set: every non-synthetic pattern (weighted by its weight) and every
+    /// negative (weighted by `negative_weight`), with their lexical features. With `skip_fold =
+    /// (f, k)`, patterns `i` with `i % k == f` (other than descriptions) and all negatives are
+    /// left out.
+    fn head_rows(&self, skip_fold: Option<(usize, usize)>) -> (Vec<Sparse>, Vec<(&[f32], usize, f32, bool)>) {
+        let mut lex = Vec::new();
+        let mut rows = Vec::new();
+        for (i, p) in self.patterns.iter().enumerate() {
+            if p.source != Source::Synthetic && p.weight > 0.0 && skip_fold.is_none_or(|(f, k)| p.source == Source::Description || i % k != f) {
+                lex.push(self.lexicon.features(&p.text));
+                rows.push((self.index.vector(i), p.agent, p.weight, false));
+            }
+        }
+        if skip_fold.is_none() && self.params.negative_weight > 0.0 {
+            for n in &self.negatives {
+                lex.push(self.lexicon.features(&n.text));
+                rows.push((n.vec.as_slice(), n.agent, self.params.negative_weight, true));
+            }
+        }
+        (lex, rows)
+    }
+
+    fn train_head(&self, skip_fold: Option<(usize, usize)>, init: Option<&LinearHead>, iters: usize) -> LinearHead {
+        let (lex, mut rows) = self.head_rows(skip_fold);
+        // Class balance: each agent's positive rows weigh as much in total as the mean agent's,
+        // so an agent with more examples (or more learned successes) does not gain a prior edge
+        // (catalogue CV: 92.3 % unbalanced, 92.6 % balanced).
+        let mut per_agent = vec![0.0f32; self.agents.len()];
+        for r in rows.iter().filter(|r| !r.3) {
+            per_agent[r.1] += r.2;
+        }
+        let present: Vec<f32> = per_agent.iter().copied().filter(|&w| w > 0.0).collect();
+        let mean = present.iter().sum::<f32>() / present.len().max(1) as f32;
+        for r in rows.iter_mut().filter(|r| !r.3) {
+            r.2 *= mean / per_agent[r.1];
+        }
+        let rows: Vec<Row> =
+            rows.iter().zip(&lex).map(|(&(x, label, weight, negative), l)| Row { x, lex: l, label, weight, negative }).collect();
+        LinearHead::train(&rows, self.agents.len(), self.embedder.dim(), self.lexicon.len(), init, iters)
     }
 
     /// Retrains the softmax-regression head (warm-started from the current one).
@@ -572,9 +666,7 @@ impl Router {
         if self.agents.len() < 2 {
             return;
         }
-        let rows = self.head_rows(None);
-        let head = LinearHead::train(&rows, self.agents.len(), self.embedder.dim(), Some(&self.head), iters);
-        self.head = head;
+        self.head = self.train_head(None, Some(&self.head), iters);
     }
 
     /// Trains the softmax-regression head, then fits `(beta_linear, beta_knn, beta_nearest,
@@ -593,9 +685,7 @@ impl Router {
             return;
         }
         const FOLDS: usize = 5;
-        let fold_heads: Vec<LinearHead> = (0..FOLDS)
-            .map(|f| LinearHead::train(&self.head_rows(Some((f, FOLDS))), na, self.embedder.dim(), None, ITERS))
-            .collect();
+        let fold_heads: Vec<LinearHead> = (0..FOLDS).map(|f| self.train_head(Some((f, FOLDS)), None, ITERS)).collect();
         let step = (n / 1500).max(1);
         let k = self.params.k;
         // Per sampled pattern: its neighbours without itself, and LOO centroid cosines.
@@ -628,7 +718,7 @@ impl Router {
                     }
                 })
                 .collect();
-            let oof = fold_heads[i % FOLDS].logits(&v);
+            let oof = fold_heads[i % FOLDS].logits(&v, &self.lexicon.features(&self.patterns[i].text));
             samples.push(Sample { label, nn, cent, oof });
         }
         if samples.len() < 10 {
@@ -640,7 +730,7 @@ impl Router {
         let taus: &[f32] = if self.params.knn_features { &[0.02, 0.05, 0.1] } else { &[0.05] };
         for &tau in taus {
             let feats: Vec<(Vec<f32>, Vec<f32>)> = samples.iter().map(|s| neighbour_features(&self.patterns, &s.nn, na, tau)).collect();
-            for bl in [0.0f32, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0] {
+            for bl in [0.0f32, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0] {
                 let bns: &[f32] = if self.params.knn_features { &[0.0, 5.0, 10.0, 20.0] } else { &[0.0] };
                 let bks: Vec<f32> = if self.params.knn_features { (0..=6).map(|i| i as f32 * 1.5).collect() } else { vec![0.0] };
                 for &bn in bns {
@@ -686,6 +776,7 @@ impl Router {
                 .enumerate()
                 .map(|(i, p)| SavedPattern { p: p.clone(), v: encode_vec(self.index.vector(i)) })
                 .collect(),
+            negatives: self.negatives.iter().map(|n| Negative { v: encode_vec(&n.vec), vec: Vec::new(), ..n.clone() }).collect(),
         };
         serde_json::to_string(&saved).map_err(|e| Error::Internal(format!("serialising the router: {e}")))
     }
@@ -736,9 +827,30 @@ impl Router {
             embedder,
             patterns: Vec::with_capacity(saved.patterns.len()),
             head: if same { saved.head } else { LinearHead::default() },
+            lexicon: Lexicon::default(),
+            negatives: Vec::new(),
             params: saved.params,
             agents: saved.agents,
         };
+        let mut negatives = saved.negatives;
+        if same {
+            for (i, n) in negatives.iter_mut().enumerate() {
+                n.vec = decode_vec(&n.v, dim).ok_or_else(|| bad(format!("negative {i}: bad vector")))?;
+            }
+        } else if !negatives.is_empty() {
+            let texts: Vec<String> = negatives.iter().map(|n| n.text.clone()).collect();
+            let vecs = r.embedder.embed(&texts.iter().map(|t| t.as_str()).collect::<Vec<_>>())?;
+            for (n, v) in negatives.iter_mut().zip(vecs) {
+                n.vec = v;
+            }
+        }
+        for (i, n) in negatives.iter_mut().enumerate() {
+            if n.agent >= na {
+                return Err(bad(format!("negative {i}: agent index {} out of range", n.agent)));
+            }
+            n.v = String::new();
+        }
+        r.negatives = negatives;
         let mut batch = Vec::with_capacity(vecs.len());
         for (i, (sp, v)) in saved.patterns.into_iter().zip(vecs).enumerate() {
             if sp.p.agent >= na {

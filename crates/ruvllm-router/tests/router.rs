@@ -119,20 +119,41 @@ fn feedback_learns_and_failures_lower_weights() {
         r.feedback("prune the rose bushes", "garden", false).expect("fb");
     }
     assert!(r.patterns()[n0].weight < before * 0.5, "weight {} -> {}", before, r.patterns()[n0].weight);
+    assert_eq!(r.negatives().len(), 3);
     assert!(r.feedback("x", "nobody", true).is_err());
     let err = r.add_examples(&[("t".into(), "nobody".into())]).expect_err("unknown agent");
     assert_eq!(err.code(), "ERR_INVALID_ARG");
 }
 
 #[test]
+fn a_failure_pushes_that_agent_down_for_the_task() {
+    let mut r = default_router();
+    let task = "keep a changelog of what each release changes";
+    let p0 = r.route(task).expect("route");
+    r.feedback(task, &p0.agent, false).expect("fb");
+    assert_eq!(r.negatives().len(), 1);
+    let p1 = r.route(task).expect("route");
+    let prob = |x: &ruvllm_router::Route| {
+        if x.agent == p0.agent {
+            x.confidence
+        } else {
+            x.alternatives.iter().find(|a| a.agent == p0.agent).map_or(0.0, |a| a.score)
+        }
+    };
+    assert!(prob(&p1) < p0.confidence, "{p0:?} -> {p1:?}");
+}
+
+#[test]
 fn save_and_load_round_trip() {
     let mut r = default_router();
     r.feedback("migrate the billing cron jobs to Kubernetes CronJobs", "devops", true).expect("fb");
+    r.feedback("write the OpenAPI spec for the orders service", "coder", false).expect("fb");
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("sub").join("router.json");
     r.save(&path).expect("save");
     let mut l = Router::load(&path, embedder(), IndexConfig::default()).expect("load");
     assert_eq!(l.patterns().len(), r.patterns().len());
+    assert_eq!(l.negatives().len(), 1);
     for t in ["optimise the slow dashboard query", "write the OpenAPI spec for the orders service"] {
         let (a, b) = (r.route(t).expect("r"), l.route(t).expect("l"));
         assert_eq!(a.agent, b.agent);
