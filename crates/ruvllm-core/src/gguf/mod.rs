@@ -151,6 +151,24 @@ pub enum Storage {
     Owned(Vec<u8>),
 }
 
+impl Storage {
+    /// Tells the OS that bytes `offset..offset + len` are not needed for now: mapped file pages
+    /// leave the process's memory and are read back from the file on the next access (the
+    /// mapping is read-only, so no data is lost). Owned bytes are kept.
+    pub fn release(&self, offset: usize, len: usize) {
+        #[cfg(unix)]
+        if let Storage::Mmap(m) = self {
+            if offset.checked_add(len).is_some_and(|e| e <= m.len()) {
+                // SAFETY: the map is a read-only file mapping that nobody writes, so dropping its
+                // pages cannot change what a later read sees. Failure only means the pages stay.
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (offset, len);
+    }
+}
+
 impl std::ops::Deref for Storage {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

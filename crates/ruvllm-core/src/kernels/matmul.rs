@@ -106,8 +106,12 @@ impl QWeight {
     /// Packs the weight for the prefill GEMM now (at model load), where this CPU has one and
     /// the type has a packed format.
     pub fn prepare(&self, pool: &ThreadPool) {
-        if dot::kernels().gemm.is_some() {
-            let _ = self.packed(pool);
+        if dot::kernels().gemm.is_some() && self.packed(pool).is_some() {
+            // Every matmul with this weight now reads the packed copy: let the file's pages
+            // leave memory (they are read back from the file if anything touches them).
+            if let WeightData::Mapped { storage, offset, len } = &self.data {
+                storage.release(*offset, *len);
+            }
         }
     }
 
@@ -453,10 +457,9 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
             let nb = cols / QK;
             with_scratch(&SCRATCH_Q8, n * nb, |act| {
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8);
-                let packed = match k.gemm {
-                    Some(g) if n >= GEMM_MIN_TOKENS => w.packed(pool).map(|p| (g, p)),
-                    _ => None,
-                };
+                // Packed weights take the tile GEMM for any number of tokens, so a token's result
+                // does not depend on how tokens are batched (prefill, decode, prefix reuse).
+                let packed = k.gemm.and_then(|g| w.packed(pool).map(|p| (g, p)));
                 if let Some((g, p)) = packed {
                     run_gemm::<BlockQ8>(pool, p, n, act, g, y);
                 } else if n >= REPACK_MIN_TOKENS && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q5_0) {
@@ -471,7 +474,7 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
             let nb = cols / QK_K;
             with_scratch(&SCRATCH_Q8K, n * nb, |act| {
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8k);
-                if let Some(g) = k.gemm_k.filter(|_| n >= GEMM_MIN_TOKENS) {
+                if let Some(g) = k.gemm_k {
                     if let Some(p) = w.packed(pool) {
                         return run_gemm(pool, p, n, act, g, y);
                     }
@@ -516,9 +519,6 @@ const ROW_TILE: usize = 16;
 
 /// From this many tokens on, Q4_0/Q5_0 row tiles are unpacked to Q8_0 once per tile.
 const REPACK_MIN_TOKENS: usize = 6;
-
-/// From this many tokens on, the 32-element formats use the tile GEMM where there is one.
-const GEMM_MIN_TOKENS: usize = 4;
 
 thread_local! {
     static SCRATCH_TILE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
