@@ -321,47 +321,51 @@ fn batched_equals_per_token() {
     }
 }
 
-#[test]
-fn gemm_kernel_equals_scalar_model() {
-    // The SIMD tile GEMM against its scalar model, bit for bit, for every packed format, full
-    // and partial tiles, token counts that exercise the 4-token and 1-token paths.
-    let Some(g) = gemm::kernel() else {
-        eprintln!("no tile GEMM on this CPU; skipped");
-        return;
-    };
+/// A tile GEMM as `gemm::GemmFn` / `gemm::GemmKFn` over activations `A`.
+type TileFn<A> = unsafe fn(gemm::PackKind, &[u8], usize, &[A], usize, *mut f32, usize, usize);
+
+/// Packs `ty` weights of each shape, runs the SIMD tile GEMM and its scalar model over every
+/// tile for each token count, and checks them bit for bit against each other and, to float
+/// rounding, against the per-row scalar dot product.
+fn check_tile_gemm<A: Default + Clone>(
+    ty: GgmlType,
+    shapes: &[(usize, usize)],
+    block: usize,
+    quantize_act: fn(&[f32], &mut [A]),
+    simd: TileFn<A>,
+    model: TileFn<A>,
+) {
     let pool = ThreadPool::new(1);
-    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0] {
-        for (rows, cols) in [(16usize, 64usize), (37, 512), (5, 96)] {
-            let (qw, _) = weight(ty, rows, cols, 11 + rows as u64 + ty.id() as u64);
-            let nb = cols / 32;
-            let p = gemm::Packed::new(&pool, ty, qw.bytes(), rows, nb).unwrap();
-            assert_eq!(p.tiles(), rows.div_ceil(16));
-            for n in [1usize, 4, 7] {
-                let mut rng = Rng::new(n as u64 + 100);
-                let x = rng.vec(n * cols, 1.0);
-                let mut act = vec![BlockQ8::default(); n * nb];
-                for t in 0..n {
-                    quantize_act_q8(&x[t * cols..(t + 1) * cols], &mut act[t * nb..(t + 1) * nb]);
+    for &(rows, cols) in shapes {
+        let (qw, _) = weight(ty, rows, cols, 11 + rows as u64 + ty.id() as u64);
+        let nb = cols / block;
+        let p = gemm::Packed::new(&pool, ty, qw.bytes(), rows, nb).unwrap();
+        assert_eq!(p.tiles(), rows.div_ceil(16));
+        for n in [1usize, 4, 6, 7] {
+            let mut rng = Rng::new(n as u64 + 100);
+            let x = rng.vec(n * cols, 1.0);
+            let mut act = vec![A::default(); n * nb];
+            for t in 0..n {
+                quantize_act(&x[t * cols..(t + 1) * cols], &mut act[t * nb..(t + 1) * nb]);
+            }
+            let mut ys = vec![0f32; n * rows];
+            let mut yr = vec![0f32; n * rows];
+            for ti in 0..p.tiles() {
+                let r0 = ti * 16;
+                let nrows = (rows - r0).min(16);
+                unsafe {
+                    simd(p.kind, p.tile(ti), nb, &act, n, ys.as_mut_ptr().add(r0), rows, nrows);
+                    model(p.kind, p.tile(ti), nb, &act, n, yr.as_mut_ptr().add(r0), rows, nrows);
                 }
-                let mut ys = vec![0f32; n * rows];
-                let mut yr = vec![0f32; n * rows];
-                for ti in 0..p.tiles() {
-                    let r0 = ti * 16;
-                    let nrows = (rows - r0).min(16);
-                    unsafe {
-                        g(p.kind, p.tile(ti), nb, &act, n, ys.as_mut_ptr().add(r0), rows, nrows);
-                        gemm::gemm_ref(p.kind, p.tile(ti), nb, &act, n, yr.as_mut_ptr().add(r0), rows, nrows);
-                    }
-                }
-                assert_eq!(ys, yr, "{} {rows}x{cols} n={n}", ty.name());
-                // And the model against the per-row scalar dot product (float rounding only).
-                for t in 0..n {
-                    let mut y1 = vec![0f32; rows];
-                    matmul_scalar(&pool, &qw, &x[t * cols..(t + 1) * cols], 1, &mut y1);
-                    let scale = y1.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    for r in 0..rows {
-                        assert!((yr[t * rows + r] - y1[r]).abs() <= 2e-6 * scale, "{} t={t} r={r}", ty.name());
-                    }
+            }
+            assert_eq!(ys, yr, "{} {rows}x{cols} n={n}", ty.name());
+            for t in 0..n {
+                let mut y1 = vec![0f32; rows];
+                matmul_scalar(&pool, &qw, &x[t * cols..(t + 1) * cols], 1, &mut y1);
+                let scale = y1.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for r in 0..rows {
+                    let v = yr[t * rows + r];
+                    assert!((v - y1[r]).abs() <= 2e-6 * scale, "{} t={t} r={r}: {v} vs {}", ty.name(), y1[r]);
                 }
             }
         }
@@ -369,47 +373,26 @@ fn gemm_kernel_equals_scalar_model() {
 }
 
 #[test]
+fn gemm_kernel_equals_scalar_model() {
+    // Q8_0/Q5_0/Q4_0 tiles: full and partial tiles, the 4-token and 1-token paths.
+    let Some(g) = gemm::kernel() else {
+        eprintln!("no tile GEMM on this CPU; skipped");
+        return;
+    };
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0] {
+        check_tile_gemm::<BlockQ8>(ty, &[(16, 64), (37, 512), (5, 96)], 32, quantize_act_q8, g, gemm::gemm_ref);
+    }
+}
+
+#[test]
 fn gemm_k_kernel_equals_scalar_model() {
-    // The same for the K-quant tiles (Q4_K, Q6_K): SIMD bit-equal to the scalar model, and the
-    // model within float rounding of the per-row scalar dot product.
+    // The same for the K-quant tiles (Q4_K, Q6_K).
     let Some(g) = gemm::kernel_k() else {
         eprintln!("no tile GEMM on this CPU; skipped");
         return;
     };
-    let pool = ThreadPool::new(1);
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-        for (rows, cols) in [(16usize, 256usize), (37, 512), (5, 768)] {
-            let (qw, _) = weight(ty, rows, cols, 21 + rows as u64 + ty.id() as u64);
-            let nb = cols / 256;
-            let p = gemm::Packed::new(&pool, ty, qw.bytes(), rows, nb).unwrap();
-            for n in [1usize, 4, 6] {
-                let mut rng = Rng::new(n as u64 + 200);
-                let x = rng.vec(n * cols, 1.0);
-                let mut act = vec![BlockQ8K::default(); n * nb];
-                for t in 0..n {
-                    quantize_act_q8k(&x[t * cols..(t + 1) * cols], &mut act[t * nb..(t + 1) * nb]);
-                }
-                let mut ys = vec![0f32; n * rows];
-                let mut yr = vec![0f32; n * rows];
-                for ti in 0..p.tiles() {
-                    let r0 = ti * 16;
-                    let nrows = (rows - r0).min(16);
-                    unsafe {
-                        g(p.kind, p.tile(ti), nb, &act, n, ys.as_mut_ptr().add(r0), rows, nrows);
-                        gemm::gemm_k_ref(p.kind, p.tile(ti), nb, &act, n, yr.as_mut_ptr().add(r0), rows, nrows);
-                    }
-                }
-                assert_eq!(ys, yr, "{} {rows}x{cols} n={n}", ty.name());
-                for t in 0..n {
-                    let mut y1 = vec![0f32; rows];
-                    matmul_scalar(&pool, &qw, &x[t * cols..(t + 1) * cols], 1, &mut y1);
-                    let scale = y1.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    for r in 0..rows {
-                        assert!((yr[t * rows + r] - y1[r]).abs() <= 2e-6 * scale, "{} t={t} r={r}: {} vs {}", ty.name(), yr[t * rows + r], y1[r]);
-                    }
-                }
-            }
-        }
+        check_tile_gemm::<BlockQ8K>(ty, &[(16, 256), (37, 512), (5, 768)], 256, quantize_act_q8k, g, gemm::gemm_k_ref);
     }
 }
 

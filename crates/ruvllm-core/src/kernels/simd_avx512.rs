@@ -27,10 +27,19 @@ pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok
     }
 }
 
+/// Store mask for the first `nrows` lanes.
+fn row_mask(nrows: usize) -> __mmask16 {
+    if nrows >= TILE_ROWS {
+        0xFFFF
+    } else {
+        (1u16 << nrows) - 1
+    }
+}
+
 /// Tokens four at a time, then one at a time.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 unsafe fn run<const K: u8>(tile: *const u8, nb: usize, a: *const BlockQ8, ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
-    let mask: __mmask16 = if nrows == TILE_ROWS { 0xFFFF } else { (1u16 << nrows) - 1 };
+    let mask = row_mask(nrows);
     let mut t = 0;
     while t + 4 <= ntok {
         tokens::<K, 4>(tile, nb, a.add(t * nb), y.add(t * ystride), ystride, mask);
@@ -115,7 +124,7 @@ const K6: u8 = 4;
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
     assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
-    let mask: __mmask16 = if nrows == TILE_ROWS { 0xFFFF } else { (1u16 << nrows) - 1 };
+    let mask = row_mask(nrows);
     let (p, a) = (tile.as_ptr(), act.as_ptr());
     let mut t = 0;
     while t + 4 <= ntok {
