@@ -161,7 +161,7 @@ fn decode_path_matches_prefill_path() {
     use ruvllm_core::gguf::GgufFile;
     use ruvllm_core::kernels::ThreadPool;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
-    let file = GgufFile::open(&model_path()).unwrap();
+    let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 512).unwrap();
     let pool = ThreadPool::new(2);
