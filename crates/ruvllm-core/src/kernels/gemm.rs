@@ -21,7 +21,7 @@
 //! instead of one per group of four), so results agree with them to float rounding, not bit for
 //! bit; [`gemm_ref`] is the scalar model of the SIMD kernel, equal to it bit for bit.
 
-use super::matmul::ThreadPool;
+use super::matmul::{SyncPtr, ThreadPool};
 use super::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
 use super::GgmlType;
 
@@ -93,17 +93,6 @@ pub(crate) const K6_SC: usize = 64;
 pub(crate) const K6_PAIRS: usize = 320;
 pub(crate) const K6_QS: usize = 832;
 
-impl PackKind {
-    /// Elements of one block.
-    pub const fn block_elems(self) -> usize {
-        if self.is_k() {
-            QK_K
-        } else {
-            QK
-        }
-    }
-}
-
 /// 64-byte aligned storage unit.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
@@ -147,7 +136,7 @@ impl Packed {
         let tiles = rows.div_ceil(TILE_ROWS);
         let tb = nb * kind.block_bytes();
         let mut lines = vec![Line([0; 64]); tiles * tb / 64];
-        let base = SendPtr(lines.as_mut_ptr() as *mut u8);
+        let base = SyncPtr(lines.as_mut_ptr() as *mut u8);
         let tasks = (pool.threads() * 4).min(tiles);
         pool.for_each(tasks, &|i| {
             for t in (i * tiles / tasks)..((i + 1) * tiles / tasks) {
@@ -158,16 +147,6 @@ impl Packed {
             }
         });
         Some(Self { kind, rows, nb, lines })
-    }
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut u8);
-unsafe impl Sync for SendPtr {}
-unsafe impl Send for SendPtr {}
-impl SendPtr {
-    fn get(self) -> *mut u8 {
-        self.0
     }
 }
 

@@ -393,7 +393,7 @@ fn with_scratch<T: Default + Clone, R>(
     })
 }
 
-struct SyncPtr<T>(*mut T);
+pub(super) struct SyncPtr<T>(pub(super) *mut T);
 impl<T> Clone for SyncPtr<T> {
     fn clone(&self) -> Self {
         *self
@@ -406,7 +406,7 @@ unsafe impl<T> Send for SyncPtr<T> {}
 impl<T> SyncPtr<T> {
     /// Taking `self` whole makes closures capture the wrapper, not the raw pointer field.
     #[inline(always)]
-    fn get(self) -> *mut T {
+    pub(super) fn get(self) -> *mut T {
         self.0
     }
 }
@@ -543,16 +543,26 @@ impl Split {
     }
 }
 
-/// Splits `rows` (and, for few row chunks, the `n` tokens) into tasks.
-fn split(threads: usize, rows: usize, n: usize) -> Split {
-    // Row chunks: a few per thread for load balance, but not tiny ones.
-    let min_rows = if n == 1 { 32 } else { ROW_TILE };
-    let row_tasks = if threads == 1 { 1 } else { (threads * 4).min(rows.div_ceil(min_rows)).max(1) };
-    let rows_per = rows.div_ceil(row_tasks).next_multiple_of(4).min(rows);
-    let row_tasks = rows.div_ceil(rows_per);
-    // Few row chunks but many tokens: split tokens too.
-    let tok_tasks = if n > 1 && row_tasks < threads * 2 { (threads * 2).div_ceil(row_tasks).min(n) } else { 1 };
-    let toks_per = n.div_ceil(tok_tasks);
+/// Splits `rows` (and, for few row chunks, the `n` tokens) into tasks for the per-row kernels.
+fn split_rows(threads: usize, rows: usize, n: usize) -> Split {
+    // Row chunks of a multiple of 4 rows, not tiny ones.
+    split(threads, rows, n, if n == 1 { 32 } else { ROW_TILE }, 4, 1)
+}
+
+/// Splits `units` (rows, or row tiles) into a few chunks per thread, each a multiple of `align`
+/// units and none under `min_units` where possible; when that leaves the pool short of tasks,
+/// splits the `n` tokens too, in multiples of `tok_align`.
+fn split(threads: usize, units: usize, n: usize, min_units: usize, align: usize, tok_align: usize) -> Split {
+    let row_tasks = if threads == 1 { 1 } else { (threads * 4).min(units.div_ceil(min_units)).max(1) };
+    let rows_per = units.div_ceil(row_tasks).next_multiple_of(align).min(units);
+    let row_tasks = units.div_ceil(rows_per);
+    // Few chunks but many tokens (and more than one thread): split tokens too.
+    let tok_tasks = if threads > 1 && n > 1 && row_tasks < threads * 2 {
+        (threads * 2).div_ceil(row_tasks).min(n.div_ceil(tok_align))
+    } else {
+        1
+    };
+    let toks_per = n.div_ceil(tok_tasks).next_multiple_of(tok_align);
     let tok_tasks = n.div_ceil(toks_per);
     Split { row_tasks, rows_per, tok_tasks, toks_per }
 }
@@ -573,7 +583,7 @@ fn run_repacked(
     f4: super::dot::DotQ8x4Fn,
     y: &mut [f32],
 ) {
-    let sp = split(pool.threads(), rows, n);
+    let sp = split_rows(pool.threads(), rows, n);
     let rs8 = nb * 34;
     let yp = SyncPtr(y.as_mut_ptr());
     let task = |i: usize| {
@@ -599,14 +609,8 @@ type TileGemm<A> = unsafe fn(gemm::PackKind, &[u8], usize, &[A], usize, *mut f32
 /// packed weight and its tokens.
 fn run_gemm<A: Sync>(pool: &ThreadPool, p: &gemm::Packed, n: usize, act: &[A], g: TileGemm<A>, y: &mut [f32]) {
     let (rows, nb, tiles) = (p.rows, p.nb, p.tiles());
-    let threads = pool.threads();
-    let row_tasks = if threads == 1 { 1 } else { (threads * 4).min(tiles) };
-    let rows_per = tiles.div_ceil(row_tasks);
-    let row_tasks = tiles.div_ceil(rows_per);
-    // Few tiles but many tokens: split tokens too (in multiples of four).
-    let tok_tasks = if threads > 1 && row_tasks < threads * 2 { (threads * 2).div_ceil(row_tasks).min(n.div_ceil(4)) } else { 1 };
-    let toks_per = n.div_ceil(tok_tasks).next_multiple_of(4);
-    let sp = Split { row_tasks, rows_per, tok_tasks: n.div_ceil(toks_per), toks_per };
+    // Whole tiles per task; tokens, if split, in multiples of four (the kernel's token group).
+    let sp = split(pool.threads(), tiles, n, 1, 1, 4);
     let yp = SyncPtr(y.as_mut_ptr());
     let task = |i: usize| {
         let (i0, i1, t0, t1) = sp.task(i, tiles, n);
@@ -635,7 +639,7 @@ fn run<A: Sync>(
     f4: Option<Dot4<A>>,
     y: &mut [f32],
 ) {
-    let sp = split(pool.threads(), rows, n);
+    let sp = split_rows(pool.threads(), rows, n);
     let yp = SyncPtr(y.as_mut_ptr());
     let task = |i: usize| {
         let (r0, r1, t0, t1) = sp.task(i, rows, n);

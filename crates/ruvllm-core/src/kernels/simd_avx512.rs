@@ -18,35 +18,33 @@ const Q4: u8 = 2;
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
-    assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
-    match kind {
-        PackKind::Q8 => run::<Q8>(tile.as_ptr(), nb, act.as_ptr(), ntok, y, ystride, nrows),
-        PackKind::Q5 => run::<Q5>(tile.as_ptr(), nb, act.as_ptr(), ntok, y, ystride, nrows),
-        PackKind::Q4 => run::<Q4>(tile.as_ptr(), nb, act.as_ptr(), ntok, y, ystride, nrows),
+    let (four, one): (Tokens<BlockQ8>, Tokens<BlockQ8>) = match kind {
+        PackKind::Q8 => (tokens::<Q8, 4>, tokens::<Q8, 1>),
+        PackKind::Q5 => (tokens::<Q5, 4>, tokens::<Q5, 1>),
+        PackKind::Q4 => (tokens::<Q4, 4>, tokens::<Q4, 1>),
         PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
-    }
+    };
+    groups(four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
 }
 
-/// Store mask for the first `nrows` lanes.
-fn row_mask(nrows: usize) -> __mmask16 {
-    if nrows >= TILE_ROWS {
-        0xFFFF
-    } else {
-        (1u16 << nrows) - 1
-    }
-}
+/// Some consecutive tokens over all blocks of a tile: `(tile, nb, their activations, their
+/// first output, ystride, store mask)`.
+type Tokens<A> = unsafe fn(*const u8, usize, *const A, *mut f32, usize, __mmask16);
 
-/// Tokens four at a time, then one at a time.
+/// Checks the lengths, then runs `four` on the tokens four at a time and `one` on the rest.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-unsafe fn run<const K: u8>(tile: *const u8, nb: usize, a: *const BlockQ8, ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
-    let mask = row_mask(nrows);
+#[allow(clippy::too_many_arguments)]
+unsafe fn groups<A>(four: Tokens<A>, one: Tokens<A>, kind: PackKind, tile: &[u8], nb: usize, act: &[A], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
+    assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+    let mask: __mmask16 = if nrows == TILE_ROWS { 0xFFFF } else { (1u16 << nrows) - 1 };
+    let (p, a) = (tile.as_ptr(), act.as_ptr());
     let mut t = 0;
     while t + 4 <= ntok {
-        tokens::<K, 4>(tile, nb, a.add(t * nb), y.add(t * ystride), ystride, mask);
+        four(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask);
         t += 4;
     }
     while t < ntok {
-        tokens::<K, 1>(tile, nb, a.add(t * nb), y.add(t * ystride), ystride, mask);
+        one(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask);
         t += 1;
     }
 }
@@ -123,26 +121,12 @@ const K6: u8 = 4;
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
-    assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
-    let mask = row_mask(nrows);
-    let (p, a) = (tile.as_ptr(), act.as_ptr());
-    let mut t = 0;
-    while t + 4 <= ntok {
-        match kind {
-            PackKind::K4 => tokens_k::<K4, 4>(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask),
-            PackKind::K6 => tokens_k::<K6, 4>(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask),
-            _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
-        }
-        t += 4;
-    }
-    while t < ntok {
-        match kind {
-            PackKind::K4 => tokens_k::<K4, 1>(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask),
-            PackKind::K6 => tokens_k::<K6, 1>(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask),
-            _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
-        }
-        t += 1;
-    }
+    let (four, one): (Tokens<BlockQ8K>, Tokens<BlockQ8K>) = match kind {
+        PackKind::K4 => (tokens_k::<K4, 4>, tokens_k::<K4, 1>),
+        PackKind::K6 => (tokens_k::<K6, 4>, tokens_k::<K6, 1>),
+        _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
+    };
+    groups(four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
 }
 
 /// `T` consecutive tokens over all super-blocks of a K-quant tile.
