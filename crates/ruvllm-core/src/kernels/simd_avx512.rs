@@ -137,6 +137,26 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
     let ld = |p: *const u8| _mm512_load_si512(p as *const _);
     for b in 0..nb {
         let base = tile.add(b * bb);
+        // The scales and the min (or −32 offset) terms first, so the tile's bytes are read
+        // in ascending order: the hardware prefetcher then keeps up with the stream.
+        let dv = _mm512_load_ps(base as *const f32);
+        let dmin = if K == K4 { _mm512_load_ps(base.add(gemm::K4_DMIN) as *const f32) } else { _mm512_setzero_ps() };
+        let mut mins = [_mm512_setzero_si512(); T];
+        for (k, m) in mins.iter_mut().enumerate() {
+            let bs = (*act.add(k * nb + b)).bsums.as_ptr();
+            if K == K4 {
+                for p in 0..4 {
+                    let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
+                    let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
+                    *m = _mm512_dpwssd_epi32(*m, ld(base.add(gemm::K4_MIN + 64 * p)), _mm512_set1_epi32((s0 | s1 << 16) as i32));
+                }
+            } else {
+                for p in 0..8 {
+                    let pair = (bs.add(2 * p) as *const i32).read_unaligned();
+                    *m = _mm512_dpwssd_epi32(*m, ld(base.add(gemm::K6_PAIRS + 64 * p)), _mm512_set1_epi32(pair));
+                }
+            }
+        }
         let mut isum = [_mm512_setzero_si512(); T];
         if K == K4 {
             for j in 0..8 {
@@ -172,26 +192,12 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
                 }
             }
         }
-        let dv = _mm512_load_ps(base as *const f32);
-        for (k, (acc, isum)) in acc.iter_mut().zip(isum).enumerate() {
-            let ab = &*act.add(k * nb + b);
-            let da = _mm512_set1_ps(ab.d);
-            let bs = ab.bsums.as_ptr();
-            let mut m = _mm512_setzero_si512();
+        for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum.into_iter().zip(mins)).enumerate() {
+            let da = _mm512_set1_ps((*act.add(k * nb + b)).d);
             if K == K4 {
-                for p in 0..4 {
-                    let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
-                    let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
-                    m = _mm512_dpwssd_epi32(m, ld(base.add(gemm::K4_MIN + 64 * p)), _mm512_set1_epi32((s0 | s1 << 16) as i32));
-                }
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
-                let dmin = _mm512_load_ps(base.add(gemm::K4_DMIN) as *const f32);
                 *acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(m), *acc);
             } else {
-                for p in 0..8 {
-                    let pair = (bs.add(2 * p) as *const i32).read_unaligned();
-                    m = _mm512_dpwssd_epi32(m, ld(base.add(gemm::K6_PAIRS + 64 * p)), _mm512_set1_epi32(pair));
-                }
                 let s = _mm512_sub_epi32(isum, _mm512_slli_epi32::<5>(m));
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(s), *acc);
             }
