@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use ruvllm_core::kernels::matmul::{matmul_scalar, WeightData};
+use ruvllm_core::kernels::matmul::{matmul_fused, matmul_scalar, WeightData};
 use ruvllm_core::kernels::quant::{dequantize, quantize, quantize_act_q8, quantize_act_q8k, BlockQ8, BlockQ8K};
 use ruvllm_core::kernels::gemm;
 use ruvllm_core::kernels::{matmul, GgmlType, QWeight, ThreadPool};
@@ -316,6 +316,41 @@ fn batched_equals_per_token() {
                 let mut y1 = vec![0f32; rows];
                 mm(&pool, &qw, &x[t * cols..(t + 1) * cols], 1, &mut y1);
                 assert_eq!(&yb[t * rows..(t + 1) * rows], &y1[..], "{} scalar={scalar} t={t}", ty.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_equals_separate() {
+    // One job over several weights' tiles (packed, mixed formats and activation kinds, odd row
+    // counts) gives exactly the separate matmuls, for decode and prefill token counts.
+    let cols = 512;
+    let sets: [&[(GgmlType, usize)]; 4] = [
+        &[(GgmlType::Q5_0, 67), (GgmlType::Q5_0, 16), (GgmlType::Q8_0, 33)],
+        &[(GgmlType::Q4_K, 40), (GgmlType::Q6_K, 17)],
+        &[(GgmlType::Q4_0, 48), (GgmlType::Q6_K, 5), (GgmlType::Q8_0, 21)],
+        // F16 has no packed copy: the call falls back to separate products.
+        &[(GgmlType::Q5_0, 32), (GgmlType::F16, 9)],
+    ];
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        for (si, set) in sets.iter().enumerate() {
+            let ws: Vec<QWeight> = set.iter().enumerate().map(|(i, &(ty, rows))| weight(ty, rows, cols, 40 + i as u64).0).collect();
+            for w in &ws {
+                w.prepare(&pool);
+            }
+            for n in [1, 3, 6] {
+                let x = Rng::new(90 + n as u64).vec(n * cols, 1.0);
+                let mut fused: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+                let wr: Vec<&QWeight> = ws.iter().collect();
+                let mut outs: Vec<&mut [f32]> = fused.iter_mut().map(|v| &mut v[..]).collect();
+                matmul_fused(&pool, &wr, &x, n, &mut outs);
+                for (w, yf) in ws.iter().zip(&fused) {
+                    let mut y = vec![0f32; n * w.rows];
+                    matmul(&pool, w, &x, n, &mut y);
+                    assert_eq!(yf, &y, "set {si} {} threads={threads} n={n}", w.ty.name());
+                }
             }
         }
     }

@@ -491,6 +491,85 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
     }
 }
 
+/// Several products of the same input: `ys[i] = ws[i] · x` for `n` tokens (the query, key and
+/// value projections; the gate and up projections). Where every weight has a packed copy, all
+/// their tiles run as one pool job, with the activations quantized once: one dispatch instead of
+/// one per weight, and no small jobs with their start-up and tail costs. Each tile is computed
+/// as in [`matmul`] whatever the task split, so the results equal separate calls bit for bit.
+///
+/// Panics if the weights differ in `cols`, or `x` or a `ys[i]` is too short for `n` tokens.
+pub fn matmul_fused(pool: &ThreadPool, ws: &[&QWeight], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), ys.len(), "matmul_fused: {} weights, {} outputs", ws.len(), ys.len());
+    let k = dot::kernels();
+    let packed: Option<Vec<&gemm::Packed>> = match (k.gemm, k.gemm_k) {
+        (Some(_), Some(_)) if ws.len() > 1 && n > 0 => ws.iter().map(|w| w.packed(pool)).collect(),
+        _ => None,
+    };
+    let Some(ps) = packed else {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul(pool, w, x, n, y);
+        }
+        return;
+    };
+    let (g, gk) = (k.gemm.unwrap(), k.gemm_k.unwrap());
+    let cols = ws[0].cols;
+    assert!(ws.iter().all(|w| w.cols == cols), "matmul_fused: weights differ in columns");
+    assert!(x.len() >= n * cols, "matmul_fused: x has {} values, need {n}×{cols}", x.len());
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        assert!(y.len() >= n * w.rows, "matmul_fused: y has {} values, need {n}×{}", y.len(), w.rows);
+    }
+    let x = &x[..n * cols];
+    let need_k = ps.iter().any(|p| p.kind.is_k());
+    let need_8 = ps.iter().any(|p| !p.kind.is_k());
+    let (nb8, nbk) = (cols / QK, cols / QK_K);
+    with_scratch(&SCRATCH_Q8, if need_8 { n * nb8 } else { 0 }, |a8| {
+        with_scratch(&SCRATCH_Q8K, if need_k { n * nbk } else { 0 }, |ak| {
+            if need_8 {
+                quantize_acts(pool, x, n, cols, a8, quant::quantize_act_q8);
+            }
+            if need_k {
+                quantize_acts(pool, x, n, cols, ak, quant::quantize_act_q8k);
+            }
+            // The weights' tiles, end to end: tile `ti` of the job is tile `ti - first[w]` of
+            // weight `w`.
+            let mut first = Vec::with_capacity(ps.len() + 1);
+            first.push(0);
+            for p in &ps {
+                first.push(first.last().unwrap() + p.tiles());
+            }
+            let tiles = *first.last().unwrap();
+            let sp = split(pool.threads(), tiles, n, 1, 1, 4);
+            let yps: Vec<SyncPtr<f32>> = ys.iter_mut().map(|y| SyncPtr(y.as_mut_ptr())).collect();
+            let (a8, ak) = (&*a8, &*ak);
+            let task = |i: usize| {
+                let (i0, i1, t0, t1) = sp.task(i, tiles, n);
+                let mut w = 0;
+                for ti in i0..i1 {
+                    while ti >= first[w + 1] {
+                        w += 1;
+                    }
+                    let (p, rows) = (ps[w], ws[w].rows);
+                    let lt = ti - first[w];
+                    let r0 = lt * gemm::TILE_ROWS;
+                    let nrows = (rows - r0).min(gemm::TILE_ROWS);
+                    let y = yps[w].get();
+                    // SAFETY: as in `run_gemm`: `g`/`gk` are this CPU's tile kernels, which check
+                    // the lengths; `ys[w]` holds `n × rows` values (asserted above); each
+                    // `ys[w][t][r]` has one writer.
+                    unsafe {
+                        if p.kind.is_k() {
+                            gk(p.kind, p.tile(lt), p.nb, &ak[t0 * nbk..t1 * nbk], t1 - t0, y.add(t0 * rows + r0), rows, nrows)
+                        } else {
+                            g(p.kind, p.tile(lt), p.nb, &a8[t0 * nb8..t1 * nb8], t1 - t0, y.add(t0 * rows + r0), rows, nrows)
+                        }
+                    }
+                }
+            };
+            pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
+        })
+    })
+}
+
 /// Quantizes the `n` activation rows, in parallel when there are many.
 fn quantize_acts<B: Send>(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, act: &mut [B], q: fn(&[f32], &mut [B])) {
     let nb = act.len() / n;

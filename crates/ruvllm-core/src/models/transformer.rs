@@ -4,7 +4,7 @@
 //! (`llm_build_gemma3_iswa`, `llm_build_llama`, `llm_build_qwen2`) so greedy output matches it.
 
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::kernels::matmul::WeightData;
+use crate::kernels::matmul::{matmul_fused, WeightData};
 use crate::kernels::ops::{self, RopeStyle, RopeTable};
 use crate::kernels::{matmul, GgmlType, QWeight, ThreadPool};
 use crate::kv::{KvCache, LayerCache};
@@ -363,9 +363,7 @@ impl Transformer {
                 ops::rms_norm(&s.x[t * d..(t + 1) * d], &layer.attn_norm, c.norm_eps, &mut s.xn[t * d..(t + 1) * d]);
             }
             let xn = &s.xn[..n * d];
-            matmul(pool, &layer.wq, xn, n, &mut s.q[..n * q_dim]);
-            matmul(pool, &layer.wk, xn, n, &mut s.k[..n * kv_dim]);
-            matmul(pool, &layer.wv, xn, n, &mut s.v[..n * kv_dim]);
+            matmul_fused(pool, &[&layer.wq, &layer.wk, &layer.wv], xn, n, &mut [&mut s.q[..n * q_dim], &mut s.k[..n * kv_dim], &mut s.v[..n * kv_dim]]);
             for t in 0..n {
                 let q = &mut s.q[t * q_dim..(t + 1) * q_dim];
                 let k = &mut s.k[t * kv_dim..(t + 1) * kv_dim];
@@ -405,8 +403,7 @@ impl Transformer {
             }
             let xn = &s.xn[..n * d];
             let ff = c.ff_dim;
-            matmul(pool, &layer.ffn_gate, xn, n, &mut s.gate[..n * ff]);
-            matmul(pool, &layer.ffn_up, xn, n, &mut s.up[..n * ff]);
+            matmul_fused(pool, &[&layer.ffn_gate, &layer.ffn_up], xn, n, &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]]);
             match c.activation {
                 Activation::GeluTanh => ops::gelu_tanh_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
                 Activation::Silu => ops::silu_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
