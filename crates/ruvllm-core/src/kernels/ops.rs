@@ -247,6 +247,43 @@ pub fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
     }
 }
 
+/// Attention scores over cached keys: `out[j] = dot(q, k[offs[j]..][..q.len()]) * scale`, the
+/// same operations as [`dot`] per key (identical results), several keys at a time so `q` is
+/// loaded once for them.
+///
+/// Panics if a key row lies outside `k` or `out` is shorter than `offs`.
+pub fn scores(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    assert!(out.len() >= offs.len() && offs.iter().all(|&o| o + hd <= k.len()), "scores: key rows out of range");
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2() && hd.is_multiple_of(16) {
+        // SAFETY: AVX2 and FMA were detected; every row `offs[j]..offs[j] + hd` is inside `k`.
+        return unsafe { simd::scores(q, k, offs, scale, out) };
+    }
+    for (o, &off) in out.iter_mut().zip(offs) {
+        *o = dot(q, &k[off..off + hd]) * scale;
+    }
+}
+
+/// Attention output over cached values: `out = Σ_j w[j] · v[offs[j]..][..out.len()]`, rows in
+/// order from zero, with per element the same fused multiply-adds as [`axpy`] row by row
+/// (identical results), but the output stays in registers across the rows.
+///
+/// Panics if a value row lies outside `v` or `w` is shorter than `offs`.
+pub fn weighted_sum(w: &[f32], v: &[f32], offs: &[usize], out: &mut [f32]) {
+    let hd = out.len();
+    assert!(w.len() >= offs.len() && offs.iter().all(|&o| o + hd <= v.len()), "weighted_sum: value rows out of range");
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2() && hd.is_multiple_of(8) {
+        // SAFETY: AVX2 and FMA were detected; every row `offs[j]..offs[j] + hd` is inside `v`.
+        return unsafe { simd::weighted_sum(w, v, offs, out) };
+    }
+    out.fill(0.0);
+    for (&wj, &off) in w.iter().zip(offs) {
+        axpy(out, wj, &v[off..off + hd]);
+    }
+}
+
 /// AVX2 + FMA versions, chosen at run time (the crate is built for baseline x86-64).
 #[cfg(target_arch = "x86_64")]
 mod simd {
@@ -293,16 +330,88 @@ mod simd {
             acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
             i += 8;
         }
-        let acc = _mm256_add_ps(acc0, acc1);
-        let r = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
-        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-        let r = _mm_add_ss(r, _mm_movehdup_ps(r));
-        let mut s = _mm_cvtss_f32(r);
+        let mut s = hsum2(acc0, acc1);
         while i < n {
             s += a[i] * b[i];
             i += 1;
         }
         s
+    }
+
+    /// The sum of all lanes of `acc0 + acc1`, in [`dot`]'s order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum2(acc0: __m256, acc1: __m256) -> f32 {
+        let acc = _mm256_add_ps(acc0, acc1);
+        let r = _mm_add_ps(_mm256_extractf128_ps::<1>(acc), _mm256_castps256_ps128(acc));
+        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+        _mm_cvtss_f32(r)
+    }
+
+    /// [`super::scores`] for `q.len()` a multiple of 16: per key the two accumulator chains of
+    /// [`dot`], four keys at a time.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scores(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32]) {
+        let hd = q.len();
+        let (pq, pk) = (q.as_ptr(), k.as_ptr());
+        let mut j = 0;
+        while j + 4 <= offs.len() {
+            let rows = [pk.add(offs[j]), pk.add(offs[j + 1]), pk.add(offs[j + 2]), pk.add(offs[j + 3])];
+            let mut a0 = [_mm256_setzero_ps(); 4];
+            let mut a1 = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < hd {
+                let (q0, q1) = (_mm256_loadu_ps(pq.add(i)), _mm256_loadu_ps(pq.add(i + 8)));
+                for r in 0..4 {
+                    a0[r] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(rows[r].add(i)), a0[r]);
+                    a1[r] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(rows[r].add(i + 8)), a1[r]);
+                }
+                i += 16;
+            }
+            for r in 0..4 {
+                *out.get_unchecked_mut(j + r) = hsum2(a0[r], a1[r]) * scale;
+            }
+            j += 4;
+        }
+        while j < offs.len() {
+            *out.get_unchecked_mut(j) = dot(q, std::slice::from_raw_parts(pk.add(offs[j]), hd)) * scale;
+            j += 1;
+        }
+    }
+
+    /// [`super::weighted_sum`] for `out.len()` a multiple of 8: 64 output columns at a time held
+    /// in eight registers over all rows, then the remaining columns eight at a time.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted_sum(w: &[f32], v: &[f32], offs: &[usize], out: &mut [f32]) {
+        let hd = out.len();
+        let mut c = 0;
+        while c + 64 <= hd {
+            columns::<8>(w, v, offs, c, out);
+            c += 64;
+        }
+        while c < hd {
+            columns::<1>(w, v, offs, c, out);
+            c += 8;
+        }
+    }
+
+    /// Columns `c..c + 8R` of [`weighted_sum`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn columns<const R: usize>(w: &[f32], v: &[f32], offs: &[usize], c: usize, out: &mut [f32]) {
+        let pv = v.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (&wj, &off) in w.iter().zip(offs) {
+            let wv = _mm256_set1_ps(wj);
+            let row = pv.add(off + c);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * r)), *a);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), *a);
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -325,6 +434,48 @@ mod simd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attention_kernels_equal_dot_and_axpy() {
+        // `scores` and `weighted_sum` must give exactly the per-row `dot` and `axpy` results
+        // (decode and prefill share them), for head sizes on and off their SIMD paths.
+        let mut seed = 7u32;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed % 2001) as f32 / 1000.0 - 1.0
+        };
+        for hd in [8, 16, 24, 64, 72, 256, 20] {
+            let rows = 11;
+            let k: Vec<f32> = (0..rows * hd + 5).map(|_| rnd()).collect();
+            let v: Vec<f32> = (0..rows * hd + 5).map(|_| rnd()).collect();
+            let q: Vec<f32> = (0..hd).map(|_| rnd()).collect();
+            for span in [0, 1, 3, 4, 5, 9] {
+                // Ring-buffer-like order with an odd start offset.
+                let offs: Vec<usize> = (0..span).map(|j| ((j * 7 + 3) % rows) * hd + 1).collect();
+                let mut got = vec![f32::NAN; span];
+                scores(&q, &k, &offs, 0.37, &mut got);
+                let want: Vec<f32> = offs.iter().map(|&o| dot(&q, &k[o..o + hd]) * 0.37).collect();
+                assert_eq!(got, want, "scores hd={hd} span={span}");
+                let w: Vec<f32> = (0..span).map(|_| rnd()).collect();
+                let mut got = vec![f32::NAN; hd];
+                weighted_sum(&w, &v, &offs, &mut got);
+                let mut want = vec![0f32; hd];
+                for (&wj, &o) in w.iter().zip(&offs) {
+                    axpy(&mut want, wj, &v[o..o + hd]);
+                }
+                assert_eq!(got, want, "weighted_sum hd={hd} span={span}");
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn scores_rejects_rows_outside_the_cache() {
+        let mut out = [0f32; 1];
+        scores(&[1.0; 16], &[0.0; 20], &[8], 1.0, &mut out);
+    }
 
     #[test]
     fn rms_norm_unit_weights_gives_unit_rms() {

@@ -202,8 +202,9 @@ pub struct Transformer {
 }
 
 thread_local! {
-    /// Per-thread attention score row, grown to the longest span seen (no per-token allocation).
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread attention score row and the key/value row offsets of its positions, grown to
+    /// the longest span seen (no per-token allocation).
+    static SCORES: std::cell::RefCell<(Vec<f32>, Vec<usize>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Lets pool tasks write disjoint parts of one buffer.
@@ -432,77 +433,42 @@ impl Transformer {
         let attn = SharedMut(s.attn.as_mut_ptr());
         let q_all = &s.q;
         let scale = c.attn_scale;
-        let task = |i: usize| {
-            let (t, h) = (i / n_head, i % n_head);
-            let pos = pos0 + t;
-            let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let g = h / group;
-            let q = &q_all[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-            // SAFETY: task i owns attn[t*q_dim + h*hd ..][..hd]: disjoint across tasks and inside
-            // the buffer (sized for max_batch tokens in new_scratch; n <= max_batch).
-            let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd), hd) };
-            SCORES.with(|cell| {
-            let mut buf = cell.borrow_mut();
-            if buf.len() < pos + 1 - lo {
-                buf.resize(pos + 1 - lo, 0.0);
-            }
-            let sc = &mut buf[..pos + 1 - lo];
-            for (j, p) in (lo..=pos).enumerate() {
-                let off = cache.slot(p) * kv_row + g * hd;
-                sc[j] = ops::dot(q, &cache.k[off..off + hd]) * scale;
-            }
-            ops::softmax_inplace(sc);
-            out.iter_mut().for_each(|v| *v = 0.0);
-            for (j, p) in (lo..=pos).enumerate() {
-                let off = cache.slot(p) * kv_row + g * hd;
-                ops::axpy(out, sc[j], &cache.v[off..off + hd]);
-            }
-            });
-        };
-        // Decode (few tokens): one task per head keeps both threads busy. Prefill: one task per
-        // (token, KV head) computes all the query heads that share the KV head, so each key and
-        // value row is read once per group instead of once per head (the per-head dots and
-        // axpys are the same operations in the same order: identical results).
-        if group == 1 || n * c.n_kv_head < 2 * pool.threads() {
-            pool.for_each(n * n_head, &task);
-            return;
-        }
+        // One task per (token, KV head, sub-group of the query heads sharing it): the task
+        // computes its heads together, so each key and value row is read once per task instead
+        // of once per head (the per-head dots and axpys are the same operations in the same
+        // order as one head alone: identical results). Sub-groups are as large as keeps every
+        // thread busy: decode with one KV head on two threads runs two tasks of half the heads.
         let n_kv = c.n_kv_head;
+        let mut hs = group;
+        while hs > 1 && hs % 2 == 0 && n * n_kv * (group / hs) < pool.threads() {
+            hs /= 2;
+        }
+        let subs = group / hs;
         let grouped = |i: usize| {
-            let (t, g) = (i / n_kv, i % n_kv);
+            let (t, g, sub) = (i / (n_kv * subs), (i / subs) % n_kv, i % subs);
             let pos = pos0 + t;
             let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
             let span = pos + 1 - lo;
-            let h0 = g * group;
-            let q = &q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + group) * hd];
-            // SAFETY: task i owns attn[t*q_dim + h0*hd ..][..group*hd]: disjoint across tasks.
-            let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h0 * hd), group * hd) };
+            let h0 = g * group + sub * hs;
+            let q = &q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hs) * hd];
+            // SAFETY: task i owns attn[t*q_dim + h0*hd ..][..hs*hd]: disjoint across tasks.
+            let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h0 * hd), hs * hd) };
             SCORES.with(|cell| {
-                let mut buf = cell.borrow_mut();
-                if buf.len() < group * span {
-                    buf.resize(group * span, 0.0);
+                let (buf, offs) = &mut *cell.borrow_mut();
+                if buf.len() < span {
+                    buf.resize(span, 0.0);
                 }
-                let sc = &mut buf[..group * span];
-                for (j, p) in (lo..=pos).enumerate() {
-                    let off = cache.slot(p) * kv_row + g * hd;
-                    let k = &cache.k[off..off + hd];
-                    for h in 0..group {
-                        sc[h * span + j] = ops::dot(&q[h * hd..(h + 1) * hd], k) * scale;
-                    }
-                }
-                for h in 0..group {
-                    ops::softmax_inplace(&mut sc[h * span..(h + 1) * span]);
-                }
-                out.iter_mut().for_each(|v| *v = 0.0);
-                for (j, p) in (lo..=pos).enumerate() {
-                    let off = cache.slot(p) * kv_row + g * hd;
-                    let v = &cache.v[off..off + hd];
-                    for h in 0..group {
-                        ops::axpy(&mut out[h * hd..(h + 1) * hd], sc[h * span + j], v);
-                    }
+                // Where each visible position's key and value rows start.
+                offs.clear();
+                offs.extend((lo..=pos).map(|p| cache.slot(p) * kv_row + g * hd));
+                let sc = &mut buf[..span];
+                for h in 0..hs {
+                    ops::scores(&q[h * hd..(h + 1) * hd], &cache.k, offs, scale, sc);
+                    ops::softmax_inplace(sc);
+                    ops::weighted_sum(sc, &cache.v, offs, &mut out[h * hd..(h + 1) * hd]);
                 }
             });
         };
-        pool.for_each(n * n_kv, &grouped);
+        pool.for_each(n * n_kv * subs, &grouped);
     }
 }
