@@ -1,4 +1,4 @@
-//! A small, dependency-free BERT encoder forward pass in f32 (what all-MiniLM-L6-v2 needs),
+//! A small BERT encoder forward pass, f32 arithmetic (what all-MiniLM-L6-v2 needs),
 //! written for the router's case: one short sentence on one thread.
 //!
 //! Why not candle's `BertModel`: for a 10-token sentence it spends most of its time outside the
@@ -8,6 +8,10 @@
 //! so a 4-token x 24-output tile of `x W^T` accumulates in 12 AVX2 registers while the panel
 //! streams through once per tile; it processes only the real tokens (no padding: each text of a
 //! batch runs its own forward), and fuses Q, K and V into one panel set.
+//!
+//! The panels are stored as f16 by default ([`WeightFormat`]): a short sentence then streams
+//! 21 MB of weights instead of 42 MB, widened to f32 inside the tile kernels (`vcvtph2ps`) and
+//! accumulated in f32; embeddings move by < 1e-4 per coordinate (BENCHMARKS.md, routing).
 //!
 //! Numerics follow Hugging Face `BertModel` (absolute positions, token type 0, post-LN, exact
 //! erf GELU, LayerNorm eps from the config); `tests/router.rs` checks the pooled output against
@@ -45,11 +49,31 @@ fn kernel() -> Kernel {
         if std::env::var_os("RUVLLM_EMBED_NO_AVX512").is_none() && is_x86_feature_detected!("avx512f") {
             return Kernel::Avx512;
         }
-        if crate::simd::has_avx2() {
+        // The AVX2 tiles also convert f16 panels (F16C); every AVX2 CPU has F16C.
+        if crate::simd::has_avx2() && is_x86_feature_detected!("f16c") {
             return Kernel::Avx2;
         }
     }
     Kernel::Generic
+}
+
+/// How [`Linear`] stores its packed weight panels. Accumulation is f32 either way.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum WeightFormat {
+    /// The model's f32 weights as they are.
+    F32,
+    /// Weights rounded to IEEE half precision (round to nearest even) at load time and widened
+    /// back to f32 inside the tile kernels (`vcvtph2ps`). Halves the bytes a forward streams
+    /// (about 42 MB -> 21 MB for all-MiniLM-L6-v2).
+    #[default]
+    F16,
+}
+
+/// Packed panels `[out/nb][in][nb]` in one of the two storage formats.
+enum Panels {
+    F32(Vec<f32>),
+    /// IEEE half bit patterns.
+    F16(Vec<u16>),
 }
 
 /// `y = x W^T + b` with `W` packed into panels `[out/nb][in][nb]` (zero-padded columns).
@@ -58,17 +82,24 @@ pub(crate) struct Linear {
     pub(crate) out: usize,
     nb: usize,
     kernel: Kernel,
-    packed: Vec<f32>,
+    packed: Panels,
     bias: Vec<f32>,
+}
+
+/// Rows of the next register tile when `rest` tokens remain and a tile holds at most `mt`:
+/// the tokens are split into equal tiles (13 tokens at `mt` 12 -> 7 + 6, not 12 + 1), since a
+/// tile of one or two rows leaves too few independent FMA chains to hide their latency.
+fn tile_rows(rest: usize, mt: usize) -> usize {
+    rest.div_ceil(rest.div_ceil(mt))
 }
 
 impl Linear {
     /// From row-major weights `w[out][in]` (PyTorch layout) and bias `b[out]`.
-    pub(crate) fn new(w: &[f32], b: &[f32], out: usize, inp: usize) -> Linear {
-        Self::with_kernel(w, b, out, inp, kernel())
+    pub(crate) fn new(w: &[f32], b: &[f32], out: usize, inp: usize, format: WeightFormat) -> Linear {
+        Self::with_kernel(w, b, out, inp, format, kernel())
     }
 
-    fn with_kernel(w: &[f32], b: &[f32], out: usize, inp: usize, kernel: Kernel) -> Linear {
+    fn with_kernel(w: &[f32], b: &[f32], out: usize, inp: usize, format: WeightFormat, kernel: Kernel) -> Linear {
         assert_eq!(w.len(), out * inp);
         assert_eq!(b.len(), out);
         #[cfg(target_arch = "x86_64")]
@@ -83,19 +114,33 @@ impl Linear {
                 packed[(p * inp + i) * nb + j] = w[o * inp + i];
             }
         }
+        let packed = match format {
+            WeightFormat::F32 => Panels::F32(packed),
+            WeightFormat::F16 => Panels::F16(packed.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect()),
+        };
         Linear { inp, out, nb, kernel, packed, bias: b.to_vec() }
     }
 
     /// `y[t][..out] = x[t][..inp] W^T + b` for `t < n` (`x` is `n x inp`, `y` is `n x out`).
     pub(crate) fn forward(&self, x: &[f32], n: usize, y: &mut [f32]) {
         assert!(x.len() >= n * self.inp && y.len() >= n * self.out);
+        #[cfg(target_arch = "x86_64")]
+        let (base, half) = match &self.packed {
+            Panels::F32(p) => (p.as_ptr() as *const u8, false),
+            Panels::F16(p) => (p.as_ptr() as *const u8, true),
+        };
         match self.kernel {
-            // SAFETY (both): the CPU has the features (checked when the kernel was chosen); the
-            // asserts above bound all accesses, and panels are `inp x nb` by construction.
+            // SAFETY (all four): the CPU has the features (checked when the kernel was chosen);
+            // the asserts above bound all accesses to `x` and `y`, panels are `inp x nb`
+            // elements of the type `half` names, by construction.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => unsafe { self.forward_avx512(x, n, y) },
+            Kernel::Avx512 if half => unsafe { self.forward_avx512::<true>(base, x, n, y) },
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { self.forward_avx2(x, n, y) },
+            Kernel::Avx512 => unsafe { self.forward_avx512::<false>(base, x, n, y) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 if half => unsafe { self.forward_avx2::<true>(base, x, n, y) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { self.forward_avx2::<false>(base, x, n, y) },
             Kernel::Generic => self.forward_generic(x, n, y),
         }
     }
@@ -103,8 +148,17 @@ impl Linear {
     fn forward_generic(&self, x: &[f32], n: usize, y: &mut [f32]) {
         let (inp, out, nb) = (self.inp, self.out, self.nb);
         let mut acc = vec![0.0f32; nb];
+        let mut wide = Vec::new();
         for p in 0..out.div_ceil(nb) {
-            let panel = &self.packed[p * inp * nb..(p + 1) * inp * nb];
+            let range = p * inp * nb..(p + 1) * inp * nb;
+            let panel: &[f32] = match &self.packed {
+                Panels::F32(w) => &w[range],
+                Panels::F16(w) => {
+                    wide.clear();
+                    wide.extend(w[range].iter().map(|&b| half::f16::from_bits(b).to_f32()));
+                    &wide
+                }
+            };
             let cols = nb.min(out - p * nb);
             for t in 0..n {
                 acc.iter_mut().for_each(|a| *a = 0.0);
@@ -122,32 +176,34 @@ impl Linear {
         }
     }
 
+    /// `base` points at the panels: f16 bit patterns when `H`, else f32.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    unsafe fn forward_avx512(&self, x: &[f32], n: usize, y: &mut [f32]) {
+    unsafe fn forward_avx512<const H: bool>(&self, base: *const u8, x: &[f32], n: usize, y: &mut [f32]) {
         let (inp, out) = (self.inp, self.out);
+        let elem = if H { 2 } else { 4 };
         let mut tile = [[0.0f32; NB512]; MT512];
         for p in 0..out.div_ceil(NB512) {
-            let panel = self.packed.as_ptr().add(p * inp * NB512);
+            let panel = base.add(p * inp * NB512 * elem);
             let cols = NB512.min(out - p * NB512);
             let bias = &self.bias[p * NB512..p * NB512 + cols];
             let mut t = 0;
             while t < n {
-                let m = MT512.min(n - t);
+                let m = tile_rows(n - t, MT512);
                 let xp = x.as_ptr().add(t * inp);
                 match m {
-                    12 => tile_avx512::<12>(xp, inp, panel, &mut tile),
-                    11 => tile_avx512::<11>(xp, inp, panel, &mut tile),
-                    10 => tile_avx512::<10>(xp, inp, panel, &mut tile),
-                    9 => tile_avx512::<9>(xp, inp, panel, &mut tile),
-                    8 => tile_avx512::<8>(xp, inp, panel, &mut tile),
-                    7 => tile_avx512::<7>(xp, inp, panel, &mut tile),
-                    6 => tile_avx512::<6>(xp, inp, panel, &mut tile),
-                    5 => tile_avx512::<5>(xp, inp, panel, &mut tile),
-                    4 => tile_avx512::<4>(xp, inp, panel, &mut tile),
-                    3 => tile_avx512::<3>(xp, inp, panel, &mut tile),
-                    2 => tile_avx512::<2>(xp, inp, panel, &mut tile),
-                    _ => tile_avx512::<1>(xp, inp, panel, &mut tile),
+                    12 => tile_avx512::<12, H>(xp, inp, panel, &mut tile),
+                    11 => tile_avx512::<11, H>(xp, inp, panel, &mut tile),
+                    10 => tile_avx512::<10, H>(xp, inp, panel, &mut tile),
+                    9 => tile_avx512::<9, H>(xp, inp, panel, &mut tile),
+                    8 => tile_avx512::<8, H>(xp, inp, panel, &mut tile),
+                    7 => tile_avx512::<7, H>(xp, inp, panel, &mut tile),
+                    6 => tile_avx512::<6, H>(xp, inp, panel, &mut tile),
+                    5 => tile_avx512::<5, H>(xp, inp, panel, &mut tile),
+                    4 => tile_avx512::<4, H>(xp, inp, panel, &mut tile),
+                    3 => tile_avx512::<3, H>(xp, inp, panel, &mut tile),
+                    2 => tile_avx512::<2, H>(xp, inp, panel, &mut tile),
+                    _ => tile_avx512::<1, H>(xp, inp, panel, &mut tile),
                 }
                 for (r, row) in tile.iter().enumerate().take(m) {
                     let dst = &mut y[(t + r) * out + p * NB512..(t + r) * out + p * NB512 + cols];
@@ -160,24 +216,26 @@ impl Linear {
         }
     }
 
+    /// `base` points at the panels: f16 bit patterns when `H`, else f32.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn forward_avx2(&self, x: &[f32], n: usize, y: &mut [f32]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn forward_avx2<const H: bool>(&self, base: *const u8, x: &[f32], n: usize, y: &mut [f32]) {
         let (inp, out) = (self.inp, self.out);
+        let elem = if H { 2 } else { 4 };
         for p in 0..out.div_ceil(NB) {
-            let panel = self.packed.as_ptr().add(p * inp * NB);
+            let panel = base.add(p * inp * NB * elem);
             let cols = NB.min(out - p * NB);
             let bias = &self.bias[p * NB..p * NB + cols];
             let mut t = 0;
             while t < n {
-                let m = MT.min(n - t);
+                let m = tile_rows(n - t, MT);
                 let xp = x.as_ptr().add(t * inp);
                 let mut tile = [[0.0f32; NB]; MT];
                 match m {
-                    4 => tile_avx2::<4>(xp, inp, panel, &mut tile),
-                    3 => tile_avx2::<3>(xp, inp, panel, &mut tile),
-                    2 => tile_avx2::<2>(xp, inp, panel, &mut tile),
-                    _ => tile_avx2::<1>(xp, inp, panel, &mut tile),
+                    4 => tile_avx2::<4, H>(xp, inp, panel, &mut tile),
+                    3 => tile_avx2::<3, H>(xp, inp, panel, &mut tile),
+                    2 => tile_avx2::<2, H>(xp, inp, panel, &mut tile),
+                    _ => tile_avx2::<1, H>(xp, inp, panel, &mut tile),
                 }
                 for (r, row) in tile.iter().enumerate().take(m) {
                     let dst = &mut y[(t + r) * out + p * NB..(t + r) * out + p * NB + cols];
@@ -191,18 +249,49 @@ impl Linear {
     }
 }
 
-/// One `M x 24` register tile: `tile[r][j] = sum_i x[r][i] * panel[i][j]`.
+/// How far ahead of the row being multiplied the tile kernels prefetch panel bytes. The
+/// hardware prefetcher alone left ~35 % of the tile loop waiting on the weight loads (perf,
+/// f16 panels); 2 KiB ahead (32 f16 rows of the AVX-512 panel, ~0.5 us of FMAs) hides most of it
+/// (A/B on the 104 test tasks: 1 KiB and 512 B ahead gained less). Running past a panel's end
+/// prefetches the next panel, which follows in memory.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+const PREFETCH_BYTES: usize = 2048;
+
+/// Prefetches row `i`'s bytes `PREFETCH_BYTES` ahead (rows of `nb` f16 when `H`, else f32).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_row<const H: bool>(panel: *const u8, i: usize, nb: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let row = nb * if H { 2 } else { 4 };
+    // `wrapping_add`: the address may lie past the allocation; a prefetch never faults.
+    let ahead = panel.wrapping_add(i * row + PREFETCH_BYTES);
+    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+    if row > 64 {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64) as *const i8);
+    }
+}
+
+/// One `M x 24` register tile: `tile[r][j] = sum_i x[r][i] * panel[i][j]`; the panel holds f16
+/// bit patterns when `H` (widened with F16C), else f32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile_avx2<const M: usize>(x: *const f32, ldx: usize, panel: *const f32, tile: &mut [[f32; NB]; MT]) {
+unsafe fn tile_avx2<const M: usize, const H: bool>(x: *const f32, ldx: usize, panel: *const u8, tile: &mut [[f32; NB]; MT]) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); 3]; M];
     for i in 0..ldx {
-        let w = panel.add(i * NB);
-        let w0 = _mm256_loadu_ps(w);
-        let w1 = _mm256_loadu_ps(w.add(8));
-        let w2 = _mm256_loadu_ps(w.add(16));
+        let (w0, w1, w2) = if H {
+            let w = (panel as *const u16).add(i * NB);
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(w as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(w.add(8) as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(w.add(16) as *const __m128i)),
+            )
+        } else {
+            let w = (panel as *const f32).add(i * NB);
+            (_mm256_loadu_ps(w), _mm256_loadu_ps(w.add(8)), _mm256_loadu_ps(w.add(16)))
+        };
+        prefetch_row::<H>(panel, i, NB);
         for (r, a) in acc.iter_mut().enumerate() {
             let xb = _mm256_broadcast_ss(&*x.add(r * ldx + i));
             a[0] = _mm256_fmadd_ps(xb, w0, a[0]);
@@ -217,17 +306,23 @@ unsafe fn tile_avx2<const M: usize>(x: *const f32, ldx: usize, panel: *const f32
     }
 }
 
-/// One `M x 32` register tile: `tile[r][j] = sum_i x[r][i] * panel[i][j]`.
+/// One `M x 32` register tile: `tile[r][j] = sum_i x[r][i] * panel[i][j]`; the panel holds f16
+/// bit patterns when `H` (widened with `vcvtph2ps`), else f32.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn tile_avx512<const M: usize>(x: *const f32, ldx: usize, panel: *const f32, tile: &mut [[f32; NB512]; MT512]) {
+unsafe fn tile_avx512<const M: usize, const H: bool>(x: *const f32, ldx: usize, panel: *const u8, tile: &mut [[f32; NB512]; MT512]) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); 2]; M];
     for i in 0..ldx {
-        let w = panel.add(i * NB512);
-        let w0 = _mm512_loadu_ps(w);
-        let w1 = _mm512_loadu_ps(w.add(16));
+        let (w0, w1) = if H {
+            let w = (panel as *const u16).add(i * NB512);
+            (_mm512_cvtph_ps(_mm256_loadu_si256(w as *const __m256i)), _mm512_cvtph_ps(_mm256_loadu_si256(w.add(16) as *const __m256i)))
+        } else {
+            let w = (panel as *const f32).add(i * NB512);
+            (_mm512_loadu_ps(w), _mm512_loadu_ps(w.add(16)))
+        };
+        prefetch_row::<H>(panel, i, NB512);
         for (r, a) in acc.iter_mut().enumerate() {
             let xb = _mm512_set1_ps(*x.add(r * ldx + i));
             a[0] = _mm512_fmadd_ps(xb, w0, a[0]);
@@ -238,6 +333,25 @@ unsafe fn tile_avx512<const M: usize>(x: *const f32, ldx: usize, panel: *const f
         _mm512_storeu_ps(tile[r].as_mut_ptr(), a[0]);
         _mm512_storeu_ps(tile[r].as_mut_ptr().add(16), a[1]);
     }
+}
+
+/// `a · b` for one attention head (`dh` = 32 here): eight lanes of partial sums, then a pairwise
+/// reduction. `simd::dot_generic` keeps 16 lanes and sums them one after another, which for 32
+/// entries costs more than the products (profile: the attention took ~7 % of a forward).
+#[inline(always)]
+fn dot_head(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let q = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    (q[0] + q[2]) + (q[1] + q[3]) + tail
 }
 
 /// `exp(x)` in f32, branch-free (Cephes `expf` polynomial), so loops over it vectorise.
@@ -274,6 +388,15 @@ fn gelu(x: f32) -> f32 {
 fn gelu_slice(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
+        if is_x86_feature_detected!("avx512f") {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn go512(v: &mut [f32]) {
+                v.iter_mut().for_each(|x| *x = gelu(*x));
+            }
+            // SAFETY: AVX-512F is present (checked): 16 lanes per step instead of 8.
+            unsafe { go512(v) };
+            return;
+        }
         if crate::simd::has_avx2() {
             #[target_feature(enable = "avx2,fma")]
             unsafe fn go(v: &mut [f32]) {
@@ -342,7 +465,7 @@ fn default_eps() -> f64 {
 
 impl Bert {
     /// Loads the weights from a safetensors file (with or without the `bert.` prefix).
-    pub(crate) fn load(path: &std::path::Path, cfg: &BertConfig) -> Result<Bert> {
+    pub(crate) fn load(path: &std::path::Path, cfg: &BertConfig, format: WeightFormat) -> Result<Bert> {
         let bad = |r: String| Error::EmbedderLoad { path: path.to_path_buf(), reason: r };
         if let Some(act) = cfg.hidden_act.as_deref() {
             if act != "gelu" {
@@ -398,11 +521,11 @@ impl Bert {
             bqkv.extend(get(&p("attention.self.key.bias"), &[h])?);
             bqkv.extend(get(&p("attention.self.value.bias"), &[h])?);
             layers.push(Layer {
-                qkv: Linear::new(&wqkv, &bqkv, 3 * h, h),
-                attn_out: Linear::new(&get(&p("attention.output.dense.weight"), &[h, h])?, &get(&p("attention.output.dense.bias"), &[h])?, h, h),
+                qkv: Linear::new(&wqkv, &bqkv, 3 * h, h, format),
+                attn_out: Linear::new(&get(&p("attention.output.dense.weight"), &[h, h])?, &get(&p("attention.output.dense.bias"), &[h])?, h, h, format),
                 ln1: (get(&p("attention.output.LayerNorm.weight"), &[h])?, get(&p("attention.output.LayerNorm.bias"), &[h])?),
-                inter: Linear::new(&get(&p("intermediate.dense.weight"), &[ff, h])?, &get(&p("intermediate.dense.bias"), &[ff])?, ff, h),
-                out: Linear::new(&get(&p("output.dense.weight"), &[h, ff])?, &get(&p("output.dense.bias"), &[h])?, h, ff),
+                inter: Linear::new(&get(&p("intermediate.dense.weight"), &[ff, h])?, &get(&p("intermediate.dense.bias"), &[ff])?, ff, h, format),
+                out: Linear::new(&get(&p("output.dense.weight"), &[h, ff])?, &get(&p("output.dense.bias"), &[h])?, h, ff, format),
                 ln2: (get(&p("output.LayerNorm.weight"), &[h])?, get(&p("output.LayerNorm.bias"), &[h])?),
             });
         }
@@ -486,7 +609,7 @@ impl Bert {
                     let mut m = f32::NEG_INFINITY;
                     for j in 0..n {
                         let k = &qkv[j * 3 * h + h + off..j * 3 * h + h + off + dh];
-                        let s = crate::simd::dot_generic(q, k) * scale;
+                        let s = dot_head(q, k) * scale;
                         scores[j] = s;
                         m = m.max(s);
                     }
@@ -536,35 +659,99 @@ impl Bert {
 mod tests {
     use super::*;
 
+    /// Every kernel the CPU has (the generic one always).
+    fn kernels() -> Vec<Kernel> {
+        #[allow(unused_mut)]
+        let mut kernels = vec![Kernel::Generic];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::simd::has_avx2() && is_x86_feature_detected!("f16c") {
+                kernels.push(Kernel::Avx2);
+            }
+            if is_x86_feature_detected!("avx512f") {
+                kernels.push(Kernel::Avx512);
+            }
+        }
+        kernels
+    }
+
+    /// Shapes that exercise full and partial panels and every tile height (up to 25 tokens).
+    const SHAPES: [(usize, usize, usize); 8] = [(24, 8, 1), (50, 13, 7), (48, 32, 4), (30, 5, 9), (64, 20, 13), (70, 9, 25), (96, 40, 14), (33, 17, 2)];
+
+    fn case(out: usize, inp: usize, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let w: Vec<f32> = (0..out * inp).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+        let b: Vec<f32> = (0..out).map(|i| i as f32 * 0.01).collect();
+        let x: Vec<f32> = (0..n * inp).map(|i| ((i * 104729) % 97) as f32 / 97.0 - 0.5).collect();
+        (w, b, x)
+    }
+
+    /// `x w^T + b` in f64, from weights `w` as given.
+    fn naive(w: &[f32], b: &[f32], x: &[f32], inp: usize, t: usize, o: usize) -> f64 {
+        (0..inp).map(|i| x[t * inp + i] as f64 * w[o * inp + i] as f64).sum::<f64>() + b[o] as f64
+    }
+
     #[test]
     fn linear_matches_naive() {
-        for (out, inp, n) in [(24usize, 8usize, 1usize), (50, 13, 7), (48, 32, 4), (30, 5, 9), (64, 20, 13), (70, 9, 25)] {
-            let w: Vec<f32> = (0..out * inp).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
-            let b: Vec<f32> = (0..out).map(|i| i as f32 * 0.01).collect();
-            let x: Vec<f32> = (0..n * inp).map(|i| ((i * 104729) % 97) as f32 / 97.0 - 0.5).collect();
-            #[allow(unused_mut)]
-            let mut kernels = vec![Kernel::Generic];
-            #[cfg(target_arch = "x86_64")]
-            {
-                if crate::simd::has_avx2() {
-                    kernels.push(Kernel::Avx2);
-                }
-                if is_x86_feature_detected!("avx512f") {
-                    kernels.push(Kernel::Avx512);
-                }
-            }
-            for k in kernels {
-                let lin = Linear::with_kernel(&w, &b, out, inp, k);
+        for (out, inp, n) in SHAPES {
+            let (w, b, x) = case(out, inp, n);
+            for k in kernels() {
+                let lin = Linear::with_kernel(&w, &b, out, inp, WeightFormat::F32, k);
                 let mut y = vec![0.0; n * out];
                 lin.forward(&x, n, &mut y);
                 for t in 0..n {
                     for o in 0..out {
-                        let naive: f32 = (0..inp).map(|i| x[t * inp + i] * w[o * inp + i]).sum::<f32>() + b[o];
-                        assert!((y[t * out + o] - naive).abs() < 1e-4, "{k:?} {out}x{inp} n={n} t={t} o={o}");
+                        let want = naive(&w, &b, &x, inp, t, o);
+                        assert!((y[t * out + o] as f64 - want).abs() < 1e-4, "{k:?} {out}x{inp} n={n} t={t} o={o}");
                     }
                 }
             }
         }
+    }
+
+    /// The f16 tiles against a naive product over the f16-rounded weights (so the only
+    /// difference left is f32 summation order: within 1e-5 here), and against the f32 weights
+    /// within the rounding of half precision (2^-11 relative per weight, |x| <= 0.5, so at most
+    /// inp * 0.5 * 0.5 * 2^-11 ~ 5e-3 at inp 40; the bound used, 2e-3, holds for these inputs
+    /// and fails if a kernel read the panels as f32 or misplaced a column).
+    #[test]
+    fn linear_f16_matches_naive() {
+        for (out, inp, n) in SHAPES {
+            let (w, b, x) = case(out, inp, n);
+            let w16: Vec<f32> = w.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+            assert!(w16 != w, "the test weights must not all be exact in f16");
+            for k in kernels() {
+                let lin = Linear::with_kernel(&w, &b, out, inp, WeightFormat::F16, k);
+                let mut y = vec![0.0; n * out];
+                lin.forward(&x, n, &mut y);
+                for t in 0..n {
+                    for o in 0..out {
+                        let got = y[t * out + o] as f64;
+                        let want16 = naive(&w16, &b, &x, inp, t, o);
+                        assert!((got - want16).abs() < 1e-5, "{k:?} {out}x{inp} n={n} t={t} o={o}: {got} vs {want16}");
+                        let want32 = naive(&w, &b, &x, inp, t, o);
+                        assert!((got - want32).abs() < 2e-3, "{k:?} {out}x{inp} n={n} t={t} o={o}: {got} vs f32 {want32}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_are_balanced() {
+        let split = |n: usize, mt: usize| {
+            let (mut t, mut v) = (0, Vec::new());
+            while t < n {
+                let m = tile_rows(n - t, mt);
+                v.push(m);
+                t += m;
+            }
+            v
+        };
+        assert_eq!(split(13, 12), [7, 6]);
+        assert_eq!(split(12, 12), [12]);
+        assert_eq!(split(25, 12), [9, 8, 8]);
+        assert_eq!(split(5, 4), [3, 2]);
+        assert_eq!(split(1, 12), [1]);
     }
 
     #[test]

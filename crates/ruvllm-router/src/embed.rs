@@ -7,7 +7,8 @@
 //! does for this model (`1_Pooling/config.json`: mean tokens; `sentence_bert_config.json`:
 //! max_seq_length 256).
 //!
-//! The BERT forward is our own f32 code (`bert.rs`), not candle's `BertModel`: for one short
+//! The BERT forward is our own code (`bert.rs`; f32 arithmetic over f16-stored weights by
+//! default, see [`WeightFormat`]), not candle's `BertModel`: for one short
 //! sentence on one thread candle took ~10-12 ms, ours takes a fraction of that (see
 //! `examples/embed_latency.rs`). Each text runs its own forward over its real tokens only, so
 //! nothing is ever padded and pooling needs no mask; a batch spreads texts over threads.
@@ -26,6 +27,7 @@ use std::sync::{Arc, OnceLock};
 use rayon::prelude::*;
 use tokenizers::{Tokenizer, TruncationParams};
 
+pub use crate::bert::WeightFormat;
 use crate::bert::{Bert, BertConfig};
 use crate::error::{Error, Result};
 
@@ -60,11 +62,14 @@ pub struct BertOptions {
     pub max_tokens: usize,
     /// Unused since each text runs its own unpadded forward; kept for compatibility.
     pub batch_size: usize,
+    /// How the linear layers' weights are stored: f16 (default; half the memory traffic, f32
+    /// accumulation) or the model's own f32.
+    pub weights: WeightFormat,
 }
 
 impl Default for BertOptions {
     fn default() -> Self {
-        BertOptions { threads_single: 1, threads_batch: 0, max_tokens: 256, batch_size: 32 }
+        BertOptions { threads_single: 1, threads_batch: 0, max_tokens: 256, batch_size: 32, weights: WeightFormat::default() }
     }
 }
 
@@ -125,7 +130,7 @@ impl BertEmbedder {
         let mut tokenizer =
             Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
         let weights = dir.join("model.safetensors");
-        let model = Bert::load(&weights, &config)?;
+        let model = Bert::load(&weights, &config, opts.weights)?;
         // The shipped tokenizer pads to a fixed 128: no padding at all (each text runs alone).
         tokenizer.with_padding(None);
         tokenizer
