@@ -675,37 +675,61 @@ mod tests {
         kernels
     }
 
+    /// One test product: `n x inp` inputs, `out x inp` weights (also rounded to f16), bias.
+    struct Case {
+        out: usize,
+        inp: usize,
+        n: usize,
+        w: Vec<f32>,
+        w16: Vec<f32>,
+        b: Vec<f32>,
+        x: Vec<f32>,
+    }
+
+    impl Case {
+        /// `x w^T + b` at token `t`, output `o`, in f64, from the weights `w` given.
+        fn naive(&self, w: &[f32], t: usize, o: usize) -> f64 {
+            let inp = self.inp;
+            (0..inp).map(|i| self.x[t * inp + i] as f64 * w[o * inp + i] as f64).sum::<f64>() + self.b[o] as f64
+        }
+    }
+
     /// Shapes that exercise full and partial panels and every tile height (up to 25 tokens).
-    const SHAPES: [(usize, usize, usize); 8] = [(24, 8, 1), (50, 13, 7), (48, 32, 4), (30, 5, 9), (64, 20, 13), (70, 9, 25), (96, 40, 14), (33, 17, 2)];
-
-    fn case(out: usize, inp: usize, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        let w: Vec<f32> = (0..out * inp).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
-        let b: Vec<f32> = (0..out).map(|i| i as f32 * 0.01).collect();
-        let x: Vec<f32> = (0..n * inp).map(|i| ((i * 104729) % 97) as f32 / 97.0 - 0.5).collect();
-        (w, b, x)
+    fn cases() -> impl Iterator<Item = Case> {
+        [(24, 8, 1), (50, 13, 7), (48, 32, 4), (30, 5, 9), (64, 20, 13), (70, 9, 25), (96, 40, 14), (33, 17, 2)].into_iter().map(|(out, inp, n)| {
+            let w: Vec<f32> = (0..out * inp).map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5).collect();
+            let w16 = w.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+            let b = (0..out).map(|i| i as f32 * 0.01).collect();
+            let x = (0..n * inp).map(|i| ((i * 104729) % 97) as f32 / 97.0 - 0.5).collect();
+            Case { out, inp, n, w, w16, b, x }
+        })
     }
 
-    /// `x w^T + b` in f64, from weights `w` as given.
-    fn naive(w: &[f32], b: &[f32], x: &[f32], inp: usize, t: usize, o: usize) -> f64 {
-        (0..inp).map(|i| x[t * inp + i] as f64 * w[o * inp + i] as f64).sum::<f64>() + b[o] as f64
-    }
-
-    #[test]
-    fn linear_matches_naive() {
-        for (out, inp, n) in SHAPES {
-            let (w, b, x) = case(out, inp, n);
+    /// Runs every kernel with `format` panels on every case; `check(case, t, o, y)` describes
+    /// an output that is out of bounds.
+    fn check_all(format: WeightFormat, check: impl Fn(&Case, usize, usize, f64) -> Option<String>) {
+        for c in cases() {
             for k in kernels() {
-                let lin = Linear::with_kernel(&w, &b, out, inp, WeightFormat::F32, k);
-                let mut y = vec![0.0; n * out];
-                lin.forward(&x, n, &mut y);
-                for t in 0..n {
-                    for o in 0..out {
-                        let want = naive(&w, &b, &x, inp, t, o);
-                        assert!((y[t * out + o] as f64 - want).abs() < 1e-4, "{k:?} {out}x{inp} n={n} t={t} o={o}");
+                let lin = Linear::with_kernel(&c.w, &c.b, c.out, c.inp, format, k);
+                let mut y = vec![0.0; c.n * c.out];
+                lin.forward(&c.x, c.n, &mut y);
+                for t in 0..c.n {
+                    for o in 0..c.out {
+                        if let Some(e) = check(&c, t, o, y[t * c.out + o] as f64) {
+                            panic!("{format:?} {k:?} {}x{} n={} t={t} o={o}: {e}", c.out, c.inp, c.n);
+                        }
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn linear_matches_naive() {
+        check_all(WeightFormat::F32, |c, t, o, got| {
+            let want = c.naive(&c.w, t, o);
+            ((got - want).abs() >= 1e-4).then(|| format!("{got} vs {want}"))
+        });
     }
 
     /// The f16 tiles against a naive product over the f16-rounded weights (so the only
@@ -715,25 +739,11 @@ mod tests {
     /// and fails if a kernel read the panels as f32 or misplaced a column).
     #[test]
     fn linear_f16_matches_naive() {
-        for (out, inp, n) in SHAPES {
-            let (w, b, x) = case(out, inp, n);
-            let w16: Vec<f32> = w.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
-            assert!(w16 != w, "the test weights must not all be exact in f16");
-            for k in kernels() {
-                let lin = Linear::with_kernel(&w, &b, out, inp, WeightFormat::F16, k);
-                let mut y = vec![0.0; n * out];
-                lin.forward(&x, n, &mut y);
-                for t in 0..n {
-                    for o in 0..out {
-                        let got = y[t * out + o] as f64;
-                        let want16 = naive(&w16, &b, &x, inp, t, o);
-                        assert!((got - want16).abs() < 1e-5, "{k:?} {out}x{inp} n={n} t={t} o={o}: {got} vs {want16}");
-                        let want32 = naive(&w, &b, &x, inp, t, o);
-                        assert!((got - want32).abs() < 2e-3, "{k:?} {out}x{inp} n={n} t={t} o={o}: {got} vs f32 {want32}");
-                    }
-                }
-            }
-        }
+        assert!(cases().all(|c| c.w16 != c.w), "the test weights must not all be exact in f16");
+        check_all(WeightFormat::F16, |c, t, o, got| {
+            let (want16, want32) = (c.naive(&c.w16, t, o), c.naive(&c.w, t, o));
+            ((got - want16).abs() >= 1e-5 || (got - want32).abs() >= 2e-3).then(|| format!("{got} vs {want16} (f16 weights), {want32} (f32)"))
+        });
     }
 
     #[test]
