@@ -256,6 +256,11 @@ pub fn scores(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32])
     let hd = q.len();
     assert!(out.len() >= offs.len() && offs.iter().all(|&o| o + hd <= k.len()), "scores: key rows out of range");
     #[cfg(target_arch = "x86_64")]
+    if simd::avx512() && hd.is_multiple_of(16) {
+        // SAFETY: AVX-512F was detected; every row `offs[j]..offs[j] + hd` is inside `k`.
+        return unsafe { simd::scores512(q, k, offs, scale, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if simd::avx2() && hd.is_multiple_of(16) {
         // SAFETY: AVX2 and FMA were detected; every row `offs[j]..offs[j] + hd` is inside `k`.
         return unsafe { simd::scores(q, k, offs, scale, out) };
@@ -273,6 +278,11 @@ pub fn scores(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32])
 pub fn weighted_sum(w: &[f32], v: &[f32], offs: &[usize], out: &mut [f32]) {
     let hd = out.len();
     assert!(w.len() >= offs.len() && offs.iter().all(|&o| o + hd <= v.len()), "weighted_sum: value rows out of range");
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx512() && hd == 256 {
+        // SAFETY: AVX-512F was detected; every row `offs[j]..offs[j] + hd` is inside `v`.
+        return unsafe { simd::weighted_sum256(w, v, offs, out) };
+    }
     #[cfg(target_arch = "x86_64")]
     if simd::avx2() && hd.is_multiple_of(8) {
         // SAFETY: AVX2 and FMA were detected; every row `offs[j]..offs[j] + hd` is inside `v`.
@@ -336,6 +346,69 @@ mod simd {
             i += 1;
         }
         s
+    }
+
+    /// AVX-512F present as well (and `RUVLLM_FORCE_SCALAR` unset).
+    #[inline]
+    pub fn avx512() -> bool {
+        static OK: OnceLock<bool> = OnceLock::new();
+        *OK.get_or_init(|| avx2() && is_x86_feature_detected!("avx512f"))
+    }
+
+    /// [`super::scores`] with 512-bit vectors: lanes 0-7 of a 16-lane accumulator are
+    /// [`dot`]'s `acc0` and lanes 8-15 its `acc1` (same fused multiply-adds per lane), reduced
+    /// as `dot` reduces them, so results are identical.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn scores512(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32]) {
+        let hd = q.len();
+        let (pq, pk) = (q.as_ptr(), k.as_ptr());
+        let fin = |a: __m512| hsum2(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps::<1>(a));
+        let mut j = 0;
+        while j + 4 <= offs.len() {
+            let rows = [pk.add(offs[j]), pk.add(offs[j + 1]), pk.add(offs[j + 2]), pk.add(offs[j + 3])];
+            let mut a = [_mm512_setzero_ps(); 4];
+            let mut i = 0;
+            while i < hd {
+                let qv = _mm512_loadu_ps(pq.add(i));
+                for r in 0..4 {
+                    a[r] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[r].add(i)), a[r]);
+                }
+                i += 16;
+            }
+            for r in 0..4 {
+                *out.get_unchecked_mut(j + r) = fin(a[r]) * scale;
+            }
+            j += 4;
+        }
+        while j < offs.len() {
+            let row = pk.add(offs[j]);
+            let mut a = _mm512_setzero_ps();
+            let mut i = 0;
+            while i < hd {
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(pq.add(i)), _mm512_loadu_ps(row.add(i)), a);
+                i += 16;
+            }
+            *out.get_unchecked_mut(j) = fin(a) * scale;
+            j += 1;
+        }
+    }
+
+    /// [`super::weighted_sum`] for 256 columns with 512-bit vectors: the whole output row in 16
+    /// registers, each value row read once, front to back.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn weighted_sum256(w: &[f32], v: &[f32], offs: &[usize], out: &mut [f32]) {
+        let pv = v.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for (&wj, &off) in w.iter().zip(offs) {
+            let wv = _mm512_set1_ps(wj);
+            let row = pv.add(off);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(row.add(16 * r)), *a);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * r), *a);
+        }
     }
 
     /// The sum of all lanes of `acc0 + acc1`, in [`dot`]'s order.
@@ -458,6 +531,19 @@ mod tests {
                 scores(&q, &k, &offs, 0.37, &mut got);
                 let want: Vec<f32> = offs.iter().map(|&o| dot(&q, &k[o..o + hd]) * 0.37).collect();
                 assert_eq!(got, want, "scores hd={hd} span={span}");
+                // Each SIMD variant this CPU has, whichever the dispatcher prefers.
+                #[cfg(target_arch = "x86_64")]
+                if simd::avx2() && hd % 16 == 0 {
+                    let mut got = vec![f32::NAN; span];
+                    unsafe { simd::scores(&q, &k, &offs, 0.37, &mut got) };
+                    assert_eq!(got, want, "avx2 scores hd={hd} span={span}");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if simd::avx512() && hd % 16 == 0 {
+                    let mut got = vec![f32::NAN; span];
+                    unsafe { simd::scores512(&q, &k, &offs, 0.37, &mut got) };
+                    assert_eq!(got, want, "avx512 scores hd={hd} span={span}");
+                }
                 let w: Vec<f32> = (0..span).map(|_| rnd()).collect();
                 let mut got = vec![f32::NAN; hd];
                 weighted_sum(&w, &v, &offs, &mut got);
@@ -466,6 +552,18 @@ mod tests {
                     axpy(&mut want, wj, &v[o..o + hd]);
                 }
                 assert_eq!(got, want, "weighted_sum hd={hd} span={span}");
+                #[cfg(target_arch = "x86_64")]
+                if simd::avx2() && hd % 8 == 0 {
+                    let mut got = vec![f32::NAN; hd];
+                    unsafe { simd::weighted_sum(&w, &v, &offs, &mut got) };
+                    assert_eq!(got, want, "avx2 weighted_sum hd={hd} span={span}");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if simd::avx512() && hd == 256 {
+                    let mut got = vec![f32::NAN; hd];
+                    unsafe { simd::weighted_sum256(&w, &v, &offs, &mut got) };
+                    assert_eq!(got, want, "avx512 weighted_sum hd={hd} span={span}");
+                }
             }
         }
     }
