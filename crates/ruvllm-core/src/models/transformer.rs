@@ -433,11 +433,12 @@ impl Transformer {
         let attn = SharedMut(s.attn.as_mut_ptr());
         let q_all = &s.q;
         let scale = c.attn_scale;
-        // One task per (token, KV head, sub-group of the query heads sharing it): the task
-        // computes its heads together, so each key and value row is read once per task instead
-        // of once per head (the per-head dots and axpys are the same operations in the same
-        // order as one head alone: identical results). Sub-groups are as large as keeps every
-        // thread busy: decode with one KV head on two threads runs two tasks of half the heads.
+        // One task per (token, KV head, sub-group of the query heads sharing it): the task runs
+        // its heads one after another over the same key and value rows, so after the first
+        // head they come from the core's own cache (each head's scores and value sum are the
+        // operations of `ops::scores`/`ops::weighted_sum`, identical whatever the grouping).
+        // Sub-groups are as large as keeps every thread busy: decode with one KV head on two
+        // threads runs two tasks of half the heads.
         let n_kv = c.n_kv_head;
         let mut hs = group;
         while hs > 1 && hs % 2 == 0 && n * n_kv * (group / hs) < pool.threads() {
