@@ -375,8 +375,8 @@ mod simd {
                 }
                 i += 16;
             }
-            for r in 0..4 {
-                *out.get_unchecked_mut(j + r) = fin(a[r]) * scale;
+            for (r, &ar) in a.iter().enumerate() {
+                *out.get_unchecked_mut(j + r) = fin(ar) * scale;
             }
             j += 4;
         }

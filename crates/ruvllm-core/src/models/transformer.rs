@@ -441,7 +441,7 @@ impl Transformer {
         // threads runs two tasks of half the heads.
         let n_kv = c.n_kv_head;
         let mut hs = group;
-        while hs > 1 && hs % 2 == 0 && n * n_kv * (group / hs) < pool.threads() {
+        while hs > 1 && hs.is_multiple_of(2) && n * n_kv * (group / hs) < pool.threads() {
             hs /= 2;
         }
         let subs = group / hs;
