@@ -37,7 +37,6 @@ fn main() {
             model.forward(&[100 + i], prompt + i as usize, &mut cache, &mut scratch, &pool).unwrap();
         }
         let dec = t.elapsed().as_secs_f64() / n_dec as f64;
-
         println!("rep {r}: prefill {prompt} tokens {:.1} ms ({:.1} tok/s); decode {:.2} ms/token ({:.1} tok/s)", pre * 1e3, prompt as f64 / pre, dec * 1e3, 1.0 / dec);
     }
 }

@@ -459,9 +459,9 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8);
                 // Packed weights take the tile GEMM for any number of tokens, so a token's result
                 // does not depend on how tokens are batched (prefill, decode, prefix reuse).
-                let packed = k.gemm.and_then(|g| w.packed(pool).map(|p| (g, p)));
+                let packed = tile_kernels(k).and_then(|g| w.packed(pool).map(|p| (g, p)));
                 if let Some((g, p)) = packed {
-                    run_gemm::<BlockQ8>(pool, p, n, act, g, y);
+                    run_tiles(pool, g, &[p], n, act, &[], &[SyncPtr(y.as_mut_ptr())]);
                 } else if n >= REPACK_MIN_TOKENS && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q5_0) {
                     run_repacked(pool, w.ty, data, rs, rows, n, act, nb, k.q8_0, k.q8_0_x4, y);
                 } else {
@@ -474,9 +474,9 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
             let nb = cols / QK_K;
             with_scratch(&SCRATCH_Q8K, n * nb, |act| {
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8k);
-                if let Some(g) = k.gemm_k {
+                if let Some(g) = tile_kernels(k) {
                     if let Some(p) = w.packed(pool) {
-                        return run_gemm(pool, p, n, act, g, y);
+                        return run_tiles(pool, g, &[p], n, &[], act, &[SyncPtr(y.as_mut_ptr())]);
                     }
                 }
                 let x4 = match w.ty {
@@ -500,18 +500,14 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
 /// Panics if the weights differ in `cols`, or `x` or a `ys[i]` is too short for `n` tokens.
 pub fn matmul_fused(pool: &ThreadPool, ws: &[&QWeight], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
     assert_eq!(ws.len(), ys.len(), "matmul_fused: {} weights, {} outputs", ws.len(), ys.len());
-    let k = dot::kernels();
-    let packed: Option<Vec<&gemm::Packed>> = match (k.gemm, k.gemm_k) {
-        (Some(_), Some(_)) if ws.len() > 1 && n > 0 => ws.iter().map(|w| w.packed(pool)).collect(),
-        _ => None,
-    };
-    let Some(ps) = packed else {
+    let g = tile_kernels(dot::kernels()).filter(|_| ws.len() > 1 && n > 0);
+    let packed: Option<Vec<&gemm::Packed>> = g.and_then(|_| ws.iter().map(|w| w.packed(pool)).collect());
+    let (Some(g), Some(ps)) = (g, packed) else {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             matmul(pool, w, x, n, y);
         }
         return;
     };
-    let (g, gk) = (k.gemm.unwrap(), k.gemm_k.unwrap());
     let cols = ws[0].cols;
     assert!(ws.iter().all(|w| w.cols == cols), "matmul_fused: weights differ in columns");
     assert!(x.len() >= n * cols, "matmul_fused: x has {} values, need {n}×{cols}", x.len());
@@ -521,51 +517,16 @@ pub fn matmul_fused(pool: &ThreadPool, ws: &[&QWeight], x: &[f32], n: usize, ys:
     let x = &x[..n * cols];
     let need_k = ps.iter().any(|p| p.kind.is_k());
     let need_8 = ps.iter().any(|p| !p.kind.is_k());
-    let (nb8, nbk) = (cols / QK, cols / QK_K);
-    with_scratch(&SCRATCH_Q8, if need_8 { n * nb8 } else { 0 }, |a8| {
-        with_scratch(&SCRATCH_Q8K, if need_k { n * nbk } else { 0 }, |ak| {
+    with_scratch(&SCRATCH_Q8, if need_8 { n * (cols / QK) } else { 0 }, |a8| {
+        with_scratch(&SCRATCH_Q8K, if need_k { n * (cols / QK_K) } else { 0 }, |ak| {
             if need_8 {
                 quantize_acts(pool, x, n, cols, a8, quant::quantize_act_q8);
             }
             if need_k {
                 quantize_acts(pool, x, n, cols, ak, quant::quantize_act_q8k);
             }
-            // The weights' tiles, end to end: tile `ti` of the job is tile `ti - first[w]` of
-            // weight `w`.
-            let mut first = Vec::with_capacity(ps.len() + 1);
-            first.push(0);
-            for p in &ps {
-                first.push(first.last().unwrap() + p.tiles());
-            }
-            let tiles = *first.last().unwrap();
-            let sp = split(pool.threads(), tiles, n, 1, 1, 4);
             let yps: Vec<SyncPtr<f32>> = ys.iter_mut().map(|y| SyncPtr(y.as_mut_ptr())).collect();
-            let (a8, ak) = (&*a8, &*ak);
-            let task = |i: usize| {
-                let (i0, i1, t0, t1) = sp.task(i, tiles, n);
-                let mut w = 0;
-                for ti in i0..i1 {
-                    while ti >= first[w + 1] {
-                        w += 1;
-                    }
-                    let (p, rows) = (ps[w], ws[w].rows);
-                    let lt = ti - first[w];
-                    let r0 = lt * gemm::TILE_ROWS;
-                    let nrows = (rows - r0).min(gemm::TILE_ROWS);
-                    let y = yps[w].get();
-                    // SAFETY: as in `run_gemm`: `g`/`gk` are this CPU's tile kernels, which check
-                    // the lengths; `ys[w]` holds `n × rows` values (asserted above); each
-                    // `ys[w][t][r]` has one writer.
-                    unsafe {
-                        if p.kind.is_k() {
-                            gk(p.kind, p.tile(lt), p.nb, &ak[t0 * nbk..t1 * nbk], t1 - t0, y.add(t0 * rows + r0), rows, nrows)
-                        } else {
-                            g(p.kind, p.tile(lt), p.nb, &a8[t0 * nb8..t1 * nb8], t1 - t0, y.add(t0 * rows + r0), rows, nrows)
-                        }
-                    }
-                }
-            };
-            pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
+            run_tiles(pool, g, &ps, n, a8, ak, &yps);
         })
     })
 }
@@ -681,24 +642,56 @@ fn run_repacked(
     pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
 }
 
-/// A tile GEMM over activations of type `A` (`gemm::GemmFn`, `gemm::GemmKFn`).
-type TileGemm<A> = unsafe fn(gemm::PackKind, &[u8], usize, &[A], usize, *mut f32, usize, usize);
+/// The CPU's tile GEMMs for the 32-element formats and for the K-quants; both or neither
+/// (`gemm::kernel_k` exists only with `gemm::kernel`).
+fn tile_kernels(k: &Kernels) -> Option<(gemm::GemmFn, gemm::GemmKFn)> {
+    k.gemm.zip(k.gemm_k)
+}
 
-/// Packed weights and several tokens: each task runs the tile GEMM `g` over its tiles of the
-/// packed weight and its tokens.
-fn run_gemm<A: Sync>(pool: &ThreadPool, p: &gemm::Packed, n: usize, act: &[A], g: TileGemm<A>, y: &mut [f32]) {
-    let (rows, nb, tiles) = (p.rows, p.nb, p.tiles());
+/// One pool job over all tiles of the packed weights `ps` (end to end: tile `ti` of the job is
+/// tile `ti - first[w]` of weight `w`) for `n` tokens, writing `ys[w]` (`n × ps[w].rows`).
+/// `a8`/`ak` are the tokens' activations quantized for the 32-element formats and for the
+/// K-quants (each may be empty when no weight needs it). A tile's result does not depend on how
+/// the job is split, so fusing weights or batching tokens changes nothing.
+fn run_tiles(
+    pool: &ThreadPool,
+    (g, gk): (gemm::GemmFn, gemm::GemmKFn),
+    ps: &[&gemm::Packed],
+    n: usize,
+    a8: &[BlockQ8],
+    ak: &[BlockQ8K],
+    ys: &[SyncPtr<f32>],
+) {
+    let mut first = Vec::with_capacity(ps.len() + 1);
+    first.push(0);
+    for p in ps {
+        first.push(first[first.len() - 1] + p.tiles());
+    }
+    let tiles = first[ps.len()];
     // Whole tiles per task; tokens, if split, in multiples of four (the kernel's token group).
     let sp = split(pool.threads(), tiles, n, 1, 1, 4);
-    let yp = SyncPtr(y.as_mut_ptr());
     let task = |i: usize| {
         let (i0, i1, t0, t1) = sp.task(i, tiles, n);
+        let mut w = 0;
         for ti in i0..i1 {
-            let r0 = ti * gemm::TILE_ROWS;
+            while ti >= first[w + 1] {
+                w += 1;
+            }
+            let (p, lt) = (ps[w], ti - first[w]);
+            let (rows, nb) = (p.rows, p.nb);
+            let r0 = lt * gemm::TILE_ROWS;
             let nrows = (rows - r0).min(gemm::TILE_ROWS);
-            // SAFETY: `g` is the CPU's tile kernel (`gemm::kernel`), which checks the lengths;
-            // `y` holds `n × rows` values (`matmul_with`); each `y[t][r]` has one writer.
-            unsafe { g(p.kind, p.tile(ti), nb, &act[t0 * nb..t1 * nb], t1 - t0, yp.get().add(t0 * rows + r0), rows, nrows) };
+            let y = ys[w].get();
+            // SAFETY: `g`/`gk` are this CPU's tile kernels (`gemm::kernel`), which check the
+            // activation and tile lengths; the callers check that `ys[w]` holds `n × rows`
+            // values; each `ys[w][t][r]` has one writer.
+            unsafe {
+                if p.kind.is_k() {
+                    gk(p.kind, p.tile(lt), nb, &ak[t0 * nb..t1 * nb], t1 - t0, y.add(t0 * rows + r0), rows, nrows)
+                } else {
+                    g(p.kind, p.tile(lt), nb, &a8[t0 * nb..t1 * nb], t1 - t0, y.add(t0 * rows + r0), rows, nrows)
+                }
+            }
         }
     };
     pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
