@@ -22,6 +22,7 @@
 //! bit; [`gemm_ref`] is the scalar model of the SIMD kernel, equal to it bit for bit.
 
 use super::matmul::{SyncPtr, ThreadPool};
+use super::mem::HugeBuf;
 use super::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
 use super::GgmlType;
 
@@ -93,18 +94,14 @@ pub(crate) const K6_SC: usize = 64;
 pub(crate) const K6_PAIRS: usize = 320;
 pub(crate) const K6_QS: usize = 832;
 
-/// 64-byte aligned storage unit.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Line([u8; 64]);
-
 /// A weight packed into tiles (tile `i` holds rows `16i..16i+16`, the last one zero-padded).
 pub struct Packed {
     pub kind: PackKind,
     pub rows: usize,
     /// Blocks (super-blocks for the K-quants) per row.
     pub nb: usize,
-    lines: Vec<Line>,
+    /// The tiles, on huge pages where the OS grants them (decode streams them every token).
+    buf: HugeBuf,
 }
 
 impl Packed {
@@ -123,8 +120,7 @@ impl Packed {
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `Line` is 64 plain bytes.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const u8, self.lines.len() * 64) }
+        &self.buf
     }
 
     /// Packs `rows × nb` blocks of `ty` (`data`, ggml rows) on `pool`. `None` for types
@@ -135,8 +131,8 @@ impl Packed {
         assert!(data.len() >= rows * rs, "Packed::new: {} bytes for {rows} rows of {rs}", data.len());
         let tiles = rows.div_ceil(TILE_ROWS);
         let tb = nb * kind.block_bytes();
-        let mut lines = vec![Line([0; 64]); tiles * tb / 64];
-        let base = SyncPtr(lines.as_mut_ptr() as *mut u8);
+        let mut buf = HugeBuf::new(tiles * tb);
+        let base = SyncPtr(buf.as_mut_ptr());
         let tasks = (pool.threads() * 4).min(tiles);
         pool.for_each(tasks, &|i| {
             for t in (i * tiles / tasks)..((i + 1) * tiles / tasks) {
@@ -146,7 +142,7 @@ impl Packed {
                 pack_tile(kind, ty, &data[r0 * rs..r1 * rs], r1 - r0, nb, out);
             }
         });
-        Some(Self { kind, rows, nb, lines })
+        Some(Self { kind, rows, nb, buf })
     }
 }
 

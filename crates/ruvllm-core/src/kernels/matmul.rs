@@ -15,15 +15,18 @@ use std::time::{Duration, Instant};
 
 use super::dot::{self, DotKernel, Kernels};
 use super::gemm;
+use super::mem::HugeBuf;
 use super::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
 use super::GgmlType;
 use crate::gguf::Storage;
 
-/// Where a weight's bytes live: a range of the memory-mapped file (no copy) or owned bytes.
+/// Where a weight's bytes live: a range of the memory-mapped file (no copy), owned bytes, or a
+/// copy on huge pages ([`QWeight::to_huge`]).
 #[derive(Clone)]
 pub enum WeightData {
     Mapped { storage: Arc<Storage>, offset: usize, len: usize },
     Owned(Arc<Vec<u8>>),
+    Huge(Arc<HugeBuf>),
 }
 
 /// A 2-D weight `rows × cols` in any supported format, row-major in ggml order: each of the
@@ -66,6 +69,7 @@ impl QWeight {
                 *len
             }
             WeightData::Owned(v) => v.len(),
+            WeightData::Huge(v) => v.len(),
         };
         if len as u64 != need {
             return Err(format!("{} weight {rows}×{cols}: expected {need} bytes, got {len}", ty.name()));
@@ -78,7 +82,25 @@ impl QWeight {
         match &self.data {
             WeightData::Mapped { storage, offset, len } => &storage[*offset..*offset + *len],
             WeightData::Owned(v) => v,
+            WeightData::Huge(v) => v,
         }
+    }
+
+    /// The same weight with its bytes copied onto huge pages (see [`super::mem`]): for a large
+    /// weight that decode streams as it is, unpacked (the LM head). A file-mapped weight's pages
+    /// are released as the copy proceeds, so resident memory never holds both copies.
+    pub fn to_huge(&self) -> QWeight {
+        let src = self.bytes();
+        let mut buf = HugeBuf::new(src.len());
+        const STEP: usize = 8 << 20;
+        for at in (0..src.len()).step_by(STEP) {
+            let end = (at + STEP).min(src.len());
+            buf[at..end].copy_from_slice(&src[at..end]);
+            if let WeightData::Mapped { storage, offset, .. } = &self.data {
+                storage.release(offset + at, end - at);
+            }
+        }
+        QWeight { data: WeightData::Huge(Arc::new(buf)), packed: Arc::default(), ..*self }
     }
 
     /// Bytes of one row.

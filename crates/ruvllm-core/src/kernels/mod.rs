@@ -21,5 +21,6 @@ mod simd_vnni;
 mod simd_avx512;
 #[doc(hidden)]
 pub mod gemm;
+pub mod mem;
 
 pub use matmul::{matmul, QWeight, ThreadPool};

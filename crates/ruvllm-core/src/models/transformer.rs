@@ -225,10 +225,13 @@ impl Transformer {
     /// `context` (not the model's maximum) and shared by all layers with the same base.
     pub fn load(w: &WeightLoader, cfg: TransformerConfig, context: usize) -> Result<Self> {
         let embed = w.matrix("token_embd.weight", cfg.vocab_size, cfg.d_model)?;
-        let output = if w.has("output.weight") {
-            w.matrix("output.weight", cfg.vocab_size, cfg.d_model)?
+        // The LM head is the largest weight and every decoded token streams all of it: a copy on
+        // huge pages (kernels::mem). A tied embedding shares that copy for its row gathers.
+        let (embed, output) = if w.has("output.weight") {
+            (embed, w.matrix("output.weight", cfg.vocab_size, cfg.d_model)?.to_huge())
         } else {
-            embed.clone()
+            let output = embed.to_huge();
+            (output.clone(), output)
         };
         let layers = (0..cfg.n_layer).map(|i| Layer::load(w, &cfg, i)).collect::<Result<Vec<_>>>()?;
         let output_norm = w.vector("output_norm.weight", cfg.d_model)?;
