@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use ruvllm_core::gguf::GgufFile;
+use ruvllm_core::kernels::mem::HugeBuf;
 use ruvllm_core::kernels::ThreadPool;
 
 fn main() {
@@ -20,9 +21,23 @@ fn main() {
         .map(|t| t.size)
         .sum();
 
-    // 1 GiB of u64s (far beyond any cache), touched first so pages are resident.
+    // 1 GiB of u64s (far beyond any cache), written first so pages are resident; on huge pages
+    // like the weights decode reads (kernels::mem), unless MEMBW_SMALL_PAGES is set.
     let n = (1usize << 30) / 8;
-    let buf: Vec<u64> = (0..n as u64).collect();
+    let mut bytes = if std::env::var_os("MEMBW_SMALL_PAGES").is_some() { None } else { Some(HugeBuf::new(n * 8)) };
+    let mut heap: Vec<u64> = Vec::new();
+    let buf: &mut [u64] = match &mut bytes {
+        // SAFETY: the buffer is 4 KiB aligned and `n * 8` bytes long; u64 has no invalid values.
+        Some(b) => unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut u64, n) },
+        None => {
+            heap.resize(n, 0);
+            &mut heap
+        }
+    };
+    for (i, x) in buf.iter_mut().enumerate() {
+        *x = i as u64;
+    }
+    let buf = &*buf;
     let pool = ThreadPool::new(threads);
     let tasks = threads * 4;
     let per = n / tasks;
