@@ -3,12 +3,15 @@
 //! `window + max_batch` slots (enough for any query in a prefill chunk to see its whole window),
 //! so a long context costs full memory only in the global-attention layers.
 
+use crate::kernels::mem::HugeF32;
+
 /// Keys and values of one layer.
 pub struct LayerCache {
     /// Number of slots; position `p` lives in slot `p % capacity`.
     pub capacity: usize,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    /// On huge pages (kernels::mem): decode's attention streams them every token.
+    pub k: HugeF32,
+    pub v: HugeF32,
 }
 
 pub struct KvCache {
@@ -24,7 +27,7 @@ impl KvCache {
     pub fn new(capacities: &[usize], row: usize) -> Self {
         let layers = capacities
             .iter()
-            .map(|&capacity| LayerCache { capacity, k: vec![0.0; capacity * row], v: vec![0.0; capacity * row] })
+            .map(|&capacity| LayerCache { capacity, k: HugeF32::zeros(capacity * row), v: HugeF32::zeros(capacity * row) })
             .collect();
         KvCache { layers, row, tokens: Vec::new() }
     }

@@ -120,6 +120,30 @@ impl std::ops::DerefMut for HugeBuf {
     }
 }
 
+/// `len` zero f32s on a [`HugeBuf`] (the KV cache, which attention streams every token).
+pub struct HugeF32(HugeBuf);
+
+impl HugeF32 {
+    pub fn zeros(len: usize) -> Self {
+        HugeF32(HugeBuf::new(len * 4))
+    }
+}
+
+impl std::ops::Deref for HugeF32 {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: the buffer is 64-byte aligned, `4 * len` bytes, and any bits are a valid f32.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const f32, self.0.len() / 4) }
+    }
+}
+
+impl std::ops::DerefMut for HugeF32 {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `deref`, exclusive through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut f32, self.0.len() / 4) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
