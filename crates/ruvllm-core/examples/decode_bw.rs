@@ -46,7 +46,8 @@ fn main() {
         let data = WeightData::Mapped { storage: file.storage(), offset: t.offset as usize, len: t.size as usize };
         QWeight::new(t.dtype, t.dims[1] as usize, t.dims[0] as usize, data).expect("weight")
     };
-    let head = weight(if file.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" });
+    // On huge pages, as the model loader puts it (Transformer::load).
+    let head = weight(if file.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" }).to_huge();
     let layers: Vec<QWeight> = file.tensors.iter().filter(|t| t.name.starts_with("blk.") && t.dims.len() == 2).map(|t| weight(&t.name)).collect();
     for w in &layers {
         w.prepare(&pool);
