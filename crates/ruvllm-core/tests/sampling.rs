@@ -55,6 +55,21 @@ fn greedy_is_argmax_and_deterministic() {
     assert_eq!(s.sample(&mut [f32::NAN, 1.0, f32::NAN, 0.5], &[]), 1, "NaN never chosen");
     assert_eq!(s.sample(&mut [f32::NAN, f32::NAN], &[]), 0);
     assert_eq!(s.sample(&mut [], &[]), 0);
+    // Longer than the 16-lane pass, ties in different lanes and in the tail, infinities.
+    let mut l = vec![-1.0f32; 100];
+    l[3] = f32::NAN;
+    l[37] = 4.0;
+    l[85] = 4.0;
+    l[98] = 4.0;
+    assert_eq!(s.sample(&mut l.clone(), &[]), 37, "first max across lanes");
+    l[99] = f32::INFINITY;
+    assert_eq!(s.sample(&mut l.clone(), &[]), 99, "max in the tail");
+    let mut z = vec![-0.0f32; 40];
+    z[20] = 0.0;
+    assert_eq!(s.sample(&mut z, &[]), 0, "0.0 does not beat an earlier -0.0");
+    let mut inf = vec![f32::NEG_INFINITY; 40];
+    inf[0] = f32::NAN;
+    assert_eq!(s.sample(&mut inf, &[]), 1, "only -inf: the first of them");
     let mut negative = Sampler::new(SamplingParams { temperature: -1.0, ..SamplingParams::default() });
     assert_eq!(negative.sample(&mut [0.0, 2.0, 1.0], &[]), 1);
 }
