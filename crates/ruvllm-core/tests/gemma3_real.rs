@@ -184,3 +184,34 @@ fn decode_path_matches_prefill_path() {
     eprintln!("decode vs prefill: max |Δlogit| {max_diff} (max |logit| {scale})");
     assert!(max_diff < 0.02 * scale, "max |Δlogit| {max_diff} vs scale {scale}");
 }
+
+#[test]
+fn decode_logits_do_not_depend_on_the_thread_count() {
+    // One thread runs attention one task per head group; two threads split a long span's
+    // positions and value dimensions over the threads (`attention_split`). Every operation is
+    // the same, so the logits must be bit-identical, before and after the split threshold.
+    use ruvllm_core::gguf::GgufFile;
+    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
+    let file = GgufFile::open(model_path()).unwrap();
+    let cfg = config_from_gguf(&file).unwrap();
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 1024).unwrap();
+    let tokens: Vec<u32> = (0..40u32).map(|i| 2 + (i * 7919) % 20000).collect();
+    let run = |threads: usize| {
+        let pool = ThreadPool::new(threads);
+        model.prepare(&pool);
+        let mut cache = model.new_cache(1024, 64);
+        let mut scratch = model.new_scratch(64);
+        model.forward(&tokens, 0, &mut cache, &mut scratch, &pool).unwrap();
+        let mut out = Vec::new();
+        for i in 0..40u32 {
+            model.forward(&[100 + i], tokens.len() + i as usize, &mut cache, &mut scratch, &pool).unwrap();
+            out.push(scratch.logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+        }
+        out
+    };
+    let (one, two) = (run(1), run(2));
+    for (i, (a, b)) in one.iter().zip(&two).enumerate() {
+        assert!(a == b, "decode step {i} (span {}): logits differ between 1 and 2 threads", tokens.len() + i + 1);
+    }
+}

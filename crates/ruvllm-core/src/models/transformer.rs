@@ -187,6 +187,8 @@ pub struct Scratch {
     pub logits: Vec<f32>,
     /// Logits of several tokens at once ([`Transformer::forward_each_logits`]), grown on use.
     head_logits: Vec<f32>,
+    /// Attention scores of the split decode path ([`Transformer::attention_split`]), grown on use.
+    att_scores: Vec<f32>,
 }
 
 /// A loaded decoder-only transformer.
@@ -279,6 +281,7 @@ impl Transformer {
             up: vec![0.0; max_batch * c.ff_dim],
             logits: vec![0.0; c.vocab_size],
             head_logits: Vec::new(),
+            att_scores: Vec::new(),
         }
     }
 
@@ -443,6 +446,13 @@ impl Transformer {
         // Sub-groups are as large as keeps every thread busy: decode with one KV head on two
         // threads runs two tasks of half the heads.
         let n_kv = c.n_kv_head;
+        // Decode (fewer query/KV-head pairs than threads) over a long span: split the positions
+        // and the value dimensions over the threads instead, so each thread reads its share of
+        // the keys and values rather than all of them.
+        let span_max = window.map_or(pos0 + n, |w| w.min(pos0 + n));
+        if n * n_kv < pool.threads() && span_max >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
+            return self.attention_split(cache, n, pos0, window, s, pool);
+        }
         let mut hs = group;
         while hs > 1 && hs.is_multiple_of(2) && n * n_kv * (group / hs) < pool.threads() {
             hs /= 2;
@@ -475,4 +485,86 @@ impl Transformer {
         };
         pool.for_each(n * n_kv * subs, &grouped);
     }
+
+    /// [`Self::attention`] for few queries over many positions, with the work split so that
+    /// each thread reads a share of the keys and values: (1) scores, positions split over the
+    /// tasks (each task scores its positions for every head of the group, in blocks that stay
+    /// in L1 across the heads); (2) softmax, one task per head; (3) value sums, the head
+    /// dimension split over the tasks. Every score, softmax and output element is computed by
+    /// the same operations in the same order as in `attention`, so the result is identical.
+    fn attention_split(&self, cache: &LayerCache, n: usize, pos0: usize, window: Option<usize>, s: &mut Scratch, pool: &ThreadPool) {
+        let c = &self.cfg;
+        let (hd, n_head, n_kv) = (c.head_dim, c.n_head, c.n_kv_head);
+        let group = n_head / n_kv;
+        let (q_dim, kv_row, scale) = (n_head * hd, n_kv * hd, c.attn_scale);
+        let span_of = |t: usize| {
+            let pos = pos0 + t;
+            let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            (lo, pos + 1 - lo)
+        };
+        let stride = (0..n).map(|t| span_of(t).1).max().unwrap_or(0);
+        // Scores of (token t, head h) at row t * n_head + h.
+        if s.att_scores.len() < n * n_head * stride {
+            s.att_scores.resize(n * n_head * stride, 0.0);
+        }
+        let sc = SharedMut(s.att_scores.as_mut_ptr());
+        let parts = pool.threads();
+        let q_all = &s.q;
+        pool.for_each(parts, &|i| {
+            SCORES.with(|cell| {
+                let offs = &mut cell.borrow_mut().1;
+                for t in 0..n {
+                    let (lo, span) = span_of(t);
+                    let (a, b) = (i * span / parts, (i + 1) * span / parts);
+                    for g in 0..n_kv {
+                        for blk in (a..b).step_by(SPLIT_BLOCK) {
+                            let e = (blk + SPLIT_BLOCK).min(b);
+                            offs.clear();
+                            offs.extend((lo + blk..lo + e).map(|p| cache.slot(p) * kv_row + g * hd));
+                            for h in g * group..(g + 1) * group {
+                                let q = &q_all[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+                                // SAFETY: task i owns positions a..b of every score row.
+                                let out = unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) };
+                                ops::scores(q, &cache.k, offs, scale, out);
+                            }
+                        }
+                    }
+                }
+            });
+        });
+        pool.for_each(n * n_head, &|r| {
+            // SAFETY: task r owns score row r.
+            let row = unsafe { std::slice::from_raw_parts_mut(sc.ptr().add(r * stride), span_of(r / n_head).1) };
+            ops::softmax_inplace(row);
+        });
+        let attn = SharedMut(s.attn.as_mut_ptr());
+        let scores = &s.att_scores;
+        let width = hd / parts;
+        pool.for_each(parts, &|i| {
+            let d0 = i * width;
+            SCORES.with(|cell| {
+                let offs = &mut cell.borrow_mut().1;
+                for t in 0..n {
+                    let (lo, span) = span_of(t);
+                    for g in 0..n_kv {
+                        offs.clear();
+                        offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd + d0));
+                        for h in g * group..(g + 1) * group {
+                            let w = &scores[(t * n_head + h) * stride..][..span];
+                            // SAFETY: task i owns columns d0..d0 + width of every head's output.
+                            let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) };
+                            ops::weighted_sum(w, &cache.v, offs, out);
+                        }
+                    }
+                }
+            });
+        });
+    }
 }
+
+/// Shortest span for [`Transformer::attention_split`] (shorter ones keep one task per head
+/// group: the extra pool jobs would cost more than the split saves).
+const SPLIT_MIN_SPAN: usize = 64;
+/// Positions per block in the split score pass (32 key rows of 256 floats: 32 KB, in L1/L2
+/// while every head of the group scores them).
+const SPLIT_BLOCK: usize = 32;
