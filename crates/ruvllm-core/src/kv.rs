@@ -3,15 +3,19 @@
 //! `window + max_batch` slots (enough for any query in a prefill chunk to see its whole window),
 //! so a long context costs full memory only in the global-attention layers.
 
-use crate::kernels::mem::HugeF32;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use crate::kernels::mem::HugeVec;
 
 /// Keys and values of one layer.
 pub struct LayerCache {
     /// Number of slots; position `p` lives in slot `p % capacity`.
     pub capacity: usize,
-    /// On huge pages (kernels::mem): decode's attention streams them every token.
-    pub k: HugeF32,
-    pub v: HugeF32,
+    /// IEEE half precision (llama.cpp's default cache type), rounded to nearest even on store,
+    /// on huge pages (kernels::mem): decode's attention streams them every token.
+    pub k: HugeVec<f16>,
+    pub v: HugeVec<f16>,
 }
 
 pub struct KvCache {
@@ -27,14 +31,14 @@ impl KvCache {
     pub fn new(capacities: &[usize], row: usize) -> Self {
         let layers = capacities
             .iter()
-            .map(|&capacity| LayerCache { capacity, k: HugeF32::zeros(capacity * row), v: HugeF32::zeros(capacity * row) })
+            .map(|&capacity| LayerCache { capacity, k: HugeVec::zeros(capacity * row), v: HugeVec::zeros(capacity * row) })
             .collect();
         KvCache { layers, row, tokens: Vec::new() }
     }
 
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| (l.k.len() + l.v.len()) * 4).sum()
+        self.layers.iter().map(|l| (l.k.len() + l.v.len()) * 2).sum()
     }
 }
 
@@ -48,7 +52,7 @@ impl LayerCache {
     pub fn store(&mut self, pos: usize, k: &[f32], v: &[f32]) {
         let row = k.len();
         let s = self.slot(pos) * row;
-        self.k[s..s + row].copy_from_slice(k);
-        self.v[s..s + row].copy_from_slice(v);
+        self.k[s..s + row].convert_from_f32_slice(k);
+        self.v[s..s + row].convert_from_f32_slice(v);
     }
 }

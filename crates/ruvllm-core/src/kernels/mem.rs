@@ -120,27 +120,38 @@ impl std::ops::DerefMut for HugeBuf {
     }
 }
 
-/// `len` zero f32s on a [`HugeBuf`] (the KV cache, which attention streams every token).
-pub struct HugeF32(HugeBuf);
+/// Element types a [`HugeVec`] can hold: plain data, valid for every bit pattern, no drop.
+///
+/// # Safety
+/// Implementors must be `Copy` types for which any bytes (zero included) are a valid value,
+/// with an alignment of at most 64.
+pub unsafe trait Plain: Copy {}
+// SAFETY: any bits are a valid f32 / f16.
+unsafe impl Plain for f32 {}
+unsafe impl Plain for half::f16 {}
 
-impl HugeF32 {
+/// `len` zero elements on a [`HugeBuf`] (the KV cache, which attention streams every token).
+pub struct HugeVec<T: Plain>(HugeBuf, std::marker::PhantomData<T>);
+
+impl<T: Plain> HugeVec<T> {
     pub fn zeros(len: usize) -> Self {
-        HugeF32(HugeBuf::new(len * 4))
+        HugeVec(HugeBuf::new(len * std::mem::size_of::<T>()), std::marker::PhantomData)
     }
 }
 
-impl std::ops::Deref for HugeF32 {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        // SAFETY: the buffer is 64-byte aligned, `4 * len` bytes, and any bits are a valid f32.
-        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const f32, self.0.len() / 4) }
+impl<T: Plain> std::ops::Deref for HugeVec<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: the buffer is 64-byte aligned, holds `len * size_of::<T>()` bytes, and any
+        // bits are a valid `T` (`Plain`).
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const T, self.0.len() / std::mem::size_of::<T>()) }
     }
 }
 
-impl std::ops::DerefMut for HugeF32 {
-    fn deref_mut(&mut self) -> &mut [f32] {
+impl<T: Plain> std::ops::DerefMut for HugeVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as in `deref`, exclusive through `&mut self`.
-        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut f32, self.0.len() / 4) }
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut T, self.0.len() / std::mem::size_of::<T>()) }
     }
 }
 

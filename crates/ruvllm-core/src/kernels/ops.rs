@@ -1,6 +1,8 @@
 //! f32 elementwise ops used by the forward pass: RMSNorm, RoPE, activations, softmax.
 //! Written as plain loops over slices so LLVM vectorises them for the baseline target.
 
+use half::f16;
+
 /// `out = x / rms(x) * w`, with rms over the whole slice.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert_eq!(x.len(), w.len());
@@ -216,6 +218,60 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_generic(a, b)
 }
 
+/// Element types of the KV cache that the attention kernels read: f32, or IEEE half (the
+/// cache's format), widened exactly to f32 as it is loaded.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    /// Eight elements at `p` as f32 (needs AVX; F16C for half).
+    ///
+    /// # Safety
+    /// `p..p + 8` must be readable and the CPU must have the features.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Sixteen elements at `p` as f32 (needs AVX-512F).
+    ///
+    /// # Safety
+    /// `p..p + 16` must be readable and the CPU must have the features.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
+
 #[inline(always)]
 fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
     // Eight accumulators so LLVM vectorises without fast-math.
@@ -252,7 +308,7 @@ pub fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
 /// loaded once for them.
 ///
 /// Panics if a key row lies outside `k` or `out` is shorter than `offs`.
-pub fn scores(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32]) {
+pub fn scores<T: KvElem>(q: &[f32], k: &[T], offs: &[usize], scale: f32, out: &mut [f32]) {
     let hd = q.len();
     assert!(out.len() >= offs.len() && offs.iter().all(|&o| o + hd <= k.len()), "scores: key rows out of range");
     #[cfg(target_arch = "x86_64")]
@@ -266,8 +322,24 @@ pub fn scores(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32])
         return unsafe { simd::scores(q, k, offs, scale, out) };
     }
     for (o, &off) in out.iter_mut().zip(offs) {
-        *o = dot(q, &k[off..off + hd]) * scale;
+        *o = with_f32_row(&k[off..off + hd], |r| dot(q, r)) * scale;
     }
+}
+
+/// Calls `f` with `row` widened to f32 (exactly), in a stack buffer for rows of up to 512.
+fn with_f32_row<T: KvElem, R>(row: &[T], f: impl FnOnce(&[f32]) -> R) -> R {
+    let mut stack = [0f32; 512];
+    let mut heap = Vec::new();
+    let buf: &mut [f32] = if row.len() <= stack.len() {
+        &mut stack[..row.len()]
+    } else {
+        heap.resize(row.len(), 0.0);
+        &mut heap
+    };
+    for (b, &x) in buf.iter_mut().zip(row) {
+        *b = x.to_f32();
+    }
+    f(buf)
 }
 
 /// Attention output over cached values: `out = Σ_j w[j] · v[offs[j]..][..out.len()]`, rows in
@@ -275,7 +347,7 @@ pub fn scores(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32])
 /// (identical results), but the output stays in registers across the rows.
 ///
 /// Panics if a value row lies outside `v` or `w` is shorter than `offs`.
-pub fn weighted_sum(w: &[f32], v: &[f32], offs: &[usize], out: &mut [f32]) {
+pub fn weighted_sum<T: KvElem>(w: &[f32], v: &[T], offs: &[usize], out: &mut [f32]) {
     let hd = out.len();
     assert!(w.len() >= offs.len() && offs.iter().all(|&o| o + hd <= v.len()), "weighted_sum: value rows out of range");
     #[cfg(target_arch = "x86_64")]
@@ -290,7 +362,7 @@ pub fn weighted_sum(w: &[f32], v: &[f32], offs: &[usize], out: &mut [f32]) {
     }
     out.fill(0.0);
     for (&wj, &off) in w.iter().zip(offs) {
-        axpy(out, wj, &v[off..off + hd]);
+        with_f32_row(&v[off..off + hd], |r| axpy(out, wj, r));
     }
 }
 
@@ -298,14 +370,20 @@ pub fn weighted_sum(w: &[f32], v: &[f32], offs: &[usize], out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
+
+    use super::KvElem;
     use std::sync::OnceLock;
 
-    /// AVX2 and FMA present (and `RUVLLM_FORCE_SCALAR` unset).
+    /// AVX2, FMA and F16C present (every AVX2 CPU has F16C; the f16 KV cache loads need it),
+    /// and `RUVLLM_FORCE_SCALAR` unset.
     #[inline]
     pub fn avx2() -> bool {
         static OK: OnceLock<bool> = OnceLock::new();
         *OK.get_or_init(|| {
-            std::env::var_os("RUVLLM_FORCE_SCALAR").is_none() && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+            std::env::var_os("RUVLLM_FORCE_SCALAR").is_none()
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
         })
     }
 
@@ -324,25 +402,26 @@ mod simd {
         super::softmax_generic(x)
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    /// `Σ a[i]·b[i]` with `b` of either KV element type (f32 for [`super::dot`]).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
         let n = a.len().min(b.len());
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
         let mut i = 0;
         while i + 16 <= n {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), T::load8(pb.add(i)), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), T::load8(pb.add(i + 8)), acc1);
             i += 16;
         }
         if i + 8 <= n {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), T::load8(pb.add(i)), acc0);
             i += 8;
         }
         let mut s = hsum2(acc0, acc1);
         while i < n {
-            s += a[i] * b[i];
+            s += a[i] * b[i].to_f32();
             i += 1;
         }
         s
@@ -358,8 +437,8 @@ mod simd {
     /// [`super::scores`] with 512-bit vectors: lanes 0-7 of a 16-lane accumulator are
     /// [`dot`]'s `acc0` and lanes 8-15 its `acc1` (same fused multiply-adds per lane), reduced
     /// as `dot` reduces them, so results are identical.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub unsafe fn scores512(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32]) {
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn scores512<T: KvElem>(q: &[f32], k: &[T], offs: &[usize], scale: f32, out: &mut [f32]) {
         let hd = q.len();
         let (pq, pk) = (q.as_ptr(), k.as_ptr());
         let fin = |a: __m512| hsum2(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps::<1>(a));
@@ -371,7 +450,7 @@ mod simd {
             while i < hd {
                 let qv = _mm512_loadu_ps(pq.add(i));
                 for r in 0..4 {
-                    a[r] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[r].add(i)), a[r]);
+                    a[r] = _mm512_fmadd_ps(qv, T::load16(rows[r].add(i)), a[r]);
                 }
                 i += 16;
             }
@@ -385,7 +464,7 @@ mod simd {
             let mut a = _mm512_setzero_ps();
             let mut i = 0;
             while i < hd {
-                a = _mm512_fmadd_ps(_mm512_loadu_ps(pq.add(i)), _mm512_loadu_ps(row.add(i)), a);
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(pq.add(i)), T::load16(row.add(i)), a);
                 i += 16;
             }
             *out.get_unchecked_mut(j) = fin(a) * scale;
@@ -395,15 +474,15 @@ mod simd {
 
     /// [`super::weighted_sum`] for 256 columns with 512-bit vectors: the whole output row in 16
     /// registers, each value row read once, front to back.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub unsafe fn weighted_sum256(w: &[f32], v: &[f32], offs: &[usize], out: &mut [f32]) {
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn weighted_sum256<T: KvElem>(w: &[f32], v: &[T], offs: &[usize], out: &mut [f32]) {
         let pv = v.as_ptr();
         let mut acc = [_mm512_setzero_ps(); 16];
         for (&wj, &off) in w.iter().zip(offs) {
             let wv = _mm512_set1_ps(wj);
             let row = pv.add(off);
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(row.add(16 * r)), *a);
+                *a = _mm512_fmadd_ps(wv, T::load16(row.add(16 * r)), *a);
             }
         }
         for (r, a) in acc.iter().enumerate() {
@@ -424,8 +503,8 @@ mod simd {
 
     /// [`super::scores`] for `q.len()` a multiple of 16: per key the two accumulator chains of
     /// [`dot`], four keys at a time.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn scores(q: &[f32], k: &[f32], offs: &[usize], scale: f32, out: &mut [f32]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scores<T: KvElem>(q: &[f32], k: &[T], offs: &[usize], scale: f32, out: &mut [f32]) {
         let hd = q.len();
         let (pq, pk) = (q.as_ptr(), k.as_ptr());
         let mut j = 0;
@@ -437,8 +516,8 @@ mod simd {
             while i < hd {
                 let (q0, q1) = (_mm256_loadu_ps(pq.add(i)), _mm256_loadu_ps(pq.add(i + 8)));
                 for r in 0..4 {
-                    a0[r] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(rows[r].add(i)), a0[r]);
-                    a1[r] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(rows[r].add(i + 8)), a1[r]);
+                    a0[r] = _mm256_fmadd_ps(q0, T::load8(rows[r].add(i)), a0[r]);
+                    a1[r] = _mm256_fmadd_ps(q1, T::load8(rows[r].add(i + 8)), a1[r]);
                 }
                 i += 16;
             }
@@ -455,31 +534,31 @@ mod simd {
 
     /// [`super::weighted_sum`] for `out.len()` a multiple of 8: 64 output columns at a time held
     /// in eight registers over all rows, then the remaining columns eight at a time.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn weighted_sum(w: &[f32], v: &[f32], offs: &[usize], out: &mut [f32]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sum<T: KvElem>(w: &[f32], v: &[T], offs: &[usize], out: &mut [f32]) {
         let hd = out.len();
         let mut c = 0;
         while c + 64 <= hd {
-            columns::<8>(w, v, offs, c, out);
+            columns::<T, 8>(w, v, offs, c, out);
             c += 64;
         }
         while c < hd {
-            columns::<1>(w, v, offs, c, out);
+            columns::<T, 1>(w, v, offs, c, out);
             c += 8;
         }
     }
 
     /// Columns `c..c + 8R` of [`weighted_sum`].
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn columns<const R: usize>(w: &[f32], v: &[f32], offs: &[usize], c: usize, out: &mut [f32]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn columns<T: KvElem, const R: usize>(w: &[f32], v: &[T], offs: &[usize], c: usize, out: &mut [f32]) {
         let pv = v.as_ptr();
         let mut acc = [_mm256_setzero_ps(); R];
         for (&wj, &off) in w.iter().zip(offs) {
             let wv = _mm256_set1_ps(wj);
             let row = pv.add(off + c);
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * r)), *a);
+                *a = _mm256_fmadd_ps(wv, T::load8(row.add(8 * r)), *a);
             }
         }
         for (r, a) in acc.iter().enumerate() {
@@ -508,10 +587,60 @@ mod simd {
 mod tests {
     use super::*;
 
+    /// Checks `scores`/`weighted_sum` over cache rows `k`, `v` of element type `T` against the
+    /// per-row `dot` and `axpy` on the rows widened to f32 (`kw`, `vw`), exactly, through the
+    /// dispatcher and each SIMD variant this CPU has.
+    fn check_attention_kernels<T: KvElem>(hd: usize, rows: usize, k: &[T], v: &[T], q: &[f32], w_all: &[f32]) {
+        let kw: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+        let vw: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+        let ty = std::any::type_name::<T>();
+        for span in [0, 1, 3, 4, 5, 9] {
+            // Ring-buffer-like order with an odd start offset.
+            let offs: Vec<usize> = (0..span).map(|j| ((j * 7 + 3) % rows) * hd + 1).collect();
+            let mut got = vec![f32::NAN; span];
+            scores(q, k, &offs, 0.37, &mut got);
+            let want: Vec<f32> = offs.iter().map(|&o| dot(q, &kw[o..o + hd]) * 0.37).collect();
+            assert_eq!(got, want, "scores {ty} hd={hd} span={span}");
+            #[cfg(target_arch = "x86_64")]
+            if simd::avx2() && hd.is_multiple_of(16) {
+                let mut got = vec![f32::NAN; span];
+                unsafe { simd::scores(q, k, &offs, 0.37, &mut got) };
+                assert_eq!(got, want, "avx2 scores {ty} hd={hd} span={span}");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if simd::avx512() && hd.is_multiple_of(16) {
+                let mut got = vec![f32::NAN; span];
+                unsafe { simd::scores512(q, k, &offs, 0.37, &mut got) };
+                assert_eq!(got, want, "avx512 scores {ty} hd={hd} span={span}");
+            }
+            let w = &w_all[..span];
+            let mut got = vec![f32::NAN; hd];
+            weighted_sum(w, v, &offs, &mut got);
+            let mut want = vec![0f32; hd];
+            for (&wj, &o) in w.iter().zip(&offs) {
+                axpy(&mut want, wj, &vw[o..o + hd]);
+            }
+            assert_eq!(got, want, "weighted_sum {ty} hd={hd} span={span}");
+            #[cfg(target_arch = "x86_64")]
+            if simd::avx2() && hd.is_multiple_of(8) {
+                let mut got = vec![f32::NAN; hd];
+                unsafe { simd::weighted_sum(w, v, &offs, &mut got) };
+                assert_eq!(got, want, "avx2 weighted_sum {ty} hd={hd} span={span}");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if simd::avx512() && hd == 256 {
+                let mut got = vec![f32::NAN; hd];
+                unsafe { simd::weighted_sum256(w, v, &offs, &mut got) };
+                assert_eq!(got, want, "avx512 weighted_sum {ty} hd={hd} span={span}");
+            }
+        }
+    }
+
     #[test]
     fn attention_kernels_equal_dot_and_axpy() {
         // `scores` and `weighted_sum` must give exactly the per-row `dot` and `axpy` results
-        // (decode and prefill share them), for head sizes on and off their SIMD paths.
+        // (decode and prefill share them), for head sizes on and off their SIMD paths, over f32
+        // rows and over the f16 rows of the KV cache (widened exactly).
         let mut seed = 7u32;
         let mut rnd = move || {
             seed ^= seed << 13;
@@ -524,47 +653,10 @@ mod tests {
             let k: Vec<f32> = (0..rows * hd + 5).map(|_| rnd()).collect();
             let v: Vec<f32> = (0..rows * hd + 5).map(|_| rnd()).collect();
             let q: Vec<f32> = (0..hd).map(|_| rnd()).collect();
-            for span in [0, 1, 3, 4, 5, 9] {
-                // Ring-buffer-like order with an odd start offset.
-                let offs: Vec<usize> = (0..span).map(|j| ((j * 7 + 3) % rows) * hd + 1).collect();
-                let mut got = vec![f32::NAN; span];
-                scores(&q, &k, &offs, 0.37, &mut got);
-                let want: Vec<f32> = offs.iter().map(|&o| dot(&q, &k[o..o + hd]) * 0.37).collect();
-                assert_eq!(got, want, "scores hd={hd} span={span}");
-                // Each SIMD variant this CPU has, whichever the dispatcher prefers.
-                #[cfg(target_arch = "x86_64")]
-                if simd::avx2() && hd % 16 == 0 {
-                    let mut got = vec![f32::NAN; span];
-                    unsafe { simd::scores(&q, &k, &offs, 0.37, &mut got) };
-                    assert_eq!(got, want, "avx2 scores hd={hd} span={span}");
-                }
-                #[cfg(target_arch = "x86_64")]
-                if simd::avx512() && hd % 16 == 0 {
-                    let mut got = vec![f32::NAN; span];
-                    unsafe { simd::scores512(&q, &k, &offs, 0.37, &mut got) };
-                    assert_eq!(got, want, "avx512 scores hd={hd} span={span}");
-                }
-                let w: Vec<f32> = (0..span).map(|_| rnd()).collect();
-                let mut got = vec![f32::NAN; hd];
-                weighted_sum(&w, &v, &offs, &mut got);
-                let mut want = vec![0f32; hd];
-                for (&wj, &o) in w.iter().zip(&offs) {
-                    axpy(&mut want, wj, &v[o..o + hd]);
-                }
-                assert_eq!(got, want, "weighted_sum hd={hd} span={span}");
-                #[cfg(target_arch = "x86_64")]
-                if simd::avx2() && hd % 8 == 0 {
-                    let mut got = vec![f32::NAN; hd];
-                    unsafe { simd::weighted_sum(&w, &v, &offs, &mut got) };
-                    assert_eq!(got, want, "avx2 weighted_sum hd={hd} span={span}");
-                }
-                #[cfg(target_arch = "x86_64")]
-                if simd::avx512() && hd == 256 {
-                    let mut got = vec![f32::NAN; hd];
-                    unsafe { simd::weighted_sum256(&w, &v, &offs, &mut got) };
-                    assert_eq!(got, want, "avx512 weighted_sum hd={hd} span={span}");
-                }
-            }
+            let w: Vec<f32> = (0..16).map(|_| rnd()).collect();
+            check_attention_kernels(hd, rows, &k, &v, &q, &w);
+            let half = |x: &Vec<f32>| x.iter().map(|&y| f16::from_f32(y)).collect::<Vec<f16>>();
+            check_attention_kernels(hd, rows, &half(&k), &half(&v), &q, &w);
         }
     }
 
@@ -572,7 +664,7 @@ mod tests {
     #[should_panic(expected = "out of range")]
     fn scores_rejects_rows_outside_the_cache() {
         let mut out = [0f32; 1];
-        scores(&[1.0; 16], &[0.0; 20], &[8], 1.0, &mut out);
+        scores(&[1.0; 16], &[0.0f32; 20], &[8], 1.0, &mut out);
     }
 
     #[test]
