@@ -46,8 +46,11 @@ fn main() {
         let data = WeightData::Mapped { storage: file.storage(), offset: t.offset as usize, len: t.size as usize };
         QWeight::new(t.dtype, t.dims[1] as usize, t.dims[0] as usize, data).expect("weight")
     };
-    // On huge pages, as the model loader puts it (Transformer::load).
-    let head = weight(if file.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" }).to_huge();
+    // As the model loader puts it: packed for the tile GEMM where this CPU has one, else a copy
+    // on huge pages (Transformer::load / prepare).
+    let head = weight(if file.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" });
+    let head = if head.packs() { head } else { head.to_huge() };
+    head.prepare(&pool);
     let layers: Vec<QWeight> = file.tensors.iter().filter(|t| t.name.starts_with("blk.") && t.dims.len() == 2).map(|t| weight(&t.name)).collect();
     for w in &layers {
         w.prepare(&pool);
@@ -60,7 +63,7 @@ fn main() {
     let mut check = 0u64;
     for _ in 0..15 {
         let t = Instant::now();
-        check ^= stream(&pool, head.bytes());
+        check ^= stream(&pool, head.packed(&pool).map_or(head.bytes(), |p| p.bytes()));
         t_stream.push(t.elapsed().as_secs_f64());
         let t = Instant::now();
         matmul(&pool, &head, &x[..head.cols], 1, &mut y[..head.rows]);
@@ -72,7 +75,7 @@ fn main() {
         }
     }
     let gbps = |b: usize, s: f64| b as f64 / s / 1e9;
-    let hb = head.bytes().len();
+    let hb = bytes(&head);
     let (ts, th) = (median(&mut t_stream), median(&mut t_head));
     println!("{threads} thread(s); check {}", check % 7);
     println!("streaming read of the LM head's bytes: {:.2} ms, {:.1} GB/s", ts * 1e3, gbps(hb, ts));

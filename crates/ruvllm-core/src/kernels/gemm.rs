@@ -28,8 +28,9 @@ use super::GgmlType;
 
 /// Rows per tile (one 512-bit vector of 32-bit lanes).
 pub const TILE_ROWS: usize = 16;
-/// Weights with more rows than this are not packed: the LM head over a large vocabulary is
-/// only ever used for a few tokens at a time, and a packed copy would double its memory.
+/// Weights with more rows than this are not packed on first use (a packed copy next to the
+/// file's pages would double the memory of a large LM head); `QWeight::prepare` packs any size
+/// and releases the file's pages, which is how the model loader packs its LM head.
 pub const PACK_MAX_ROWS: usize = 1 << 16;
 
 /// Packed tile formats.
@@ -119,7 +120,8 @@ impl Packed {
         &self.bytes()[i * tb..(i + 1) * tb]
     }
 
-    fn bytes(&self) -> &[u8] {
+    /// All tiles, in order.
+    pub fn bytes(&self) -> &[u8] {
         &self.buf
     }
 

@@ -115,20 +115,34 @@ impl QWeight {
         &self.bytes()[r * rs..(r + 1) * rs]
     }
 
-    /// The packed tiles for the prefill GEMM, packed on `pool` on first use; `None` for types
-    /// without a packed format and for weights with more than [`gemm::PACK_MAX_ROWS`] rows.
+    /// The packed tiles for the tile GEMM: packed on `pool` on first use, or earlier by
+    /// [`Self::prepare`]. `None` for types without a packed format, and, unless `prepare` packed
+    /// it, for weights with more than [`gemm::PACK_MAX_ROWS`] rows.
     pub fn packed(&self, pool: &ThreadPool) -> Option<&gemm::Packed> {
+        if let Some(p) = self.packed.get() {
+            return p.as_ref();
+        }
         if gemm::PackKind::for_type(self.ty).is_none() || self.rows > gemm::PACK_MAX_ROWS {
             return None;
         }
+        self.pack(pool)
+    }
+
+    fn pack(&self, pool: &ThreadPool) -> Option<&gemm::Packed> {
         let nb = self.cols / self.ty.block_size();
         self.packed.get_or_init(|| gemm::Packed::new(pool, self.ty, self.bytes(), self.rows, nb)).as_ref()
     }
 
-    /// Packs the weight for the prefill GEMM now (at model load), where this CPU has one and
-    /// the type has a packed format.
+    /// Whether [`Self::prepare`] packs this weight: this CPU has the tile GEMM and the type a
+    /// packed format.
+    pub fn packs(&self) -> bool {
+        dot::kernels().gemm.is_some() && gemm::PackKind::for_type(self.ty).is_some()
+    }
+
+    /// Packs the weight for the tile GEMM now (at model load; any size, the LM head included)
+    /// where [`Self::packs`].
     pub fn prepare(&self, pool: &ThreadPool) {
-        if dot::kernels().gemm.is_some() && self.packed(pool).is_some() {
+        if self.packs() && self.pack(pool).is_some() {
             // Every matmul with this weight now reads the packed copy: let the file's pages
             // leave memory (they are read back from the file if anything touches them).
             if let WeightData::Mapped { storage, offset, len } = &self.data {

@@ -227,13 +227,18 @@ impl Transformer {
     /// `context` (not the model's maximum) and shared by all layers with the same base.
     pub fn load(w: &WeightLoader, cfg: TransformerConfig, context: usize) -> Result<Self> {
         let embed = w.matrix("token_embd.weight", cfg.vocab_size, cfg.d_model)?;
-        // The LM head is the largest weight and every decoded token streams all of it: a copy on
-        // huge pages (kernels::mem). A tied embedding shares that copy for its row gathers.
-        let (embed, output) = if w.has("output.weight") {
-            (embed, w.matrix("output.weight", cfg.vocab_size, cfg.d_model)?.to_huge())
-        } else {
-            let output = embed.to_huge();
-            (output.clone(), output)
+        // The LM head is the largest weight and every decoded token streams all of it. Where
+        // `prepare` will pack it for the tile GEMM (on huge pages), it stays mapped until then;
+        // otherwise the per-row kernels read a copy on huge pages (kernels::mem), which a tied
+        // embedding shares for its row gathers.
+        let output = if w.has("output.weight") { w.matrix("output.weight", cfg.vocab_size, cfg.d_model)? } else { embed.clone() };
+        let (embed, output) = match (output.packs(), w.has("output.weight")) {
+            (true, _) => (embed, output),
+            (false, true) => (embed, output.to_huge()),
+            (false, false) => {
+                let output = output.to_huge();
+                (output.clone(), output)
+            }
         };
         let layers = (0..cfg.n_layer).map(|i| Layer::load(w, &cfg, i)).collect::<Result<Vec<_>>>()?;
         let output_norm = w.vector("output_norm.weight", cfg.d_model)?;
@@ -245,13 +250,16 @@ impl Transformer {
         Ok(Transformer { cfg, embed, layers, output_norm, output, rope, rope_swa })
     }
 
-    /// Prepares the weights for prefill (packs them for the tile GEMM where the CPU has one).
+    /// Prepares the weights: packs the layer weights and the LM head for the tile GEMM where the
+    /// CPU has one (the file's pages of a tied embedding are then read back only for the rows
+    /// the embedding gathers).
     pub fn prepare(&self, pool: &ThreadPool) {
         for l in &self.layers {
             for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down] {
                 w.prepare(pool);
             }
         }
+        self.output.prepare(pool);
     }
 
     /// A KV cache for `context` positions with ring buffers for sliding-window layers.
