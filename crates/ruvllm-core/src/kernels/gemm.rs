@@ -128,6 +128,13 @@ impl Packed {
     /// Packs `rows × nb` blocks of `ty` (`data`, ggml rows) on `pool`. `None` for types
     /// without a packed format.
     pub fn new(pool: &ThreadPool, ty: GgmlType, data: &[u8], rows: usize, nb: usize) -> Option<Self> {
+        Self::new_releasing(pool, ty, data, rows, nb, &|_, _| {})
+    }
+
+    /// [`Packed::new`] in chunks of about 8 MB of `data`, calling `done(offset, len)` with each
+    /// chunk's byte range of `data` once it is packed, so a caller can let a file's pages go
+    /// while the packed copy grows (peak memory: the copy plus one chunk, not both whole).
+    pub fn new_releasing(pool: &ThreadPool, ty: GgmlType, data: &[u8], rows: usize, nb: usize, done: &dyn Fn(usize, usize)) -> Option<Self> {
         let kind = PackKind::for_type(ty)?;
         let rs = nb * ty.type_size();
         assert!(data.len() >= rows * rs, "Packed::new: {} bytes for {rows} rows of {rs}", data.len());
@@ -135,15 +142,24 @@ impl Packed {
         let tb = nb * kind.block_bytes();
         let mut buf = HugeBuf::new(tiles * tb);
         let base = SyncPtr(buf.as_mut_ptr());
-        let tasks = (pool.threads() * 4).min(tiles);
-        pool.for_each(tasks, &|i| {
-            for t in (i * tiles / tasks)..((i + 1) * tiles / tasks) {
-                let (r0, r1) = (t * TILE_ROWS, ((t + 1) * TILE_ROWS).min(rows));
-                // SAFETY: tile `t` is written by exactly one task.
-                let out = unsafe { std::slice::from_raw_parts_mut(base.get().add(t * tb), tb) };
-                pack_tile(kind, ty, &data[r0 * rs..r1 * rs], r1 - r0, nb, out);
-            }
-        });
+        let chunk = ((8 << 20) / (TILE_ROWS * rs).max(1)).max(1);
+        let mut t0 = 0;
+        while t0 < tiles {
+            let t1 = (t0 + chunk).min(tiles);
+            let n = t1 - t0;
+            let tasks = (pool.threads() * 4).min(n);
+            pool.for_each(tasks, &|i| {
+                for t in (t0 + i * n / tasks)..(t0 + (i + 1) * n / tasks) {
+                    let (r0, r1) = (t * TILE_ROWS, ((t + 1) * TILE_ROWS).min(rows));
+                    // SAFETY: tile `t` is written by exactly one task.
+                    let out = unsafe { std::slice::from_raw_parts_mut(base.get().add(t * tb), tb) };
+                    pack_tile(kind, ty, &data[r0 * rs..r1 * rs], r1 - r0, nb, out);
+                }
+            });
+            let (r0, r1) = (t0 * TILE_ROWS, (t1 * TILE_ROWS).min(rows));
+            done(r0 * rs, (r1 - r0) * rs);
+            t0 = t1;
+        }
         Some(Self { kind, rows, nb, buf })
     }
 }

@@ -125,12 +125,19 @@ impl QWeight {
         if gemm::PackKind::for_type(self.ty).is_none() || self.rows > gemm::PACK_MAX_ROWS {
             return None;
         }
-        self.pack(pool)
+        self.pack(pool, false)
     }
 
-    fn pack(&self, pool: &ThreadPool) -> Option<&gemm::Packed> {
+    /// Packs (once); with `release`, a file-mapped weight's pages are released chunk by chunk as
+    /// they are packed, so resident memory never holds the whole weight twice.
+    fn pack(&self, pool: &ThreadPool, release: bool) -> Option<&gemm::Packed> {
         let nb = self.cols / self.ty.block_size();
-        self.packed.get_or_init(|| gemm::Packed::new(pool, self.ty, self.bytes(), self.rows, nb)).as_ref()
+        let done = |at: usize, len: usize| {
+            if let (true, WeightData::Mapped { storage, offset, .. }) = (release, &self.data) {
+                storage.release(offset + at, len);
+            }
+        };
+        self.packed.get_or_init(|| gemm::Packed::new_releasing(pool, self.ty, self.bytes(), self.rows, nb, &done)).as_ref()
     }
 
     /// Whether [`Self::prepare`] packs this weight: this CPU has the tile GEMM and the type a
@@ -142,7 +149,7 @@ impl QWeight {
     /// Packs the weight for the tile GEMM now (at model load; any size, the LM head included)
     /// where [`Self::packs`].
     pub fn prepare(&self, pool: &ThreadPool) {
-        if self.packs() && self.pack(pool).is_some() {
+        if self.packs() && self.pack(pool, true).is_some() {
             // Every matmul with this weight now reads the packed copy: let the file's pages
             // leave memory (they are read back from the file if anything touches them).
             if let WeightData::Mapped { storage, offset, len } = &self.data {
