@@ -69,9 +69,10 @@ describe('llama.cpp oracle (Gemma 3 270M Q4_K_M)', () => {
     for (const r of reference) expect(llm.tokenize(r.prompt), r.prompt).toEqual(r.promptTokens)
   })
 
-  // Our attention is exact f32 (llama.cpp's CPU path rounds K/V and accumulations to f16), so
-  // rare late divergences at near-ties remain possible: as the Rust test, we demand the first
-  // 4 tokens on every prompt and all 32 on at least 7 (the issue asks for at least 5).
+  // Our KV cache is f16 like llama.cpp's, but our kernels round differently (8-bit activations
+  // per block, f32 accumulation), so rare late divergences at near-ties remain possible: as the
+  // Rust test, we demand the first 4 tokens on every prompt and all 32 on at least 7 (the issue
+  // asks for at least 5).
   it(`greedy token ids equal llama.cpp's for the first ${N} tokens on at least 7 of ${PROMPTS.length} prompts`, async () => {
     const eos = new Set([1, 106]) // <eos>, <end_of_turn>
     const report: string[] = []
