@@ -8,14 +8,29 @@ use half::slice::HalfFloatSliceExt;
 
 use crate::kernels::mem::HugeVec;
 
+/// Element type of the cached keys and values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    /// IEEE half precision, rounded to nearest even on store: llama.cpp's default cache type,
+    /// half the memory and attention traffic of f32.
+    #[default]
+    F16,
+    /// Exact f32 (the reference: tests against f32 implementations use it).
+    F32,
+}
+
+/// The key and value rows of one layer, of one [`KvType`], on huge pages (kernels::mem):
+/// decode's attention streams them every token.
+pub enum KvRows {
+    F16 { k: HugeVec<f16>, v: HugeVec<f16> },
+    F32 { k: HugeVec<f32>, v: HugeVec<f32> },
+}
+
 /// Keys and values of one layer.
 pub struct LayerCache {
     /// Number of slots; position `p` lives in slot `p % capacity`.
     pub capacity: usize,
-    /// IEEE half precision (llama.cpp's default cache type), rounded to nearest even on store,
-    /// on huge pages (kernels::mem): decode's attention streams them every token.
-    pub k: HugeVec<f16>,
-    pub v: HugeVec<f16>,
+    pub rows: KvRows,
 }
 
 pub struct KvCache {
@@ -27,18 +42,36 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// `capacities[l]` slots for layer `l`.
+    /// `capacities[l]` slots for layer `l`, f16 ([`KvType::F16`]).
     pub fn new(capacities: &[usize], row: usize) -> Self {
+        Self::with_type(capacities, row, KvType::F16)
+    }
+
+    /// `capacities[l]` slots for layer `l`, keys and values stored as `ty`.
+    pub fn with_type(capacities: &[usize], row: usize, ty: KvType) -> Self {
         let layers = capacities
             .iter()
-            .map(|&capacity| LayerCache { capacity, k: HugeVec::zeros(capacity * row), v: HugeVec::zeros(capacity * row) })
+            .map(|&capacity| {
+                let n = capacity * row;
+                let rows = match ty {
+                    KvType::F16 => KvRows::F16 { k: HugeVec::zeros(n), v: HugeVec::zeros(n) },
+                    KvType::F32 => KvRows::F32 { k: HugeVec::zeros(n), v: HugeVec::zeros(n) },
+                };
+                LayerCache { capacity, rows }
+            })
             .collect();
         KvCache { layers, row, tokens: Vec::new() }
     }
 
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| (l.k.len() + l.v.len()) * 2).sum()
+        self.layers
+            .iter()
+            .map(|l| match &l.rows {
+                KvRows::F16 { k, v } => (k.len() + v.len()) * 2,
+                KvRows::F32 { k, v } => (k.len() + v.len()) * 4,
+            })
+            .sum()
     }
 }
 
@@ -49,10 +82,18 @@ impl LayerCache {
     }
 
     /// Stores the key and value rows of position `pos`.
-    pub fn store(&mut self, pos: usize, k: &[f32], v: &[f32]) {
-        let row = k.len();
+    pub fn store(&mut self, pos: usize, k_row: &[f32], v_row: &[f32]) {
+        let row = k_row.len();
         let s = self.slot(pos) * row;
-        self.k[s..s + row].convert_from_f32_slice(k);
-        self.v[s..s + row].convert_from_f32_slice(v);
+        match &mut self.rows {
+            KvRows::F16 { k, v } => {
+                k[s..s + row].convert_from_f32_slice(k_row);
+                v[s..s + row].convert_from_f32_slice(v_row);
+            }
+            KvRows::F32 { k, v } => {
+                k[s..s + row].copy_from_slice(k_row);
+                v[s..s + row].copy_from_slice(v_row);
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@ use candle_transformers::models::{quantized_llama, quantized_qwen2};
 use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::{GgufFile, MetadataValue};
 use ruvllm_core::kernels::{quant, GgmlType, ThreadPool};
+use ruvllm_core::kv::KvType;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 
 const VOCAB: usize = 128;
@@ -85,7 +86,9 @@ fn ours(bytes: &[u8]) -> (Vec<f32>, Vec<f32>) {
     let file = GgufFile::from_bytes(bytes.to_vec(), "synthetic.gguf").expect("our reader accepts the file");
     let cfg = config_from_gguf(&file).expect("config");
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 64).expect("load");
-    let mut cache = model.new_cache(64, 16);
+    // candle keeps keys and values in f32: compare with our exact f32 cache (the default f16
+    // cache is checked against llama.cpp, which uses f16 too: tests/gemma3_real.rs).
+    let mut cache = model.new_cache_typed(64, 16, KvType::F32);
     let mut scratch = model.new_scratch(16);
     let pool = ThreadPool::new(2);
     model.forward(&PROMPT, 0, &mut cache, &mut scratch, &pool).expect("prefill");

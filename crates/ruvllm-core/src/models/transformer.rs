@@ -7,7 +7,8 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::matmul::{matmul_fused, WeightData};
 use crate::kernels::ops::{self, RopeStyle, RopeTable};
 use crate::kernels::{matmul, GgmlType, QWeight, ThreadPool};
-use crate::kv::{KvCache, LayerCache};
+use crate::kernels::ops::KvElem;
+use crate::kv::{KvCache, KvRows, KvType, LayerCache};
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -262,15 +263,20 @@ impl Transformer {
         self.output.prepare(pool);
     }
 
-    /// A KV cache for `context` positions with ring buffers for sliding-window layers.
+    /// A KV cache for `context` positions with ring buffers for sliding-window layers, f16.
     pub fn new_cache(&self, context: usize, max_batch: usize) -> KvCache {
+        self.new_cache_typed(context, max_batch, KvType::F16)
+    }
+
+    /// [`Self::new_cache`] with keys and values stored as `ty`.
+    pub fn new_cache_typed(&self, context: usize, max_batch: usize, ty: KvType) -> KvCache {
         let caps: Vec<usize> = (0..self.cfg.n_layer)
             .map(|l| match (self.cfg.sliding_window, self.cfg.swa_layers[l]) {
                 (Some(w), true) => context.min(w + max_batch),
                 _ => context,
             })
             .collect();
-        KvCache::new(&caps, self.cfg.n_kv_head * self.cfg.head_dim)
+        KvCache::with_type(&caps, self.cfg.n_kv_head * self.cfg.head_dim, ty)
     }
 
     pub fn new_scratch(&self, max_batch: usize) -> Scratch {
@@ -439,6 +445,15 @@ impl Transformer {
 
     /// Causal (optionally sliding-window) attention of the `n` new queries over the cache.
     fn attention(&self, cache: &LayerCache, n: usize, pos0: usize, window: Option<usize>, s: &mut Scratch, pool: &ThreadPool) {
+        match &cache.rows {
+            KvRows::F16 { k, v } => self.attention_rows(cache, k, v, n, pos0, window, s, pool),
+            KvRows::F32 { k, v } => self.attention_rows(cache, k, v, n, pos0, window, s, pool),
+        }
+    }
+
+    /// [`Self::attention`] over key and value rows `kc`, `vc` of the cache's element type.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_rows<T: KvElem>(&self, cache: &LayerCache, kc: &[T], vc: &[T], n: usize, pos0: usize, window: Option<usize>, s: &mut Scratch, pool: &ThreadPool) {
         let c = &self.cfg;
         let (hd, n_head) = (c.head_dim, c.n_head);
         let group = n_head / c.n_kv_head;
@@ -459,7 +474,7 @@ impl Transformer {
         // the keys and values rather than all of them.
         let span_max = window.map_or(pos0 + n, |w| w.min(pos0 + n));
         if n * n_kv < pool.threads() && span_max >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
-            return self.attention_split(cache, n, pos0, window, s, pool);
+            return self.attention_split(cache, kc, vc, n, pos0, window, s, pool);
         }
         let mut hs = group;
         while hs > 1 && hs.is_multiple_of(2) && n * n_kv * (group / hs) < pool.threads() {
@@ -485,9 +500,9 @@ impl Transformer {
                 offs.extend((lo..=pos).map(|p| cache.slot(p) * kv_row + g * hd));
                 let sc = &mut buf[..span];
                 for h in 0..hs {
-                    ops::scores(&q[h * hd..(h + 1) * hd], &cache.k, offs, scale, sc);
+                    ops::scores(&q[h * hd..(h + 1) * hd], kc, offs, scale, sc);
                     ops::softmax_inplace(sc);
-                    ops::weighted_sum(sc, &cache.v, offs, &mut out[h * hd..(h + 1) * hd]);
+                    ops::weighted_sum(sc, vc, offs, &mut out[h * hd..(h + 1) * hd]);
                 }
             });
         };
@@ -500,7 +515,8 @@ impl Transformer {
     /// in L1 across the heads); (2) softmax, one task per head; (3) value sums, the head
     /// dimension split over the tasks. Every score, softmax and output element is computed by
     /// the same operations in the same order as in `attention`, so the result is identical.
-    fn attention_split(&self, cache: &LayerCache, n: usize, pos0: usize, window: Option<usize>, s: &mut Scratch, pool: &ThreadPool) {
+    #[allow(clippy::too_many_arguments)]
+    fn attention_split<T: KvElem>(&self, cache: &LayerCache, kc: &[T], vc: &[T], n: usize, pos0: usize, window: Option<usize>, s: &mut Scratch, pool: &ThreadPool) {
         let c = &self.cfg;
         let (hd, n_head, n_kv) = (c.head_dim, c.n_head, c.n_kv_head);
         let group = n_head / n_kv;
@@ -533,7 +549,7 @@ impl Transformer {
                                 let q = &q_all[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
                                 // SAFETY: task i owns positions a..b of every score row.
                                 let out = unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) };
-                                ops::scores(q, &cache.k, offs, scale, out);
+                                ops::scores(q, kc, offs, scale, out);
                             }
                         }
                     }
@@ -561,7 +577,7 @@ impl Transformer {
                             let w = &scores[(t * n_head + h) * stride..][..span];
                             // SAFETY: task i owns columns d0..d0 + width of every head's output.
                             let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) };
-                            ops::weighted_sum(w, &cache.v, offs, out);
+                            ops::weighted_sum(w, vc, offs, out);
                         }
                     }
                 }
