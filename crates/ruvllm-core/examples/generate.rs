@@ -1,11 +1,7 @@
 //! Greedy generation through the engine (its own thread, sampling, detokenizing), as the Node
 //! binding drives it but without Node: decode speed of the whole engine next to `forward`.
 //! `cargo run --release -p ruvllm-core --example generate -- MODEL.gguf [threads] [prompt tokens] [new tokens]`
-use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::channel;
-use std::sync::Arc;
-
-use ruvllm_core::engine::{Engine, Event, GenerateParams, GenerateRequest, LoadOptions, Prompt};
+use ruvllm_core::engine::{Engine, GenerateParams, LoadOptions, Prompt};
 use ruvllm_core::sampling::SamplingParams;
 
 fn main() {
@@ -16,24 +12,7 @@ fn main() {
     let new: usize = args.get(4).map_or(128, |s| s.parse().expect("new tokens"));
     let engine = Engine::load(std::path::Path::new(path), LoadOptions { context_size: Some(1024), threads: Some(threads), seed: None }).expect("load");
     let ids: Vec<u32> = (0..prompt).map(|i| 2 + (i * 7919) % 20000).collect();
-    let (tx, rx) = channel();
-    let req = GenerateRequest {
-        prompt: Prompt::Tokens(ids),
-        params: GenerateParams { max_tokens: new, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None },
-        cancel: Arc::new(AtomicBool::new(false)),
-        sink: Box::new(move |e| {
-            let _ = tx.send(e);
-        }),
-    };
-    engine.submit(req).expect("submit");
-    loop {
-        match rx.recv().expect("engine answers") {
-            Event::Token { .. } => {}
-            Event::Done(c) => {
-                println!("prefill {:.1} tok/s, decode {:.1} tok/s ({} tokens)", c.prefill_tokens_per_second, c.decode_tokens_per_second, c.completion_tokens);
-                break;
-            }
-            Event::Error(e) => panic!("generation failed: {e}"),
-        }
-    }
+    let params = GenerateParams { max_tokens: new, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None };
+    let c = engine.generate_blocking(Prompt::Tokens(ids), params).expect("generate");
+    println!("prefill {:.1} tok/s, decode {:.1} tok/s ({} tokens)", c.prefill_tokens_per_second, c.decode_tokens_per_second, c.completion_tokens);
 }

@@ -331,6 +331,23 @@ impl Engine {
         tx.send(Command::Generate(req)).map_err(|_| Error::Closed)
     }
 
+    /// Runs a generation and waits for it (tokens are not streamed; no cancellation): for Rust
+    /// callers, examples and tests. Errors are the request's own, or `Closed`.
+    pub fn generate_blocking(&self, prompt: Prompt, params: GenerateParams) -> Result<Completion> {
+        let (tx, rx) = channel();
+        let sink = Box::new(move |e| {
+            let _ = tx.send(e);
+        });
+        self.submit(GenerateRequest { prompt, params, cancel: Arc::new(AtomicBool::new(false)), sink })?;
+        loop {
+            match rx.recv().map_err(|_| Error::Closed)? {
+                Event::Token { .. } => {}
+                Event::Done(c) => return Ok(c),
+                Event::Error(e) => return Err(e),
+            }
+        }
+    }
+
     /// Queues a scoring request; its result goes to `req.reply` (`Closed` is returned here).
     pub fn submit_score(&self, req: ScoreRequest) -> Result<()> {
         let tx = lock(&self.tx);

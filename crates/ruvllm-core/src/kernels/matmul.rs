@@ -96,9 +96,7 @@ impl QWeight {
         for at in (0..src.len()).step_by(STEP) {
             let end = (at + STEP).min(src.len());
             buf[at..end].copy_from_slice(&src[at..end]);
-            if let WeightData::Mapped { storage, offset, .. } = &self.data {
-                storage.release(offset + at, end - at);
-            }
+            self.release(at, end - at);
         }
         QWeight { data: WeightData::Huge(Arc::new(buf)), packed: Arc::default(), ..*self }
     }
@@ -133,8 +131,8 @@ impl QWeight {
     fn pack(&self, pool: &ThreadPool, release: bool) -> Option<&gemm::Packed> {
         let nb = self.cols / self.ty.block_size();
         let done = |at: usize, len: usize| {
-            if let (true, WeightData::Mapped { storage, offset, .. }) = (release, &self.data) {
-                storage.release(offset + at, len);
+            if release {
+                self.release(at, len);
             }
         };
         self.packed.get_or_init(|| gemm::Packed::new_releasing(pool, self.ty, self.bytes(), self.rows, nb, &done)).as_ref()
@@ -151,10 +149,17 @@ impl QWeight {
     pub fn prepare(&self, pool: &ThreadPool) {
         if self.packs() && self.pack(pool, true).is_some() {
             // Every matmul with this weight now reads the packed copy: let the file's pages
-            // leave memory (they are read back from the file if anything touches them).
-            if let WeightData::Mapped { storage, offset, len } = &self.data {
-                storage.release(*offset, *len);
-            }
+            // leave memory (they are read back from the file if anything touches them). `pack`
+            // released them already unless the weight had been packed on first use before.
+            self.release(0, self.bytes().len());
+        }
+    }
+
+    /// Lets the file's pages of bytes `at..at + len` of a file-mapped weight leave memory
+    /// ([`Storage::release`]); nothing for weights held in memory.
+    fn release(&self, at: usize, len: usize) {
+        if let WeightData::Mapped { storage, offset, .. } = &self.data {
+            storage.release(offset + at, len);
         }
     }
 

@@ -5,7 +5,7 @@
 //! Why: decode reads ~250 MB of weights per token, one pass, front to back. On 4 KiB pages that
 //! is ~60,000 page walks per token and the hardware prefetchers stop at every page boundary;
 //! on 2 MiB pages both go away. Measured on Gemma 3 270M, 2 threads, 64 decoded tokens,
-//! alternating runs: 11.6 -> 10.2 ms per token (BENCHMARKS.md, "Huge pages").
+//! alternating runs: 11.5 -> 9.6 ms per token (BENCHMARKS.md, "Decode, stop 10").
 //!
 //! Small buffers (one layer's packed weight is 0.1-2 MB) share 32 MiB chunks ([`HugeBuf::new`]
 //! hands out 4 KiB-aligned slices of the current chunk), so they land on huge pages too. A chunk
@@ -41,7 +41,8 @@ static CURRENT: Mutex<Option<(Weak<Chunk>, usize)>> = Mutex::new(None);
 /// A zero-initialised byte buffer on huge-page-backed anonymous memory, 4 KiB aligned. Falls
 /// back to the heap (64-byte aligned) where an anonymous mapping cannot be made.
 pub struct HugeBuf {
-    chunk: Option<Arc<Chunk>>,
+    /// The mapping `ptr` points into (kept alive, never read), or `None` on the heap fallback.
+    _chunk: Option<Arc<Chunk>>,
     /// Heap fallback, in 64-byte lines.
     _heap: Vec<Line>,
     ptr: *mut u8,
@@ -52,7 +53,7 @@ pub struct HugeBuf {
 #[derive(Clone, Copy)]
 struct Line([u8; 64]);
 
-// SAFETY: `ptr` points into memory owned by `chunk` or `heap`, which move with the value; shared
+// SAFETY: `ptr` points into memory owned by `_chunk` or `_heap`, which move with the value; shared
 // access only reads it (writes go through `&mut self`).
 unsafe impl Send for HugeBuf {}
 unsafe impl Sync for HugeBuf {}
@@ -80,7 +81,7 @@ impl HugeBuf {
                 // SAFETY: `at + len <= chunk length`; the range is handed out once (the bump
                 // offset moved past it under the lock), so no other buffer aliases it.
                 let ptr = unsafe { chunk.map.as_ptr().add(at) as *mut u8 };
-                HugeBuf { chunk: Some(chunk), _heap: Vec::new(), ptr, len }
+                HugeBuf { _chunk: Some(chunk), _heap: Vec::new(), ptr, len }
             }
             None => Self::heap(len),
         }
@@ -89,20 +90,9 @@ impl HugeBuf {
     fn heap(len: usize) -> Self {
         let mut heap = vec![Line([0; 64]); len.div_ceil(64)];
         let ptr = heap.as_mut_ptr() as *mut u8;
-        HugeBuf { chunk: None, _heap: heap, ptr, len }
+        HugeBuf { _chunk: None, _heap: heap, ptr, len }
     }
 
-    /// A copy of `src`.
-    pub fn copy_of(src: &[u8]) -> Self {
-        let mut b = Self::new(src.len());
-        b.copy_from_slice(src);
-        b
-    }
-
-    /// Whether the bytes are on an anonymous mapping (huge pages where the OS grants them).
-    pub fn is_mapped(&self) -> bool {
-        self.chunk.is_some()
-    }
 }
 
 impl std::ops::Deref for HugeBuf {
@@ -170,7 +160,5 @@ mod tests {
         for (i, b) in bufs.iter().enumerate() {
             assert!(b.iter().all(|&x| x == i as u8 + 1), "buffer {i} was overwritten");
         }
-        let c = HugeBuf::copy_of(&[1, 2, 3]);
-        assert_eq!(&c[..], &[1, 2, 3]);
     }
 }

@@ -232,15 +232,10 @@ impl Transformer {
         // `prepare` will pack it for the tile GEMM (on huge pages), it stays mapped until then;
         // otherwise the per-row kernels read a copy on huge pages (kernels::mem), which a tied
         // embedding shares for its row gathers.
-        let output = if w.has("output.weight") { w.matrix("output.weight", cfg.vocab_size, cfg.d_model)? } else { embed.clone() };
-        let (embed, output) = match (output.packs(), w.has("output.weight")) {
-            (true, _) => (embed, output),
-            (false, true) => (embed, output.to_huge()),
-            (false, false) => {
-                let output = output.to_huge();
-                (output.clone(), output)
-            }
-        };
+        let tied = !w.has("output.weight");
+        let output = if tied { embed.clone() } else { w.matrix("output.weight", cfg.vocab_size, cfg.d_model)? };
+        let output = if output.packs() { output } else { output.to_huge() };
+        let embed = if tied { output.clone() } else { embed };
         let layers = (0..cfg.n_layer).map(|i| Layer::load(w, &cfg, i)).collect::<Result<Vec<_>>>()?;
         let output_norm = w.vector("output_norm.weight", cfg.d_model)?;
         let rope = Arc::new(RopeTable::new(cfg.rope_dim, cfg.rope_base, cfg.rope_linear_factor, context, cfg.rope_style));
@@ -472,8 +467,7 @@ impl Transformer {
         // Decode (fewer query/KV-head pairs than threads) over a long span: split the positions
         // and the value dimensions over the threads instead, so each thread reads its share of
         // the keys and values rather than all of them.
-        let span_max = window.map_or(pos0 + n, |w| w.min(pos0 + n));
-        if n * n_kv < pool.threads() && span_max >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
+        if n * n_kv < pool.threads() && visible(pos0 + n - 1, window).1 >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
             return self.attention_split(cache, kc, vc, n, pos0, window, s, pool);
         }
         let mut hs = group;
@@ -483,9 +477,7 @@ impl Transformer {
         let subs = group / hs;
         let grouped = |i: usize| {
             let (t, g, sub) = (i / (n_kv * subs), (i / subs) % n_kv, i % subs);
-            let pos = pos0 + t;
-            let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let span = pos + 1 - lo;
+            let (lo, span) = visible(pos0 + t, window);
             let h0 = g * group + sub * hs;
             let q = &q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hs) * hd];
             // SAFETY: task i owns attn[t*q_dim + h0*hd ..][..hs*hd]: disjoint across tasks.
@@ -497,7 +489,7 @@ impl Transformer {
                 }
                 // Where each visible position's key and value rows start.
                 offs.clear();
-                offs.extend((lo..=pos).map(|p| cache.slot(p) * kv_row + g * hd));
+                offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd));
                 let sc = &mut buf[..span];
                 for h in 0..hs {
                     ops::scores(&q[h * hd..(h + 1) * hd], kc, offs, scale, sc);
@@ -521,11 +513,7 @@ impl Transformer {
         let (hd, n_head, n_kv) = (c.head_dim, c.n_head, c.n_kv_head);
         let group = n_head / n_kv;
         let (q_dim, kv_row, scale) = (n_head * hd, n_kv * hd, c.attn_scale);
-        let span_of = |t: usize| {
-            let pos = pos0 + t;
-            let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            (lo, pos + 1 - lo)
-        };
+        let span_of = |t: usize| visible(pos0 + t, window);
         let stride = (0..n).map(|t| span_of(t).1).max().unwrap_or(0);
         // Scores of (token t, head h) at row t * n_head + h.
         if s.att_scores.len() < n * n_head * stride {
@@ -584,6 +572,13 @@ impl Transformer {
             });
         });
     }
+}
+
+/// The positions a query at `pos` attends to, as (first position, count): all up to `pos`, or
+/// the last `window` of them.
+fn visible(pos: usize, window: Option<usize>) -> (usize, usize) {
+    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    (lo, pos + 1 - lo)
 }
 
 /// Shortest span for [`Transformer::attention_split`] (shorter ones keep one task per head
