@@ -366,6 +366,62 @@ pub fn weighted_sum<T: KvElem>(w: &[f32], v: &[T], offs: &[usize], out: &mut [f3
     }
 }
 
+/// [`scores`] for several query heads over the same keys (the heads of a KV group):
+/// `outs[h][j] = dot(qs[h], k[offs[j]..][..hd]) * scale`, identical to [`scores`] per head, but
+/// each key row is loaded (and, from the f16 cache, widened) once for up to four heads.
+///
+/// Panics if the heads differ in length, `outs` is shorter than `qs` or an output row shorter
+/// than `offs`, or a key row lies outside `k`.
+pub fn scores_heads<T: KvElem>(qs: &[&[f32]], k: &[T], offs: &[usize], scale: f32, outs: &mut [&mut [f32]]) {
+    let Some(hd) = qs.first().map(|q| q.len()) else { return };
+    assert!(
+        outs.len() >= qs.len() && qs.iter().all(|q| q.len() == hd) && outs.iter().all(|o| o.len() >= offs.len()),
+        "scores_heads: heads or output rows do not match"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if qs.len() > 1 && simd::avx2() && hd.is_multiple_of(16) {
+        assert!(offs.iter().all(|&o| o + hd <= k.len()), "scores: key rows out of range");
+        for (q4, o4) in qs.chunks(4).zip(outs.chunks_mut(4)) {
+            // SAFETY: AVX2/FMA/F16C (and AVX-512F for the 512-bit variant) were detected; every
+            // key row is inside `k`, every query has `hd` elements and every output row
+            // `offs.len()`.
+            unsafe { simd::scores_heads_dispatch(q4, k, offs, scale, o4, simd::avx512()) };
+        }
+        return;
+    }
+    for (q, o) in qs.iter().zip(outs.iter_mut()) {
+        scores(q, k, offs, scale, o);
+    }
+}
+
+/// [`weighted_sum`] for several heads over the same value rows: `outs[h] = Σ_j ws[h][j] ·
+/// v[offs[j]..][..width]`, identical to [`weighted_sum`] per head (per element the same fused
+/// multiply-adds over the rows in order), but each value row is loaded (and widened) once for
+/// up to four heads.
+///
+/// Panics if the outputs differ in width, `ws` is shorter than `outs` or a weight row shorter
+/// than `offs`, or a value row lies outside `v`.
+pub fn weighted_sum_heads<T: KvElem>(ws: &[&[f32]], v: &[T], offs: &[usize], outs: &mut [&mut [f32]]) {
+    let Some(width) = outs.first().map(|o| o.len()) else { return };
+    assert!(
+        ws.len() >= outs.len() && outs.iter().all(|o| o.len() == width) && ws.iter().all(|w| w.len() >= offs.len()),
+        "weighted_sum_heads: heads or weight rows do not match"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if outs.len() > 1 && simd::avx2() && width.is_multiple_of(8) {
+        assert!(offs.iter().all(|&o| o + width <= v.len()), "weighted_sum: value rows out of range");
+        for (w4, o4) in ws.chunks(4).zip(outs.chunks_mut(4)) {
+            // SAFETY: as in `scores_heads`; every value row `offs[j]..offs[j] + width` is inside
+            // `v`, every weight row has `offs.len()` elements.
+            unsafe { simd::weighted_sum_heads_dispatch(w4, v, offs, o4, simd::avx512()) };
+        }
+        return;
+    }
+    for (w, o) in ws.iter().zip(outs.iter_mut()) {
+        weighted_sum(w, v, offs, o);
+    }
+}
+
 /// AVX2 + FMA versions, chosen at run time (the crate is built for baseline x86-64).
 #[cfg(target_arch = "x86_64")]
 mod simd {
@@ -566,6 +622,206 @@ mod simd {
         }
     }
 
+    /// Runs the `H`-head kernels for up to four heads (`qs.len()` of them), the 512-bit ones if
+    /// `wide`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C present (AVX-512F too if `wide`); `qs[h].len()` a multiple of 16, equal for all heads; every
+    /// key row `offs[j]..offs[j] + hd` inside `k`; every `outs[h]` at least `offs.len()` long.
+    pub unsafe fn scores_heads_dispatch<T: KvElem>(qs: &[&[f32]], k: &[T], offs: &[usize], scale: f32, outs: &mut [&mut [f32]], wide: bool) {
+        unsafe fn run<T: KvElem, const H: usize>(qs: &[&[f32]], k: &[T], offs: &[usize], scale: f32, outs: &mut [&mut [f32]], wide: bool) {
+            let hd = qs[0].len();
+            let q: [*const f32; H] = std::array::from_fn(|h| qs[h].as_ptr());
+            let o: [*mut f32; H] = std::array::from_fn(|h| outs[h].as_mut_ptr());
+            if wide {
+                scores_heads512::<T, H>(q, hd, k.as_ptr(), offs, scale, o)
+            } else {
+                scores_heads256::<T, H>(q, hd, k.as_ptr(), offs, scale, o)
+            }
+        }
+        match qs.len() {
+            1 => run::<T, 1>(qs, k, offs, scale, outs, wide),
+            2 => run::<T, 2>(qs, k, offs, scale, outs, wide),
+            3 => run::<T, 3>(qs, k, offs, scale, outs, wide),
+            _ => run::<T, 4>(qs, k, offs, scale, outs, wide),
+        }
+    }
+
+    /// `H` heads of [`super::scores_heads`] with 512-bit vectors, four key rows at a time: per
+    /// (row, head) the accumulator and reduction of [`scores512`], so results are identical.
+    #[allow(clippy::needless_range_loop)] // register arrays indexed in step
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn scores_heads512<T: KvElem, const H: usize>(q: [*const f32; H], hd: usize, pk: *const T, offs: &[usize], scale: f32, out: [*mut f32; H]) {
+        let fin = |a: __m512| hsum2(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps::<1>(a));
+        let mut j = 0;
+        while j + 4 <= offs.len() {
+            let rows = [pk.add(offs[j]), pk.add(offs[j + 1]), pk.add(offs[j + 2]), pk.add(offs[j + 3])];
+            // The next four rows are fetched while these are scored (the cache rows come from
+            // DRAM: the weight stream of the token evicts them).
+            let next = if j + 8 <= offs.len() { [pk.add(offs[j + 4]), pk.add(offs[j + 5]), pk.add(offs[j + 6]), pk.add(offs[j + 7])] } else { rows };
+            let mut a = [[_mm512_setzero_ps(); 4]; H];
+            let mut i = 0;
+            while i < hd {
+                for n in next {
+                    _mm_prefetch::<_MM_HINT_T0>(n.add(i) as *const i8);
+                }
+                let kv = [T::load16(rows[0].add(i)), T::load16(rows[1].add(i)), T::load16(rows[2].add(i)), T::load16(rows[3].add(i))];
+                for h in 0..H {
+                    let qv = _mm512_loadu_ps(q[h].add(i));
+                    for r in 0..4 {
+                        a[h][r] = _mm512_fmadd_ps(qv, kv[r], a[h][r]);
+                    }
+                }
+                i += 16;
+            }
+            for h in 0..H {
+                for r in 0..4 {
+                    *out[h].add(j + r) = fin(a[h][r]) * scale;
+                }
+            }
+            j += 4;
+        }
+        while j < offs.len() {
+            let row = pk.add(offs[j]);
+            let mut a = [_mm512_setzero_ps(); H];
+            let mut i = 0;
+            while i < hd {
+                let kv = T::load16(row.add(i));
+                for h in 0..H {
+                    a[h] = _mm512_fmadd_ps(_mm512_loadu_ps(q[h].add(i)), kv, a[h]);
+                }
+                i += 16;
+            }
+            for h in 0..H {
+                *out[h].add(j) = fin(a[h]) * scale;
+            }
+            j += 1;
+        }
+    }
+
+    /// `H` heads of [`super::scores_heads`] with 256-bit vectors, one key row at a time: per
+    /// (row, head) the two accumulator chains of [`dot`], so results are identical.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_heads256<T: KvElem, const H: usize>(q: [*const f32; H], hd: usize, pk: *const T, offs: &[usize], scale: f32, out: [*mut f32; H]) {
+        for (j, &off) in offs.iter().enumerate() {
+            let row = pk.add(off);
+            let mut a0 = [_mm256_setzero_ps(); H];
+            let mut a1 = [_mm256_setzero_ps(); H];
+            let mut i = 0;
+            while i < hd {
+                let (k0, k1) = (T::load8(row.add(i)), T::load8(row.add(i + 8)));
+                for h in 0..H {
+                    a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q[h].add(i)), k0, a0[h]);
+                    a1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q[h].add(i + 8)), k1, a1[h]);
+                }
+                i += 16;
+            }
+            for h in 0..H {
+                *out[h].add(j) = hsum2(a0[h], a1[h]) * scale;
+            }
+        }
+    }
+
+    /// Runs the `H`-head value kernels for up to four heads (`outs.len()` of them), the 512-bit
+    /// ones if `wide`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C present (AVX-512F too if `wide`); every `outs[h]` of the same length, a multiple of 8; every
+    /// value row `offs[j]..offs[j] + width` inside `v`; every `ws[h]` at least `offs.len()` long.
+    pub unsafe fn weighted_sum_heads_dispatch<T: KvElem>(ws: &[&[f32]], v: &[T], offs: &[usize], outs: &mut [&mut [f32]], wide: bool) {
+        unsafe fn run<T: KvElem, const H: usize>(ws: &[&[f32]], v: &[T], offs: &[usize], outs: &mut [&mut [f32]], wide: bool) {
+            let width = outs[0].len();
+            let w: [*const f32; H] = std::array::from_fn(|h| ws[h].as_ptr());
+            let o: [*mut f32; H] = std::array::from_fn(|h| outs[h].as_mut_ptr());
+            let pv = v.as_ptr();
+            let mut c = 0;
+            if wide {
+                while c + 64 <= width {
+                    heads_columns512::<T, H, 4>(w, pv, offs, c, o);
+                    c += 64;
+                }
+                while c + 16 <= width {
+                    heads_columns512::<T, H, 1>(w, pv, offs, c, o);
+                    c += 16;
+                }
+            }
+            while c + 16 <= width {
+                heads_columns256::<T, H, 2>(w, pv, offs, c, o);
+                c += 16;
+            }
+            while c < width {
+                heads_columns256::<T, H, 1>(w, pv, offs, c, o);
+                c += 8;
+            }
+        }
+        match outs.len() {
+            1 => run::<T, 1>(ws, v, offs, outs, wide),
+            2 => run::<T, 2>(ws, v, offs, outs, wide),
+            3 => run::<T, 3>(ws, v, offs, outs, wide),
+            _ => run::<T, 4>(ws, v, offs, outs, wide),
+        }
+    }
+
+    /// Columns `c..c + 16R` of `H` heads' value sums in registers over all rows, each row's
+    /// columns widened once for the heads; per element the fused multiply-adds of [`columns`].
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // register arrays indexed in step
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn heads_columns512<T: KvElem, const H: usize, const R: usize>(w: [*const f32; H], pv: *const T, offs: &[usize], c: usize, out: [*mut f32; H]) {
+        let mut acc = [[_mm512_setzero_ps(); R]; H];
+        for (j, &off) in offs.iter().enumerate() {
+            let row = pv.add(off + c);
+            // Four rows ahead (the cache rows come from DRAM, see `scores_heads512`).
+            if let Some(&ahead) = offs.get(j + 4) {
+                let p = pv.add(ahead + c) as *const i8;
+                for b in (0..16 * R * std::mem::size_of::<T>()).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(b));
+                }
+            }
+            let mut x = [_mm512_setzero_ps(); R];
+            for (r, xr) in x.iter_mut().enumerate() {
+                *xr = T::load16(row.add(16 * r));
+            }
+            for h in 0..H {
+                let wv = _mm512_set1_ps(*w[h].add(j));
+                for r in 0..R {
+                    acc[h][r] = _mm512_fmadd_ps(wv, x[r], acc[h][r]);
+                }
+            }
+        }
+        for h in 0..H {
+            for r in 0..R {
+                _mm512_storeu_ps(out[h].add(c + 16 * r), acc[h][r]);
+            }
+        }
+    }
+
+    /// [`heads_columns512`] with 256-bit vectors: columns `c..c + 8R`.
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // register arrays indexed in step
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn heads_columns256<T: KvElem, const H: usize, const R: usize>(w: [*const f32; H], pv: *const T, offs: &[usize], c: usize, out: [*mut f32; H]) {
+        let mut acc = [[_mm256_setzero_ps(); R]; H];
+        for (j, &off) in offs.iter().enumerate() {
+            let row = pv.add(off + c);
+            let mut x = [_mm256_setzero_ps(); R];
+            for (r, xr) in x.iter_mut().enumerate() {
+                *xr = T::load8(row.add(8 * r));
+            }
+            for h in 0..H {
+                let wv = _mm256_set1_ps(*w[h].add(j));
+                for r in 0..R {
+                    acc[h][r] = _mm256_fmadd_ps(wv, x[r], acc[h][r]);
+                }
+            }
+        }
+        for h in 0..H {
+            for r in 0..R {
+                _mm256_storeu_ps(out[h].add(c + 8 * r), acc[h][r]);
+            }
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
         let n = out.len().min(v.len());
@@ -633,6 +889,61 @@ mod tests {
                 unsafe { simd::weighted_sum256(w, v, &offs, &mut got) };
                 assert_eq!(got, want, "avx512 weighted_sum {ty} hd={hd} span={span}");
             }
+            // Several heads over the same rows (1 to 5 heads: the kernels take four at a time)
+            // equal the per-head kernels, for the whole row and for a column slice of it.
+            for heads in 1..=5 {
+                let qh: Vec<Vec<f32>> = (0..heads).map(|h| (0..hd).map(|i| q[(i + 3 * h) % hd] * (1.0 + 0.1 * h as f32)).collect()).collect();
+                let wh: Vec<Vec<f32>> = (0..heads).map(|h| (0..span).map(|j| w_all[(j + 5 * h) % w_all.len()]).collect()).collect();
+                let qs: Vec<&[f32]> = qh.iter().map(|x| x.as_slice()).collect();
+                let want: Vec<Vec<f32>> = qh
+                    .iter()
+                    .map(|q| {
+                        let mut w = vec![f32::NAN; span];
+                        scores(q, k, &offs, 0.37, &mut w);
+                        w
+                    })
+                    .collect();
+                let mut got = vec![vec![f32::NAN; span]; heads];
+                scores_heads(&qs, k, &offs, 0.37, &mut got.iter_mut().map(|x| x.as_mut_slice()).collect::<Vec<_>>());
+                assert_eq!(got, want, "scores_heads {ty} hd={hd} span={span} heads={heads}");
+                #[cfg(target_arch = "x86_64")]
+                for wide in [false, true] {
+                    if simd::avx2() && hd.is_multiple_of(16) && (!wide || simd::avx512()) {
+                        let mut got = vec![vec![f32::NAN; span]; heads];
+                        let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|x| x.as_mut_slice()).collect();
+                        for (q4, o4) in qs.chunks(4).zip(outs.chunks_mut(4)) {
+                            unsafe { simd::scores_heads_dispatch(q4, k, &offs, 0.37, o4, wide) };
+                        }
+                        assert_eq!(got, want, "scores_heads wide={wide} {ty} hd={hd} span={span} heads={heads}");
+                    }
+                }
+                let ws: Vec<&[f32]> = wh.iter().map(|x| x.as_slice()).collect();
+                for (c0, width) in [(0, hd), (hd / 2, hd - hd / 2)] {
+                    let sub: Vec<usize> = offs.iter().map(|&o| o + c0).collect();
+                    let want: Vec<Vec<f32>> = wh
+                        .iter()
+                        .map(|w| {
+                            let mut o = vec![f32::NAN; width];
+                            weighted_sum(w, v, &sub, &mut o);
+                            o
+                        })
+                        .collect();
+                    let mut got = vec![vec![f32::NAN; width]; heads];
+                    weighted_sum_heads(&ws, v, &sub, &mut got.iter_mut().map(|x| x.as_mut_slice()).collect::<Vec<_>>());
+                    assert_eq!(got, want, "weighted_sum_heads {ty} hd={hd} span={span} heads={heads} cols {c0}+{width}");
+                    #[cfg(target_arch = "x86_64")]
+                    for wide in [false, true] {
+                        if simd::avx2() && width.is_multiple_of(8) && (!wide || simd::avx512()) {
+                            let mut got = vec![vec![f32::NAN; width]; heads];
+                            let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|x| x.as_mut_slice()).collect();
+                            for (w4, o4) in ws.chunks(4).zip(outs.chunks_mut(4)) {
+                                unsafe { simd::weighted_sum_heads_dispatch(w4, v, &sub, o4, wide) };
+                            }
+                            assert_eq!(got, want, "weighted_sum_heads wide={wide} {ty} hd={hd} span={span} heads={heads} cols {c0}+{width}");
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -648,7 +959,7 @@ mod tests {
             seed ^= seed << 5;
             (seed % 2001) as f32 / 1000.0 - 1.0
         };
-        for hd in [8, 16, 24, 64, 72, 256, 20] {
+        for hd in [8, 16, 24, 48, 64, 72, 208, 256, 20] {
             let rows = 11;
             let k: Vec<f32> = (0..rows * hd + 5).map(|_| rnd()).collect();
             let v: Vec<f32> = (0..rows * hd + 5).map(|_| rnd()).collect();

@@ -484,17 +484,21 @@ impl Transformer {
             let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h0 * hd), hs * hd) };
             SCORES.with(|cell| {
                 let (buf, offs) = &mut *cell.borrow_mut();
-                if buf.len() < span {
-                    buf.resize(span, 0.0);
+                if buf.len() < hs * span {
+                    buf.resize(hs * span, 0.0);
                 }
                 // Where each visible position's key and value rows start.
                 offs.clear();
                 offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd));
-                let sc = &mut buf[..span];
-                for h in 0..hs {
-                    ops::scores(&q[h * hd..(h + 1) * hd], kc, offs, scale, sc);
-                    ops::softmax_inplace(sc);
-                    ops::weighted_sum(sc, vc, offs, &mut out[h * hd..(h + 1) * hd]);
+                // Up to four heads at a time over the same key and value rows.
+                for h0 in (0..hs).step_by(HEADS_AT_ONCE) {
+                    let hn = (hs - h0).min(HEADS_AT_ONCE);
+                    let sc = &mut buf[h0 * span..(h0 + hn) * span];
+                    let qs = up_to_four(q[h0 * hd..(h0 + hn) * hd].chunks(hd));
+                    ops::scores_heads(&qs[..hn], kc, offs, scale, &mut up_to_four_mut(sc.chunks_mut(span))[..hn]);
+                    sc.chunks_mut(span).for_each(ops::softmax_inplace);
+                    let ws = up_to_four(sc.chunks(span));
+                    ops::weighted_sum_heads(&ws[..hn], vc, offs, &mut up_to_four_mut(out[h0 * hd..(h0 + hn) * hd].chunks_mut(hd))[..hn]);
                 }
             });
         };
@@ -533,11 +537,12 @@ impl Transformer {
                             let e = (blk + SPLIT_BLOCK).min(b);
                             offs.clear();
                             offs.extend((lo + blk..lo + e).map(|p| cache.slot(p) * kv_row + g * hd));
-                            for h in g * group..(g + 1) * group {
-                                let q = &q_all[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+                            for h0 in (g * group..(g + 1) * group).step_by(HEADS_AT_ONCE) {
+                                let hn = ((g + 1) * group - h0).min(HEADS_AT_ONCE);
+                                let qs = up_to_four(q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hn) * hd].chunks(hd));
                                 // SAFETY: task i owns positions a..b of every score row.
-                                let out = unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) };
-                                ops::scores(q, kc, offs, scale, out);
+                                let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) }));
+                                ops::scores_heads(&qs[..hn], kc, offs, scale, &mut outs[..hn]);
                             }
                         }
                     }
@@ -561,11 +566,12 @@ impl Transformer {
                     for g in 0..n_kv {
                         offs.clear();
                         offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd + d0));
-                        for h in g * group..(g + 1) * group {
-                            let w = &scores[(t * n_head + h) * stride..][..span];
+                        for h0 in (g * group..(g + 1) * group).step_by(HEADS_AT_ONCE) {
+                            let hn = ((g + 1) * group - h0).min(HEADS_AT_ONCE);
+                            let ws = up_to_four((h0..h0 + hn).map(|h| &scores[(t * n_head + h) * stride..][..span]));
                             // SAFETY: task i owns columns d0..d0 + width of every head's output.
-                            let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) };
-                            ops::weighted_sum(w, vc, offs, out);
+                            let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) }));
+                            ops::weighted_sum_heads(&ws[..hn], vc, offs, &mut outs[..hn]);
                         }
                     }
                 }
@@ -581,9 +587,24 @@ fn visible(pos: usize, window: Option<usize>) -> (usize, usize) {
     (lo, pos + 1 - lo)
 }
 
+/// Query heads the attention kernels serve per pass over a KV head's rows
+/// ([`ops::scores_heads`], [`ops::weighted_sum_heads`]).
+const HEADS_AT_ONCE: usize = 4;
+
+/// The first four items of `it` (empty slices after it ends), for the multi-head kernels
+/// without allocating.
+fn up_to_four<'a>(mut it: impl Iterator<Item = &'a [f32]>) -> [&'a [f32]; HEADS_AT_ONCE] {
+    std::array::from_fn(|_| it.next().unwrap_or(&[]))
+}
+
+/// [`up_to_four`] for mutable rows.
+fn up_to_four_mut<'a>(mut it: impl Iterator<Item = &'a mut [f32]>) -> [&'a mut [f32]; HEADS_AT_ONCE] {
+    std::array::from_fn(|_| it.next().unwrap_or(&mut []))
+}
+
 /// Shortest span for [`Transformer::attention_split`] (shorter ones keep one task per head
 /// group: the extra pool jobs would cost more than the split saves).
 const SPLIT_MIN_SPAN: usize = 64;
-/// Positions per block in the split score pass (32 key rows of 256 floats: 32 KB, in L1/L2
-/// while every head of the group scores them).
-const SPLIT_BLOCK: usize = 32;
+/// Positions per block in the split score pass (128 key rows of 256 f16: 64 KB, in L2 while
+/// the heads of a group beyond the first four score them again).
+const SPLIT_BLOCK: usize = 128;
