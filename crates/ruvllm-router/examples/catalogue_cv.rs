@@ -6,8 +6,7 @@
 //! cosine to some held-out test task exceeds 0.9, so near-duplicates can be removed from the
 //! catalogue (the test split must stay held out). With `--learning`, simulates the benchmark's
 //! learning protocol inside each CV fold (feed back one half of the fold's outcomes, measure the
-//! other half) for each `feedback_weight,negative_weight,failure_cos[,feedback_iters[,
-//! correction_bias_l2[,correction_vec_l2[,confident_success_p]]]]` setting.
+//! other half) for each `feedback_weight,negative_weight,failure_cos` triple.
 use std::sync::Arc;
 
 use ruvllm_router::embed::cosine;
@@ -37,8 +36,7 @@ fn main() {
         // Simulates the benchmark's learning protocol on the catalogue: for each fold, a router
         // built from the other folds; the fold's examples split in two halves (alternating within
         // each agent); feed back one half's outcomes, measure the other half. Parameters from
-        // `--learning feedback_weight,negative_weight,failure_cos[,feedback_iters[,
-        // correction_bias_l2[,correction_vec_l2[,confident_success_p]]]]` settings separated by ';'.
+        // `--learning feedback_weight,negative_weight,failure_cos` triples separated by ';'.
         let grid = args.get(i + 1).cloned().unwrap_or_else(|| "2,1,0.9".into());
         learning_sim(&emb, &specs, folds, &grid);
         return;
@@ -115,12 +113,6 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, specs: &[AgentSpec], fol
                     p.feedback_weight = st[0];
                     p.negative_weight = st[1];
                     p.failure_cos = st[2];
-                    if let Some(&x) = st.get(3) {
-                        p.feedback_iters = x as usize;
-                    }
-                    p.correction_bias_l2 = st.get(4).copied().unwrap_or(0.0);
-                    p.correction_vec_l2 = st.get(5).copied().unwrap_or(0.0);
-                    p.confident_success_p = st.get(6).copied().unwrap_or(0.0);
                     r.set_params(p);
                     let score = |r: &mut Router| {
                         held.iter().zip(&hv).filter(|(h, _)| h.2 != dir).filter(|((t, ai, _), v)| r.route_vector(t, v).expect("route").agent == specs[*ai].name).count()

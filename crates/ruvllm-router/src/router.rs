@@ -124,32 +124,6 @@ pub struct Params {
     /// number of stored patterns; the index then serves feedback (dedup, penalties) only.
     #[serde(default)]
     pub knn_features: bool,
-    /// Warm-started gradient steps of the head after each outcome (fewer: the boundary moves
-    /// less for tasks far from the feedback). Learning simulation (`catalogue_cv --learning`,
-    /// change in tasks correct A->B / B->A, outcomes then +retry): 60 gives 0/-6/0/-2, 20 gives
-    /// 0/-6/0/-3, 0 (no retraining) -1/+1/-1/+1; kept at 60.
-    #[serde(default = "default_feedback_iters")]
-    pub feedback_iters: usize,
-    /// Outcome correction (off when both are 0): a per-agent logit bias `b` and, optionally, a
-    /// per-agent direction `W` over the embedding, added to the logits at route time and fitted
-    /// by maximum likelihood on the outcomes seen so far, scored on the logits the router gave
-    /// each task *before* learning from it (so the correction sees the router's errors on new
-    /// tasks, not its fit to the fed-back ones). These are the L2 penalties (per outcome sum)
-    /// pulling `b` and `W` toward 0; 0 turns that part off. Off: in the learning simulation the
-    /// bias alone gave 0/-6/+1/-2 (L2 10), 0/-6/+1/-5 (3), -4/-9/-3/-10 (1), the direction alone
-    /// 0/-6/0/-1 (10), +1/-7/+1/-1 (3): the feedback half's errors say nothing systematic about
-    /// the other half's.
-    #[serde(default)]
-    pub correction_bias_l2: f32,
-    #[serde(default)]
-    pub correction_vec_l2: f32,
-    /// When > 0, a success the router already gave at least this probability is stored with
-    /// weight `min_weight` and the head is not retrained: only surprising successes (and
-    /// failures) move the boundary; the dedup path (reinforcing a near-identical pattern) is
-    /// unchanged. 0: off. Learning simulation: 0.9 gives 0/-4/0/0, 0.5 0/-2/+1/0, 0.95
-    /// +1/-2/+1/-1 (default 0/-6/0/-2): less harm, no visible gain, so off.
-    #[serde(default)]
-    pub confident_success_p: f32,
 }
 
 fn default_feedback_weight() -> f32 {
@@ -160,9 +134,6 @@ fn default_failures_to_penalise() -> u32 {
 }
 fn default_negative_weight() -> f32 {
     1.0
-}
-fn default_feedback_iters() -> usize {
-    ITERS_WARM
 }
 
 impl Default for Params {
@@ -183,10 +154,6 @@ impl Default for Params {
             max_weight: 3.0,
             feedback_weight: default_feedback_weight(),
             knn_features: false,
-            feedback_iters: default_feedback_iters(),
-            correction_bias_l2: 0.0,
-            correction_vec_l2: 0.0,
-            confident_success_p: 0.0,
         }
     }
 }
@@ -234,101 +201,7 @@ pub struct Router {
     lexicon: Lexicon,
     /// Failed outcomes: the task did not go well with this agent.
     negatives: Vec<Negative>,
-    /// Every outcome with the logits the router gave it before learning from it (kept only while
-    /// the outcome correction is on), and the correction fitted on them.
-    outcomes: Vec<Outcome>,
-    correction: Correction,
     params: Params,
-}
-
-/// An outcome kept for the correction: the router's logits for the task before it learned
-/// from it (without the correction), the agent and whether it went well.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Outcome {
-    pub logits: Vec<f32>,
-    pub agent: usize,
-    pub success: bool,
-    /// Little-endian f32 vector, base64.
-    v: String,
-    #[serde(skip)]
-    vec: Vec<f32>,
-}
-
-/// Logit correction `b[a] + W[a] . q` fitted on the outcomes (`Params::correction_bias_l2`).
-#[derive(Debug, Clone, Default)]
-struct Correction {
-    b: Vec<f32>,
-    /// Agent-major `agents x dim`; empty when the direction part is off.
-    w: Vec<f32>,
-}
-
-impl Correction {
-    fn add_to(&self, q: &[f32], logits: &mut [f32]) {
-        let d = q.len();
-        for (a, l) in logits.iter_mut().enumerate() {
-            *l += self.b.get(a).copied().unwrap_or(0.0);
-            if let Some(w) = self.w.get(a * d..(a + 1) * d) {
-                *l += dot(w, q);
-            }
-        }
-    }
-
-    /// Maximum likelihood over `outcomes` (success: `-log p(agent)`, failure: `-log(1 -
-    /// p(agent))`, with `p = softmax(logits + b + W q)`) plus `l2_b / 2 |b|^2 + l2_w / 2 |W|^2`;
-    /// `l2_b == 0` leaves `b` at 0, `l2_w == 0` leaves `W` out. Gradient descent with momentum
-    /// from 0.
-    fn fit(outcomes: &[Outcome], na: usize, dim: usize, l2_b: f32, l2_w: f32) -> Correction {
-        let (use_b, use_w) = (l2_b > 0.0, l2_w > 0.0);
-        let mut c = Correction { b: vec![0.0; na], w: if use_w { vec![0.0; na * dim] } else { Vec::new() } };
-        if outcomes.is_empty() {
-            return c;
-        }
-        let n = outcomes.len() as f32;
-        // Softmax-loss curvature is at most 1/2 per row (x unit-norm), failures' a few times that.
-        let l2_max = if use_b { l2_b } else { 0.0f32 }.max(if use_w { l2_w } else { 0.0 });
-        let lr = 1.0 / (n + l2_max);
-        let (mut mb, mut mw) = (vec![0.0f32; na], vec![0.0f32; c.w.len()]);
-        let (mut gb, mut gw) = (vec![0.0f32; na], vec![0.0f32; c.w.len()]);
-        let mut z = vec![0.0f32; na];
-        let mut r = vec![0.0f32; na];
-        for _ in 0..200 {
-            gb.iter_mut().for_each(|x| *x = 0.0);
-            gw.iter_mut().for_each(|x| *x = 0.0);
-            for o in outcomes {
-                z.copy_from_slice(&o.logits);
-                c.add_to(&o.vec, &mut z);
-                let p = softmax(&z);
-                let y = o.agent;
-                if o.success {
-                    for a in 0..na {
-                        r[a] = p[a] - if a == y { 1.0 } else { 0.0 };
-                    }
-                } else {
-                    let k = (p[y] / (1.0 - p[y]).max(1e-6)).min(20.0);
-                    for a in 0..na {
-                        r[a] = k * (if a == y { 1.0 } else { 0.0 } - p[a]);
-                    }
-                }
-                for a in 0..na {
-                    gb[a] += r[a];
-                    if use_w {
-                        for (g, x) in gw[a * dim..(a + 1) * dim].iter_mut().zip(&o.vec) {
-                            *g += r[a] * x;
-                        }
-                    }
-                }
-            }
-            for a in (0..na).filter(|_| use_b) {
-                mb[a] = 0.9 * mb[a] + gb[a] + l2_b * c.b[a];
-                c.b[a] -= lr * mb[a];
-            }
-            for i in 0..c.w.len() {
-                mw[i] = 0.9 * mw[i] + gw[i] + l2_w * c.w[i];
-                c.w[i] -= lr * mw[i];
-            }
-        }
-        c
-    }
 }
 
 /// A failed outcome kept for the head: `agent` was wrong for `text`.
@@ -366,8 +239,6 @@ struct Saved {
     patterns: Vec<SavedPattern>,
     #[serde(default)]
     negatives: Vec<Negative>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    outcomes: Vec<Outcome>,
 }
 
 fn encode_vec(v: &[f32]) -> String {
@@ -467,8 +338,6 @@ impl Router {
             head: LinearHead::default(),
             lexicon: Lexicon::default(),
             negatives: Vec::new(),
-            outcomes: Vec::new(),
-            correction: Correction::default(),
             params,
             agents: Vec::new(),
         };
@@ -647,29 +516,6 @@ impl Router {
 
     /// Per-agent probabilities for a task, given its text and its embedding `q`.
     pub fn probabilities(&mut self, task: &str, q: &[f32]) -> Result<Vec<f32>> {
-        let mut logits = self.base_logits(task, q)?;
-        if self.correction_on() {
-            self.correction.add_to(q, &mut logits);
-        }
-        Ok(softmax(&logits))
-    }
-
-    fn correction_on(&self) -> bool {
-        self.params.correction_bias_l2 > 0.0 || self.params.correction_vec_l2 > 0.0
-    }
-
-    /// Refits the outcome correction on the kept outcomes.
-    fn fit_correction(&mut self) {
-        let p = &self.params;
-        self.correction = if self.correction_on() {
-            Correction::fit(&self.outcomes, self.agents.len(), self.embedder.dim(), p.correction_bias_l2, p.correction_vec_l2)
-        } else {
-            Correction::default()
-        };
-    }
-
-    /// The logits of the head and centroids (without the outcome correction).
-    fn base_logits(&mut self, task: &str, q: &[f32]) -> Result<Vec<f32>> {
         if self.patterns.is_empty() {
             return Err(Error::Empty("the router has no patterns: give agents examples or descriptions, or call addExamples".into()));
         }
@@ -694,7 +540,7 @@ impl Router {
                 *l += self.params.beta_linear * z;
             }
         }
-        Ok(logits)
+        Ok(softmax(&logits))
     }
 
     /// Routes a task whose embedding `q` is already known (`task` is its text, for the lexical
@@ -727,35 +573,27 @@ impl Router {
         if a >= self.agents.len() {
             return Err(Error::InvalidArg(format!("agent index {a} out of range")));
         }
-        if self.correction_on() {
-            let logits = self.base_logits(task, v)?;
-            self.outcomes.push(Outcome { logits, agent: a, success, v: String::new(), vec: v.to_vec() });
-            self.fit_correction();
-        }
-        let confident = success && self.params.confident_success_p > 0.0 && self.probabilities(task, v)?[a] >= self.params.confident_success_p;
         let nn = self.index.search(v, self.params.k.max(1));
         if success {
             if let Some(&(id, _)) = nn.iter().find(|&&(id, s)| self.patterns[id].agent == a && s >= self.params.dedup_cos) {
                 self.patterns[id].successes += 1;
                 let w = (self.patterns[id].weight.max(1.0) + 0.25).min(self.params.max_weight);
                 self.set_weight(id, w);
-                self.retrain_head(self.params.feedback_iters);
+                self.retrain_head(ITERS_WARM);
                 return Ok(FeedbackEffect::Reinforced { pattern: id });
             }
             let id = self.push_pattern(
                 Pattern {
                     text: task.to_string(),
                     agent: a,
-                    weight: if confident { self.params.min_weight } else { self.params.feedback_weight.clamp(self.params.min_weight, self.params.max_weight) },
+                    weight: self.params.feedback_weight.clamp(self.params.min_weight, self.params.max_weight),
                     successes: 1,
                     failures: 0,
                     source: Source::Feedback,
                 },
                 v,
             );
-            if !confident {
-                self.retrain_head(self.params.feedback_iters);
-            }
+            self.retrain_head(ITERS_WARM);
             Ok(FeedbackEffect::Added { pattern: id })
         } else {
             // The failure itself: "not this agent" for this task (and, through the head, for
@@ -777,7 +615,7 @@ impl Router {
                     hit.push(id);
                 }
             }
-            self.retrain_head(self.params.feedback_iters);
+            self.retrain_head(ITERS_WARM);
             Ok(FeedbackEffect::Penalised { patterns: hit })
         }
     }
@@ -939,7 +777,6 @@ impl Router {
                 .map(|(i, p)| SavedPattern { p: p.clone(), v: encode_vec(self.index.vector(i)) })
                 .collect(),
             negatives: self.negatives.iter().map(|n| Negative { v: encode_vec(&n.vec), vec: Vec::new(), ..n.clone() }).collect(),
-            outcomes: self.outcomes.iter().map(|o| Outcome { v: encode_vec(&o.vec), vec: Vec::new(), ..o.clone() }).collect(),
         };
         serde_json::to_string(&saved).map_err(|e| Error::Internal(format!("serialising the router: {e}")))
     }
@@ -992,8 +829,6 @@ impl Router {
             head: if same { saved.head } else { LinearHead::default() },
             lexicon: Lexicon::default(),
             negatives: Vec::new(),
-            outcomes: Vec::new(),
-            correction: Correction::default(),
             params: saved.params,
             agents: saved.agents,
         };
@@ -1016,22 +851,6 @@ impl Router {
             n.v = String::new();
         }
         r.negatives = negatives;
-        let mut outcomes = saved.outcomes;
-        if !outcomes.is_empty() {
-            // Logits from another embedder mean nothing here: keep the outcomes only with the same one.
-            if !same {
-                outcomes.clear();
-            }
-            for (i, o) in outcomes.iter_mut().enumerate() {
-                o.vec = decode_vec(&o.v, dim).ok_or_else(|| bad(format!("outcome {i}: bad vector")))?;
-                o.v = String::new();
-                if o.agent >= na || o.logits.len() != na {
-                    return Err(bad(format!("outcome {i}: agent or logits out of range")));
-                }
-            }
-        }
-        r.outcomes = outcomes;
-        r.fit_correction();
         let mut batch = Vec::with_capacity(vecs.len());
         for (i, (sp, v)) in saved.patterns.into_iter().zip(vecs).enumerate() {
             if sp.p.agent >= na {
