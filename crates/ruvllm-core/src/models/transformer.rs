@@ -491,8 +491,7 @@ impl Transformer {
                 offs.clear();
                 offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd));
                 // Up to four heads at a time over the same key and value rows.
-                for h0 in (0..hs).step_by(HEADS_AT_ONCE) {
-                    let hn = (hs - h0).min(HEADS_AT_ONCE);
+                for (h0, hn) in head_chunks(0, hs) {
                     let sc = &mut buf[h0 * span..(h0 + hn) * span];
                     let qs = up_to_four(q[h0 * hd..(h0 + hn) * hd].chunks(hd));
                     ops::scores_heads(&qs[..hn], kc, offs, scale, &mut up_to_four_mut(sc.chunks_mut(span))[..hn]);
@@ -537,8 +536,7 @@ impl Transformer {
                             let e = (blk + SPLIT_BLOCK).min(b);
                             offs.clear();
                             offs.extend((lo + blk..lo + e).map(|p| cache.slot(p) * kv_row + g * hd));
-                            for h0 in (g * group..(g + 1) * group).step_by(HEADS_AT_ONCE) {
-                                let hn = ((g + 1) * group - h0).min(HEADS_AT_ONCE);
+                            for (h0, hn) in head_chunks(g * group, (g + 1) * group) {
                                 let qs = up_to_four(q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hn) * hd].chunks(hd));
                                 // SAFETY: task i owns positions a..b of every score row.
                                 let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) }));
@@ -566,8 +564,7 @@ impl Transformer {
                     for g in 0..n_kv {
                         offs.clear();
                         offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd + d0));
-                        for h0 in (g * group..(g + 1) * group).step_by(HEADS_AT_ONCE) {
-                            let hn = ((g + 1) * group - h0).min(HEADS_AT_ONCE);
+                        for (h0, hn) in head_chunks(g * group, (g + 1) * group) {
                             let ws = up_to_four((h0..h0 + hn).map(|h| &scores[(t * n_head + h) * stride..][..span]));
                             // SAFETY: task i owns columns d0..d0 + width of every head's output.
                             let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) }));
@@ -590,6 +587,11 @@ fn visible(pos: usize, window: Option<usize>) -> (usize, usize) {
 /// Query heads the attention kernels serve per pass over a KV head's rows
 /// ([`ops::scores_heads`], [`ops::weighted_sum_heads`]).
 const HEADS_AT_ONCE: usize = 4;
+
+/// Heads `lo..hi` as (first head, count) chunks of at most [`HEADS_AT_ONCE`].
+fn head_chunks(lo: usize, hi: usize) -> impl Iterator<Item = (usize, usize)> {
+    (lo..hi).step_by(HEADS_AT_ONCE).map(move |h0| (h0, (hi - h0).min(HEADS_AT_ONCE)))
+}
 
 /// The first four items of `it` (empty slices after it ends), for the multi-head kernels
 /// without allocating.
