@@ -12,12 +12,22 @@ use ruvllm_core::kv::KvType;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 
 const VOCAB: usize = 128;
-const D: usize = 256;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
 const FF: usize = 512;
 const LAYERS: usize = 2;
 const PROMPT: [u32; 7] = [1, 17, 42, 99, 5, 63, 127];
+
+/// Width, attention heads and prompt of a synthetic model.
+struct Shape {
+    d: usize,
+    heads: usize,
+    kv_heads: usize,
+    prompt: Vec<u32>,
+}
+
+/// The shape of most tests: 4 query heads on 2 KV heads, a 7-token prompt.
+fn small() -> Shape {
+    Shape { d: 256, heads: 4, kv_heads: 2, prompt: PROMPT.to_vec() }
+}
 
 /// Deterministic pseudo-random weights (xorshift), scaled.
 struct Rng(u64);
@@ -33,18 +43,19 @@ impl Rng {
     }
 }
 
-fn build(arch: &str, ty: GgmlType, tied: bool) -> Vec<u8> {
+fn build(arch: &str, ty: GgmlType, tied: bool, sh: &Shape) -> Vec<u8> {
+    let (d, heads, kv_heads) = (sh.d, sh.heads, sh.kv_heads);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut w = GgufWriter::new();
     let key = |k: &str| format!("{arch}.{k}");
     w.add_metadata("general.architecture", MetadataValue::String(arch.into()));
     w.add_metadata(&key("context_length"), MetadataValue::U32(256));
-    w.add_metadata(&key("embedding_length"), MetadataValue::U32(D as u32));
+    w.add_metadata(&key("embedding_length"), MetadataValue::U32(d as u32));
     w.add_metadata(&key("block_count"), MetadataValue::U32(LAYERS as u32));
     w.add_metadata(&key("feed_forward_length"), MetadataValue::U32(FF as u32));
-    w.add_metadata(&key("attention.head_count"), MetadataValue::U32(HEADS as u32));
-    w.add_metadata(&key("attention.head_count_kv"), MetadataValue::U32(KV_HEADS as u32));
-    w.add_metadata(&key("rope.dimension_count"), MetadataValue::U32((D / HEADS) as u32));
+    w.add_metadata(&key("attention.head_count"), MetadataValue::U32(heads as u32));
+    w.add_metadata(&key("attention.head_count_kv"), MetadataValue::U32(kv_heads as u32));
+    w.add_metadata(&key("rope.dimension_count"), MetadataValue::U32((d / heads) as u32));
     w.add_metadata(&key("rope.freq_base"), MetadataValue::F32(10000.0));
     w.add_metadata(&key("attention.layer_norm_rms_epsilon"), MetadataValue::F32(1e-5));
     let mut matrix = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, t: GgmlType| {
@@ -52,68 +63,68 @@ fn build(arch: &str, ty: GgmlType, tied: bool) -> Vec<u8> {
         let bytes = if t == GgmlType::F32 { data.iter().flat_map(|v| v.to_le_bytes()).collect() } else { quant::quantize(t, &data) };
         w.add_tensor(name, &[cols as u64, rows as u64], t, bytes);
     };
-    matrix(&mut w, "token_embd.weight", VOCAB, D, ty);
+    matrix(&mut w, "token_embd.weight", VOCAB, d, ty);
     if !tied {
-        matrix(&mut w, "output.weight", VOCAB, D, ty);
+        matrix(&mut w, "output.weight", VOCAB, d, ty);
     }
-    let hd = D / HEADS;
+    let hd = d / heads;
     for l in 0..LAYERS {
         let p = |n: &str| format!("blk.{l}.{n}");
-        matrix(&mut w, &p("attn_q.weight"), HEADS * hd, D, ty);
-        matrix(&mut w, &p("attn_k.weight"), KV_HEADS * hd, D, ty);
-        matrix(&mut w, &p("attn_v.weight"), KV_HEADS * hd, D, ty);
-        matrix(&mut w, &p("attn_output.weight"), D, HEADS * hd, ty);
-        matrix(&mut w, &p("ffn_gate.weight"), FF, D, ty);
-        matrix(&mut w, &p("ffn_up.weight"), FF, D, ty);
+        matrix(&mut w, &p("attn_q.weight"), heads * hd, d, ty);
+        matrix(&mut w, &p("attn_k.weight"), kv_heads * hd, d, ty);
+        matrix(&mut w, &p("attn_v.weight"), kv_heads * hd, d, ty);
+        matrix(&mut w, &p("attn_output.weight"), d, heads * hd, ty);
+        matrix(&mut w, &p("ffn_gate.weight"), FF, d, ty);
+        matrix(&mut w, &p("ffn_up.weight"), FF, d, ty);
         // ffn_down's rows are FF long: fine for every block size.
-        matrix(&mut w, &p("ffn_down.weight"), D, FF, ty);
+        matrix(&mut w, &p("ffn_down.weight"), d, FF, ty);
         let mut r2 = Rng(l as u64 * 7919 + 13);
-        let norm: Vec<f32> = (0..D).map(|_| 1.0 + 0.2 * r2.next()).collect();
-        w.add_f32(&p("attn_norm.weight"), &[D as u64], &norm);
-        w.add_f32(&p("ffn_norm.weight"), &[D as u64], &norm);
+        let norm: Vec<f32> = (0..d).map(|_| 1.0 + 0.2 * r2.next()).collect();
+        w.add_f32(&p("attn_norm.weight"), &[d as u64], &norm);
+        w.add_f32(&p("ffn_norm.weight"), &[d as u64], &norm);
         if arch == "qwen2" {
-            w.add_f32(&p("attn_q.bias"), &[(HEADS * hd) as u64], &r2.vec(HEADS * hd, 0.3));
-            w.add_f32(&p("attn_k.bias"), &[(KV_HEADS * hd) as u64], &r2.vec(KV_HEADS * hd, 0.3));
-            w.add_f32(&p("attn_v.bias"), &[(KV_HEADS * hd) as u64], &r2.vec(KV_HEADS * hd, 0.3));
+            w.add_f32(&p("attn_q.bias"), &[(heads * hd) as u64], &r2.vec(heads * hd, 0.3));
+            w.add_f32(&p("attn_k.bias"), &[(kv_heads * hd) as u64], &r2.vec(kv_heads * hd, 0.3));
+            w.add_f32(&p("attn_v.bias"), &[(kv_heads * hd) as u64], &r2.vec(kv_heads * hd, 0.3));
         }
     }
-    w.add_f32("output_norm.weight", &[D as u64], &vec![1.1; D]);
+    w.add_f32("output_norm.weight", &[d as u64], &vec![1.1; d]);
     w.to_bytes()
 }
 
-/// Logits after the prompt and after one more token, from our engine.
-fn ours(bytes: &[u8]) -> (Vec<f32>, Vec<f32>) {
+/// Logits after the prompt and after one more token, from our engine on `threads` threads.
+fn ours(bytes: &[u8], prompt: &[u32], threads: usize) -> (Vec<f32>, Vec<f32>) {
     let file = GgufFile::from_bytes(bytes.to_vec(), "synthetic.gguf").expect("our reader accepts the file");
     let cfg = config_from_gguf(&file).expect("config");
-    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 64).expect("load");
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 128).expect("load");
     // candle keeps keys and values in f32: compare with our exact f32 cache (the default f16
     // cache is checked against llama.cpp, which uses f16 too: tests/gemma3_real.rs).
-    let mut cache = model.new_cache_typed(64, 16, KvType::F32);
-    let mut scratch = model.new_scratch(16);
-    let pool = ThreadPool::new(2);
-    model.forward(&PROMPT, 0, &mut cache, &mut scratch, &pool).expect("prefill");
+    let mut cache = model.new_cache_typed(128, prompt.len(), KvType::F32);
+    let mut scratch = model.new_scratch(prompt.len());
+    let pool = ThreadPool::new(threads);
+    model.forward(prompt, 0, &mut cache, &mut scratch, &pool).expect("prefill");
     let first = scratch.logits.clone();
-    model.forward(&[33], PROMPT.len(), &mut cache, &mut scratch, &pool).expect("decode");
+    model.forward(&[33], prompt.len(), &mut cache, &mut scratch, &pool).expect("decode");
     (first, scratch.logits.clone())
 }
 
 /// The same from candle-transformers.
-fn candle(arch: &str, bytes: &[u8]) -> (Vec<f32>, Vec<f32>) {
+fn candle(arch: &str, bytes: &[u8], prompt: &[u32]) -> (Vec<f32>, Vec<f32>) {
     let dev = Device::Cpu;
     let mut cursor = std::io::Cursor::new(bytes.to_vec());
     let content = gguf_file::Content::read(&mut cursor).expect("candle reads our file");
-    let prompt = Tensor::new(&[PROMPT], &dev).unwrap();
+    let p = Tensor::new(prompt, &dev).unwrap().unsqueeze(0).unwrap();
     let next = Tensor::new(&[[33u32]], &dev).unwrap();
     let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     if arch == "qwen2" {
         let mut m = quantized_qwen2::ModelWeights::from_gguf(content, &mut cursor, &dev).expect("candle qwen2");
-        let a = flat(m.forward(&prompt, 0).unwrap());
-        let b = flat(m.forward(&next, PROMPT.len()).unwrap());
+        let a = flat(m.forward(&p, 0).unwrap());
+        let b = flat(m.forward(&next, prompt.len()).unwrap());
         (a, b)
     } else {
         let mut m = quantized_llama::ModelWeights::from_gguf(content, &mut cursor, &dev).expect("candle llama");
-        let a = flat(m.forward(&prompt, 0).unwrap());
-        let b = flat(m.forward(&next, PROMPT.len()).unwrap());
+        let a = flat(m.forward(&p, 0).unwrap());
+        let b = flat(m.forward(&next, prompt.len()).unwrap());
         (a, b)
     }
 }
@@ -123,9 +134,13 @@ fn argmax(v: &[f32]) -> usize {
 }
 
 fn check(arch: &str, ty: GgmlType, tied: bool, rel_tol: f32) {
-    let bytes = build(arch, ty, tied);
-    let (a1, a2) = ours(&bytes);
-    let (b1, b2) = candle(arch, &bytes);
+    check_shape(arch, ty, tied, rel_tol, &small());
+}
+
+fn check_shape(arch: &str, ty: GgmlType, tied: bool, rel_tol: f32, sh: &Shape) {
+    let bytes = build(arch, ty, tied, sh);
+    let (a1, a2) = ours(&bytes, &sh.prompt, 2);
+    let (b1, b2) = candle(arch, &bytes, &sh.prompt);
     compare(arch, ty, rel_tol, (a1, a2), (b1, b2));
 }
 
@@ -162,9 +177,10 @@ fn dequantized(bytes: &[u8]) -> Vec<u8> {
 /// activation error (about 1.5% of the largest logit here), hence the looser tolerance; the
 /// dequantization itself is checked to be bit-equal to candle's.
 fn check_against_dequantized(arch: &str, ty: GgmlType, tied: bool, rel_tol: f32) {
-    let bytes = build(arch, ty, tied);
-    let (a1, a2) = ours(&bytes);
-    let (b1, b2) = candle(arch, &dequantized(&bytes));
+    let sh = small();
+    let bytes = build(arch, ty, tied, &sh);
+    let (a1, a2) = ours(&bytes, &sh.prompt, 2);
+    let (b1, b2) = candle(arch, &dequantized(&bytes), &sh.prompt);
     compare(arch, ty, rel_tol, (a1, a2), (b1, b2));
 }
 
@@ -187,6 +203,18 @@ fn compare(arch: &str, ty: GgmlType, rel_tol: f32, (a1, a2): (Vec<f32>, Vec<f32>
 #[test]
 fn llama_f32_matches_candle() {
     check("llama", GgmlType::F32, false, 1e-4);
+}
+
+/// Five query heads on one KV head (the attention kernels take four heads per pass, so one
+/// chunk of four and one of one) and an 80-token prompt, so decode on two threads takes the
+/// split attention path (span >= 64, one KV head): against candle, and decode on one thread
+/// (the grouped path) bit for bit.
+#[test]
+fn llama_five_heads_on_one_kv_head_long_prompt_matches_candle() {
+    let sh = Shape { d: 320, heads: 5, kv_heads: 1, prompt: (0..80u32).map(|i| (i * 37 + 11) % VOCAB as u32).collect() };
+    check_shape("llama", GgmlType::F32, false, 1e-4, &sh);
+    let bytes = build("llama", GgmlType::F32, false, &sh);
+    assert_eq!(ours(&bytes, &sh.prompt, 1), ours(&bytes, &sh.prompt, 2), "1 vs 2 threads");
 }
 
 #[test]
