@@ -1,7 +1,9 @@
 //! One criterion benchmark per weight-type kernel: `matmul` of a 1024 × 2048 weight with one
 //! token (decode: throughput in weight bytes streamed) and with 64 tokens (prefill: throughput
 //! in multiply-accumulates), through the run-time dispatched kernels and the scalar reference,
-//! at 1 and 2 threads. Plus the fused activation and softmax ops.
+//! at 1 and 2 threads. Plus the fused activation and softmax ops, and the decode attention
+//! kernels over an f16 cache (four query heads on one KV head, 512 positions, head size 256, as
+//! Gemma 3 270M; throughput in cache bytes read), one head per pass against four.
 //! `cargo bench -p ruvllm-core --bench kernels` (add `-- Q8_0` to filter).
 use std::hint::black_box;
 use std::sync::Arc;
@@ -78,5 +80,48 @@ fn elementwise(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmuls, elementwise);
+fn attention(c: &mut Criterion) {
+    use half::f16;
+    let (hd, span, heads) = (256usize, 512usize, 4usize);
+    let k: Vec<f16> = values(span * hd, 13).into_iter().map(f16::from_f32).collect();
+    let v: Vec<f16> = values(span * hd, 17).into_iter().map(f16::from_f32).collect();
+    let q: Vec<f32> = values(heads * hd, 19);
+    let w: Vec<f32> = values(heads * span, 23).into_iter().map(|x| x.abs() / span as f32).collect();
+    let offs: Vec<usize> = (0..span).map(|j| j * hd).collect();
+    let mut sc = vec![0f32; heads * span];
+    let mut out = vec![0f32; heads * hd];
+    let mut g = c.benchmark_group("attention_f16_4heads_512pos");
+    g.throughput(Throughput::Bytes((span * hd * 2) as u64));
+    g.bench_function("scores/one_head_per_pass", |b| {
+        b.iter(|| {
+            for (qh, s) in q.chunks(hd).zip(sc.chunks_mut(span)) {
+                ops::scores(qh, black_box(&k), &offs, 0.0625, s);
+            }
+        })
+    });
+    g.bench_function("scores/four_heads_per_pass", |b| {
+        b.iter(|| {
+            let qs: Vec<&[f32]> = q.chunks(hd).collect();
+            let mut outs: Vec<&mut [f32]> = sc.chunks_mut(span).collect();
+            ops::scores_heads(&qs, black_box(&k), &offs, 0.0625, &mut outs);
+        })
+    });
+    g.bench_function("weighted_sum/one_head_per_pass", |b| {
+        b.iter(|| {
+            for (wh, o) in w.chunks(span).zip(out.chunks_mut(hd)) {
+                ops::weighted_sum(wh, black_box(&v), &offs, o);
+            }
+        })
+    });
+    g.bench_function("weighted_sum/four_heads_per_pass", |b| {
+        b.iter(|| {
+            let ws: Vec<&[f32]> = w.chunks(span).collect();
+            let mut outs: Vec<&mut [f32]> = out.chunks_mut(hd).collect();
+            ops::weighted_sum_heads(&ws, black_box(&v), &offs, &mut outs);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, matmuls, elementwise, attention);
 criterion_main!(benches);
