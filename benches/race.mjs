@@ -140,6 +140,8 @@ if (Number(values.ppl) > 0) {
     tokens: Number(n),
     ruvllm: runOne('ruvllm', t, n, 'ppl').perplexity,
     scalar: runOne('ruvllm', t, n, 'ppl', { ...process.env, RUVLLM_FORCE_SCALAR: '1' }).perplexity,
+    // The kernels a CPU without AVX-512 runs (AVX2/FMA/F16C per-row dot products, no tile GEMM).
+    avx2: runOne('ruvllm', t, n, 'ppl', { ...process.env, RUVLLM_NO_AVX512: '1' }).perplexity,
   }
   if (runtimes.includes('llamacpp')) ppl.llamacpp = runOne('llamacpp', t, n, 'ppl').perplexity
   const rel = (a, b) => `${((100 * (a - b)) / b).toFixed(2)} %`
@@ -147,6 +149,7 @@ if (Number(values.ppl) > 0) {
   console.log('| runtime | perplexity | vs scalar reference |')
   console.log('|---|---:|---:|')
   console.log(`| ruvllm (dispatched kernels) | ${ppl.ruvllm.toFixed(4)} | ${rel(ppl.ruvllm, ppl.scalar)} |`)
+  console.log(`| ruvllm, RUVLLM_NO_AVX512=1 (AVX2 kernels) | ${ppl.avx2.toFixed(4)} | ${rel(ppl.avx2, ppl.scalar)} |`)
   console.log(`| ruvllm, RUVLLM_FORCE_SCALAR=1 | ${ppl.scalar.toFixed(4)} | reference |`)
   if (ppl.llamacpp) console.log(`| llama.cpp | ${ppl.llamacpp.toFixed(4)} | ${rel(ppl.llamacpp, ppl.scalar)} |`)
 }

@@ -126,6 +126,7 @@ fn detect() -> Kernels {
             let mut k = super::simd_avx2::kernels(f16c);
             if f16c
                 && std::env::var_os("RUVLLM_NO_VNNI").is_none()
+                && super::avx512_allowed()
                 && is_x86_feature_detected!("avx512vnni")
                 && is_x86_feature_detected!("avx512vl")
             {

@@ -401,12 +401,13 @@ pub fn kernel_k() -> Option<GemmKFn> {
 }
 
 /// The SIMD tile GEMM for this CPU, if there is one (AVX-512 F/BW with VNNI). `RUVLLM_NO_GEMM`
-/// turns it off (the per-row kernels are used instead).
+/// (or `RUVLLM_NO_AVX512`) turns it off (the per-row kernels are used instead).
 pub fn kernel() -> Option<GemmFn> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::env::var_os("RUVLLM_FORCE_SCALAR").is_none()
             && std::env::var_os("RUVLLM_NO_GEMM").is_none()
+            && super::avx512_allowed()
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vnni")

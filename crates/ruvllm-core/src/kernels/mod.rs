@@ -24,3 +24,10 @@ pub mod gemm;
 pub mod mem;
 
 pub use matmul::{matmul, QWeight, ThreadPool};
+
+/// Whether the AVX-512 kernels may be used where the CPU has them: `RUVLLM_NO_AVX512` set makes
+/// every kernel take its AVX2 (or scalar) path, as on a CPU without AVX-512, so those paths can
+/// be run and tested on any machine.
+pub fn avx512_allowed() -> bool {
+    std::env::var_os("RUVLLM_NO_AVX512").is_none()
+}

@@ -483,11 +483,11 @@ mod simd {
         s
     }
 
-    /// AVX-512F present as well (and `RUVLLM_FORCE_SCALAR` unset).
+    /// AVX-512F present as well (and neither `RUVLLM_FORCE_SCALAR` nor `RUVLLM_NO_AVX512` set).
     #[inline]
     pub fn avx512() -> bool {
         static OK: OnceLock<bool> = OnceLock::new();
-        *OK.get_or_init(|| avx2() && is_x86_feature_detected!("avx512f"))
+        *OK.get_or_init(|| avx2() && crate::kernels::avx512_allowed() && is_x86_feature_detected!("avx512f"))
     }
 
     /// [`super::scores`] with 512-bit vectors: lanes 0-7 of a 16-lane accumulator are
