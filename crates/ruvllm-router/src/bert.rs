@@ -46,7 +46,9 @@ enum Kernel {
 fn kernel() -> Kernel {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::env::var_os("RUVLLM_EMBED_NO_AVX512").is_none() && is_x86_feature_detected!("avx512f") {
+        // `RUVLLM_NO_AVX512` turns AVX-512 off for every kernel of ruvllm (ruvllm-core too).
+        let off = std::env::var_os("RUVLLM_EMBED_NO_AVX512").is_some() || std::env::var_os("RUVLLM_NO_AVX512").is_some();
+        if !off && is_x86_feature_detected!("avx512f") {
             return Kernel::Avx512;
         }
         // The AVX2 tiles also convert f16 panels (F16C); every AVX2 CPU has F16C.
