@@ -457,10 +457,10 @@ impl Transformer {
         let attn = SharedMut(s.attn.as_mut_ptr());
         let q_all = &s.q;
         let scale = c.attn_scale;
-        // One task per (token, KV head, sub-group of the query heads sharing it): the task runs
-        // its heads one after another over the same key and value rows, so after the first
-        // head they come from the core's own cache (each head's scores and value sum are the
-        // operations of `ops::scores`/`ops::weighted_sum`, identical whatever the grouping).
+        // One task per (token, KV head, sub-group of the query heads sharing it): the task
+        // passes over the key and value rows once per four of its heads
+        // (`ops::scores_heads`/`ops::weighted_sum_heads`: per head the operations of
+        // `ops::scores`/`ops::weighted_sum`, identical whatever the grouping).
         // Sub-groups are as large as keeps every thread busy: decode with one KV head on two
         // threads runs two tasks of half the heads.
         let n_kv = c.n_kv_head;
@@ -506,8 +506,8 @@ impl Transformer {
 
     /// [`Self::attention`] for few queries over many positions, with the work split so that
     /// each thread reads a share of the keys and values: (1) scores, positions split over the
-    /// tasks (each task scores its positions for every head of the group, in blocks that stay
-    /// in L1 across the heads); (2) softmax, one task per head; (3) value sums, the head
+    /// tasks (each task scores its positions for every head of the group, four heads per pass
+    /// over a block of rows); (2) softmax, one task per head; (3) value sums, the head
     /// dimension split over the tasks. Every score, softmax and output element is computed by
     /// the same operations in the same order as in `attention`, so the result is identical.
     #[allow(clippy::too_many_arguments)]
