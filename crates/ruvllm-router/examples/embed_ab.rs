@@ -1,14 +1,14 @@
 //! `cargo run --release -p ruvllm-router --example embed_ab [-- rounds]`
 //!
-//! A/B of the embedder's weight formats in one process, one thread: f32 panels against f16
-//! panels, over the 104 held-out test tasks (`data/test.json`). Each round embeds every task
-//! once with each format, alternating which format goes first; p50 / p99 are over all
-//! (task, round) samples per format. Two regimes:
+//! A/B of the embedder's weight formats in one process, one thread: f32, f16 and bf16 panels
+//! (bf16 loads as f16 on a CPU without AVX512-BF16), over the 104 held-out test tasks
+//! (`data/test.json`). Each round embeds every task once with each format, rotating which
+//! format goes first; p50 / p99 are over all (task, round) samples per format. Two regimes:
 //! - warm: tasks back to back, as the routing benchmark times them (weights may stay in cache);
 //! - cold: before each call a 64 MiB buffer is rewritten, so the weights come from DRAM (a hook
 //!   call that arrives after other work).
 //!
-//! Also prints how far the f16 embeddings are from the f32 ones (max |difference| of a
+//! Also prints how far the f16 and bf16 embeddings are from the f32 ones (max |difference| of a
 //! coordinate of the unit vectors, and the cosine between them).
 use ruvllm_router::{BertEmbedder, BertOptions, Embedder, WeightFormat};
 
@@ -25,31 +25,34 @@ fn main() {
         std::process::exit(1);
     });
     let load = |weights| BertEmbedder::load(&dir, BertOptions { weights, threads_batch: 1, ..BertOptions::default() }).expect("load");
-    let models = [("f32", load(WeightFormat::F32)), ("f16", load(WeightFormat::F16))];
+    let models = [("f32", load(WeightFormat::F32)), ("f16", load(WeightFormat::F16)), ("bf16", load(WeightFormat::Bf16))];
     let tests: serde_json::Value = serde_json::from_str(include_str!("../data/test.json")).expect("test.json");
     let tasks: Vec<String> = tests["tests"].as_array().expect("tests").iter().map(|t| t["text"].as_str().expect("text").to_string()).collect();
 
-    let (mut max_diff, mut min_cos, mut sum_cos) = (0.0f32, 1.0f32, 0.0f64);
-    for t in &tasks {
-        let a = models[0].1.embed(&[t]).expect("embed").pop().expect("one");
-        let b = models[1].1.embed(&[t]).expect("embed").pop().expect("one");
-        max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(max_diff, f32::max);
-        let c = ruvllm_router::embed::cosine(&a, &b);
-        min_cos = min_cos.min(c);
-        sum_cos += c as f64;
+    for m in 1..models.len() {
+        let (mut max_diff, mut min_cos, mut sum_cos) = (0.0f32, 1.0f32, 0.0f64);
+        for t in &tasks {
+            let a = models[0].1.embed(&[t]).expect("embed").pop().expect("one");
+            let b = models[m].1.embed(&[t]).expect("embed").pop().expect("one");
+            max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(max_diff, f32::max);
+            let c = ruvllm_router::embed::cosine(&a, &b);
+            min_cos = min_cos.min(c);
+            sum_cos += c as f64;
+        }
+        println!(
+            "{} tasks: {} vs f32 embeddings: max |diff| {max_diff:.2e}, cosine min {min_cos:.7}, mean {:.7}",
+            tasks.len(),
+            models[m].0,
+            sum_cos / tasks.len() as f64
+        );
     }
-    println!(
-        "{} tasks: f16 vs f32 embeddings: max |diff| {max_diff:.2e}, cosine min {min_cos:.7}, mean {:.7}",
-        tasks.len(),
-        sum_cos / tasks.len() as f64
-    );
 
     let mut evict = vec![0u8; 64 << 20];
     for cold in [false, true] {
-        let mut times = [Vec::new(), Vec::new()];
+        let mut times = vec![Vec::new(); models.len()];
         for round in 0..rounds + 1 {
-            for k in 0..2 {
-                let m = (k + round) % 2;
+            for k in 0..models.len() {
+                let m = (k + round) % models.len();
                 for t in &tasks {
                     if cold {
                         evict.iter_mut().step_by(64).for_each(|b| *b = b.wrapping_add(1));

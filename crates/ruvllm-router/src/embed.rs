@@ -7,8 +7,9 @@
 //! does for this model (`1_Pooling/config.json`: mean tokens; `sentence_bert_config.json`:
 //! max_seq_length 256).
 //!
-//! The BERT forward is our own code (`bert.rs`; f32 arithmetic over f16-stored weights by
-//! default, see [`WeightFormat`]), not candle's `BertModel`: for one short
+//! The BERT forward is our own code (`bert.rs`; bf16 products with f32 sums where the CPU has
+//! AVX512-BF16, else f32 arithmetic over f16-stored weights, see [`WeightFormat`]), not
+//! candle's `BertModel`: for one short
 //! sentence on one thread candle took ~10-12 ms, ours takes a fraction of that (see
 //! `examples/embed_latency.rs`). Each text runs its own forward over its real tokens only, so
 //! nothing is ever padded and pooling needs no mask; a batch spreads texts over threads.
@@ -27,7 +28,7 @@ use std::sync::{Arc, OnceLock};
 use rayon::prelude::*;
 use tokenizers::{Tokenizer, TruncationParams};
 
-pub use crate::bert::WeightFormat;
+pub use crate::bert::{bf16_tiles, WeightFormat};
 use crate::bert::{Bert, BertConfig};
 use crate::error::{Error, Result};
 
@@ -62,8 +63,9 @@ pub struct BertOptions {
     pub max_tokens: usize,
     /// Unused since each text runs its own unpadded forward; kept for compatibility.
     pub batch_size: usize,
-    /// How the linear layers' weights are stored: f16 (default; half the memory traffic, f32
-    /// accumulation) or the model's own f32.
+    /// How the linear layers' weights are stored: bf16 (default; products in bf16 with f32
+    /// sums where the CPU has AVX512-BF16, f16 elsewhere), f16 (half the memory traffic of
+    /// f32, f32 arithmetic) or the model's own f32.
     pub weights: WeightFormat,
 }
 
