@@ -38,7 +38,11 @@ fn main() {
         // each agent); feed back one half's outcomes, measure the other half. Parameters from
         // `--learning feedback_weight,negative_weight,failure_cos` triples separated by ';'.
         let grid = args.get(i + 1).cloned().unwrap_or_else(|| "2,1,0.9".into());
-        learning_sim(&emb, &specs, folds, &grid);
+        let setups = match args.iter().position(|a| a == "--shift") {
+            Some(j) => shift_setups(&emb, &specs, args.get(j + 1).and_then(|x| x.parse().ok()).unwrap_or(0.3)),
+            None => cv_setups(&specs, folds),
+        };
+        learning_sim(&emb, setups, &grid);
         return;
     }
     let mut correct = 0;
@@ -81,26 +85,81 @@ fn main() {
     }
 }
 
-fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, specs: &[AgentSpec], folds: usize, grid: &str) {
-    let settings: Vec<Vec<f32>> = grid.split(';').map(|g| g.split(',').map(|x| x.trim().parse().expect("number")).collect()).collect();
-    // [setting][variant][direction] = (before, after, total)
-    let mut acc = vec![vec![[(0usize, 0usize, 0usize); 2]; 2]; settings.len()];
-    for f in 0..folds {
-        let mut train = Vec::new();
-        let mut held = Vec::new();
-        for (ai, s) in specs.iter().enumerate() {
+/// One learning-simulation setup: the router's training agents and the held tasks
+/// `(text, agent, half)`.
+type Setup = (Vec<AgentSpec>, Vec<(String, usize, usize)>);
+
+/// CV folds: fold `f`'s examples are held (halves alternate within each agent).
+fn cv_setups(specs: &[AgentSpec], folds: usize) -> Vec<Setup> {
+    (0..folds)
+        .map(|f| {
+            let mut train = Vec::new();
+            let mut held = Vec::new();
+            for (ai, s) in specs.iter().enumerate() {
+                let mut ex = Vec::new();
+                let mut j = 0;
+                for (i, e) in s.examples.iter().enumerate() {
+                    if i % folds == f {
+                        held.push((e.clone(), ai, j % 2));
+                        j += 1;
+                    } else {
+                        ex.push(e.clone());
+                    }
+                }
+                train.push(AgentSpec { name: s.name.clone(), description: s.description.clone(), examples: ex });
+            }
+            (train, held)
+        })
+        .collect()
+}
+
+/// Shifted setups: per agent, the examples are ordered along the first principal direction of
+/// that agent's example embeddings; the `frac` at one end are held (a coherent region of the
+/// agent's tasks the router never saw, as deployment tasks may differ from the catalogue), the
+/// rest train. Two setups: each end of the direction.
+fn shift_setups(emb: &Arc<dyn ruvllm_router::Embedder>, specs: &[AgentSpec], frac: f32) -> Vec<Setup> {
+    let mut out = vec![(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
+    for (ai, s) in specs.iter().enumerate() {
+        let v = emb.embed(&s.examples.iter().map(|t| t.as_str()).collect::<Vec<_>>()).expect("embed");
+        let d = v[0].len();
+        let mean: Vec<f32> = (0..d).map(|j| v.iter().map(|x| x[j]).sum::<f32>() / v.len() as f32).collect();
+        let c: Vec<Vec<f32>> = v.iter().map(|x| x.iter().zip(&mean).map(|(a, b)| a - b).collect()).collect();
+        // Power iteration for the top principal direction.
+        let mut u: Vec<f32> = (0..d).map(|j| ((j * 7919 + 13) % 101) as f32 / 101.0 - 0.5).collect();
+        for _ in 0..50 {
+            let mut nu = vec![0.0f32; d];
+            for x in &c {
+                let p: f32 = x.iter().zip(&u).map(|(a, b)| a * b).sum();
+                nu.iter_mut().zip(x).for_each(|(n, a)| *n += p * a);
+            }
+            let norm = nu.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-12);
+            u = nu.iter().map(|a| a / norm).collect();
+        }
+        let mut order: Vec<(f32, usize)> = c.iter().enumerate().map(|(i, x)| (x.iter().zip(&u).map(|(a, b)| a * b).sum(), i)).collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let n_held = ((s.examples.len() as f32) * frac).round() as usize;
+        for (side, setup) in out.iter_mut().enumerate() {
+            let held_ids: Vec<usize> = if side == 0 { order[..n_held].iter().map(|o| o.1).collect() } else { order[order.len() - n_held..].iter().map(|o| o.1).collect() };
             let mut ex = Vec::new();
-            let mut j = 0;
             for (i, e) in s.examples.iter().enumerate() {
-                if i % folds == f {
-                    held.push((e.clone(), ai, j % 2));
-                    j += 1;
+                if let Some(j) = held_ids.iter().position(|&h| h == i) {
+                    setup.1.push((e.clone(), ai, j % 2));
                 } else {
                     ex.push(e.clone());
                 }
             }
-            train.push(AgentSpec { name: s.name.clone(), description: s.description.clone(), examples: ex });
+            setup.0.push(AgentSpec { name: s.name.clone(), description: s.description.clone(), examples: ex });
         }
+    }
+    out
+}
+
+fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid: &str) {
+    let settings: Vec<Vec<f32>> = grid.split(';').map(|g| g.split(',').map(|x| x.trim().parse().expect("number")).collect()).collect();
+    // [setting][variant][direction] = (before, after, total)
+    let mut acc = vec![vec![[(0usize, 0usize, 0usize); 2]; 2]; settings.len()];
+    for (f, (train, held)) in setups.into_iter().enumerate() {
+        let specs = train.clone();
         let cfg = || IndexConfig { background: false, ..Default::default() };
         let base = Router::with_config(train, emb.clone(), Params::default(), cfg()).expect("router");
         let json = base.to_json().expect("json");
@@ -111,6 +170,7 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, specs: &[AgentSpec], fol
                     let mut r = Router::from_json(&json, std::path::Path::new("<mem>"), emb.clone(), cfg()).expect("clone");
                     let mut p = r.params().clone();
                     p.feedback_weight = st[0];
+                    p.max_weight = p.max_weight.max(st[0]);
                     p.negative_weight = st[1];
                     p.failure_cos = st[2];
                     r.set_params(p);
@@ -136,13 +196,16 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, specs: &[AgentSpec], fol
                 }
             }
         }
-        eprintln!("fold {f} done");
+        eprintln!("setup {f} done");
     }
     for (st, a) in settings.iter().zip(&acc) {
+        let mut sum = 0i64;
         for (variant, v) in ["outcomes", "outcomes+retry"].iter().zip(a) {
             for (dir, (b, af, t)) in ["A->B", "B->A"].iter().zip(v) {
                 println!("{st:?}\t{variant}\t{dir}\t{b}/{t} -> {af}/{t}\t({:+})", *af as i64 - *b as i64);
+                sum += *af as i64 - *b as i64;
             }
         }
+        println!("{st:?}\tsum {sum:+}");
     }
 }
