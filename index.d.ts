@@ -19,8 +19,9 @@ declare global {
 }
 
 /**
- * A sentence-embedding model (BERT with mean pooling and L2 normalisation, run by candle in
- * this process). `Embedder.load()` gives the default all-MiniLM-L6-v2; pass it to
+ * A sentence-embedding model: by default all-MiniLM-L6-v2 (BERT with mean pooling and L2
+ * normalisation, run by our own forward in this process), or a loaded LLM's pooled hidden
+ * states (`Embedder.fromModel`). `Embedder.load()` gives the default; pass an `Embedder` to
  * `new Router({ embedder })` to share one loaded model between routers.
  */
 export declare class Embedder {
@@ -30,6 +31,14 @@ export declare class Embedder {
    * Rejects with `ERR_EMBEDDER_NOT_FOUND` or `ERR_EMBEDDER_LOAD`.
    */
   static load(dir?: string): Promise<Embedder>
+  /**
+   * A loaded `LLM` as an embedder: the mean over a text's tokens (BOS included) of the model's
+   * final hidden states after the output norm, L2-normalised (`dim` = the model's hidden
+   * width, 640 for Gemma 3 270M). Embedding runs on the model's engine thread; the model must
+   * stay open while the embedder is used (else `ERR_CLOSED`). Throws `ERR_INVALID_ARG` when
+   * `model` is not an `LLM`, `ERR_CLOSED` when it is closed.
+   */
+  static fromModel(model: LLM): Embedder
   /** Embeds texts: one L2-normalised `Float32Array` of `dim` numbers per text, in order. */
   embed(texts: string[]): Promise<Float32Array[]>
   /** Length of each embedding (384 for all-MiniLM-L6-v2). */
@@ -88,6 +97,15 @@ export declare class LLM {
    * `{ chatTemplate?, signal? }`; an aborted signal rejects with an `AbortError`.
    */
   score(prompt: string | ChatMessage[] | number[], options?: ScoreOptions): Promise<ScoreResult>
+  /**
+   * Embeds texts with this model: per text, the mean over its tokens (BOS included) of the
+   * final hidden states after the output norm, L2-normalised; one `Float32Array` of
+   * `info.embeddingLength` numbers per text, in order. Runs on the model's engine thread,
+   * queued with generations. A text longer than the context rejects with
+   * `ERR_CONTEXT_OVERFLOW`; `ERR_CLOSED` after `close()`. To route with it, pass
+   * `Embedder.fromModel(llm)` to `new Router({ embedder })`.
+   */
+  embed(texts: string[]): Promise<Float32Array[]>
   /**
    * Stops the engine and frees the model's memory. Requests still queued or running fail with
    * `ERR_CLOSED`, and so does every later call. Safe to call more than once.
@@ -405,6 +423,8 @@ export interface ModelInfo {
   trainContextLength: number
   /** Vocabulary size. */
   vocabSize: number
+  /** Width of the hidden state: the length of the vectors `llm.embed` returns. */
+  embeddingLength: number
   /** Whether the file ships a chat template (`tokenizer.chat_template`). */
   hasChatTemplate: boolean
   /** Threads the kernels use. */

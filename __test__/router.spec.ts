@@ -5,7 +5,7 @@ import { spawn, spawnSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, existsSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { addon, ROOT, rejectsWithCode, throwsWithCode } from './helpers.js'
+import { addon, LLM, ROOT, modelPath, rejectsWithCode, throwsWithCode } from './helpers.js'
 
 const { embed, Embedder, Router } = addon as any
 const ROUTER_JS = join(ROOT, 'bin', 'commands', 'router.js')
@@ -52,6 +52,47 @@ describe('embed', () => {
     const [v] = await emb.embed(['hello'])
     expect(v.length).toBe(384)
   })
+})
+
+describe('LLM hidden states as embedder', () => {
+  it('llm.embed and Embedder.fromModel: unit vectors of the hidden width, usable by a Router', async () => {
+    const llm = await LLM.load(modelPath(), { contextSize: 256 })
+    try {
+      expect(llm.info.embeddingLength).toBe(640)
+      const [a, b] = await llm.embed(['fix the login bug', 'fix the login bug'])
+      expect(a).toBeInstanceOf(Float32Array)
+      expect(a.length).toBe(640)
+      expect(Math.abs(cos(a, a) - 1)).toBeLessThan(1e-4)
+      expect(Array.from(b)).toEqual(Array.from(a))
+      const emb = Embedder.fromModel(llm)
+      expect(emb.dim).toBe(640)
+      expect(emb.id).toMatch(/^llm-mean:gemma-3-270m-q4_k_m\.gguf:/)
+      const [c] = await emb.embed(['fix the login bug'])
+      expect(Array.from(c)).toEqual(Array.from(a))
+      // Generation still works between embeddings (they share the engine thread and cache).
+      const g = await llm.generate('The capital of France is', { maxTokens: 2, temperature: 0 })
+      expect(g.text.length).toBeGreaterThan(0)
+      const r = new Router({
+        agents: [
+          { name: 'kitchen', description: 'cooking and baking food', examples: ['bake bread', 'cook pasta', 'fry an egg'] },
+          { name: 'garden', description: 'gardening and plants', examples: ['water the plants', 'mow the lawn', 'plant tulips'] },
+        ],
+        embedder: emb,
+      })
+      const route = await r.route('roast a chicken in the oven')
+      expect(['kitchen', 'garden']).toContain(route.agent)
+      expect(route.confidence).toBeGreaterThan(0)
+      await rejectsWithCode(() => llm.embed(['word '.repeat(400)]), 'ERR_CONTEXT_OVERFLOW')
+      await rejectsWithCode(() => llm.embed('not an array'), 'ERR_INVALID_ARG')
+      throwsWithCode(() => Embedder.fromModel({}), 'ERR_INVALID_ARG')
+      throwsWithCode(() => Embedder.fromModel(emb), 'ERR_INVALID_ARG')
+      throwsWithCode(() => Embedder.fromModel(undefined), 'ERR_INVALID_ARG')
+    } finally {
+      await llm.close()
+    }
+    await rejectsWithCode(() => llm.embed(['hi']), 'ERR_CLOSED')
+    throwsWithCode(() => Embedder.fromModel(llm), 'ERR_CLOSED')
+  }, 120_000)
 })
 
 describe('Router', () => {

@@ -261,6 +261,18 @@ impl Llm {
     env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<ScoreResult>| r.map_err(|e| e.into_napi(env)))
   }
 
+  /// Embeds texts with this model: per text, the mean over its tokens (BOS included) of the
+  /// final hidden states after the output norm, L2-normalised; one `Float32Array` of
+  /// `info.embeddingLength` numbers per text, in order. Runs on the model's engine thread,
+  /// queued with generations. A text longer than the context rejects with
+  /// `ERR_CONTEXT_OVERFLOW`; `ERR_CLOSED` after `close()`. To route with it, pass
+  /// `Embedder.fromModel(llm)` to `new Router({ embedder })`.
+  #[napi(ts_args_type = "texts: string[]", ts_return_type = "Promise<Float32Array[]>")]
+  pub fn embed<'env>(&self, env: &'env Env, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<napi::bindgen_prelude::Float32Array>>> {
+    let inner = self.engine_and_info().map(|(engine, info)| crate::router::llm_embedder(engine, &info));
+    crate::router::embed_promise(env, inner, texts)
+  }
+
   /// Stops the engine and frees the model's memory. Requests still queued or running fail with
   /// `ERR_CLOSED`, and so does every later call. Safe to call more than once.
   #[napi(ts_return_type = "Promise<void>")]
@@ -282,6 +294,12 @@ impl Llm {
 }
 
 impl Llm {
+  /// The engine and model facts, for `Embedder.fromModel`.
+  pub(crate) fn engine_and_info(&self) -> Res<(Arc<Engine>, CoreModelInfo)> {
+    self.check_open()?;
+    Ok((self.engine.clone(), self.info.clone()))
+  }
+
   fn check_open(&self) -> Res<()> {
     if self.closed.load(Ordering::SeqCst) || self.engine.is_closed() {
       return Err(CodedError::closed());

@@ -112,8 +112,59 @@ pub fn embed<'env>(env: &'env Env, texts: Unknown) -> napi::Result<PromiseRaw<'e
   )
 }
 
-/// A sentence-embedding model (BERT with mean pooling and L2 normalisation, run by candle in
-/// this process). `Embedder.load()` gives the default all-MiniLM-L6-v2; pass it to
+/// A loaded LLM's mean-pooled final hidden states as an embedder (`Embedder.fromModel`,
+/// `LLM.embed`). The id names the GGUF file and its fingerprint, so a router saved with it is
+/// only reused with the same model.
+struct LlmEmbedder {
+  engine: Arc<ruvllm_core::engine::Engine>,
+  id: String,
+  dim: usize,
+}
+
+impl rr::Embedder for LlmEmbedder {
+  fn id(&self) -> &str {
+    &self.id
+  }
+  fn dim(&self) -> usize {
+    self.dim
+  }
+  fn embed(&self, texts: &[&str]) -> rr::Result<Vec<Vec<f32>>> {
+    self.engine.embed_blocking(texts).map_err(|e| rr::Error::Backend { code: e.code(), message: e.to_string() })
+  }
+}
+
+pub(crate) fn llm_embedder(engine: Arc<ruvllm_core::engine::Engine>, info: &ruvllm_core::engine::ModelInfo) -> Arc<dyn rr::Embedder> {
+  let path = std::path::Path::new(&info.path);
+  let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+  let id = format!("llm-mean:{file}:{}", rr::embed::fingerprint(path));
+  Arc::new(LlmEmbedder { engine, id, dim: info.embedding_length })
+}
+
+/// Validates `texts` on the JS thread, embeds them with `inner` on the blocking pool.
+pub(crate) fn embed_promise<'env>(env: &'env Env, inner: Res<Arc<dyn rr::Embedder>>, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
+  let checked = inner.and_then(|e| texts_arg(env, &texts).map(|t| (e, t)));
+  let (pre, job) = match checked {
+    Ok(j) => (Ok(()), Some(j)),
+    Err(e) => (Err(e), None),
+  };
+  spawn(
+    env,
+    pre,
+    move || {
+      let (inner, texts) = job.ok_or_else(|| CodedError::internal("no embedding job"))?;
+      let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
+      if refs.is_empty() {
+        return Ok(Vec::new());
+      }
+      inner.embed(&refs).map_err(coded)
+    },
+    |_, v| Ok(to_f32_arrays(v)),
+  )
+}
+
+/// A sentence-embedding model: by default all-MiniLM-L6-v2 (BERT with mean pooling and L2
+/// normalisation, run by our own forward in this process), or a loaded LLM's pooled hidden
+/// states (`Embedder.fromModel`). `Embedder.load()` gives the default; pass an `Embedder` to
 /// `new Router({ embedder })` to share one loaded model between routers.
 #[napi]
 pub struct Embedder {
@@ -140,26 +191,28 @@ impl Embedder {
     spawn(env, pre, move || load_embedder(dir), |_, inner| Ok(Embedder { inner }))
   }
 
+  /// A loaded `LLM` as an embedder: the mean over a text's tokens (BOS included) of the model's
+  /// final hidden states after the output norm, L2-normalised (`dim` = the model's hidden
+  /// width, 640 for Gemma 3 270M). Embedding runs on the model's engine thread; the model must
+  /// stay open while the embedder is used (else `ERR_CLOSED`). Throws `ERR_INVALID_ARG` when
+  /// `model` is not an `LLM`, `ERR_CLOSED` when it is closed.
+  #[napi(factory, ts_args_type = "model: LLM")]
+  pub fn from_model(env: Env, model: Unknown) -> napi::Result<Embedder> {
+    sync_call(&env, || {
+      if model.get_type().ok() != Some(ValueType::Object) {
+        return Err(CodedError::invalid_type("model must be an LLM (from LLM.load)"));
+      }
+      let llm = unsafe { ClassInstance::<crate::llm::Llm>::from_napi_value(env.raw(), model.raw()) }
+        .map_err(|_| CodedError::invalid_type("model must be an LLM (from LLM.load)"))?;
+      let (engine, info) = llm.engine_and_info()?;
+      Ok(Embedder { inner: llm_embedder(engine, &info) })
+    })
+  }
+
   /// Embeds texts: one L2-normalised `Float32Array` of `dim` numbers per text, in order.
   #[napi(ts_args_type = "texts: string[]", ts_return_type = "Promise<Float32Array[]>")]
   pub fn embed<'env>(&self, env: &'env Env, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
-    let inner = self.inner.clone();
-    let (pre, texts) = match texts_arg(env, &texts) {
-      Ok(t) => (Ok(()), t),
-      Err(e) => (Err(e), Vec::new()),
-    };
-    spawn(
-      env,
-      pre,
-      move || {
-        let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
-        if refs.is_empty() {
-          return Ok(Vec::new());
-        }
-        inner.embed(&refs).map_err(coded)
-      },
-      |_, v| Ok(to_f32_arrays(v)),
-    )
+    embed_promise(env, Ok(self.inner.clone()), texts)
   }
 
   /// Length of each embedding (384 for all-MiniLM-L6-v2).

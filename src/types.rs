@@ -198,6 +198,8 @@ pub struct ModelInfo {
   pub train_context_length: u32,
   /// Vocabulary size.
   pub vocab_size: u32,
+  /// Width of the hidden state: the length of the vectors `llm.embed` returns.
+  pub embedding_length: u32,
   /// Whether the file ships a chat template (`tokenizer.chat_template`).
   pub has_chat_template: bool,
   /// Threads the kernels use.
@@ -216,6 +218,7 @@ impl From<&ruvllm_core::engine::ModelInfo> for ModelInfo {
       context_length: clamp_u32(i.context_length),
       train_context_length: clamp_u32(i.train_context_length),
       vocab_size: clamp_u32(i.vocab_size),
+      embedding_length: clamp_u32(i.embedding_length),
       has_chat_template: i.has_chat_template,
       threads: clamp_u32(i.threads),
     }

@@ -48,6 +48,8 @@ pub struct ModelInfo {
     /// The model's trained maximum.
     pub train_context_length: usize,
     pub vocab_size: usize,
+    /// Width of the hidden state (`d_model`): the length of the vectors `embed` returns.
+    pub embedding_length: usize,
     pub has_chat_template: bool,
     pub threads: usize,
 }
@@ -157,9 +159,24 @@ pub struct Score {
     pub tokens_per_second: f64,
 }
 
+/// Embeds texts: the mean over a text's tokens (BOS included) of the model's final hidden
+/// states after the output norm, L2-normalised. One vector of `ModelInfo::embedding_length`
+/// per text.
+pub struct EmbedRequest {
+    pub texts: Vec<String>,
+    /// Set to true to stop; checked between texts and chunks.
+    pub cancel: Arc<AtomicBool>,
+    /// Called once with the result.
+    pub reply: EmbedReply,
+}
+
+/// Receives an [`EmbedRequest`]'s vectors (one per text) or its error.
+pub type EmbedReply = Box<dyn FnOnce(Result<Vec<Vec<f32>>>) + Send>;
+
 enum Command {
     Generate(GenerateRequest),
     Score(ScoreRequest),
+    Embed(EmbedRequest),
     Close,
 }
 
@@ -237,6 +254,7 @@ fn model_info(file: &GgufFile, cfg: &models::TransformerConfig, context: usize, 
         context_length: context,
         train_context_length: cfg.train_context,
         vocab_size: vocab,
+        embedding_length: cfg.d_model,
         has_chat_template: has_template,
         threads,
     }
@@ -355,6 +373,27 @@ impl Engine {
         tx.send(Command::Score(req)).map_err(|_| Error::Closed)
     }
 
+    /// Queues an embedding request; its result goes to `req.reply` (`Closed` is returned here).
+    pub fn submit_embed(&self, req: EmbedRequest) -> Result<()> {
+        let tx = lock(&self.tx);
+        let tx = tx.as_ref().ok_or(Error::Closed)?;
+        tx.send(Command::Embed(req)).map_err(|_| Error::Closed)
+    }
+
+    /// Embeds `texts` and waits (see [`EmbedRequest`]); no cancellation.
+    pub fn embed_blocking(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        let (tx, rx) = channel();
+        let texts = texts.iter().map(|t| t.to_string()).collect();
+        self.submit_embed(EmbedRequest {
+            texts,
+            cancel: Arc::new(AtomicBool::new(false)),
+            reply: Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        })?;
+        rx.recv().map_err(|_| Error::Closed)?
+    }
+
     /// Stops the worker (the running request finishes its current token and ends as aborted is
     /// not guaranteed: it completes; queued requests fail with `Closed`) and frees the model.
     pub fn close(&self) {
@@ -415,6 +454,16 @@ impl Worker {
             let mut req = match cmd {
                 Command::Close => break,
                 Command::Generate(req) => req,
+                Command::Embed(req) => {
+                    let EmbedRequest { texts, cancel, reply } = req;
+                    let outcome = catch_unwind(AssertUnwindSafe(|| self.embed(&texts, &cancel)));
+                    let result = outcome.unwrap_or_else(|panic| {
+                        self.cache.tokens.clear();
+                        Err(Error::from_panic(panic))
+                    });
+                    let _ = catch_unwind(AssertUnwindSafe(|| reply(result)));
+                    continue;
+                }
                 Command::Score(req) => {
                     let ScoreRequest { prompt, chat_template, cancel, reply } = req;
                     let outcome = catch_unwind(AssertUnwindSafe(|| self.score(&prompt, chat_template.as_deref(), &cancel)));
@@ -450,6 +499,9 @@ impl Worker {
                     let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(Event::Error(Error::Closed))));
                 }
                 Command::Score(req) => {
+                    let _ = catch_unwind(AssertUnwindSafe(|| (req.reply)(Err(Error::Closed))));
+                }
+                Command::Embed(req) => {
                     let _ = catch_unwind(AssertUnwindSafe(|| (req.reply)(Err(Error::Closed))));
                 }
                 Command::Close => {}
@@ -527,6 +579,39 @@ impl Worker {
         };
         let secs = start.elapsed().as_secs_f64();
         Ok(Score { tokens_per_second: if secs > 0.0 { ids.len() as f64 / secs } else { 0.0 }, tokens: ids, logprobs, perplexity })
+    }
+
+    /// Mean-pooled, L2-normalised final hidden states of each text (BOS added), evaluated from
+    /// position 0 like `score`. A text longer than the context is an error, not truncated.
+    fn embed(&mut self, texts: &[String], cancel: &AtomicBool) -> Result<Vec<Vec<f32>>> {
+        let d = self.model.cfg.d_model;
+        let batch = self.scratch.max_batch;
+        let mut out = Vec::with_capacity(texts.len());
+        for (i, text) in texts.iter().enumerate() {
+            let ids = self.shared.tokenizer.encode(text, true, true)?;
+            if ids.is_empty() {
+                return Err(Error::InvalidArg(format!("texts[{i}] has no tokens (empty text and no BOS token)")));
+            }
+            if ids.len() > self.context {
+                return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
+            }
+            let mut sum = vec![0.0f64; d];
+            self.cache.tokens.clear();
+            for (c, chunk) in ids.chunks(batch).enumerate() {
+                if cancel.load(Ordering::Relaxed) {
+                    self.cache.tokens.truncate(c * batch);
+                    return Err(Error::Aborted);
+                }
+                let mut each = |_: usize, h: &[f32]| sum.iter_mut().zip(h).for_each(|(s, &v)| *s += v as f64);
+                self.model.forward_each_hidden(chunk, c * batch, &mut self.cache, &mut self.scratch, &self.pool, &mut each)?;
+            }
+            let norm = sum.iter().map(|v| v * v).sum::<f64>().sqrt();
+            if !(norm > 0.0 && norm.is_finite()) {
+                return Err(Error::Internal(format!("texts[{i}]: the pooled hidden state has norm {norm}")));
+            }
+            out.push(sum.iter().map(|v| (v / norm) as f32).collect());
+        }
+        Ok(out)
     }
 
     fn generate(&mut self, req: &mut GenerateRequest) -> Result<Completion> {

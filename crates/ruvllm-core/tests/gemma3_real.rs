@@ -201,3 +201,102 @@ fn decode_logits_do_not_depend_on_the_thread_count() {
         assert!(a == b, "decode step {i} (span {}): logits differ between 1 and 2 threads", tokens.len() + i + 1);
     }
 }
+
+#[test]
+fn hidden_states_are_what_the_lm_head_multiplies() {
+    // `forward_each_hidden` hands out each token's final hidden state after the output norm.
+    // The (tied) LM head's logit of token `j` is the dot product of that vector with embedding
+    // row `j`, so the vectors are checked against the logits of the same tokens (which the
+    // llama.cpp tests above check): per token over 64 vocabulary ids, correlation > 0.995 and
+    // differences under a quarter of the logits' spread (measured: correlation >= 0.998, at most
+    // 0.17 of the spread; the head's GEMM rounds activations to 8 bits). A pre-norm
+    // state, a shifted token or a wrong row fails this.
+    use ruvllm_core::gguf::GgufFile;
+    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
+    let file = GgufFile::open(model_path()).unwrap();
+    assert!(file.tensor("output.weight").is_none(), "the test assumes tied embeddings");
+    let cfg = config_from_gguf(&file).unwrap();
+    let (d, v) = (cfg.d_model, cfg.vocab_size);
+    let cap = cfg.final_logit_softcap;
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 512).unwrap();
+    let pool = ThreadPool::new(2);
+    model.prepare(&pool);
+    let tokens: Vec<u32> = [2u32].into_iter().chain((0..20u32).map(|i| 100 + (i * 7919) % 20000)).collect();
+    let mut hidden = Vec::new();
+    {
+        let mut cache = model.new_cache(512, 64);
+        let mut scratch = model.new_scratch(64);
+        model.forward_each_hidden(&tokens, 0, &mut cache, &mut scratch, &pool, &mut |_, h| hidden.push(h.to_vec())).unwrap();
+    }
+    let mut logits = Vec::new();
+    {
+        let mut cache = model.new_cache(512, 64);
+        let mut scratch = model.new_scratch(64);
+        model.forward_each_logits(&tokens, 0, &mut cache, &mut scratch, &pool, &mut |_, l| logits.push(l.to_vec())).unwrap();
+    }
+    assert_eq!((hidden.len(), logits.len()), (tokens.len(), tokens.len()));
+    let mut row = vec![0.0f32; d];
+    for (t, (h, l)) in hidden.iter().zip(&logits).enumerate() {
+        let ids: Vec<usize> = (0..64).map(|k| (k * 104_729 + t * 31) % v).collect();
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for &j in &ids {
+            model.embed.dequantize_row(j, &mut row);
+            let z: f32 = row.iter().zip(h).map(|(a, b)| a * b).sum();
+            ours.push(cap.map_or(z, |c| (z / c).tanh() * c) as f64);
+            theirs.push(l[j] as f64);
+        }
+        let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
+        let (ma, mb) = (mean(&ours), mean(&theirs));
+        let cov: f64 = ours.iter().zip(&theirs).map(|(a, b)| (a - ma) * (b - mb)).sum();
+        let var = |x: &[f64], m: f64| x.iter().map(|a| (a - m) * (a - m)).sum::<f64>();
+        let corr = cov / (var(&ours, ma) * var(&theirs, mb)).sqrt();
+        let max_diff = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let sd = (var(&theirs, mb) / ids.len() as f64).sqrt();
+        assert!(corr > 0.995 && max_diff < 0.25 * sd, "token {t}: correlation {corr}, max |Δlogit| {max_diff}, sd {sd}");
+    }
+}
+
+#[test]
+fn embed_pools_normalises_and_rejects_overlong_texts() {
+    let e = engine();
+    let d = e.info().embedding_length;
+    assert_eq!(d, 640);
+    let texts = ["fix the login bug", "repair the authentication defect", "bake a chocolate cake", ""];
+    let batch = e.embed_blocking(&texts).unwrap();
+    assert_eq!(batch.len(), texts.len());
+    for (t, v) in texts.iter().zip(&batch) {
+        assert_eq!(v.len(), d);
+        let n: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((n - 1.0).abs() < 1e-5, "{t:?}: norm {n}");
+        // One at a time gives the same vector (each text runs from position 0 on its own).
+        let one = e.embed_blocking(&[t]).unwrap().pop().unwrap();
+        let diff = one.iter().zip(v).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff < 1e-6, "{t:?}: batch vs single {diff}");
+    }
+    // The pooled vector is the normalised mean of the per-token states.
+    use ruvllm_core::gguf::GgufFile;
+    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
+    let file = GgufFile::open(model_path()).unwrap();
+    let cfg = config_from_gguf(&file).unwrap();
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 512).unwrap();
+    let pool = ThreadPool::new(2);
+    model.prepare(&pool);
+    let ids = e.tokenize(texts[0], true).unwrap();
+    let mut sum = vec![0.0f64; d];
+    let (mut cache, mut scratch) = (model.new_cache(512, 512), model.new_scratch(512));
+    model
+        .forward_each_hidden(&ids, 0, &mut cache, &mut scratch, &pool, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &x)| *s += x as f64))
+        .unwrap();
+    let n = sum.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let diff = sum.iter().zip(&batch[0]).map(|(a, &b)| (a / n - b as f64).abs()).fold(0.0, f64::max);
+    assert!(diff < 1e-6, "engine vs manual pooling: {diff}");
+    // Too long for the 512-token context: a clear error, and the engine keeps working.
+    let long = "word ".repeat(2000);
+    match e.embed_blocking(&[long.as_str()]) {
+        Err(ruvllm_core::Error::ContextOverflow { tokens, context }) => assert!(tokens > context && context == 512),
+        other => panic!("expected ContextOverflow, got {:?}", other.map(|v| v.len())),
+    }
+    assert_eq!(e.embed_blocking(&[texts[0]]).unwrap()[0], batch[0]);
+}

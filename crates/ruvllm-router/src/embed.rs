@@ -98,7 +98,7 @@ pub fn missing_files(dir: &Path) -> Vec<&'static str> {
 }
 
 /// Cheap fingerprint of a weights file: length and FNV-1a of its first 64 KiB.
-fn fingerprint(path: &Path) -> String {
+pub fn fingerprint(path: &Path) -> String {
     use std::io::Read;
     let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let mut h: u64 = 0xcbf29ce484222325;

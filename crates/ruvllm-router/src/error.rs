@@ -18,6 +18,10 @@ pub enum Error {
     /// A tensor operation failed while embedding.
     #[error("embedding failed: {0}")]
     Embed(String),
+    /// An embedder backed by something else (a loaded LLM) failed with that component's own
+    /// stable code (`ERR_CLOSED`, `ERR_CONTEXT_OVERFLOW`, ...), kept as it is.
+    #[error("{message}")]
+    Backend { code: &'static str, message: String },
     /// A bad argument from the caller (unknown agent, empty text, bad option).
     #[error("{0}")]
     InvalidArg(String),
@@ -55,6 +59,7 @@ impl Error {
             Error::Io { .. } => "ERR_IO",
             Error::LockTimeout(_) => "ERR_LOCK_TIMEOUT",
             Error::Internal(_) => "ERR_INTERNAL",
+            Error::Backend { code, .. } => code,
         }
     }
 

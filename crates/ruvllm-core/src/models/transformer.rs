@@ -336,6 +336,28 @@ impl Transformer {
         Ok(())
     }
 
+    /// Like [`forward`](Self::forward), then calls `each(t, h)` with the final hidden state of
+    /// every token `t` of `tokens` after the output norm: the vector the LM head multiplies (and
+    /// what llama.cpp's embedding mode pools). The LM head does not run. `scratch.logits` is
+    /// left unspecified.
+    pub fn forward_each_hidden(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        cache: &mut KvCache,
+        s: &mut Scratch,
+        pool: &ThreadPool,
+        each: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        self.forward_hidden(tokens, pos0, cache, s, pool)?;
+        let d = self.cfg.d_model;
+        for t in 0..tokens.len() {
+            ops::rms_norm(&s.x[t * d..(t + 1) * d], &self.output_norm, self.cfg.norm_eps, &mut s.xn[t * d..(t + 1) * d]);
+            each(t, &s.xn[t * d..(t + 1) * d]);
+        }
+        Ok(())
+    }
+
     /// Final norm, LM head and soft-capping for `m` hidden rows `x`.
     fn head(&self, x: &[f32], m: usize, xn: &mut [f32], logits: &mut [f32], pool: &ThreadPool) {
         let c = &self.cfg;
