@@ -217,9 +217,9 @@ export interface AgentScore {
 /**
  * The routing benchmark behind `ruvllm bench routing` (minutes): resolves to
  * `{ markdown, report }`. `sizes` are the pattern counts of the scale test (default
- * `[5000, 50000]`).
+ * `[5000, 50000]`); `embedder` replaces the default embedder (e.g. `Embedder.fromModel(llm)`).
  */
-export declare function benchRouting(options?: { sizes?: number[] }): Promise<{ markdown: string; report: Record<string, unknown> }>
+export declare function benchRouting(options?: { sizes?: number[] }, embedder?: Embedder): Promise<{ markdown: string; report: Record<string, unknown> }>
 
 /** A GGUF file in the Hugging Face cache. */
 export interface CachedModelFile {

@@ -87,6 +87,8 @@ describe('LLM hidden states as embedder', () => {
       throwsWithCode(() => Embedder.fromModel({}), 'ERR_INVALID_ARG')
       throwsWithCode(() => Embedder.fromModel(emb), 'ERR_INVALID_ARG')
       throwsWithCode(() => Embedder.fromModel(undefined), 'ERR_INVALID_ARG')
+      await rejectsWithCode(() => (addon as any).benchRouting({}, 42), 'ERR_INVALID_ARG')
+      await rejectsWithCode(() => (addon as any).benchRouting({}, llm), 'ERR_INVALID_ARG')
     } finally {
       await llm.close()
     }

@@ -659,10 +659,20 @@ pub fn hooks_post_task<'env>(
 
 /// The routing benchmark behind `ruvllm bench routing` (minutes): resolves to
 /// `{ markdown, report }`. `sizes` are the pattern counts of the scale test (default
-/// `[5000, 50000]`).
-#[napi(ts_args_type = "options?: { sizes?: number[] }", ts_return_type = "Promise<{ markdown: string; report: Record<string, unknown> }>")]
-pub fn bench_routing<'env>(env: &'env Env, options: Unknown) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
-  let parsed = json_arg(env, &options, "options").and_then(|o| {
+/// `[5000, 50000]`); `embedder` replaces the default embedder (e.g. `Embedder.fromModel(llm)`).
+#[napi(
+  ts_args_type = "options?: { sizes?: number[] }, embedder?: Embedder",
+  ts_return_type = "Promise<{ markdown: string; report: Record<string, unknown> }>"
+)]
+pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Unknown>) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
+  let custom: Res<Option<Arc<dyn rr::Embedder>>> = match embedder.map(|e| (e.get_type(), e)) {
+    None | Some((Ok(ValueType::Undefined), _)) | Some((Ok(ValueType::Null), _)) => Ok(None),
+    Some((Ok(ValueType::Object), e)) => unsafe { ClassInstance::<Embedder>::from_napi_value(env.raw(), e.raw()) }
+      .map(|inst| Some(inst.inner.clone()))
+      .map_err(|_| CodedError::invalid_type("embedder must be an Embedder")),
+    Some(_) => Err(CodedError::invalid_type("embedder must be an Embedder")),
+  };
+  let parsed = custom.and_then(|c| json_arg(env, &options, "options").map(|o| (c, o))).and_then(|(custom, o)| {
     let mut opts = rr::bench::BenchOptions::default();
     if let Some(s) = o.get("sizes") {
       opts.scale_sizes = s
@@ -672,17 +682,20 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown) -> napi::Result<Pro
         .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| CodedError::invalid_type("options.sizes must be numbers")))
         .collect::<Res<Vec<_>>>()?;
     }
-    Ok(opts)
+    Ok((opts, custom))
   });
-  let (pre, opts) = match parsed {
+  let (pre, (opts, custom)) = match parsed {
     Ok(o) => (Ok(()), o),
-    Err(e) => (Err(e), rr::bench::BenchOptions::default()),
+    Err(e) => (Err(e), (rr::bench::BenchOptions::default(), None)),
   };
   spawn(
     env,
     pre,
     move || {
-      let emb = rr::default_embedder().map_err(coded)?;
+      let emb = match custom {
+        Some(e) => e,
+        None => rr::default_embedder().map_err(coded)?,
+      };
       let report = rr::bench::run(emb, &opts, &mut |m| eprintln!("… {m}")).map_err(coded)?;
       Ok(serde_json::json!({ "markdown": report.to_markdown(), "report": report }))
     },

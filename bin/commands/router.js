@@ -3,7 +3,7 @@
 //   ruvllm route "<task>" [--json] [--state <file>]
 //   ruvllm hooks pre-task --description "<task>" [--state <file>]
 //   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
-//   ruvllm bench routing [--json] [--sizes 5000,50000]
+//   ruvllm bench routing [--json] [--sizes 5000,50000] [--model <gguf|id>]
 // `run(command, argv)`: command is 'route' | 'hooks' | 'bench'; argv the arguments after it.
 // Resolves to the exit code. Errors print `error [CODE]: message` on stderr.
 
@@ -25,7 +25,8 @@ const USAGE = `usage:
   ruvllm route "<task>" [--json] [--state <file>]
   ruvllm hooks pre-task --description "<task>" [--state <file>]
   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
-  ruvllm bench routing [--json] [--sizes 5000,50000]`
+  ruvllm bench routing [--json] [--sizes 5000,50000] [--model <gguf|id>]
+                                   (--model: embed with that LLM's pooled hidden states)`
 
 function parse(argv, options) {
   try {
@@ -88,7 +89,7 @@ async function hooks(argv) {
 async function bench(argv) {
   const [sub, ...rest] = argv
   if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; this module runs "bench routing"`)
-  const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' } })
+  const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' }, model: { type: 'string' } })
   const opts = {}
   if (values.sizes) {
     opts.sizes = values.sizes.split(',').map((s) => {
@@ -97,8 +98,19 @@ async function bench(argv) {
       return n
     })
   }
-  const out = await addon().benchRouting(opts)
-  process.stdout.write(values.json ? JSON.stringify(out.report, null, 1) + '\n' : out.markdown + '\n')
+  // --model: embed with that LLM's pooled hidden states instead of all-MiniLM-L6-v2.
+  let llm = null
+  let embedder
+  if (values.model) {
+    llm = await addon().LLM.load(values.model, { download: false })
+    embedder = addon().Embedder.fromModel(llm)
+  }
+  try {
+    const out = await addon().benchRouting(opts, embedder)
+    process.stdout.write(values.json ? JSON.stringify(out.report, null, 1) + '\n' : out.markdown + '\n')
+  } finally {
+    if (llm) await llm.close()
+  }
   return 0
 }
 
