@@ -154,9 +154,10 @@ export declare class models {
 export type Models = models
 
 /**
- * Routes tasks to agents from sentence embeddings (k-NN vote over stored patterns plus
- * per-agent centroids, calibrated confidence) and learns from outcomes. Construction is
- * instant; the examples are embedded off the JS thread on the first call that needs them.
+ * Routes tasks to agents from sentence embeddings (a softmax-regression head over the
+ * embedding and the task's words, trained on the stored patterns; calibrated confidence) and
+ * learns from outcomes. Construction is instant; the examples are embedded off the JS thread
+ * on the first call that needs them.
  */
 export declare class Router {
   /**

@@ -386,9 +386,10 @@ fn router_options(env: &Env, options: &Unknown) -> Res<(Option<Vec<rr::AgentSpec
   Ok((agents, embedder, dir))
 }
 
-/// Routes tasks to agents from sentence embeddings (k-NN vote over stored patterns plus
-/// per-agent centroids, calibrated confidence) and learns from outcomes. Construction is
-/// instant; the examples are embedded off the JS thread on the first call that needs them.
+/// Routes tasks to agents from sentence embeddings (a softmax-regression head over the
+/// embedding and the task's words, trained on the stored patterns; calibrated confidence) and
+/// learns from outcomes. Construction is instant; the examples are embedded off the JS thread
+/// on the first call that needs them.
 #[napi]
 pub struct Router {
   shared: Shared,
