@@ -108,6 +108,7 @@ pub fn bf16_tiles() -> bool {
 }
 
 /// Whether the CPU runs the bf16 tiles (`vdpbf16ps`).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn has_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -129,6 +130,7 @@ pub(crate) struct Linear {
     bias: Vec<f32>,
 }
 
+#[cfg(target_arch = "x86_64")]
 /// Writes a register tile's rows plus `bias` to `y`: row `r` at `y[at + r * ld..]`, as many
 /// columns as `bias` has (the panel's real outputs).
 fn store_tile<const W: usize>(tile: &[[f32; W]], y: &mut [f32], at: usize, ld: usize, bias: &[f32]) {
