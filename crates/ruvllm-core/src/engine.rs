@@ -436,6 +436,14 @@ impl Shared {
     }
 }
 
+/// Which per-token rows [`Worker::evaluate`] hands out.
+enum Rows {
+    /// The LM head's logits (after soft-capping).
+    Logits,
+    /// The final hidden state after the output norm.
+    Hidden,
+}
+
 /// `ln softmax(logits)[i]`, in f64.
 fn log_softmax_at(logits: &[f32], i: usize) -> f64 {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
@@ -456,22 +464,12 @@ impl Worker {
                 Command::Generate(req) => req,
                 Command::Embed(req) => {
                     let EmbedRequest { texts, cancel, reply } = req;
-                    let outcome = catch_unwind(AssertUnwindSafe(|| self.embed(&texts, &cancel)));
-                    let result = outcome.unwrap_or_else(|panic| {
-                        self.cache.tokens.clear();
-                        Err(Error::from_panic(panic))
-                    });
-                    let _ = catch_unwind(AssertUnwindSafe(|| reply(result)));
+                    self.answer(|w| w.embed(&texts, &cancel), reply);
                     continue;
                 }
                 Command::Score(req) => {
                     let ScoreRequest { prompt, chat_template, cancel, reply } = req;
-                    let outcome = catch_unwind(AssertUnwindSafe(|| self.score(&prompt, chat_template.as_deref(), &cancel)));
-                    let result = outcome.unwrap_or_else(|panic| {
-                        self.cache.tokens.clear();
-                        Err(Error::from_panic(panic))
-                    });
-                    let _ = catch_unwind(AssertUnwindSafe(|| reply(result)));
+                    self.answer(|w| w.score(&prompt, chat_template.as_deref(), &cancel), reply);
                     continue;
                 }
             };
@@ -548,6 +546,40 @@ impl Worker {
         Ok(ids)
     }
 
+    /// Evaluates `ids` from position 0 in chunks of the scratch batch (positions 0.. are
+    /// rewritten: the cache keeps what this evaluates) and calls `each(position, row)` with
+    /// every token's logits or final hidden state (`rows`). Between chunks, `cancel` stops it
+    /// with `Aborted`, the cache keeping the chunks already evaluated.
+    fn evaluate(&mut self, ids: &[u32], cancel: &AtomicBool, rows: Rows, each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+        let batch = self.scratch.max_batch;
+        self.cache.tokens.clear();
+        for (i, chunk) in ids.chunks(batch).enumerate() {
+            if cancel.load(Ordering::Relaxed) {
+                self.cache.tokens.truncate(i * batch);
+                return Err(Error::Aborted);
+            }
+            let pos0 = i * batch;
+            let mut at = |t: usize, row: &[f32]| each(pos0 + t, row);
+            let (cache, scratch, pool) = (&mut self.cache, &mut self.scratch, &self.pool);
+            match rows {
+                Rows::Logits => self.model.forward_each_logits(chunk, pos0, cache, scratch, pool, &mut at)?,
+                Rows::Hidden => self.model.forward_each_hidden(chunk, pos0, cache, scratch, pool, &mut at)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `work` with panics caught (a panic may leave the cache half-written, so it is
+    /// forgotten) and hands the result to `reply`, whose own panic is caught too.
+    fn answer<T>(&mut self, work: impl FnOnce(&mut Self) -> Result<T>, reply: impl FnOnce(Result<T>)) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| work(self)));
+        let result = outcome.unwrap_or_else(|panic| {
+            self.cache.tokens.clear();
+            Err(Error::from_panic(panic))
+        });
+        let _ = catch_unwind(AssertUnwindSafe(|| reply(result)));
+    }
+
     /// Evaluates `prompt` from position 0 and returns each token's log-probability.
     fn score(&mut self, prompt: &Prompt, chat_template: Option<&str>, cancel: &AtomicBool) -> Result<Score> {
         let ids = self.prompt_ids(prompt, chat_template)?;
@@ -556,22 +588,11 @@ impl Worker {
         }
         let start = Instant::now();
         let mut logprobs = Vec::with_capacity(ids.len().saturating_sub(1));
-        let batch = self.scratch.max_batch;
-        // Positions 0.. are rewritten: the cache keeps what this request evaluates.
-        self.cache.tokens.clear();
-        for (i, chunk) in ids.chunks(batch).enumerate() {
-            if cancel.load(Ordering::Relaxed) {
-                self.cache.tokens.truncate(i * batch);
-                return Err(Error::Aborted);
+        self.evaluate(&ids, cancel, Rows::Logits, &mut |p, logits| {
+            if let Some(&next) = ids.get(p + 1) {
+                logprobs.push(log_softmax_at(logits, next as usize));
             }
-            let pos0 = i * batch;
-            let mut each = |t: usize, logits: &[f32]| {
-                if let Some(&next) = ids.get(pos0 + t + 1) {
-                    logprobs.push(log_softmax_at(logits, next as usize));
-                }
-            };
-            self.model.forward_each_logits(chunk, pos0, &mut self.cache, &mut self.scratch, &self.pool, &mut each)?;
-        }
+        })?;
         let perplexity = if logprobs.is_empty() {
             f64::NAN
         } else {
@@ -585,7 +606,6 @@ impl Worker {
     /// position 0 like `score`. A text longer than the context is an error, not truncated.
     fn embed(&mut self, texts: &[String], cancel: &AtomicBool) -> Result<Vec<Vec<f32>>> {
         let d = self.model.cfg.d_model;
-        let batch = self.scratch.max_batch;
         let mut out = Vec::with_capacity(texts.len());
         for (i, text) in texts.iter().enumerate() {
             let ids = self.shared.tokenizer.encode(text, true, true)?;
@@ -596,15 +616,7 @@ impl Worker {
                 return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
             }
             let mut sum = vec![0.0f64; d];
-            self.cache.tokens.clear();
-            for (c, chunk) in ids.chunks(batch).enumerate() {
-                if cancel.load(Ordering::Relaxed) {
-                    self.cache.tokens.truncate(c * batch);
-                    return Err(Error::Aborted);
-                }
-                let mut each = |_: usize, h: &[f32]| sum.iter_mut().zip(h).for_each(|(s, &v)| *s += v as f64);
-                self.model.forward_each_hidden(chunk, c * batch, &mut self.cache, &mut self.scratch, &self.pool, &mut each)?;
-            }
+            self.evaluate(&ids, cancel, Rows::Hidden, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &v)| *s += v as f64))?;
             let norm = sum.iter().map(|v| v * v).sum::<f64>().sqrt();
             if !(norm > 0.0 && norm.is_finite()) {
                 return Err(Error::Internal(format!("texts[{i}]: the pooled hidden state has norm {norm}")));

@@ -350,21 +350,27 @@ impl Transformer {
         each: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
         self.forward_hidden(tokens, pos0, cache, s, pool)?;
-        let d = self.cfg.d_model;
-        for t in 0..tokens.len() {
-            ops::rms_norm(&s.x[t * d..(t + 1) * d], &self.output_norm, self.cfg.norm_eps, &mut s.xn[t * d..(t + 1) * d]);
+        let (d, n) = (self.cfg.d_model, tokens.len());
+        self.output_norm_rows(&s.x[..n * d], &mut s.xn[..n * d]);
+        for t in 0..n {
             each(t, &s.xn[t * d..(t + 1) * d]);
         }
         Ok(())
+    }
+
+    /// The final (output) norm of each hidden row of `x` into `xn`.
+    fn output_norm_rows(&self, x: &[f32], xn: &mut [f32]) {
+        let d = self.cfg.d_model;
+        for (row, out) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
+            ops::rms_norm(row, &self.output_norm, self.cfg.norm_eps, out);
+        }
     }
 
     /// Final norm, LM head and soft-capping for `m` hidden rows `x`.
     fn head(&self, x: &[f32], m: usize, xn: &mut [f32], logits: &mut [f32], pool: &ThreadPool) {
         let c = &self.cfg;
         let d = c.d_model;
-        for t in 0..m {
-            ops::rms_norm(&x[t * d..(t + 1) * d], &self.output_norm, c.norm_eps, &mut xn[t * d..(t + 1) * d]);
-        }
+        self.output_norm_rows(&x[..m * d], &mut xn[..m * d]);
         matmul(pool, &self.output, &xn[..m * d], m, &mut logits[..m * c.vocab_size]);
         if let Some(cap) = c.final_logit_softcap {
             logits[..m * c.vocab_size].iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
