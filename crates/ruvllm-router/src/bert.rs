@@ -291,46 +291,47 @@ impl Linear {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn forward_avx512<const H: bool>(&self, base: *const u8, x: &[f32], n: usize, y: &mut [f32]) {
-        let (inp, out) = (self.inp, self.out);
-        let elem = if H { 2 } else { 4 };
-        let mut tile = [[0.0f32; NB512]; MT512];
-        for p in 0..out.div_ceil(NB512) {
+        let (inp, elem) = (self.inp, if H { 2 } else { 4 });
+        self.for_each_tile::<NB512, MT512>(n, y, |p, t, m, tile| {
             let panel = base.add(p * inp * NB512 * elem);
-            let cols = NB512.min(out - p * NB512);
-            let bias = &self.bias[p * NB512..p * NB512 + cols];
-            let mut t = 0;
-            while t < n {
-                let m = tile_rows(n - t, MT512);
-                let xp = x.as_ptr().add(t * inp);
-                with_rows!(m, M, tile_avx512::<M, H>(xp, inp, panel, &mut tile));
-                store_tile(&tile[..m], y, t * out + p * NB512, out, bias);
-                t += m;
-            }
-        }
+            let xp = x.as_ptr().add(t * inp);
+            with_rows!(m, M, tile_avx512::<M, H>(xp, inp, panel, tile));
+        });
     }
 
     /// `base` points at the panels: f16 bit patterns when `H`, else f32.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn forward_avx2<const H: bool>(&self, base: *const u8, x: &[f32], n: usize, y: &mut [f32]) {
-        let (inp, out) = (self.inp, self.out);
-        let elem = if H { 2 } else { 4 };
-        for p in 0..out.div_ceil(NB) {
+        let (inp, elem) = (self.inp, if H { 2 } else { 4 });
+        self.for_each_tile::<NB, MT>(n, y, |p, t, m, tile| {
             let panel = base.add(p * inp * NB * elem);
-            let cols = NB.min(out - p * NB);
-            let bias = &self.bias[p * NB..p * NB + cols];
+            let xp = x.as_ptr().add(t * inp);
+            match m {
+                4 => tile_avx2::<4, H>(xp, inp, panel, tile),
+                3 => tile_avx2::<3, H>(xp, inp, panel, tile),
+                2 => tile_avx2::<2, H>(xp, inp, panel, tile),
+                _ => tile_avx2::<1, H>(xp, inp, panel, tile),
+            }
+        });
+    }
+
+    /// The panel / register-tile walk of every SIMD forward: for each `W`-wide output panel `p`
+    /// and each run of `m` tokens from `t` (at most `R`, balanced by `tile_rows`), `tile(p, t,
+    /// m, buf)` fills `buf[..m]`; then the bias is added and the rows stored into `y` (`n x
+    /// out`).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn for_each_tile<const W: usize, const R: usize>(&self, n: usize, y: &mut [f32], mut tile: impl FnMut(usize, usize, usize, &mut [[f32; W]; R])) {
+        let out = self.out;
+        let mut buf = [[0.0f32; W]; R];
+        for p in 0..out.div_ceil(W) {
+            let bias = &self.bias[p * W..p * W + W.min(out - p * W)];
             let mut t = 0;
             while t < n {
-                let m = tile_rows(n - t, MT);
-                let xp = x.as_ptr().add(t * inp);
-                let mut tile = [[0.0f32; NB]; MT];
-                match m {
-                    4 => tile_avx2::<4, H>(xp, inp, panel, &mut tile),
-                    3 => tile_avx2::<3, H>(xp, inp, panel, &mut tile),
-                    2 => tile_avx2::<2, H>(xp, inp, panel, &mut tile),
-                    _ => tile_avx2::<1, H>(xp, inp, panel, &mut tile),
-                }
-                store_tile(&tile[..m], y, t * out + p * NB, out, bias);
+                let m = tile_rows(n - t, R);
+                tile(p, t, m, &mut buf);
+                store_tile(&buf[..m], y, t * out + p * W, out, bias);
                 t += m;
             }
         }
@@ -362,20 +363,11 @@ impl Linear {
             }
         }
         debug_assert_eq!(packed.len(), out.div_ceil(NB512) * pairs * NB512 * 2);
-        let mut tile = [[0.0f32; NB512]; MT512];
-        for p in 0..out.div_ceil(NB512) {
+        self.for_each_tile::<NB512, MT512>(n, y, |p, t, m, tile| {
             let panel = packed.as_ptr().add(p * pairs * NB512 * 2);
-            let cols = NB512.min(out - p * NB512);
-            let bias = &self.bias[p * NB512..p * NB512 + cols];
-            let mut t = 0;
-            while t < n {
-                let m = tile_rows(n - t, MT512);
-                let xp = xb.as_ptr().add(t * ldx);
-                with_rows!(m, M, tile_bf16::<M>(xp, ldx, pairs, panel, &mut tile));
-                store_tile(&tile[..m], y, t * out + p * NB512, out, bias);
-                t += m;
-            }
-        }
+            let xp = xb.as_ptr().add(t * ldx);
+            with_rows!(m, M, tile_bf16::<M>(xp, ldx, pairs, panel, tile));
+        });
     }
 }
 
