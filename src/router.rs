@@ -40,6 +40,16 @@ where
   })
 }
 
+/// Splits a result checked on the JS thread for [`spawn`]: its error (if any) rejects the
+/// promise, its value goes to the worker closure (a default placeholder, never used, when it
+/// failed).
+fn split<T: Default>(r: Res<T>) -> (Res<()>, T) {
+  match r {
+    Ok(v) => (Ok(()), v),
+    Err(e) => (Err(e), T::default()),
+  }
+}
+
 fn to_f32_arrays(vs: Vec<Vec<f32>>) -> Vec<Float32Array> {
   vs.into_iter().map(Float32Array::new).collect()
 }
@@ -93,10 +103,7 @@ fn load_embedder(dir: Option<String>) -> Res<Arc<dyn rr::Embedder>> {
 #[napi(ts_args_type = "texts: string[]", ts_return_type = "Promise<Float32Array[]>")]
 pub fn embed<'env>(env: &'env Env, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
   let texts = texts_arg(env, &texts);
-  let (pre, texts) = match texts {
-    Ok(t) => (Ok(()), t),
-    Err(e) => (Err(e), Vec::new()),
-  };
+  let (pre, texts) = split(texts);
   spawn(
     env,
     pre,
@@ -143,10 +150,7 @@ pub(crate) fn llm_embedder(engine: Arc<ruvllm_core::engine::Engine>, info: &ruvl
 /// Validates `texts` on the JS thread, embeds them with `inner` on the blocking pool.
 pub(crate) fn embed_promise<'env>(env: &'env Env, inner: Res<Arc<dyn rr::Embedder>>, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
   let checked = inner.and_then(|e| texts_arg(env, &texts).map(|t| (e, t)));
-  let (pre, job) = match checked {
-    Ok(j) => (Ok(()), Some(j)),
-    Err(e) => (Err(e), None),
-  };
+  let (pre, job) = split(checked.map(Some));
   spawn(
     env,
     pre,
@@ -184,10 +188,7 @@ impl Embedder {
       Ok(_) => Err(CodedError::invalid_type("dir must be a string")),
       Err(e) => Err(e),
     };
-    let (pre, dir) = match dir {
-      Ok(d) => (Ok(()), d),
-      Err(e) => (Err(e), None),
-    };
+    let (pre, dir) = split(dir);
     spawn(env, pre, move || load_embedder(dir), |_, inner| Ok(Embedder { inner }))
   }
 
@@ -420,10 +421,7 @@ impl Router {
   #[napi(ts_args_type = "path: string, options?: { embedder?: Embedder | string }", ts_return_type = "Promise<Router>")]
   pub fn load<'env>(env: &'env Env, path: Unknown, options: Unknown) -> napi::Result<PromiseRaw<'env, Router>> {
     let parsed = string_arg(env, &path, "path").and_then(|p| Ok((p, router_options(env, &options)?)));
-    let (pre, args) = match parsed {
-      Ok(a) => (Ok(()), Some(a)),
-      Err(e) => (Err(e), None),
-    };
+    let (pre, args) = split(parsed.map(Some));
     spawn(
       env,
       pre,
@@ -443,10 +441,7 @@ impl Router {
   #[napi(ts_args_type = "task: string", ts_return_type = "Promise<RouteResult>")]
   pub fn route<'env>(&self, env: &'env Env, task: Unknown) -> napi::Result<PromiseRaw<'env, RouteResult>> {
     let shared = self.shared.clone();
-    let (pre, task) = match string_arg(env, &task, "task") {
-      Ok(t) => (Ok(()), t),
-      Err(e) => (Err(e), String::new()),
-    };
+    let (pre, task) = split(string_arg(env, &task, "task"));
     spawn(
       env,
       pre,
@@ -489,10 +484,7 @@ impl Router {
       Ok(_) => Err(CodedError::invalid_type("examples must be an array of { text, agent }")),
       Err(e) => Err(e),
     };
-    let (pre, items) = match parsed {
-      Ok(x) => (Ok(()), x),
-      Err(e) => (Err(e), Vec::new()),
-    };
+    let (pre, items) = split(parsed);
     spawn(
       env,
       pre,
@@ -520,10 +512,7 @@ impl Router {
       }
       _ => Err(CodedError::invalid_type("outcome must be { agent, success }")),
     });
-    let (pre, args) = match parsed {
-      Ok(a) => (Ok(()), Some(a)),
-      Err(e) => (Err(e), None),
-    };
+    let (pre, args) = split(parsed.map(Some));
     spawn(
       env,
       pre,
@@ -553,10 +542,7 @@ impl Router {
   #[napi(ts_args_type = "path: string", ts_return_type = "Promise<void>")]
   pub fn save<'env>(&self, env: &'env Env, path: Unknown) -> napi::Result<PromiseRaw<'env, ()>> {
     let shared = self.shared.clone();
-    let (pre, path) = match string_arg(env, &path, "path") {
-      Ok(p) => (Ok(()), p),
-      Err(e) => (Err(e), String::new()),
-    };
+    let (pre, path) = split(string_arg(env, &path, "path"));
     spawn(env, pre, move || with_router(&shared, |r| r.save(&PathBuf::from(&path)).map_err(coded)), |_, ()| Ok(()))
   }
 
@@ -603,10 +589,7 @@ fn opt_string(env: &Env, v: &Unknown, what: &str) -> Res<Option<String>> {
 #[napi(ts_args_type = "description: string, statePath?: string", ts_return_type = "Promise<Record<string, unknown>>")]
 pub fn hooks_pre_task<'env>(env: &'env Env, description: Unknown, state: Unknown) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
   let parsed = string_arg(env, &description, "description").and_then(|d| Ok((d, opt_string(env, &state, "statePath")?)));
-  let (pre, args) = match parsed {
-    Ok(a) => (Ok(()), Some(a)),
-    Err(e) => (Err(e), None),
-  };
+  let (pre, args) = split(parsed.map(Some));
   spawn(
     env,
     pre,
@@ -640,10 +623,7 @@ pub fn hooks_post_task<'env>(
     };
     Ok((t, a, s, opt_string(env, &state, "statePath")?))
   })();
-  let (pre, args) = match parsed {
-    Ok(a) => (Ok(()), Some(a)),
-    Err(e) => (Err(e), None),
-  };
+  let (pre, args) = split(parsed.map(Some));
   spawn(
     env,
     pre,
@@ -685,10 +665,7 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
     }
     Ok((opts, custom))
   });
-  let (pre, (opts, custom)) = match parsed {
-    Ok(o) => (Ok(()), o),
-    Err(e) => (Err(e), (rr::bench::BenchOptions::default(), None)),
-  };
+  let (pre, (opts, custom)) = split(parsed);
   spawn(
     env,
     pre,
