@@ -49,26 +49,13 @@ fn main() {
     let mut total = 0;
     let mut per_agent = vec![(0usize, 0usize); specs.len()];
     let mut conf_sum = 0.0f64;
-    for f in 0..folds {
-        let mut train = Vec::new();
-        let mut held = Vec::new();
-        for (ai, s) in specs.iter().enumerate() {
-            let mut ex = Vec::new();
-            for (i, e) in s.examples.iter().enumerate() {
-                if i % folds == f {
-                    held.push((e.clone(), ai));
-                } else {
-                    ex.push(e.clone());
-                }
-            }
-            train.push(AgentSpec { name: s.name.clone(), description: s.description.clone(), examples: ex });
-        }
+    for (f, (train, held)) in cv_setups(&specs, folds).into_iter().enumerate() {
         let mut r = Router::with_config(train, emb.clone(), Params::default(), IndexConfig { background: false, ..Default::default() }).expect("router");
         if f == 0 {
             eprintln!("fold 0 fitted params: {:?}", r.params());
         }
-        let hv = emb.embed(&held.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>()).expect("embed");
-        for ((text, ai), v) in held.iter().zip(&hv) {
+        let hv = emb.embed(&held.iter().map(|(t, _, _)| t.as_str()).collect::<Vec<_>>()).expect("embed");
+        for ((text, ai, _), v) in held.iter().zip(&hv) {
             let route = r.route_vector(text, v).expect("route");
             let ok = route.agent == specs[*ai].name;
             correct += ok as usize;
@@ -89,7 +76,8 @@ fn main() {
 /// `(text, agent, half)`.
 type Setup = (Vec<AgentSpec>, Vec<(String, usize, usize)>);
 
-/// CV folds: fold `f`'s examples are held (halves alternate within each agent).
+/// CV folds: fold `f`'s examples are held (halves alternate within each agent; plain CV
+/// ignores them).
 fn cv_setups(specs: &[AgentSpec], folds: usize) -> Vec<Setup> {
     (0..folds)
         .map(|f| {
