@@ -241,9 +241,7 @@ pub fn discover_model_dir() -> Result<PathBuf> {
 /// The file that remembers where Python last found the package's model folder:
 /// `$XDG_CACHE_HOME/ruvllm/embedder-dir`, else `$HOME/.cache/ruvllm/embedder-dir`.
 fn discovery_cache_file() -> Option<PathBuf> {
-    let non_empty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let base = non_empty("XDG_CACHE_HOME").or_else(|| non_empty("HOME").map(|h| h.join(".cache")))?;
-    Some(base.join("ruvllm").join("embedder-dir"))
+    Some(crate::hooks::user_dir("XDG_CACHE_HOME", ".cache")?.join("embedder-dir"))
 }
 
 /// `find_pip_package_dir`, remembered across processes: asking Python costs ~0.1 s per process

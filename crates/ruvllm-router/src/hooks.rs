@@ -22,17 +22,25 @@ use crate::router::{AgentScore, FeedbackEffect, Router};
 /// Env var overriding the state file path.
 pub const ENV_STATE: &str = "RUVLLM_ROUTER_STATE";
 
+/// A non-empty environment variable as a path.
+fn env_path(k: &str) -> Option<PathBuf> {
+    std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// A per-user base directory: `$<xdg>`, else `$HOME/<home_dir>` (`$USERPROFILE/<home_dir>` on
+/// systems without HOME), with `ruvllm/` appended.
+pub(crate) fn user_dir(xdg: &str, home_dir: &str) -> Option<PathBuf> {
+    env_path(xdg).or_else(|| env_path("HOME").or_else(|| env_path("USERPROFILE")).map(|h| h.join(home_dir))).map(|b| b.join("ruvllm"))
+}
+
 /// Where the hook state lives.
 pub fn state_path() -> Result<PathBuf> {
-    let non_empty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(p) = non_empty(ENV_STATE) {
+    if let Some(p) = env_path(ENV_STATE) {
         return Ok(p);
     }
-    let base = non_empty("XDG_CONFIG_HOME")
-        .or_else(|| non_empty("HOME").map(|h| h.join(".config")))
-        .or_else(|| non_empty("USERPROFILE").map(|h| h.join(".config")))
+    let dir = user_dir("XDG_CONFIG_HOME", ".config")
         .ok_or_else(|| Error::InvalidArg(format!("no config directory: set XDG_CONFIG_HOME, HOME or {ENV_STATE}")))?;
-    Ok(base.join("ruvllm").join("router-state.json"))
+    Ok(dir.join("router-state.json"))
 }
 
 /// An exclusive lock on `<state>.lock`, released on drop.
