@@ -82,6 +82,9 @@ pub struct Calibration {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LearningRun {
+    /// `all tasks` (first-round and follow-ups) or `first round` (the follow-ups left out of
+    /// both halves).
+    pub scope: String,
     pub fed: String,
     pub measured: String,
     pub variant: String,
@@ -91,6 +94,8 @@ pub struct LearningRun {
     pub after_correct: usize,
     pub total: usize,
     pub feedback_calls: usize,
+    /// Measured tasks whose routing the feedback changed: (text, true agent, before, after).
+    pub changed: Vec<(String, String, String, String)>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -132,6 +137,8 @@ pub struct BenchReport {
     pub keyword: Accuracy,
     pub keyword_latency: Latency,
     pub calibration: Calibration,
+    /// Embedding-router accuracy on first-round tasks and on follow-ups: (name, correct, total).
+    pub rounds: Vec<(String, usize, usize)>,
     pub learning: Vec<LearningRun>,
     pub scale: Vec<ScaleRow>,
     pub pairs: Vec<PairRow>,
@@ -269,6 +276,14 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
     let acc = accuracy(&agents, &tests, &predicted);
     let ok: Vec<bool> = tests.iter().zip(&predicted).map(|(t, p)| &t.agent == p).collect();
     let calib = calibration(&conf, &ok);
+    let rounds = [("first round", false), ("follow-ups", true)]
+        .iter()
+        .map(|&(name, f)| {
+            let of = |i: &usize| tests[*i].follows.is_some() == f;
+            (name.to_string(), (0..tests.len()).filter(of).filter(|&i| ok[i]).count(), (0..tests.len()).filter(of).count())
+        })
+        .filter(|r| r.2 > 0)
+        .collect();
 
     progress("keyword baseline");
     let kw = KeywordRouter::new(&cat, "coder");
@@ -286,52 +301,72 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
     let kw_acc = accuracy(&agents, &tests, &kw_pred);
 
     progress("learning experiment");
-    // Halves: alternate tasks within each agent, so both halves cover every agent.
+    // Halves: first-round tasks alternate within each agent, so both halves cover every agent; a
+    // follow-up goes to the other half from the task it follows, so each half's outcomes bear on
+    // the kinds of work that come back in the other half.
     let mut half = vec![0usize; tests.len()];
     for a in &agents {
-        for (j, i) in tests.iter().enumerate().filter(|(_, t)| &t.agent == a).map(|(i, _)| i).enumerate() {
+        for (j, i) in tests.iter().enumerate().filter(|(_, t)| &t.agent == a && t.follows.is_none()).map(|(i, _)| i).enumerate() {
             half[i] = j % 2;
         }
     }
+    for (i, t) in tests.iter().enumerate() {
+        if let Some(f) = t.follows {
+            half[i] = 1 - half[f];
+        }
+    }
     let mut learning = Vec::new();
-    for (fed, measured) in [(0usize, 1usize), (1, 0)] {
-        for variant in ["outcomes", "outcomes+retry"] {
-            let mut r = clone_router(&router, IndexConfig { background: false, ..Default::default() })?;
-            let score = |r: &mut Router| -> Result<usize> {
-                let mut c = 0;
-                for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == measured) {
-                    c += (r.route_vector(&t.text, &test_vecs[i])?.agent == t.agent) as usize;
-                }
-                Ok(c)
-            };
-            let before = score(&mut r)?;
-            let mut calls = 0;
-            for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == fed) {
-                let routed = r.route_vector(&t.text, &test_vecs[i])?.agent;
-                let success = routed == t.agent;
-                let a = r.agent_index(&routed)?;
-                r.feedback_vector(&t.text, &test_vecs[i], a, success)?;
-                calls += 1;
-                if !success && variant == "outcomes+retry" {
-                    // The task was handed to the right agent on the retry and went well.
-                    let a = r.agent_index(&t.agent)?;
-                    r.feedback_vector(&t.text, &test_vecs[i], a, true)?;
+    let scopes: &[&str] = if tests.iter().any(|t| t.follows.is_some()) { &["all tasks", "first round"] } else { &["all tasks"] };
+    for &scope in scopes {
+        let in_scope = |i: usize| scope == "all tasks" || tests[i].follows.is_none();
+        for (fed, measured) in [(0usize, 1usize), (1, 0)] {
+            for variant in ["outcomes", "outcomes+retry"] {
+                let mut r = clone_router(&router, IndexConfig { background: false, ..Default::default() })?;
+                let routes = |r: &mut Router| -> Result<Vec<(usize, String)>> {
+                    let mut out = Vec::new();
+                    for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == measured && in_scope(*i)) {
+                        out.push((i, r.route_vector(&t.text, &test_vecs[i])?.agent));
+                    }
+                    Ok(out)
+                };
+                let correct = |routed: &[(usize, String)]| routed.iter().filter(|(i, a)| *a == tests[*i].agent).count();
+                let routed_before = routes(&mut r)?;
+                let mut calls = 0;
+                for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == fed && in_scope(*i)) {
+                    let routed = r.route_vector(&t.text, &test_vecs[i])?.agent;
+                    let success = routed == t.agent;
+                    let a = r.agent_index(&routed)?;
+                    r.feedback_vector(&t.text, &test_vecs[i], a, success)?;
                     calls += 1;
+                    if !success && variant == "outcomes+retry" {
+                        // The task was handed to the right agent on the retry and went well.
+                        let a = r.agent_index(&t.agent)?;
+                        r.feedback_vector(&t.text, &test_vecs[i], a, true)?;
+                        calls += 1;
+                    }
                 }
+                let routed_after = routes(&mut r)?;
+                let (before, after, total) = (correct(&routed_before), correct(&routed_after), routed_after.len());
+                let changed = routed_before
+                    .into_iter()
+                    .zip(routed_after)
+                    .filter(|(b, a)| b.1 != a.1)
+                    .map(|((i, b), (_, a))| (tests[i].text.clone(), tests[i].agent.clone(), b, a))
+                    .collect();
+                learning.push(LearningRun {
+                    scope: scope.into(),
+                    fed: ["A", "B"][fed].into(),
+                    measured: ["A", "B"][measured].into(),
+                    variant: variant.into(),
+                    before: before as f64 / total as f64,
+                    after: after as f64 / total as f64,
+                    before_correct: before,
+                    after_correct: after,
+                    total,
+                    feedback_calls: calls,
+                    changed,
+                });
             }
-            let after = score(&mut r)?;
-            let total = half.iter().filter(|&&h| h == measured).count();
-            learning.push(LearningRun {
-                fed: ["A", "B"][fed].into(),
-                measured: ["A", "B"][measured].into(),
-                variant: variant.into(),
-                before: before as f64 / total as f64,
-                after: after as f64 / total as f64,
-                before_correct: before,
-                after_correct: after,
-                total,
-                feedback_calls: calls,
-            });
         }
     }
 
@@ -427,6 +462,7 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
         keyword: kw_acc,
         keyword_latency: latency(kw_lat),
         calibration: calib,
+        rounds,
         learning,
         scale,
         pairs,
@@ -481,6 +517,10 @@ impl BenchReport {
             self.keyword_latency.p50_us,
             self.keyword_latency.p99_us
         );
+        if self.rounds.len() > 1 {
+            let r: Vec<String> = self.rounds.iter().map(|(n, c, t)| format!("{n} {}", pct(*c, *t))).collect();
+            let _ = writeln!(s, "Embedding router by round: {}.\n", r.join(", "));
+        }
         let _ = writeln!(
             s,
             "Embedding one task (1 thread): p50 {:.2} ms, p99 {:.2} ms; batched: {:.2} ms per task.\n",
@@ -532,12 +572,13 @@ impl BenchReport {
         }
         let _ = writeln!(
             s,
-            "\n### Learning (feed back one half's outcomes, measure the other half)\n\n`outcomes`: post-task with the routed agent and success = (routed == true). `outcomes+retry`: additionally, after a failure, the retry with the right agent reports success.\n\n| fed | measured | variant | feedback calls | before | after |\n|---|---|---|---|---|---|"
+            "\n### Learning (feed back one half's outcomes, measure the other half)\n\n`outcomes`: post-task with the routed agent and success = (routed == true). `outcomes+retry`: additionally, after a failure, the retry with the right agent reports success. Halves: first-round tasks alternate within each agent; a follow-up is in the other half from the task it follows. `first round`: the same experiment with the follow-ups left out (the split as it was before they were added).\n\n| tasks | fed | measured | variant | feedback calls | before | after |\n|---|---|---|---|---|---|---|"
         );
         for l in &self.learning {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                l.scope,
                 l.fed,
                 l.measured,
                 l.variant,
@@ -545,6 +586,12 @@ impl BenchReport {
                 pct(l.before_correct, l.total),
                 pct(l.after_correct, l.total)
             );
+        }
+        let _ = writeln!(s, "\nTasks whose routing the feedback changed (`outcomes+retry`, all tasks):\n\n| fed | task | true | before | after |\n|---|---|---|---|---|");
+        for l in self.learning.iter().filter(|l| l.variant == "outcomes+retry" && l.scope == "all tasks") {
+            for (t, a, b, x) in &l.changed {
+                let _ = writeln!(s, "| {} | {t} | {a} | {b} | {x} |", l.fed);
+            }
         }
         let _ = writeln!(
             s,
