@@ -19,10 +19,9 @@ use crate::simd::dot;
 pub const LAMBDA: f32 = 1e-3;
 /// Logit scale: `z = SCALE * (w . x + b + u . lex)`.
 pub const SCALE: f32 = 5.0;
-/// Full-batch gradient steps from scratch.
+/// Full-batch gradient steps from scratch (also after each outcome: the head is always trained
+/// from scratch, so it is a function of its rows alone).
 pub const ITERS: usize = 300;
-/// Steps when warm-starting after feedback.
-pub const ITERS_WARM: usize = 60;
 
 /// One training row.
 pub struct Row<'a> {

@@ -26,7 +26,9 @@
 //! failure is kept as a negative row for the head, and near-identical patterns of that agent
 //! (cosine >= `failure_cos`) count it: from their `failures_to_penalise`-th failure on, each
 //! failure multiplies their weight by `failure_decay`. Either way the centroids update and the
-//! head is retrained, warm-started.
+//! head is retrained from scratch (300 full-batch steps over all rows, ~0.2 s at ~900 rows): a
+//! warm-started head drifted a little with every retrain, so routing depended on how many
+//! outcomes had come in and in what order, not only on what they said.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -38,7 +40,7 @@ use crate::embed::Embedder;
 use crate::error::{Error, Result};
 use crate::index::{IndexConfig, VectorIndex};
 use crate::lexical::{Lexicon, Sparse};
-use crate::linear::{LinearHead, Row, ITERS, ITERS_WARM};
+use crate::linear::{LinearHead, Row, ITERS};
 use crate::simd::dot;
 
 /// An agent the router can choose.
@@ -490,7 +492,7 @@ impl Router {
             .collect();
         self.push_many(batch);
         if learn {
-            self.retrain_head(ITERS_WARM);
+            self.retrain_head();
         }
         Ok(n)
     }
@@ -579,7 +581,7 @@ impl Router {
                 self.patterns[id].successes += 1;
                 let w = (self.patterns[id].weight.max(1.0) + 0.25).min(self.params.max_weight);
                 self.set_weight(id, w);
-                self.retrain_head(ITERS_WARM);
+                self.retrain_head();
                 return Ok(FeedbackEffect::Reinforced { pattern: id });
             }
             let id = self.push_pattern(
@@ -593,7 +595,7 @@ impl Router {
                 },
                 v,
             );
-            self.retrain_head(ITERS_WARM);
+            self.retrain_head();
             Ok(FeedbackEffect::Added { pattern: id })
         } else {
             // The failure itself: "not this agent" for this task (and, through the head, for
@@ -615,7 +617,7 @@ impl Router {
                     hit.push(id);
                 }
             }
-            self.retrain_head(ITERS_WARM);
+            self.retrain_head();
             Ok(FeedbackEffect::Penalised { patterns: hit })
         }
     }
@@ -661,12 +663,13 @@ impl Router {
         LinearHead::train(&rows, self.agents.len(), self.embedder.dim(), self.lexicon.len(), init, iters)
     }
 
-    /// Retrains the softmax-regression head (warm-started from the current one).
-    fn retrain_head(&mut self, iters: usize) {
+    /// Retrains the softmax-regression head from scratch on the current rows, so the head is a
+    /// function of the patterns and outcomes alone, not of how many retrains came before.
+    fn retrain_head(&mut self) {
         if self.agents.len() < 2 {
             return;
         }
-        self.head = self.train_head(None, Some(&self.head), iters);
+        self.head = self.train_head(None, None, ITERS);
     }
 
     /// Trains the softmax-regression head, then fits `(beta_linear, beta_knn, beta_nearest,
@@ -679,8 +682,7 @@ impl Router {
         if na < 2 {
             return;
         }
-        self.head = LinearHead::default();
-        self.retrain_head(ITERS);
+        self.retrain_head();
         if n < 20 {
             return;
         }

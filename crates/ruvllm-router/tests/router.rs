@@ -163,6 +163,40 @@ fn a_failure_pushes_that_agent_down_for_the_task() {
     assert!(prob(&p1) < p0.confidence, "{p0:?} -> {p1:?}");
 }
 
+/// The head is retrained from scratch on every outcome, so what the router learned depends on
+/// the outcomes, not on the order they came in (a warm-started head drifted with each retrain).
+#[test]
+fn learning_does_not_depend_on_the_order_of_outcomes() {
+    let outcomes = [
+        ("move the nightly exports to a scheduled Kubernetes job", "devops", true),
+        ("write the OpenAPI spec for the orders service", "coder", false),
+        ("explain to new hires how our feature flags work", "documenter", true),
+    ];
+    let mut fwd = default_router();
+    let mut rev = default_router();
+    for &(t, a, ok) in &outcomes {
+        fwd.feedback(t, a, ok).expect("fb");
+    }
+    for &(t, a, ok) in outcomes.iter().rev() {
+        rev.feedback(t, a, ok).expect("fb");
+    }
+    let scores = |r: &mut Router, t: &str| {
+        let x = r.route(t).expect("route");
+        let mut s: Vec<(String, f32)> = x.alternatives.iter().map(|a| (a.agent.clone(), a.score)).collect();
+        s.push((x.agent, x.confidence));
+        s.sort_by(|a, b| a.0.cmp(&b.0));
+        s
+    };
+    for probe in ["schedule the backups as a cron job in the cluster", "document the payments webhook fields", "onboarding guide for the release tooling"] {
+        let (a, b) = (scores(&mut fwd, probe), scores(&mut rev, probe));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.0, y.0);
+            assert!((x.1 - y.1).abs() < 1e-4, "{probe}: {a:?} vs {b:?}");
+        }
+    }
+}
+
 #[test]
 fn save_and_load_round_trip() {
     let mut r = default_router();
