@@ -13,7 +13,7 @@
 //! Hyper-parameters (`LAMBDA`, `SCALE`, iterations, `lexical::ALPHA`) were chosen by that
 //! catalogue cross-validation, never on the held-out split.
 
-use crate::simd::dot;
+use crate::simd::{axpy, dot};
 
 /// L2 penalty (embedding and word weights; not the bias).
 pub const LAMBDA: f32 = 1e-3;
@@ -122,9 +122,7 @@ impl LinearHead {
                         continue;
                     }
                     let ga = &mut g[a * row..(a + 1) * row];
-                    for (gj, xj) in ga[..dim].iter_mut().zip(rw.x) {
-                        *gj += r[a] * xj;
-                    }
+                    axpy(&mut ga[..dim], r[a], rw.x);
                     ga[dim] += r[a];
                 }
                 for &(j, v) in rw.lex {
