@@ -72,15 +72,11 @@ impl LinearHead {
         z.iter_mut().for_each(|x| *x *= SCALE);
     }
 
-    /// Trains on `rows` over a vocabulary of `vocab` words; starts from `init` when its
-    /// embedding part has the right shape (its word weights are kept, new words start at 0).
-    pub fn train(rows: &[Row], agents: usize, dim: usize, vocab: usize, init: Option<&LinearHead>, iters: usize) -> LinearHead {
+    /// Trains on `rows` over a vocabulary of `vocab` words, from zero weights, for `ITERS`
+    /// full-batch steps.
+    pub fn train(rows: &[Row], agents: usize, dim: usize, vocab: usize) -> LinearHead {
         let row = dim + 1;
-        let mut h = match init {
-            Some(h) if h.agents == agents && h.dim == dim && h.w.len() == agents * row => h.clone(),
-            _ => LinearHead { agents, dim, w: vec![0.0f32; agents * row], lex: Vec::new() },
-        };
-        h.lex.resize(vocab * agents, 0.0);
+        let mut h = LinearHead { agents, dim, w: vec![0.0f32; agents * row], lex: vec![0.0f32; vocab * agents] };
         let total: f32 = rows.iter().map(|x| x.weight).sum();
         if rows.is_empty() || total <= 0.0 {
             return h;
@@ -92,7 +88,7 @@ impl LinearHead {
         let mut z = vec![0.0f32; agents];
         let mut r = vec![0.0f32; agents];
         let lr = 0.5f32;
-        for _ in 0..iters {
+        for _ in 0..ITERS {
             g.iter_mut().for_each(|v| *v = 0.0);
             g_l.iter_mut().for_each(|v| *v = 0.0);
             for rw in rows {

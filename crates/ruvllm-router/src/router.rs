@@ -40,7 +40,7 @@ use crate::embed::Embedder;
 use crate::error::{Error, Result};
 use crate::index::{IndexConfig, VectorIndex};
 use crate::lexical::{Lexicon, Sparse};
-use crate::linear::{LinearHead, Row, ITERS};
+use crate::linear::{LinearHead, Row};
 use crate::simd::dot;
 
 /// An agent the router can choose.
@@ -644,7 +644,7 @@ impl Router {
         (lex, rows)
     }
 
-    fn train_head(&self, skip_fold: Option<(usize, usize)>, init: Option<&LinearHead>, iters: usize) -> LinearHead {
+    fn train_head(&self, skip_fold: Option<(usize, usize)>) -> LinearHead {
         let (lex, mut rows) = self.head_rows(skip_fold);
         // Class balance: each agent's positive rows weigh as much in total as the mean agent's,
         // so an agent with more examples (or more learned successes) does not gain a prior edge
@@ -660,7 +660,7 @@ impl Router {
         }
         let rows: Vec<Row> =
             rows.iter().zip(&lex).map(|(&(x, label, weight, negative), l)| Row { x, lex: l, label, weight, negative }).collect();
-        LinearHead::train(&rows, self.agents.len(), self.embedder.dim(), self.lexicon.len(), init, iters)
+        LinearHead::train(&rows, self.agents.len(), self.embedder.dim(), self.lexicon.len())
     }
 
     /// Retrains the softmax-regression head from scratch on the current rows, so the head is a
@@ -669,7 +669,7 @@ impl Router {
         if self.agents.len() < 2 {
             return;
         }
-        self.head = self.train_head(None, None, ITERS);
+        self.head = self.train_head(None);
     }
 
     /// Trains the softmax-regression head, then fits `(beta_linear, beta_knn, beta_nearest,
@@ -687,7 +687,7 @@ impl Router {
             return;
         }
         const FOLDS: usize = 5;
-        let fold_heads: Vec<LinearHead> = (0..FOLDS).map(|f| self.train_head(Some((f, FOLDS)), None, ITERS)).collect();
+        let fold_heads: Vec<LinearHead> = (0..FOLDS).map(|f| self.train_head(Some((f, FOLDS)))).collect();
         let step = (n / 1500).max(1);
         let k = self.params.k;
         // Per sampled pattern: its neighbours without itself, and LOO centroid cosines.
