@@ -104,8 +104,8 @@ mod tests {
         let tests = test_split().expect("split");
         let first: Vec<usize> = (0..tests.len()).filter(|&i| tests[i].follows.is_none()).collect();
         let mut followed = vec![0usize; tests.len()];
-        for t in tests.iter().filter(|t| t.follows.is_some()) {
-            followed[t.follows.unwrap_or(usize::MAX)] += 1;
+        for f in tests.iter().filter_map(|t| t.follows) {
+            followed[f] += 1;
         }
         assert_eq!(first.len(), 104);
         assert!(first.iter().all(|&i| followed[i] == 1), "every first-round task has exactly one follow-up");
