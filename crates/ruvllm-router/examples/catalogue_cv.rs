@@ -6,7 +6,8 @@
 //! cosine to some held-out test task exceeds 0.9, so near-duplicates can be removed from the
 //! catalogue (the test split must stay held out). With `--learning`, simulates the benchmark's
 //! learning protocol inside each CV fold (feed back one half of the fold's outcomes, measure the
-//! other half) for each `feedback_weight,negative_weight,failure_cos` triple.
+//! other half) for each `feedback_weight,negative_weight,failure_cos[,memory_gain,memory_cos,
+//! outcomes_in_head (0/1)]` setting.
 use std::sync::Arc;
 
 use ruvllm_router::embed::cosine;
@@ -161,6 +162,15 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
                     p.max_weight = p.max_weight.max(st[0]);
                     p.negative_weight = st[1];
                     p.failure_cos = st[2];
+                    if let Some(&g) = st.get(3) {
+                        p.memory_gain = g;
+                    }
+                    if let Some(&c) = st.get(4) {
+                        p.memory_cos = c;
+                    }
+                    if let Some(&h) = st.get(5) {
+                        p.outcomes_in_head = h != 0.0;
+                    }
                     r.set_params(p);
                     let score = |r: &mut Router| {
                         held.iter().zip(&hv).filter(|(h, _)| h.2 != dir).filter(|((t, ai, _), v)| r.route_vector(t, v).expect("route").agent == specs[*ai].name).count()

@@ -98,6 +98,23 @@ pub struct LearningRun {
     pub changed: Vec<(String, String, String, String)>,
 }
 
+/// One correction: a held-out task the router got wrong gets a failed outcome with the routed
+/// agent and a successful retry with the right one, on a fresh copy of the router.
+#[derive(Debug, Clone, Serialize)]
+pub struct CorrectionRun {
+    /// `on` (default `memory_gain`) or `off` (`memory_gain` 0).
+    pub memory: String,
+    /// Wrongly routed tasks corrected (one at a time).
+    pub tasks: usize,
+    /// Of them, routed right afterwards.
+    pub fixed: usize,
+    /// Their related tasks (the follow-up of a first-round task, the task a follow-up follows):
+    /// routed right before and after the correction.
+    pub related: usize,
+    pub related_before: usize,
+    pub related_after: usize,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleRow {
     pub patterns: usize,
@@ -140,6 +157,7 @@ pub struct BenchReport {
     /// Embedding-router accuracy on first-round tasks and on follow-ups: (name, correct, total).
     pub rounds: Vec<(String, usize, usize)>,
     pub learning: Vec<LearningRun>,
+    pub corrections: Vec<CorrectionRun>,
     pub scale: Vec<ScaleRow>,
     pub pairs: Vec<PairRow>,
     pub pairs_passed: usize,
@@ -370,6 +388,45 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
         }
     }
 
+    progress("corrections");
+    // The immediate effect of one correction: each task the router gets wrong, alone, on a fresh
+    // copy: failure with the routed agent, success with the right one; then it and its related
+    // task are routed again. With the outcome memory on and off, side by side.
+    let related_of = |i: usize| -> Option<usize> { tests[i].follows.or_else(|| tests.iter().position(|t| t.follows == Some(i))) };
+    let mut corrections = Vec::new();
+    for (memory, gain) in [("on", router.params().memory_gain), ("off", 0.0)] {
+        let mut run = CorrectionRun { memory: memory.into(), tasks: 0, fixed: 0, related: 0, related_before: 0, related_after: 0 };
+        for (i, t) in tests.iter().enumerate() {
+            if predicted[i] == t.agent {
+                continue;
+            }
+            let mut r = clone_router(&router, IndexConfig { background: false, ..Default::default() })?;
+            let mut p = r.params().clone();
+            p.memory_gain = gain;
+            r.set_params(p);
+            let rel = related_of(i);
+            let rel_right = |r: &mut Router| -> Result<bool> {
+                Ok(match rel {
+                    Some(j) => r.route_vector(&tests[j].text, &test_vecs[j])?.agent == tests[j].agent,
+                    None => false,
+                })
+            };
+            let rel_before = rel_right(&mut r)?;
+            let wrong = r.agent_index(&predicted[i])?;
+            r.feedback_vector(&t.text, &test_vecs[i], wrong, false)?;
+            let right = r.agent_index(&t.agent)?;
+            r.feedback_vector(&t.text, &test_vecs[i], right, true)?;
+            run.tasks += 1;
+            run.fixed += (r.route_vector(&t.text, &test_vecs[i])?.agent == t.agent) as usize;
+            if rel.is_some() {
+                run.related += 1;
+                run.related_before += rel_before as usize;
+                run.related_after += rel_right(&mut r)? as usize;
+            }
+        }
+        corrections.push(run);
+    }
+
     let mut scale = Vec::new();
     for &n in &opts.scale_sizes {
         progress(&format!("scale test: {n} patterns (synthetic extras around the real ones)"));
@@ -464,6 +521,7 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
         calibration: calib,
         rounds,
         learning,
+        corrections,
         scale,
         pairs,
         pairs_passed,
@@ -592,6 +650,13 @@ impl BenchReport {
             for (t, a, b, x) in &l.changed {
                 let _ = writeln!(s, "| {} | {t} | {a} | {b} | {x} |", l.fed);
             }
+        }
+        let _ = writeln!(
+            s,
+            "\n### One correction at a time\n\nEach held-out task the router gets wrong, alone, on a fresh copy of the router: post-task failure with the routed agent, then success with the right agent; then the task and its related task (its follow-up, or the task it follows) are routed again. Outcome memory on (default) and off, same run.\n\n| outcome memory | corrected tasks | routed right afterwards | related tasks right before | after |\n|---|---|---|---|---|"
+        );
+        for c in &self.corrections {
+            let _ = writeln!(s, "| {} | {} | {} | {} | {} |", c.memory, c.tasks, pct(c.fixed, c.tasks), pct(c.related_before, c.related), pct(c.related_after, c.related));
         }
         let _ = writeln!(
             s,

@@ -252,3 +252,31 @@ fn hooks_state_is_safe_under_concurrent_writers() {
     let pre = hooks::pre_task("write docs", embedder(), &path).expect("pre-task after corruption");
     assert!(pre.warning.is_some());
 }
+
+/// The outcome memory acts near its outcomes only: with the head kept off the outcomes, a
+/// failure lowers that agent for the task itself and leaves an unrelated task's probabilities
+/// exactly as they were.
+#[test]
+fn outcome_memory_acts_near_the_outcome_only() {
+    let mut r = default_router();
+    let mut p = r.params().clone();
+    p.outcomes_in_head = false;
+    r.set_params(p);
+    let task = "keep a changelog of what each release changes";
+    let far = "benchmark the image resizing service under load";
+    let (tv, fv) = (r.embed_one(task).expect("embed"), r.embed_one(far).expect("embed"));
+    let before = (r.probabilities(task, &tv).expect("p"), r.probabilities(far, &fv).expect("p"));
+    let top = (0..before.0.len()).max_by(|&a, &b| before.0[a].total_cmp(&before.0[b])).expect("agents");
+    r.feedback_vector(task, &tv, top, false).expect("fb");
+    let after = (r.probabilities(task, &tv).expect("p"), r.probabilities(far, &fv).expect("p"));
+    assert!(after.0[top] < before.0[top] - 0.05, "{} -> {}", before.0[top], after.0[top]);
+    assert_eq!(before.1, after.1, "an unrelated task must not move");
+    // Off: the same failure changes nothing at all.
+    let mut r = default_router();
+    let mut p = r.params().clone();
+    p.outcomes_in_head = false;
+    p.memory_gain = 0.0;
+    r.set_params(p);
+    r.feedback_vector(task, &tv, top, false).expect("fb");
+    assert_eq!(r.probabilities(task, &tv).expect("p"), before.0);
+}
