@@ -30,7 +30,7 @@
 //! warm-started head drifted a little with every retrain, so routing depended on how many
 //! outcomes had come in and in what order, not only on what they said.
 //!
-//! Outcome memory: every learned pattern and every failure is also kept in a memory of its own.
+//! Outcome memory: every learned pattern and every failure is also listed, in order, in a memory.
 //! A route adds, for each of the 16 outcomes nearest the task (among the latest 512) with cosine `s >=
 //! memory_cos`, `memory_gain * (s - memory_cos) / (1 - memory_cos)` to that outcome's agent
 //! (plus for a success, minus for a failure). One outcome among ~900 head rows barely moves the
@@ -238,15 +238,16 @@ pub struct Router {
     lexicon: Lexicon,
     /// Failed outcomes: the task did not go well with this agent.
     negatives: Vec<Negative>,
-    /// Outcome memory: the vectors of learned patterns and failed outcomes (row-major, `dim`
-    /// each), scanned at route time (`memory_logits`); `memory_items[i]` says what row `i` is.
-    memory: Vec<f32>,
+    /// Outcome memory, oldest first: the learned patterns and failed outcomes that
+    /// `memory_logits` scans (their vectors live in `index` and `negatives`). Saved, since the
+    /// order cannot be rebuilt from the two lists.
     memory_items: Vec<MemoryItem>,
     params: Params,
 }
 
 /// An entry of the outcome memory.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum MemoryItem {
     /// A pattern learned from a success (its current weight counts).
     Success(usize),
@@ -295,6 +296,10 @@ struct Saved {
     patterns: Vec<SavedPattern>,
     #[serde(default)]
     negatives: Vec<Negative>,
+    /// The outcome memory's order (absent in files from before it: rebuilt as patterns, then
+    /// negatives).
+    #[serde(default)]
+    memory: Vec<MemoryItem>,
 }
 
 fn encode_vec(v: &[f32]) -> String {
@@ -388,7 +393,6 @@ impl Router {
         let mut r = Router {
             centroid_sum: vec![vec![0.0; dim]; agents.len()],
             centroid: vec![vec![0.0; dim]; agents.len()],
-            memory: Vec::new(),
             memory_items: Vec::new(),
             index: VectorIndex::new(dim, index),
             embedder,
@@ -476,7 +480,6 @@ impl Router {
         self.patterns.push(p);
         let id = self.index.push(v);
         if learned {
-            self.memory.extend_from_slice(v);
             self.memory_items.push(MemoryItem::Success(id));
         }
         self.renorm_centroid(a);
@@ -487,7 +490,6 @@ impl Router {
     fn push_many(&mut self, items: Vec<(Pattern, Vec<f32>)>) {
         let mut touched = vec![false; self.agents.len()];
         let mut vecs = Vec::with_capacity(items.len());
-        let mut mem = Vec::new();
         for (p, v) in items {
             for (s, x) in self.centroid_sum[p.agent].iter_mut().zip(&v) {
                 *s += p.weight * x;
@@ -498,15 +500,11 @@ impl Router {
             }
             if p.source == Source::Feedback {
                 self.memory_items.push(MemoryItem::Success(self.patterns.len()));
-                mem.push(vecs.len());
             }
             self.patterns.push(p);
             vecs.push(v);
         }
         self.index.extend(vecs.iter().map(|v| v.as_slice()));
-        for &i in &mem {
-            self.memory.extend_from_slice(&vecs[i]);
-        }
         for (a, t) in touched.into_iter().enumerate() {
             if t {
                 self.renorm_centroid(a);
@@ -627,9 +625,14 @@ impl Router {
             return;
         }
         let (gain, floor, neg) = (p.memory_gain, p.memory_cos, p.negative_weight);
-        let dim = q.len();
         let mut near: Vec<(usize, f32)> = (n.saturating_sub(MEMORY_MAX)..n)
-            .map(|m| (m, dot(q, &self.memory[m * dim..(m + 1) * dim])))
+            .map(|m| {
+                let v = match self.memory_items[m] {
+                    MemoryItem::Success(id) => self.index.vector(id),
+                    MemoryItem::Failure(i) => self.negatives[i].vec.as_slice(),
+                };
+                (m, dot(q, v))
+            })
             .filter(|&(_, s)| s >= floor)
             .collect();
         near.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -698,7 +701,6 @@ impl Router {
             // The failure itself: "not this agent" for this task (and, through the head, for
             // tasks like it).
             self.negatives.push(Negative { text: task.to_string(), agent: a, v: String::new(), vec: v.to_vec() });
-            self.memory.extend_from_slice(v);
             self.memory_items.push(MemoryItem::Failure(self.negatives.len() - 1));
             // Near-identical patterns of the agent count the failure; from the
             // `failures_to_penalise`-th on, their weight drops.
@@ -888,6 +890,7 @@ impl Router {
                 .map(|(i, p)| SavedPattern { p: p.clone(), v: encode_vec(self.index.vector(i)) })
                 .collect(),
             negatives: self.negatives.iter().map(|n| Negative { v: encode_vec(&n.vec), vec: Vec::new(), ..n.clone() }).collect(),
+            memory: self.memory_items.clone(),
         };
         serde_json::to_string(&saved).map_err(|e| Error::Internal(format!("serialising the router: {e}")))
     }
@@ -934,7 +937,6 @@ impl Router {
         let mut r = Router {
             centroid_sum: vec![vec![0.0; dim]; na],
             centroid: vec![vec![0.0; dim]; na],
-            memory: Vec::new(),
             memory_items: Vec::new(),
             index: VectorIndex::new(dim, index),
             embedder,
@@ -963,10 +965,6 @@ impl Router {
             }
             n.v = String::new();
         }
-        for (i, n) in negatives.iter().enumerate() {
-            r.memory.extend_from_slice(&n.vec);
-            r.memory_items.push(MemoryItem::Failure(i));
-        }
         r.negatives = negatives;
         let mut batch = Vec::with_capacity(vecs.len());
         for (i, (sp, v)) in saved.patterns.into_iter().zip(vecs).enumerate() {
@@ -979,6 +977,21 @@ impl Router {
             batch.push((sp.p, v));
         }
         r.push_many(batch);
+        // push_many listed the learned patterns; the saved order interleaves the failures.
+        if saved.memory.is_empty() {
+            r.memory_items.extend((0..r.negatives.len()).map(MemoryItem::Failure));
+        } else {
+            let learned = r.memory_items.len();
+            let valid = saved.memory.len() == learned + r.negatives.len()
+                && saved.memory.iter().all(|m| match *m {
+                    MemoryItem::Success(id) => r.patterns.get(id).is_some_and(|p| p.source == Source::Feedback),
+                    MemoryItem::Failure(i) => i < r.negatives.len(),
+                });
+            if !valid {
+                return Err(bad("outcome memory does not match the patterns and negatives".into()));
+            }
+            r.memory_items = saved.memory;
+        }
         if !same {
             r.fit();
         }

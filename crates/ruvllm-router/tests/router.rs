@@ -280,3 +280,42 @@ fn outcome_memory_acts_near_the_outcome_only() {
     r.feedback_vector(task, &tv, top, false).expect("fb");
     assert_eq!(r.probabilities(task, &tv).expect("p"), before.0);
 }
+
+/// The outcome memory scans the latest 512 outcomes, so which outcomes are latest must survive
+/// save and load: 512 learned patterns far from the task, then a failure on the task (inside
+/// the window); after a round trip the task's probabilities are the same.
+#[test]
+fn outcome_memory_order_survives_save_and_load() {
+    let mut r = default_router();
+    let mut p = r.params().clone();
+    p.outcomes_in_head = false; // no retrain per outcome: the memory alone decides
+    r.set_params(p);
+    let dim = r.embedder().dim();
+    let mut seed = 0x9E3779B97F4A7C15u64;
+    for i in 0..512 {
+        let v: Vec<f32> = (0..dim)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 11) as f32 / (1u64 << 53) as f32 - 0.5
+            })
+            .collect();
+        r.feedback_vector(&format!("outcome {i}"), &ruvllm_router::embed::l2_normalized(v), i % 13, true).expect("fb");
+    }
+    let task = "keep a changelog of what each release changes";
+    let tv = r.embed_one(task).expect("embed");
+    let before = r.probabilities(task, &tv).expect("p");
+    let top = (0..before.len()).max_by(|&a, &b| before[a].total_cmp(&before[b])).expect("agents");
+    r.feedback_vector(task, &tv, top, false).expect("fb");
+    let after = r.probabilities(task, &tv).expect("p");
+    assert!(after[top] < before[top] - 0.05, "the failure is inside the window: {} -> {}", before[top], after[top]);
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("router.json");
+    r.save(&path).expect("save");
+    let mut l = Router::load(&path, embedder(), IndexConfig::default()).expect("load");
+    let loaded = l.probabilities(task, &tv).expect("p");
+    for (a, b) in after.iter().zip(&loaded) {
+        assert!((a - b).abs() < 1e-6, "{after:?} vs {loaded:?}");
+    }
+}
