@@ -21,16 +21,20 @@ declare global {
 /**
  * A sentence-embedding model: by default all-MiniLM-L6-v2 (BERT with mean pooling and L2
  * normalisation, run by our own forward in this process), or a loaded LLM's pooled hidden
- * states (`Embedder.fromModel`). `Embedder.load()` gives the default; pass an `Embedder` to
+ * states (`Embedder.fromModel`). `Embedder.load()` gives the default (as published),
+ * `Embedder.load(null, { adapter: true })` the routing-adapted one; pass an `Embedder` to
  * `new Router({ embedder })` to share one loaded model between routers.
  */
 export declare class Embedder {
   /**
    * Loads a sentence-transformers BERT model from `dir` (a folder with `model.safetensors`,
    * `tokenizer.json` and `config.json`), or the default model when `dir` is omitted.
-   * Rejects with `ERR_EMBEDDER_NOT_FOUND` or `ERR_EMBEDDER_LOAD`.
+   * With `{ adapter: true }`, all-MiniLM-L6-v2 gets ruvllm's routing adapter (a low-rank delta
+   * trained on the agent catalogue; higher routing accuracy, see the README; pass the embedder
+   * to `new Router({ embedder })`); other models never do. Rejects with
+   * `ERR_EMBEDDER_NOT_FOUND`, `ERR_EMBEDDER_LOAD` or `ERR_INVALID_ARG`.
    */
-  static load(dir?: string): Promise<Embedder>
+  static load(dir?: string | null, options?: { adapter?: boolean }): Promise<Embedder>
   /**
    * A loaded `LLM` as an embedder: the mean over a text's tokens (BOS included) of the model's
    * final hidden states after the output norm, L2-normalised (`dim` = the model's hidden

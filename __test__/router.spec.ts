@@ -52,6 +52,32 @@ describe('embed', () => {
     const [v] = await emb.embed(['hello'])
     expect(v.length).toBe(384)
   })
+
+  it('the routing adapter is opt-in: Embedder.load(null, { adapter: true }) or RUVLLM_EMBEDDER_ADAPTER=routing', async () => {
+    const plain = await Embedder.load()
+    const routing = await Embedder.load(null, { adapter: true })
+    expect(routing.id).toMatch(/\+routing:/)
+    expect(plain.id).not.toMatch(/\+routing:/)
+    const text = 'plan the next sprint'
+    const [a] = await routing.embed([text])
+    const [b] = await plain.embed([text])
+    const [c] = await embed([text])
+    expect(Array.from(c)).toEqual(Array.from(b)) // embed() is the model as published
+    expect(cos(a, b)).toBeLessThan(0.999) // the adapter changes the embedding ...
+    expect(cos(a, b)).toBeGreaterThan(0.5) // ... without replacing it
+    const dir = mkdtempSync(join(tmpdir(), 'ruvllm-adapter-'))
+    const r = new Router({ embedder: routing })
+    expect((await r.route('write unit tests for the parser')).agent).toBe('tester')
+    await r.save(join(dir, 'r.json'))
+    expect(JSON.parse(readFileSync(join(dir, 'r.json'), 'utf8')).embedder).toBe(routing.id)
+    // The hooks (new processes) take it from the environment.
+    const pre = cli('hooks', ['pre-task', '--description', 'write unit tests for the parser'], { XDG_CONFIG_HOME: dir, RUVLLM_EMBEDDER_ADAPTER: 'routing' })
+    expect(pre.status).toBe(0)
+    expect(JSON.parse(readFileSync(join(dir, 'ruvllm', 'router-state.json'), 'utf8')).embedder).toBe(routing.id)
+    await rejectsWithCode(() => Embedder.load(null, { adapter: 'no' }), 'ERR_INVALID_ARG')
+    await rejectsWithCode(() => Embedder.load(null, { adaptor: true }), 'ERR_INVALID_ARG')
+    await rejectsWithCode(() => Embedder.load(null, 5), 'ERR_INVALID_ARG')
+  })
 })
 
 describe('LLM hidden states as embedder', () => {

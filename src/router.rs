@@ -87,11 +87,39 @@ fn texts_arg(env: &Env, v: &Unknown) -> Res<Vec<String>> {
   }
 }
 
-/// Loads the embedder in `dir`, or the process-wide default one.
+/// A router's embedder: the model in `dir` (as published), or the routers' default one
+/// (`RUVLLM_EMBEDDER_ADAPTER=routing` adds the routing adapter).
 fn load_embedder(dir: Option<String>) -> Res<Arc<dyn rr::Embedder>> {
   match dir {
-    Some(d) => Ok(Arc::new(rr::BertEmbedder::load(&d, rr::BertOptions::default()).map_err(coded)?)),
-    None => rr::default_embedder().map_err(coded),
+    Some(d) => load_embedder_with(Some(d), rr::Adapter::Off),
+    None => rr::router_default_embedder().map_err(coded),
+  }
+}
+
+/// Loads the embedder in `dir` (or the default model) with or without the routing adapter.
+fn load_embedder_with(dir: Option<String>, adapter: rr::Adapter) -> Res<Arc<dyn rr::Embedder>> {
+  match (dir, adapter) {
+    (Some(d), _) => Ok(Arc::new(rr::BertEmbedder::load(&d, rr::BertOptions { adapter, ..rr::BertOptions::default() }).map_err(coded)?)),
+    (None, rr::Adapter::Routing) => rr::routing_embedder().map_err(coded),
+    (None, rr::Adapter::Off) => rr::default_embedder().map_err(coded),
+  }
+}
+
+/// `{ adapter?: boolean }` of `Embedder.load`.
+fn adapter_option(env: &Env, v: &Unknown) -> Res<rr::Adapter> {
+  match json_arg(env, v, "options")? {
+    serde_json::Value::Null => Ok(rr::Adapter::Off),
+    serde_json::Value::Object(m) => {
+      if let Some(k) = m.keys().find(|k| k.as_str() != "adapter") {
+        return Err(CodedError::invalid_type(format!("options.{k} is not an option of Embedder.load (only adapter)")));
+      }
+      match m.get("adapter") {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => Ok(rr::Adapter::Off),
+        Some(serde_json::Value::Bool(true)) => Ok(rr::Adapter::Routing),
+        Some(_) => Err(CodedError::invalid_type("options.adapter must be a boolean")),
+      }
+    }
+    _ => Err(CodedError::invalid_type("options must be an object like { adapter: true }")),
   }
 }
 
@@ -168,7 +196,8 @@ pub(crate) fn embed_promise<'env>(env: &'env Env, inner: Res<Arc<dyn rr::Embedde
 
 /// A sentence-embedding model: by default all-MiniLM-L6-v2 (BERT with mean pooling and L2
 /// normalisation, run by our own forward in this process), or a loaded LLM's pooled hidden
-/// states (`Embedder.fromModel`). `Embedder.load()` gives the default; pass an `Embedder` to
+/// states (`Embedder.fromModel`). `Embedder.load()` gives the default (as published),
+/// `Embedder.load(null, { adapter: true })` the routing-adapted one; pass an `Embedder` to
 /// `new Router({ embedder })` to share one loaded model between routers.
 #[napi]
 pub struct Embedder {
@@ -179,17 +208,21 @@ pub struct Embedder {
 impl Embedder {
   /// Loads a sentence-transformers BERT model from `dir` (a folder with `model.safetensors`,
   /// `tokenizer.json` and `config.json`), or the default model when `dir` is omitted.
-  /// Rejects with `ERR_EMBEDDER_NOT_FOUND` or `ERR_EMBEDDER_LOAD`.
-  #[napi(ts_args_type = "dir?: string", ts_return_type = "Promise<Embedder>")]
-  pub fn load<'env>(env: &'env Env, dir: Unknown) -> napi::Result<PromiseRaw<'env, Embedder>> {
-    let dir = match json_arg(env, &dir, "dir") {
+  /// With `{ adapter: true }`, all-MiniLM-L6-v2 gets ruvllm's routing adapter (a low-rank delta
+  /// trained on the agent catalogue; higher routing accuracy, see the README; pass the embedder
+  /// to `new Router({ embedder })`); other models never do. Rejects with
+  /// `ERR_EMBEDDER_NOT_FOUND`, `ERR_EMBEDDER_LOAD` or `ERR_INVALID_ARG`.
+  #[napi(ts_args_type = "dir?: string | null, options?: { adapter?: boolean }", ts_return_type = "Promise<Embedder>")]
+  pub fn load<'env>(env: &'env Env, dir: Unknown, options: Option<Unknown>) -> napi::Result<PromiseRaw<'env, Embedder>> {
+    let args = match json_arg(env, &dir, "dir") {
       Ok(serde_json::Value::Null) => Ok(None),
       Ok(serde_json::Value::String(s)) => Ok(Some(s)),
       Ok(_) => Err(CodedError::invalid_type("dir must be a string")),
       Err(e) => Err(e),
-    };
-    let (pre, dir) = split(dir);
-    spawn(env, pre, move || load_embedder(dir), |_, inner| Ok(Embedder { inner }))
+    }
+    .and_then(|dir| Ok((dir, options.as_ref().map(|o| adapter_option(env, o)).transpose()?.unwrap_or_default())));
+    let (pre, args) = split(args);
+    spawn(env, pre, move || { let (dir, adapter) = args; load_embedder_with(dir, adapter) }, |_, inner| Ok(Embedder { inner }))
   }
 
   /// A loaded `LLM` as an embedder: the mean over a text's tokens (BOS included) of the model's
@@ -596,7 +629,7 @@ pub fn hooks_pre_task<'env>(env: &'env Env, description: Unknown, state: Unknown
     move || {
       let (d, s) = args.ok_or_else(|| CodedError::internal("missing arguments"))?;
       let path = state_path(s)?;
-      let emb = rr::default_embedder().map_err(coded)?;
+      let emb = rr::router_default_embedder().map_err(coded)?;
       let out = rr::hooks::pre_task(&d, emb, &path).map_err(coded)?;
       serde_json::to_value(out).map_err(|e| CodedError::internal(e.to_string()))
     },
@@ -630,7 +663,7 @@ pub fn hooks_post_task<'env>(
     move || {
       let (t, a, s, st) = args.ok_or_else(|| CodedError::internal("missing arguments"))?;
       let path = state_path(st)?;
-      let emb = rr::default_embedder().map_err(coded)?;
+      let emb = rr::router_default_embedder().map_err(coded)?;
       let out = rr::hooks::post_task(&t, &a, s, emb, &path).map_err(coded)?;
       serde_json::to_value(out).map_err(|e| CodedError::internal(e.to_string()))
     },
@@ -672,7 +705,7 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
     move || {
       let emb = match custom {
         Some(e) => e,
-        None => rr::default_embedder().map_err(coded)?,
+        None => rr::router_default_embedder().map_err(coded)?,
       };
       let report = rr::bench::run(emb, &opts, &mut |m| eprintln!("… {m}")).map_err(coded)?;
       Ok(serde_json::json!({ "markdown": report.to_markdown(), "report": report }))

@@ -9,7 +9,7 @@ fn main() {
             opts.scale_sizes = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
         }
     }
-    let emb = match ruvllm_router::default_embedder() {
+    let emb = match ruvllm_router::router_default_embedder() {
         Ok(e) => e,
         Err(e) => {
             eprintln!("error [{}]: {e}", e.code());

@@ -16,7 +16,7 @@ use ruvllm_router::{catalogue, AgentSpec, Params, Router};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let emb = ruvllm_router::default_embedder().unwrap_or_else(|e| panic!("{e}"));
+    let emb = ruvllm_router::router_default_embedder().unwrap_or_else(|e| panic!("{e}"));
     let specs = catalogue::default_agent_specs().expect("catalogue");
     if args.iter().any(|a| a == "--leak") {
         let tests = catalogue::test_split().expect("test");

@@ -3,7 +3,7 @@
 //! Writes the catalogue (descriptions and examples, never the held-out split) with embeddings as
 //! JSON lines `{agent, source, text, v}`, for offline cross-validation experiments.
 fn main() {
-    let emb = ruvllm_router::default_embedder().unwrap_or_else(|e| panic!("{e}"));
+    let emb = ruvllm_router::router_default_embedder().unwrap_or_else(|e| panic!("{e}"));
     let specs = ruvllm_router::catalogue::default_agent_specs().expect("catalogue");
     for (ai, s) in specs.iter().enumerate() {
         let mut texts = vec![(s.description.as_str(), "description")];

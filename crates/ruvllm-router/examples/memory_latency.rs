@@ -11,7 +11,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
     let rounds: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(7);
-    let emb = ruvllm_router::default_embedder().unwrap_or_else(|e| panic!("{e}"));
+    let emb = ruvllm_router::router_default_embedder().unwrap_or_else(|e| panic!("{e}"));
     let specs = catalogue::default_agent_specs().expect("catalogue");
     let tests = catalogue::test_split().expect("test split");
     let mut r = Router::with_config(specs, emb.clone(), Params::default(), IndexConfig { background: false, ..Default::default() }).expect("router");

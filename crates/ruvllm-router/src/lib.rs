@@ -19,6 +19,6 @@ pub mod linear;
 pub mod router;
 pub mod simd;
 
-pub use embed::{default_embedder, BertEmbedder, BertOptions, Embedder, WeightFormat};
+pub use embed::{default_embedder, router_default_embedder, routing_embedder, Adapter, BertEmbedder, BertOptions, Embedder, WeightFormat};
 pub use error::{Error, Result};
 pub use router::{AgentScore, AgentSpec, FeedbackEffect, Params, Route, Router};
