@@ -243,7 +243,7 @@ def train(model, tok, texts, labels, general, args, log=print):
         logp = sim - torch.logsumexp(sim, dim=1, keepdim=True)
         pos = (y[:, None] == y[None, :]) & ~eye
         loss = -(logp * pos).sum(1).div(pos.sum(1)).mean()
-        if general and args.keep > 0:
+        if general:
             gi = rng.sample(range(len(general)), min(args.gen_batch, len(general)))
             zg = model(*tok([general[i] for i in gi]))
             loss = loss + args.keep * (1 - (zg * gen_ref[gi]).sum(-1)).mean() * 100
@@ -280,7 +280,8 @@ def softmax_regression_acc(tr, ytr, te, yte, l2=1e-3, iters=300):
         return ((te @ W * 10 + b).argmax(1) == torch.tensor(yte)).float().mean().item()
 
 
-def knn_centroid_acc(tr, ytr, te, yte, k=10):
+def fold_scores(tr, ytr, te, yte, k=10):
+    """Held-out k-NN, nearest-centroid and softmax-regression accuracy."""
     sims = te @ tr.T
     ncls = max(ytr + yte) + 1
     knn_ok = cen_ok = 0
@@ -349,10 +350,10 @@ def main():
             model = Bert(d, args.rank, args.alpha, targets)
             trt, try_ = [texts[i] for i in tr], [labels[i] for i in tr]
             tet, tey = [texts[i] for i in te], [labels[i] for i in te]
-            b = knn_centroid_acc(embed_all(model, tok, trt, False), try_, embed_all(model, tok, tet, False), tey)
+            b = fold_scores(embed_all(model, tok, trt, False), try_, embed_all(model, tok, tet, False), tey)
             b += (leak(model, tok, tet, general_eval, False),)
             train(model, tok, trt, try_, general, args)
-            t = knn_centroid_acc(embed_all(model, tok, trt, True), try_, embed_all(model, tok, tet, True), tey)
+            t = fold_scores(embed_all(model, tok, trt, True), try_, embed_all(model, tok, tet, True), tey)
             t += (leak(model, tok, tet, general_eval, True),)
             base.append(b)
             tuned.append(t)

@@ -613,6 +613,11 @@ fn default_eps() -> f64 {
     1e-12
 }
 
+/// A tensor's values as a flat f32 vector (any float dtype).
+fn f32_values(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+}
+
 impl Bert {
     /// Loads the weights from a safetensors file (with or without the `bert.` prefix). With an
     /// `adapter` (tensors `<weight>.lora_a`, r x in, and `<weight>.lora_b`, out x r, scale
@@ -642,12 +647,9 @@ impl Bert {
             if t.dims() != shape {
                 return Err(bad(format!("tensor '{name}' has shape {:?}, expected {shape:?}", t.dims())));
             }
-            t.to_dtype(DType::F32)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1::<f32>())
-                .map_err(|e| bad(format!("tensor '{name}': {e}")))
+            f32_values(t).map_err(|e| bad(format!("tensor '{name}': {e}")))
         };
-        let used = std::cell::RefCell::new(0usize);
+        let used = std::cell::Cell::new(0usize);
         // A weight matrix with the adapter's low-rank delta added, when the adapter has one.
         let get_w = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
             let mut w = get(name, shape)?;
@@ -660,8 +662,8 @@ impl Bert {
             if a.dims() != [r, inp] || b.dims() != [out, r] || r == 0 {
                 return Err(bad(format!("adapter for '{name}': lora_a {:?} / lora_b {:?} do not fit {shape:?}", a.dims(), b.dims())));
             }
-            let flat = |t: &Tensor| t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>());
-            let (a, b) = (flat(a).map_err(|e| bad(e.to_string()))?, flat(b).map_err(|e| bad(e.to_string()))?);
+            let values = |t: &Tensor, part: &str| f32_values(t).map_err(|e| bad(format!("adapter tensor '{name}.{part}': {e}")));
+            let (a, b) = (values(a, "lora_a")?, values(b, "lora_b")?);
             for (o, row) in w.chunks_exact_mut(inp).enumerate() {
                 for (k, &bk) in b[o * r..(o + 1) * r].iter().enumerate() {
                     for (x, &ak) in row.iter_mut().zip(&a[k * inp..(k + 1) * inp]) {
@@ -669,7 +671,7 @@ impl Bert {
                     }
                 }
             }
-            *used.borrow_mut() += 2;
+            used.set(used.get() + 2);
             Ok(w)
         };
         let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
@@ -708,13 +710,13 @@ impl Bert {
             });
         }
         if let Some(ad) = adapter {
-            if *used.borrow() != ad.len() {
+            if used.get() != ad.len() {
                 let mut names: Vec<&String> = ad.keys().collect();
                 names.sort();
                 return Err(bad(format!(
                     "adapter has {} tensors but only {} fit this model's weights (names: {:?}...)",
                     ad.len(),
-                    used.borrow(),
+                    used.get(),
                     &names[..names.len().min(3)]
                 )));
             }
