@@ -7,7 +7,8 @@
 //! catalogue (the test split must stay held out). With `--learning`, simulates the benchmark's
 //! learning protocol inside each CV fold (feed back one half of the fold's outcomes, measure the
 //! other half) for each `feedback_weight,negative_weight,failure_cos[,memory_gain,memory_cos,
-//! outcomes_in_head (0/1)]` setting.
+//! outcomes_in_head (0/1)]` setting; per setting also how many measured tasks the feedback
+//! turned right and how many it turned wrong.
 use std::sync::Arc;
 
 use ruvllm_router::embed::cosine;
@@ -147,6 +148,8 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
     let settings: Vec<Vec<f32>> = grid.split(';').map(|g| g.split(',').map(|x| x.trim().parse().expect("number")).collect()).collect();
     // [setting][variant][direction] = (before, after, total)
     let mut acc = vec![vec![[(0usize, 0usize, 0usize); 2]; 2]; settings.len()];
+    // [setting] = [wrong -> right, right -> wrong] over all variants and directions.
+    let mut flips = vec![[0usize; 2]; settings.len()];
     for (f, (train, held)) in setups.into_iter().enumerate() {
         let specs = train.clone();
         let cfg = || IndexConfig { background: false, ..Default::default() };
@@ -172,10 +175,11 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
                         p.outcomes_in_head = h != 0.0;
                     }
                     r.set_params(p);
-                    let score = |r: &mut Router| {
-                        held.iter().zip(&hv).filter(|(h, _)| h.2 != dir).filter(|((t, ai, _), v)| r.route_vector(t, v).expect("route").agent == specs[*ai].name).count()
+                    let right = |r: &mut Router| -> Vec<bool> {
+                        held.iter().zip(&hv).filter(|(h, _)| h.2 != dir).map(|((t, ai, _), v)| r.route_vector(t, v).expect("route").agent == specs[*ai].name).collect()
                     };
-                    let before = score(&mut r);
+                    let right_before = right(&mut r);
+                    let before = right_before.iter().filter(|&&x| x).count();
                     for ((t, ai, _), v) in held.iter().zip(&hv).filter(|(h, _)| h.2 == dir) {
                         let routed = r.route_vector(t, v).expect("route").agent;
                         let a = r.agent_index(&routed).expect("agent");
@@ -185,7 +189,10 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
                             r.feedback_vector(t, v, *ai, true).expect("feedback");
                         }
                     }
-                    let after = score(&mut r);
+                    let right_after = right(&mut r);
+                    let after = right_after.iter().filter(|&&x| x).count();
+                    flips[si][0] += right_before.iter().zip(&right_after).filter(|(b, a)| !**b && **a).count();
+                    flips[si][1] += right_before.iter().zip(&right_after).filter(|(b, a)| **b && !**a).count();
                     let total = held.iter().filter(|h| h.2 != dir).count();
                     let e = &mut acc[si][variant][dir];
                     e.0 += before;
@@ -196,7 +203,7 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
         }
         eprintln!("setup {f} done");
     }
-    for (st, a) in settings.iter().zip(&acc) {
+    for ((st, a), fl) in settings.iter().zip(&acc).zip(&flips) {
         let mut sum = 0i64;
         for (variant, v) in ["outcomes", "outcomes+retry"].iter().zip(a) {
             for (dir, (b, af, t)) in ["A->B", "B->A"].iter().zip(v) {
@@ -204,6 +211,6 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
                 sum += *af as i64 - *b as i64;
             }
         }
-        println!("{st:?}\tsum {sum:+}");
+        println!("{st:?}\tsum {sum:+}\t(gained {}, lost {})", fl[0], fl[1]);
     }
 }

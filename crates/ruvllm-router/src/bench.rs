@@ -246,6 +246,25 @@ fn clone_router(r: &Router, index: IndexConfig) -> Result<Router> {
     Router::from_json(&r.to_json()?, std::path::Path::new("<memory>"), r.embedder().clone(), index)
 }
 
+/// The learning experiment's halves (0 = A, 1 = B) of the held-out tasks: first-round tasks
+/// alternate within each agent, so both halves cover every agent; a follow-up goes to the other
+/// half from the task it follows, so each half's outcomes bear on the kinds of work that come
+/// back in the other half.
+pub fn halves(tests: &[TestTask], agents: &[String]) -> Vec<usize> {
+    let mut half = vec![0usize; tests.len()];
+    for a in agents {
+        for (j, i) in tests.iter().enumerate().filter(|(_, t)| &t.agent == a && t.follows.is_none()).map(|(i, _)| i).enumerate() {
+            half[i] = j % 2;
+        }
+    }
+    for (i, t) in tests.iter().enumerate() {
+        if let Some(f) = t.follows {
+            half[i] = 1 - half[f];
+        }
+    }
+    half
+}
+
 /// Runs the whole benchmark. `progress` gets one line per phase.
 pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<BenchReport> {
     let specs = catalogue::default_agent_specs()?;
@@ -319,26 +338,13 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
     let kw_acc = accuracy(&agents, &tests, &kw_pred);
 
     progress("learning experiment");
-    // Halves: first-round tasks alternate within each agent, so both halves cover every agent; a
-    // follow-up goes to the other half from the task it follows, so each half's outcomes bear on
-    // the kinds of work that come back in the other half.
-    let mut half = vec![0usize; tests.len()];
-    for a in &agents {
-        for (j, i) in tests.iter().enumerate().filter(|(_, t)| &t.agent == a && t.follows.is_none()).map(|(i, _)| i).enumerate() {
-            half[i] = j % 2;
-        }
-    }
-    for (i, t) in tests.iter().enumerate() {
-        if let Some(f) = t.follows {
-            half[i] = 1 - half[f];
-        }
-    }
+    let half = halves(&tests, &agents);
     let mut learning = Vec::new();
     let scopes: &[&str] = if tests.iter().any(|t| t.follows.is_some()) { &["all tasks", "first round"] } else { &["all tasks"] };
     for &scope in scopes {
         let in_scope = |i: usize| scope == "all tasks" || tests[i].follows.is_none();
         for (fed, measured) in [(0usize, 1usize), (1, 0)] {
-            for variant in ["outcomes", "outcomes+retry"] {
+            for variant in ["outcomes", "outcomes+retry", "labelled examples"] {
                 let mut r = clone_router(&router, IndexConfig { background: false, ..Default::default() })?;
                 let routes = |r: &mut Router| -> Result<Vec<(usize, String)>> {
                     let mut out = Vec::new();
@@ -350,7 +356,19 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
                 let correct = |routed: &[(usize, String)]| routed.iter().filter(|(i, a)| *a == tests[*i].agent).count();
                 let routed_before = routes(&mut r)?;
                 let mut calls = 0;
-                for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == fed && in_scope(*i)) {
+                if variant == "labelled examples" {
+                    // The reference: the fed half's tasks with their true agents added as
+                    // catalogue examples (head retrained), as if every outcome had been reported
+                    // with the right agent and no failure.
+                    let items: Vec<(String, usize, Vec<f32>, Source)> = tests
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| half[*i] == fed && in_scope(*i))
+                        .map(|(i, t)| Ok((t.text.clone(), r.agent_index(&t.agent)?, test_vecs[i].clone(), Source::Example)))
+                        .collect::<Result<_>>()?;
+                    calls = r.add_embedded(items)?;
+                }
+                for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == fed && in_scope(*i) && variant != "labelled examples") {
                     let routed = r.route_vector(&t.text, &test_vecs[i])?.agent;
                     let success = routed == t.agent;
                     let a = r.agent_index(&routed)?;
@@ -630,7 +648,7 @@ impl BenchReport {
         }
         let _ = writeln!(
             s,
-            "\n### Learning (feed back one half's outcomes, measure the other half)\n\n`outcomes`: post-task with the routed agent and success = (routed == true). `outcomes+retry`: additionally, after a failure, the retry with the right agent reports success. Halves: first-round tasks alternate within each agent; a follow-up is in the other half from the task it follows. `first round`: the same experiment with the follow-ups left out (the split as it was before they were added).\n\n| tasks | fed | measured | variant | feedback calls | before | after |\n|---|---|---|---|---|---|---|"
+            "\n### Learning (feed back one half's outcomes, measure the other half)\n\n`outcomes`: post-task with the routed agent and success = (routed == true). `outcomes+retry`: additionally, after a failure, the retry with the right agent reports success. Halves: first-round tasks alternate within each agent; a follow-up is in the other half from the task it follows. `first round`: the same experiment with the follow-ups left out (the split as it was before they were added). `labelled examples` is the reference, not learning: the fed half's tasks with their true agents added as catalogue examples (head retrained), what the router would learn if every outcome named the right agent.\n\n| tasks | fed | measured | variant | feedback calls / examples | before | after |\n|---|---|---|---|---|---|---|"
         );
         for l in &self.learning {
             let _ = writeln!(
