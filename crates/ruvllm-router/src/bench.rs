@@ -708,3 +708,27 @@ impl BenchReport {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The learning halves: each covers every agent with half of its first-round tasks (give or
+    /// take one), and every follow-up is in the other half from the task it follows.
+    #[test]
+    fn halves_cover_every_agent_and_split_follow_ups() {
+        let tests = catalogue::test_split().expect("test split");
+        let agents: Vec<String> = catalogue::default_agent_specs().expect("catalogue").into_iter().map(|s| s.name).collect();
+        let half = halves(&tests, &agents);
+        for a in &agents {
+            let first: Vec<usize> = (0..tests.len()).filter(|&i| &tests[i].agent == a && tests[i].follows.is_none()).collect();
+            let in_a = first.iter().filter(|&&i| half[i] == 0).count();
+            assert!(in_a.abs_diff(first.len() - in_a) <= 1, "{a}: {in_a} of {}", first.len());
+        }
+        for (i, t) in tests.iter().enumerate() {
+            if let Some(f) = t.follows {
+                assert_ne!(half[i], half[f], "{}", t.text);
+            }
+        }
+    }
+}
