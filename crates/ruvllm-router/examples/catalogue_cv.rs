@@ -8,11 +8,13 @@
 //! learning protocol inside each CV fold (feed back one half of the fold's outcomes, measure the
 //! other half) for each `feedback_weight,negative_weight,failure_cos[,memory_gain,memory_cos,
 //! outcomes_in_head (0/1)]` setting; per setting also how many measured tasks the feedback
-//! turned right and how many it turned wrong.
+//! turned right and how many it turned wrong; and, once, the reference: the fed half added with
+//! its true agents as examples (`--learning ref`: that alone).
 use std::sync::Arc;
 
 use ruvllm_router::embed::cosine;
 use ruvllm_router::index::IndexConfig;
+use ruvllm_router::router::Source;
 use ruvllm_router::{catalogue, AgentSpec, Params, Router};
 
 fn main() {
@@ -145,17 +147,33 @@ fn shift_setups(emb: &Arc<dyn ruvllm_router::Embedder>, specs: &[AgentSpec], fra
 }
 
 fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid: &str) {
-    let settings: Vec<Vec<f32>> = grid.split(';').map(|g| g.split(',').map(|x| x.trim().parse().expect("number")).collect()).collect();
+    // `--learning ref`: the reference alone.
+    let settings: Vec<Vec<f32>> =
+        if grid == "ref" { Vec::new() } else { grid.split(';').map(|g| g.split(',').map(|x| x.trim().parse().expect("number")).collect()).collect() };
     // [setting][variant][direction] = (before, after, total)
     let mut acc = vec![vec![[(0usize, 0usize, 0usize); 2]; 2]; settings.len()];
     // [setting] = [wrong -> right, right -> wrong] over all variants and directions.
     let mut flips = vec![[0usize; 2]; settings.len()];
+    // The reference, per direction: the fed half added with its true agents as examples (head
+    // retrained), as the bench's `labelled examples` rows: (before, after, total).
+    let mut labelled = [(0usize, 0usize, 0usize); 2];
     for (f, (train, held)) in setups.into_iter().enumerate() {
         let specs = train.clone();
         let cfg = || IndexConfig { background: false, ..Default::default() };
         let base = Router::with_config(train, emb.clone(), Params::default(), cfg()).expect("router");
         let json = base.to_json().expect("json");
         let hv = emb.embed(&held.iter().map(|(t, _, _)| t.as_str()).collect::<Vec<_>>()).expect("embed");
+        for (dir, e) in labelled.iter_mut().enumerate() {
+            let mut r = Router::from_json(&json, std::path::Path::new("<mem>"), emb.clone(), cfg()).expect("clone");
+            let count = |r: &mut Router| {
+                held.iter().zip(&hv).filter(|(h, _)| h.2 != dir).filter(|((t, ai, _), v)| r.route_vector(t, v).expect("route").agent == specs[*ai].name).count()
+            };
+            e.0 += count(&mut r);
+            let items = held.iter().zip(&hv).filter(|(h, _)| h.2 == dir).map(|((t, ai, _), v)| (t.clone(), *ai, v.clone(), Source::Example)).collect();
+            r.add_embedded(items).expect("examples");
+            e.1 += count(&mut r);
+            e.2 += held.iter().filter(|h| h.2 != dir).count();
+        }
         for (si, st) in settings.iter().enumerate() {
             for variant in 0..2 {
                 for dir in 0..2 {
@@ -202,6 +220,9 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
             }
         }
         eprintln!("setup {f} done");
+    }
+    for (dir, (b, af, t)) in ["A->B", "B->A"].iter().zip(labelled) {
+        println!("labelled examples (reference)\t{dir}\t{b}/{t} -> {af}/{t}\t({:+})", af as i64 - b as i64);
     }
     for ((st, a), fl) in settings.iter().zip(&acc).zip(&flips) {
         let mut sum = 0i64;
