@@ -146,10 +146,20 @@ fn shift_setups(emb: &Arc<dyn ruvllm_router::Embedder>, specs: &[AgentSpec], fra
     out
 }
 
+/// Whether each held task outside half `dir` (the measured half) routes to its agent.
+fn right(r: &mut Router, held: &[(String, usize, usize)], hv: &[Vec<f32>], specs: &[AgentSpec], dir: usize) -> Vec<bool> {
+    held.iter().zip(hv).filter(|(h, _)| h.2 != dir).map(|((t, ai, _), v)| r.route_vector(t, v).expect("route").agent == specs[*ai].name).collect()
+}
+
+fn bad_grid(x: &str) -> f32 {
+    eprintln!("--learning: {x:?} is not a number (settings are comma-separated numbers, ';' between settings, or `ref`)");
+    std::process::exit(2)
+}
+
 fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid: &str) {
     // `--learning ref`: the reference alone.
     let settings: Vec<Vec<f32>> =
-        if grid == "ref" { Vec::new() } else { grid.split(';').map(|g| g.split(',').map(|x| x.trim().parse().expect("number")).collect()).collect() };
+        if grid == "ref" { Vec::new() } else { grid.split(';').map(|g| g.split(',').map(|x| x.trim().parse().unwrap_or_else(|_| bad_grid(x))).collect()).collect() };
     // [setting][variant][direction] = (before, after, total)
     let mut acc = vec![vec![[(0usize, 0usize, 0usize); 2]; 2]; settings.len()];
     // [setting] = [wrong -> right, right -> wrong] over all variants and directions.
@@ -165,9 +175,7 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
         let hv = emb.embed(&held.iter().map(|(t, _, _)| t.as_str()).collect::<Vec<_>>()).expect("embed");
         for (dir, e) in labelled.iter_mut().enumerate() {
             let mut r = Router::from_json(&json, std::path::Path::new("<mem>"), emb.clone(), cfg()).expect("clone");
-            let count = |r: &mut Router| {
-                held.iter().zip(&hv).filter(|(h, _)| h.2 != dir).filter(|((t, ai, _), v)| r.route_vector(t, v).expect("route").agent == specs[*ai].name).count()
-            };
+            let count = |r: &mut Router| right(r, &held, &hv, &specs, dir).into_iter().filter(|&x| x).count();
             e.0 += count(&mut r);
             let items = held.iter().zip(&hv).filter(|(h, _)| h.2 == dir).map(|((t, ai, _), v)| (t.clone(), *ai, v.clone(), Source::Example)).collect();
             r.add_embedded(items).expect("examples");
@@ -193,10 +201,7 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
                         p.outcomes_in_head = h != 0.0;
                     }
                     r.set_params(p);
-                    let right = |r: &mut Router| -> Vec<bool> {
-                        held.iter().zip(&hv).filter(|(h, _)| h.2 != dir).map(|((t, ai, _), v)| r.route_vector(t, v).expect("route").agent == specs[*ai].name).collect()
-                    };
-                    let right_before = right(&mut r);
+                    let right_before = right(&mut r, &held, &hv, &specs, dir);
                     let before = right_before.iter().filter(|&&x| x).count();
                     for ((t, ai, _), v) in held.iter().zip(&hv).filter(|(h, _)| h.2 == dir) {
                         let routed = r.route_vector(t, v).expect("route").agent;
@@ -207,7 +212,7 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
                             r.feedback_vector(t, v, *ai, true).expect("feedback");
                         }
                     }
-                    let right_after = right(&mut r);
+                    let right_after = right(&mut r, &held, &hv, &specs, dir);
                     let after = right_after.iter().filter(|&&x| x).count();
                     flips[si][0] += right_before.iter().zip(&right_after).filter(|(b, a)| !**b && **a).count();
                     flips[si][1] += right_before.iter().zip(&right_after).filter(|(b, a)| **b && !**a).count();

@@ -20,6 +20,7 @@ fn main() {
     let tests = catalogue::test_split().unwrap();
     let agents: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
     let half = ruvllm_router::bench::halves(&tests, &agents);
+    let build = || Router::with_config(specs.clone(), emb.clone(), Params::default(), IndexConfig { background: false, ..Default::default() }).unwrap();
     let tv = emb.embed(&tests.iter().map(|t| t.text.as_str()).collect::<Vec<_>>()).unwrap();
     if watch.is_empty() {
         // For each task: its relative's cosine and rank among the other half, and the agent of the
@@ -27,25 +28,23 @@ fn main() {
         let mut same_nn = 0;
         let mut ranks = Vec::new();
         for (i, t) in tests.iter().enumerate() {
-            let rel = t.follows.or_else(|| tests.iter().position(|u| u.follows == Some(i))).unwrap();
+            let rel = ruvllm_router::bench::related(&tests, i).unwrap();
             let mut other: Vec<(f32, usize)> = (0..tests.len()).filter(|&j| half[j] != half[i]).map(|j| (ruvllm_router::embed::cosine(&tv[i], &tv[j]), j)).collect();
             other.sort_by(|a, b| b.0.total_cmp(&a.0));
             let rank = other.iter().position(|o| o.1 == rel).unwrap();
             ranks.push(rank);
             same_nn += (tests[other[0].1].agent == t.agent) as usize;
-            let _ = rel;
         }
         ranks.sort();
         // Reference: the other half's tasks given as labelled examples (head retrained on
         // catalogue + those examples), measured on this half; against the router as built.
+        let mut base = build();
         for (fed, name) in [(0usize, "A->B"), (1, "B->A")] {
-            let base = Router::with_config(specs.clone(), emb.clone(), Params::default(), IndexConfig { background: false, ..Default::default() }).unwrap();
-            let mut oracle = Router::with_config(specs.clone(), emb.clone(), Params::default(), IndexConfig { background: false, ..Default::default() }).unwrap();
+            let mut oracle = build();
             let ex: Vec<(String, String)> = tests.iter().enumerate().filter(|(i, _)| half[*i] == fed).map(|(_, t)| (t.text.clone(), t.agent.clone())).collect();
             oracle.add_examples(&ex).unwrap();
             let mut right = [0usize; 2];
             let mut n = 0;
-            let mut base = base;
             for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] != fed) {
                 right[0] += (base.route_vector(&t.text, &tv[i]).unwrap().agent == t.agent) as usize;
                 right[1] += (oracle.route_vector(&t.text, &tv[i]).unwrap().agent == t.agent) as usize;
@@ -56,8 +55,20 @@ fn main() {
         println!("relative rank among other half: median {} ; rank0 {} ; <3 {} ; nearest other-half task same agent {}/{}", ranks[ranks.len() / 2], ranks.iter().filter(|&&r| r == 0).count(), ranks.iter().filter(|&&r| r < 3).count(), same_nn, tests.len());
         return;
     }
-    let mut r = Router::with_config(specs.clone(), emb.clone(), Params::default(), IndexConfig { background: false, ..Default::default() }).unwrap();
-    let w: Vec<usize> = watch.iter().map(|s| tests.iter().position(|t| t.text.starts_with(s.as_str())).expect("task")).collect();
+    let w: Vec<usize> = watch
+        .iter()
+        .map(|s| {
+            tests.iter().position(|t| t.text.starts_with(s.as_str())).unwrap_or_else(|| {
+                eprintln!("no held-out task starts with {s:?}");
+                std::process::exit(2)
+            })
+        })
+        .collect();
+    if w.iter().any(|&j| half[j] != half[w[0]]) {
+        eprintln!("the watched tasks must all be in one half");
+        std::process::exit(2);
+    }
+    let mut r = build();
     let margin = |r: &mut Router, j: usize| {
         let p = r.probabilities(&tests[j].text, &tv[j]).unwrap();
         let y = r.agent_index(&tests[j].agent).unwrap();

@@ -265,6 +265,11 @@ pub fn halves(tests: &[TestTask], agents: &[String]) -> Vec<usize> {
     half
 }
 
+/// The task related to held-out task `i`: its follow-up, or the task it follows.
+pub fn related(tests: &[TestTask], i: usize) -> Option<usize> {
+    tests[i].follows.or_else(|| tests.iter().position(|t| t.follows == Some(i)))
+}
+
 /// Runs the whole benchmark. `progress` gets one line per phase.
 pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<BenchReport> {
     let specs = catalogue::default_agent_specs()?;
@@ -356,29 +361,28 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
                 let correct = |routed: &[(usize, String)]| routed.iter().filter(|(i, a)| *a == tests[*i].agent).count();
                 let routed_before = routes(&mut r)?;
                 let mut calls = 0;
+                let fed_tasks = tests.iter().enumerate().filter(|(i, _)| half[*i] == fed && in_scope(*i));
                 if variant == "labelled examples" {
                     // The reference: the fed half's tasks with their true agents added as
                     // catalogue examples (head retrained), as if every outcome had been reported
                     // with the right agent and no failure.
-                    let items: Vec<(String, usize, Vec<f32>, Source)> = tests
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| half[*i] == fed && in_scope(*i))
+                    let items: Vec<(String, usize, Vec<f32>, Source)> = fed_tasks
                         .map(|(i, t)| Ok((t.text.clone(), r.agent_index(&t.agent)?, test_vecs[i].clone(), Source::Example)))
                         .collect::<Result<_>>()?;
                     calls = r.add_embedded(items)?;
-                }
-                for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == fed && in_scope(*i) && variant != "labelled examples") {
-                    let routed = r.route_vector(&t.text, &test_vecs[i])?.agent;
-                    let success = routed == t.agent;
-                    let a = r.agent_index(&routed)?;
-                    r.feedback_vector(&t.text, &test_vecs[i], a, success)?;
-                    calls += 1;
-                    if !success && variant == "outcomes+retry" {
-                        // The task was handed to the right agent on the retry and went well.
-                        let a = r.agent_index(&t.agent)?;
-                        r.feedback_vector(&t.text, &test_vecs[i], a, true)?;
+                } else {
+                    for (i, t) in fed_tasks {
+                        let routed = r.route_vector(&t.text, &test_vecs[i])?.agent;
+                        let success = routed == t.agent;
+                        let a = r.agent_index(&routed)?;
+                        r.feedback_vector(&t.text, &test_vecs[i], a, success)?;
                         calls += 1;
+                        if !success && variant == "outcomes+retry" {
+                            // The task was handed to the right agent on the retry and went well.
+                            let a = r.agent_index(&t.agent)?;
+                            r.feedback_vector(&t.text, &test_vecs[i], a, true)?;
+                            calls += 1;
+                        }
                     }
                 }
                 let routed_after = routes(&mut r)?;
@@ -410,7 +414,6 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
     // The immediate effect of one correction: each task the router gets wrong, alone, on a fresh
     // copy: failure with the routed agent, success with the right one; then it and its related
     // task are routed again. With the outcome memory on and off, side by side.
-    let related_of = |i: usize| -> Option<usize> { tests[i].follows.or_else(|| tests.iter().position(|t| t.follows == Some(i))) };
     let mut corrections = Vec::new();
     for (memory, gain) in [("on", router.params().memory_gain), ("off", 0.0)] {
         let mut run = CorrectionRun { memory: memory.into(), tasks: 0, fixed: 0, related: 0, related_before: 0, related_after: 0 };
@@ -422,7 +425,7 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
             let mut p = r.params().clone();
             p.memory_gain = gain;
             r.set_params(p);
-            let rel = related_of(i);
+            let rel = related(&tests, i);
             let rel_right = |r: &mut Router| -> Result<bool> {
                 Ok(match rel {
                     Some(j) => r.route_vector(&tests[j].text, &test_vecs[j])?.agent == tests[j].agent,
