@@ -15,7 +15,10 @@ use ruvllm_router::{catalogue, Params, Router};
 
 fn main() {
     let watch: Vec<String> = std::env::args().skip(1).collect();
-    let emb = ruvllm_router::router_default_embedder().unwrap();
+    let emb = ruvllm_router::router_default_embedder().unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2)
+    });
     let specs = catalogue::default_agent_specs().unwrap();
     let tests = catalogue::test_split().unwrap();
     let agents: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
