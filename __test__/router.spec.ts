@@ -215,5 +215,11 @@ describe('route / hooks CLI', () => {
     const unknown = cli('hooks', ['post-task', '--task', 'x', '--agent', 'nobody', '--success', 'true'], env)
     expect(unknown.status).toBe(1)
     expect(unknown.stderr).toContain('ERR_INVALID_ARG')
+    const badHalvings = cli('bench', ['routing', '--halvings', 'many'], env)
+    expect(badHalvings.status).toBe(2)
+    expect(badHalvings.stderr).toContain('--halvings takes a whole number')
+    // Options are checked before the benchmark starts.
+    await rejectsWithCode(() => (addon as any).benchRouting({ halvings: -1 }), 'ERR_INVALID_ARG')
+    await rejectsWithCode(() => (addon as any).benchRouting({ halvings: 'all' }), 'ERR_INVALID_ARG')
   }, 180_000)
 })

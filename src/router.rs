@@ -673,9 +673,11 @@ pub fn hooks_post_task<'env>(
 
 /// The routing benchmark behind `ruvllm bench routing` (minutes): resolves to
 /// `{ markdown, report }`. `sizes` are the pattern counts of the scale test (default
-/// `[5000, 50000]`); `embedder` replaces the default embedder (e.g. `Embedder.fromModel(llm)`).
+/// `[5000, 50000]`); `halvings` runs the learning protocol over that many random halvings too
+/// (default 0; ~75 s of CPU each, on two threads); `embedder` replaces the default embedder
+/// (e.g. `Embedder.fromModel(llm)`).
 #[napi(
-  ts_args_type = "options?: { sizes?: number[] }, embedder?: Embedder",
+  ts_args_type = "options?: { sizes?: number[]; halvings?: number }, embedder?: Embedder",
   ts_return_type = "Promise<{ markdown: string; report: Record<string, unknown> }>"
 )]
 pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Unknown>) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
@@ -695,6 +697,12 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
         .iter()
         .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| CodedError::invalid_type("options.sizes must be numbers")))
         .collect::<Res<Vec<_>>>()?;
+    }
+    if let Some(h) = o.get("halvings") {
+      opts.halvings = h
+        .as_u64()
+        .filter(|&n| n <= 1000)
+        .ok_or_else(|| CodedError::invalid_type("options.halvings must be a whole number from 0 to 1000"))? as usize;
     }
     Ok((opts, custom))
   });

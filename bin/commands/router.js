@@ -3,7 +3,7 @@
 //   ruvllm route "<task>" [--json] [--state <file>]
 //   ruvllm hooks pre-task --description "<task>" [--state <file>]
 //   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
-//   ruvllm bench routing [--json] [--sizes 5000,50000] [--model <gguf|id>]
+//   ruvllm bench routing [--json] [--sizes 5000,50000] [--halvings N] [--model <gguf|id>]
 // `run(command, argv)`: command is 'route' | 'hooks' | 'bench'; argv the arguments after it.
 // Resolves to the exit code. Errors print `error [CODE]: message` on stderr.
 
@@ -25,7 +25,7 @@ const USAGE = `usage:
   ruvllm route "<task>" [--json] [--state <file>]
   ruvllm hooks pre-task --description "<task>" [--state <file>]
   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
-  ruvllm bench routing [--json] [--sizes 5000,50000] [--model <gguf|id>]
+  ruvllm bench routing [--json] [--sizes 5000,50000] [--halvings N] [--model <gguf|id>]
                                    (--model: embed with that LLM's pooled hidden states)`
 
 function parse(argv, options) {
@@ -89,7 +89,7 @@ async function hooks(argv) {
 async function bench(argv) {
   const [sub, ...rest] = argv
   if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; this module runs "bench routing"`)
-  const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' }, model: { type: 'string' } })
+  const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' }, model: { type: 'string' }, halvings: { type: 'string' } })
   const opts = {}
   if (values.sizes) {
     opts.sizes = values.sizes.split(',').map((s) => {
@@ -97,6 +97,11 @@ async function bench(argv) {
       if (!Number.isInteger(n) || n < 0) throw new UsageError(`--sizes takes numbers, got ${JSON.stringify(s)}`)
       return n
     })
+  }
+  if (values.halvings !== undefined) {
+    const n = Number(values.halvings)
+    if (!/^\d+$/.test(values.halvings) || n > 1000) throw new UsageError(`--halvings takes a whole number from 0 to 1000, got ${JSON.stringify(values.halvings)}`)
+    opts.halvings = n
   }
   // --model: embed with that LLM's pooled hidden states instead of all-MiniLM-L6-v2.
   let llm = null

@@ -1,4 +1,4 @@
-//! `cargo run --release -p ruvllm-router --example bench_routing [-- --json] [--sizes 5000,50000]`
+//! `cargo run --release -p ruvllm-router --example bench_routing [-- --json] [--sizes 5000,50000] [--halvings N]`
 //! The same benchmark as `npx ruvllm bench routing`, without Node.
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -8,6 +8,12 @@ fn main() {
         if let Some(v) = args.get(i + 1) {
             opts.scale_sizes = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
         }
+    }
+    if let Some(i) = args.iter().position(|a| a == "--halvings") {
+        opts.halvings = args.get(i + 1).and_then(|x| x.parse().ok()).unwrap_or_else(|| {
+            eprintln!("error [ERR_INVALID_ARG]: --halvings takes a whole number (0 skips the random halvings)");
+            std::process::exit(1);
+        });
     }
     let emb = match ruvllm_router::router_default_embedder() {
         Ok(e) => e,

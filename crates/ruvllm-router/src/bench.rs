@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::catalogue::{self, TestTask};
 use crate::embed::{cosine, Embedder};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::index::IndexConfig;
 use crate::keyword::KeywordRouter;
 use crate::router::{Params, Router, Source};
@@ -24,11 +24,14 @@ pub struct BenchOptions {
     pub scale_sizes: Vec<usize>,
     /// Repetitions of the no-embedding latency loop.
     pub repeats: usize,
+    /// Random halvings for the learning protocol besides the fixed one (seeds 1..=halvings);
+    /// 0 skips it. About 75 s of CPU per halving, spread over two threads.
+    pub halvings: usize,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { scale_sizes: vec![5_000, 50_000], repeats: 50 }
+        BenchOptions { scale_sizes: vec![5_000, 50_000], repeats: 50, halvings: 0 }
     }
 }
 
@@ -98,6 +101,21 @@ pub struct LearningRun {
     pub changed: Vec<(String, String, String, String)>,
 }
 
+/// One direction of one random halving (`BenchOptions::halvings`): the measured half routed
+/// right before, after `outcomes+retry`, and with the `labelled examples` reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct HalvingRun {
+    /// `all tasks` or `first round`, as in `LearningRun`.
+    pub scope: String,
+    pub seed: u64,
+    /// The fed half (`A` or `B`); the other is measured.
+    pub fed: String,
+    pub before: usize,
+    pub outcomes_retry: usize,
+    pub labelled: usize,
+    pub total: usize,
+}
+
 /// One correction: a held-out task the router got wrong gets a failed outcome with the routed
 /// agent and a successful retry with the right one, on a fresh copy of the router.
 #[derive(Debug, Clone, Serialize)]
@@ -157,6 +175,8 @@ pub struct BenchReport {
     /// Embedding-router accuracy on first-round tasks and on follow-ups: (name, correct, total).
     pub rounds: Vec<(String, usize, usize)>,
     pub learning: Vec<LearningRun>,
+    /// The learning protocol over random halvings (empty unless `BenchOptions::halvings`).
+    pub halvings: Vec<HalvingRun>,
     pub corrections: Vec<CorrectionRun>,
     pub scale: Vec<ScaleRow>,
     pub pairs: Vec<PairRow>,
@@ -251,9 +271,23 @@ fn clone_router(r: &Router, index: IndexConfig) -> Result<Router> {
 /// half from the task it follows, so each half's outcomes bear on the kinds of work that come
 /// back in the other half.
 pub fn halves(tests: &[TestTask], agents: &[String]) -> Vec<usize> {
+    shuffled_halves(tests, agents, None)
+}
+
+/// Halves built the same way, but with each agent's first-round tasks in a seeded random order
+/// before they alternate (`None`: the split's own order, i.e. `halves`). For estimating the
+/// learning protocol over many halvings (`BenchOptions::halvings`).
+pub fn shuffled_halves(tests: &[TestTask], agents: &[String], seed: Option<u64>) -> Vec<usize> {
+    let mut rng = seed.map(|s| Rng(s.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1));
     let mut half = vec![0usize; tests.len()];
     for a in agents {
-        for (j, i) in tests.iter().enumerate().filter(|(_, t)| &t.agent == a && t.follows.is_none()).map(|(i, _)| i).enumerate() {
+        let mut first: Vec<usize> = tests.iter().enumerate().filter(|(_, t)| &t.agent == a && t.follows.is_none()).map(|(i, _)| i).collect();
+        if let Some(rng) = rng.as_mut() {
+            for k in (1..first.len()).rev() {
+                first.swap(k, (rng.next() % (k as u64 + 1)) as usize);
+            }
+        }
+        for (j, i) in first.into_iter().enumerate() {
             half[i] = j % 2;
         }
     }
@@ -263,6 +297,120 @@ pub fn halves(tests: &[TestTask], agents: &[String]) -> Vec<usize> {
         }
     }
     half
+}
+
+/// What one run of the learning protocol gave: tasks of the measured set routed right before and
+/// after, their number, the feedback calls (or examples) given, and the measured tasks whose
+/// routing changed (index, before, after).
+pub struct LearningOutcome {
+    pub before: usize,
+    pub after: usize,
+    pub total: usize,
+    pub calls: usize,
+    pub changed: Vec<(usize, String, String)>,
+}
+
+/// The learning protocol on a copy of `router`: feeds the tasks `fed(i)` selects, as `variant`
+/// ("outcomes": post-task with the routed agent and success = routed right; "outcomes+retry":
+/// plus, after a failure, success with the right agent; "labelled examples": the reference, the
+/// fed tasks added with their true agents as examples), and measures the tasks `measured(i)`
+/// selects before and after.
+pub fn learn_and_measure(router: &Router, tests: &[TestTask], vecs: &[Vec<f32>], fed: &dyn Fn(usize) -> bool, measured: &dyn Fn(usize) -> bool, variant: &str) -> Result<LearningOutcome> {
+    let mut r = clone_router(router, IndexConfig { background: false, ..Default::default() })?;
+    let routes = |r: &mut Router| -> Result<Vec<(usize, String)>> {
+        let mut out = Vec::new();
+        for (i, t) in tests.iter().enumerate().filter(|(i, _)| measured(*i)) {
+            out.push((i, r.route_vector(&t.text, &vecs[i])?.agent));
+        }
+        Ok(out)
+    };
+    let correct = |routed: &[(usize, String)]| routed.iter().filter(|(i, a)| *a == tests[*i].agent).count();
+    let routed_before = routes(&mut r)?;
+    let mut calls = 0;
+    let fed_tasks = tests.iter().enumerate().filter(|(i, _)| fed(*i));
+    match variant {
+        "labelled examples" => {
+            // The reference: the fed tasks with their true agents added as catalogue examples
+            // (head retrained), as if every outcome had been reported with the right agent and
+            // no failure.
+            let items: Vec<(String, usize, Vec<f32>, Source)> = fed_tasks
+                .map(|(i, t)| Ok((t.text.clone(), r.agent_index(&t.agent)?, vecs[i].clone(), Source::Example)))
+                .collect::<Result<_>>()?;
+            calls = r.add_embedded(items)?;
+        }
+        "outcomes" | "outcomes+retry" => {
+            for (i, t) in fed_tasks {
+                let routed = r.route_vector(&t.text, &vecs[i])?.agent;
+                let success = routed == t.agent;
+                let a = r.agent_index(&routed)?;
+                r.feedback_vector(&t.text, &vecs[i], a, success)?;
+                calls += 1;
+                if !success && variant == "outcomes+retry" {
+                    // The task was handed to the right agent on the retry and went well.
+                    let a = r.agent_index(&t.agent)?;
+                    r.feedback_vector(&t.text, &vecs[i], a, true)?;
+                    calls += 1;
+                }
+            }
+        }
+        other => return Err(Error::InvalidArg(format!("unknown learning variant {other:?}"))),
+    }
+    let routed_after = routes(&mut r)?;
+    let (before, after, total) = (correct(&routed_before), correct(&routed_after), routed_after.len());
+    let changed = routed_before.into_iter().zip(routed_after).filter(|(b, a)| b.1 != a.1).map(|((i, b), (_, a))| (i, b, a)).collect();
+    Ok(LearningOutcome { before, after, total, calls, changed })
+}
+
+/// The learning protocol (`outcomes+retry` and the `labelled examples` reference, both
+/// directions) over the random halvings `seeds` (`shuffled_halves`), on `threads` threads, each
+/// with its own copy of `router`. `first_round`: the follow-ups left out of both halves.
+pub fn learning_over_halvings(router: &Router, tests: &[TestTask], vecs: &[Vec<f32>], agents: &[String], seeds: std::ops::Range<u64>, first_round: bool, threads: usize) -> Result<Vec<HalvingRun>> {
+    let json = router.to_json()?;
+    let emb = router.embedder().clone();
+    let seeds: Vec<u64> = seeds.collect();
+    let per = seeds.len().div_ceil(threads.max(1)).max(1);
+    let in_scope = |i: usize| !first_round || tests[i].follows.is_none();
+    let worker = |chunk: &[u64]| -> Result<Vec<HalvingRun>> {
+        let base = Router::from_json(&json, std::path::Path::new("<memory>"), emb.clone(), IndexConfig { background: false, ..Default::default() })?;
+        let mut out = Vec::new();
+        for &seed in chunk {
+            let half = shuffled_halves(tests, agents, Some(seed));
+            for fed in 0..2 {
+                let fed_tasks = |i: usize| half[i] == fed && in_scope(i);
+                let measured = |i: usize| half[i] != fed && in_scope(i);
+                let o = learn_and_measure(&base, tests, vecs, &fed_tasks, &measured, "outcomes+retry")?;
+                let l = learn_and_measure(&base, tests, vecs, &fed_tasks, &measured, "labelled examples")?;
+                out.push(HalvingRun {
+                    scope: if first_round { "first round" } else { "all tasks" }.into(),
+                    seed,
+                    fed: ["A", "B"][fed].into(),
+                    before: o.before,
+                    outcomes_retry: o.after,
+                    labelled: l.after,
+                    total: o.total,
+                });
+            }
+        }
+        Ok(out)
+    };
+    let results: Vec<Result<Vec<HalvingRun>>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = seeds.chunks(per).map(|chunk| sc.spawn(move || worker(chunk))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("a halving worker panicked".into())))).collect()
+    });
+    let mut all = Vec::new();
+    for r in results {
+        all.extend(r?);
+    }
+    Ok(all)
+}
+
+/// Mean and standard error of `x`, and how many are above, at and below zero.
+fn change_stats(x: &[f64]) -> (f64, f64, [usize; 3]) {
+    let n = x.len().max(1) as f64;
+    let m = x.iter().sum::<f64>() / n;
+    let sd = (x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+    let count = |f: &dyn Fn(f64) -> bool| x.iter().filter(|&&v| f(v)).count();
+    (m, sd / n.sqrt(), [count(&|v| v > 0.0), count(&|v| v == 0.0), count(&|v| v < 0.0)])
 }
 
 /// The task related to held-out task `i`: its follow-up, or the task it follows.
@@ -350,49 +498,11 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
         let in_scope = |i: usize| scope == "all tasks" || tests[i].follows.is_none();
         for (fed, measured) in [(0usize, 1usize), (1, 0)] {
             for variant in ["outcomes", "outcomes+retry", "labelled examples"] {
-                let mut r = clone_router(&router, IndexConfig { background: false, ..Default::default() })?;
-                let routes = |r: &mut Router| -> Result<Vec<(usize, String)>> {
-                    let mut out = Vec::new();
-                    for (i, t) in tests.iter().enumerate().filter(|(i, _)| half[*i] == measured && in_scope(*i)) {
-                        out.push((i, r.route_vector(&t.text, &test_vecs[i])?.agent));
-                    }
-                    Ok(out)
-                };
-                let correct = |routed: &[(usize, String)]| routed.iter().filter(|(i, a)| *a == tests[*i].agent).count();
-                let routed_before = routes(&mut r)?;
-                let mut calls = 0;
-                let fed_tasks = tests.iter().enumerate().filter(|(i, _)| half[*i] == fed && in_scope(*i));
-                if variant == "labelled examples" {
-                    // The reference: the fed half's tasks with their true agents added as
-                    // catalogue examples (head retrained), as if every outcome had been reported
-                    // with the right agent and no failure.
-                    let items: Vec<(String, usize, Vec<f32>, Source)> = fed_tasks
-                        .map(|(i, t)| Ok((t.text.clone(), r.agent_index(&t.agent)?, test_vecs[i].clone(), Source::Example)))
-                        .collect::<Result<_>>()?;
-                    calls = r.add_embedded(items)?;
-                } else {
-                    for (i, t) in fed_tasks {
-                        let routed = r.route_vector(&t.text, &test_vecs[i])?.agent;
-                        let success = routed == t.agent;
-                        let a = r.agent_index(&routed)?;
-                        r.feedback_vector(&t.text, &test_vecs[i], a, success)?;
-                        calls += 1;
-                        if !success && variant == "outcomes+retry" {
-                            // The task was handed to the right agent on the retry and went well.
-                            let a = r.agent_index(&t.agent)?;
-                            r.feedback_vector(&t.text, &test_vecs[i], a, true)?;
-                            calls += 1;
-                        }
-                    }
-                }
-                let routed_after = routes(&mut r)?;
-                let (before, after, total) = (correct(&routed_before), correct(&routed_after), routed_after.len());
-                let changed = routed_before
-                    .into_iter()
-                    .zip(routed_after)
-                    .filter(|(b, a)| b.1 != a.1)
-                    .map(|((i, b), (_, a))| (tests[i].text.clone(), tests[i].agent.clone(), b, a))
-                    .collect();
+                let measured_tasks = |i: usize| half[i] == measured && in_scope(i);
+                let fed_tasks = |i: usize| half[i] == fed && in_scope(i);
+                let o = learn_and_measure(&router, &tests, &test_vecs, &fed_tasks, &measured_tasks, variant)?;
+                let (before, after, total, calls) = (o.before, o.after, o.total, o.calls);
+                let changed = o.changed.into_iter().map(|(i, b, a)| (tests[i].text.clone(), tests[i].agent.clone(), b, a)).collect();
                 learning.push(LearningRun {
                     scope: scope.into(),
                     fed: ["A", "B"][fed].into(),
@@ -407,6 +517,14 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
                     changed,
                 });
             }
+        }
+    }
+
+    let mut halvings = Vec::new();
+    if opts.halvings > 0 {
+        progress(&format!("learning over {} random halvings (about {} min)", opts.halvings, (opts.halvings * 75).div_ceil(120)));
+        for &scope in scopes {
+            halvings.extend(learning_over_halvings(&router, &tests, &test_vecs, &agents, 1..opts.halvings as u64 + 1, scope == "first round", 2)?);
         }
     }
 
@@ -542,6 +660,7 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
         calibration: calib,
         rounds,
         learning,
+        halvings,
         corrections,
         scale,
         pairs,
@@ -672,6 +791,33 @@ impl BenchReport {
                 let _ = writeln!(s, "| {} | {t} | {a} | {b} | {x} |", l.fed);
             }
         }
+        if !self.halvings.is_empty() {
+            let n = self.halvings.iter().map(|h| h.seed).max().unwrap_or(0);
+            let _ = writeln!(
+                s,
+                "\n### Learning over {n} random halvings\n\nThe protocol above (`outcomes+retry`, and the `labelled examples` reference) over {n} halvings built like the fixed one, but with each agent's first-round tasks in a seeded random order (seeds 1..{n}) before they alternate. A directed run feeds one half and measures the other (two per halving); the change is in tasks of the measured half. Per halving, both directions summed.\n\n| tasks | variant | mean before (per half) | mean change per directed run (s.e.) | directed runs higher / same / lower | mean change per halving (s.e.) | halvings higher / same / lower |\n|---|---|---|---|---|---|---|"
+            );
+            for scope in ["all tasks", "first round"] {
+                let runs: Vec<&HalvingRun> = self.halvings.iter().filter(|h| h.scope == scope).collect();
+                if runs.is_empty() {
+                    continue;
+                }
+                let before = runs.iter().map(|h| h.before as f64).sum::<f64>() / runs.len() as f64;
+                for (variant, after) in [("outcomes+retry", &(|h: &HalvingRun| h.outcomes_retry) as &dyn Fn(&HalvingRun) -> usize), ("labelled examples", &|h: &HalvingRun| h.labelled)] {
+                    let directed: Vec<f64> = runs.iter().map(|h| after(h) as f64 - h.before as f64).collect();
+                    let mut seeds: Vec<u64> = runs.iter().map(|h| h.seed).collect();
+                    seeds.dedup();
+                    let summed: Vec<f64> = seeds.iter().map(|&sd| runs.iter().filter(|h| h.seed == sd).map(|h| after(h) as f64 - h.before as f64).sum()).collect();
+                    let (dm, dse, dc) = change_stats(&directed);
+                    let (hm, hse, hc) = change_stats(&summed);
+                    let _ = writeln!(
+                        s,
+                        "| {scope} | {variant} | {before:.1} of {} | {dm:+.2} ({dse:.2}) | {} / {} / {} | {hm:+.2} ({hse:.2}) | {} / {} / {} |",
+                        runs[0].total, dc[0], dc[1], dc[2], hc[0], hc[1], hc[2]
+                    );
+                }
+            }
+        }
         let _ = writeln!(
             s,
             "\n### One correction at a time\n\nEach held-out task the router gets wrong, alone, on a fresh copy of the router: post-task failure with the routed agent, then success with the right agent; then the task and its related task (its follow-up, or the task it follows) are routed again. Outcome memory on (default) and off, same run.\n\n| outcome memory | corrected tasks | routed right afterwards | related tasks right before | after |\n|---|---|---|---|---|"
@@ -716,21 +862,26 @@ impl BenchReport {
 mod tests {
     use super::*;
 
-    /// The learning halves: each covers every agent with half of its first-round tasks (give or
+    /// The learning halves (the fixed one and seeded shuffles): each covers every agent with half of its first-round tasks (give or
     /// take one), and every follow-up is in the other half from the task it follows.
     #[test]
     fn halves_cover_every_agent_and_split_follow_ups() {
         let tests = catalogue::test_split().expect("test split");
         let agents: Vec<String> = catalogue::default_agent_specs().expect("catalogue").into_iter().map(|s| s.name).collect();
-        let half = halves(&tests, &agents);
-        for a in &agents {
-            let first: Vec<usize> = (0..tests.len()).filter(|&i| &tests[i].agent == a && tests[i].follows.is_none()).collect();
-            let in_a = first.iter().filter(|&&i| half[i] == 0).count();
-            assert!(in_a.abs_diff(first.len() - in_a) <= 1, "{a}: {in_a} of {}", first.len());
-        }
-        for (i, t) in tests.iter().enumerate() {
-            if let Some(f) = t.follows {
-                assert_ne!(half[i], half[f], "{}", t.text);
+        let splits: Vec<Vec<usize>> = [None, Some(1), Some(2)].into_iter().map(|seed| shuffled_halves(&tests, &agents, seed)).collect();
+        assert_eq!(splits[0], halves(&tests, &agents));
+        assert_ne!(splits[1], splits[2], "different seeds, different halvings");
+        assert_eq!(splits[1], shuffled_halves(&tests, &agents, Some(1)), "a seed gives one halving");
+        for half in &splits {
+            for a in &agents {
+                let first: Vec<usize> = (0..tests.len()).filter(|&i| &tests[i].agent == a && tests[i].follows.is_none()).collect();
+                let in_a = first.iter().filter(|&&i| half[i] == 0).count();
+                assert!(in_a.abs_diff(first.len() - in_a) <= 1, "{a}: {in_a} of {}", first.len());
+            }
+            for (i, t) in tests.iter().enumerate() {
+                if let Some(f) = t.follows {
+                    assert_ne!(half[i], half[f], "{}", t.text);
+                }
             }
         }
     }
