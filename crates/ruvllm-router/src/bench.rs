@@ -25,7 +25,7 @@ pub struct BenchOptions {
     /// Repetitions of the no-embedding latency loop.
     pub repeats: usize,
     /// Random halvings for the learning protocol besides the fixed one (seeds 1..=halvings);
-    /// 0 skips it. About 75 s of CPU per halving, spread over two threads.
+    /// 0 skips it. About 100 s of CPU per halving (both scopes), spread over two threads.
     pub halvings: usize,
 }
 
@@ -522,7 +522,7 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
 
     let mut halvings = Vec::new();
     if opts.halvings > 0 {
-        progress(&format!("learning over {} random halvings (about {} min)", opts.halvings, (opts.halvings * 75).div_ceil(120)));
+        progress(&format!("learning over {} random halvings (about {} min)", opts.halvings, (opts.halvings * 100).div_ceil(120)));
         for &scope in scopes {
             halvings.extend(learning_over_halvings(&router, &tests, &test_vecs, &agents, 1..opts.halvings as u64 + 1, scope == "first round", 2)?);
         }
