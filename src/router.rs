@@ -674,7 +674,7 @@ pub fn hooks_post_task<'env>(
 /// The routing benchmark behind `ruvllm bench routing` (minutes): resolves to
 /// `{ markdown, report }`. `sizes` are the pattern counts of the scale test (default
 /// `[5000, 50000]`); `halvings` runs the learning protocol over that many random halvings too
-/// (default 0; ~100 s of CPU each, on two threads: 40 took 33 min on 2 cores); `embedder` replaces the default embedder
+/// (default 0; ~100 s of CPU each, on up to 8 threads: 40 took 33 min on 2 cores); `embedder` replaces the default embedder
 /// (e.g. `Embedder.fromModel(llm)`).
 #[napi(
   ts_args_type = "options?: { sizes?: number[]; halvings?: number }, embedder?: Embedder",

@@ -25,7 +25,7 @@ pub struct BenchOptions {
     /// Repetitions of the no-embedding latency loop.
     pub repeats: usize,
     /// Random halvings for the learning protocol besides the fixed one (seeds 1..=halvings);
-    /// 0 skips it. About 100 s of CPU per halving (both scopes), spread over two threads.
+    /// 0 skips it. About 100 s of CPU per halving (both scopes), spread over up to 8 threads.
     pub halvings: usize,
 }
 
@@ -522,9 +522,12 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
 
     let mut halvings = Vec::new();
     if opts.halvings > 0 {
-        progress(&format!("learning over {} random halvings (about {} min)", opts.halvings, (opts.halvings * 100).div_ceil(120)));
+        // Independent halvings, one router copy per thread; the results do not depend on the
+        // thread count (tests/router.rs).
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8).min(opts.halvings);
+        progress(&format!("learning over {} random halvings on {threads} threads (about {} min)", opts.halvings, (opts.halvings * 100).div_ceil(60 * threads)));
         for &scope in scopes {
-            halvings.extend(learning_over_halvings(&router, &tests, &test_vecs, &agents, 1..opts.halvings as u64 + 1, scope == "first round", 2)?);
+            halvings.extend(learning_over_halvings(&router, &tests, &test_vecs, &agents, 1..opts.halvings as u64 + 1, scope == "first round", threads)?);
         }
     }
 
