@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use ruvllm_router::embed::cosine;
 use ruvllm_router::index::IndexConfig;
-use ruvllm_router::router::Source;
+use ruvllm_router::bench::learn_and_measure;
+use ruvllm_router::catalogue::TestTask;
 use ruvllm_router::{catalogue, AgentSpec, Params, Router};
 
 fn main() {
@@ -146,11 +147,6 @@ fn shift_setups(emb: &Arc<dyn ruvllm_router::Embedder>, specs: &[AgentSpec], fra
     out
 }
 
-/// Whether each held task outside half `dir` (the measured half) routes to its agent.
-fn right(r: &mut Router, held: &[(String, usize, usize)], hv: &[Vec<f32>], specs: &[AgentSpec], dir: usize) -> Vec<bool> {
-    held.iter().zip(hv).filter(|(h, _)| h.2 != dir).map(|((t, ai, _), v)| r.route_vector(t, v).expect("route").agent == specs[*ai].name).collect()
-}
-
 fn bad_grid(x: &str) -> f32 {
     eprintln!("--learning: {x:?} is not a number (settings are comma-separated numbers, ';' between settings, or `ref`)");
     std::process::exit(2)
@@ -173,54 +169,40 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
         let base = Router::with_config(train, emb.clone(), Params::default(), cfg()).expect("router");
         let json = base.to_json().expect("json");
         let hv = emb.embed(&held.iter().map(|(t, _, _)| t.as_str()).collect::<Vec<_>>()).expect("embed");
+        // The held examples as a test split (no follow-ups); half `dir` is fed, the other measured.
+        let tasks: Vec<TestTask> = held.iter().map(|(t, ai, _)| TestTask { text: t.clone(), agent: specs[*ai].name.clone(), difficulty: String::new(), follows: None }).collect();
+        let run = |r: &Router, dir: usize, variant: &str| learn_and_measure(r, &tasks, &hv, &|i| held[i].2 == dir, &|i| held[i].2 != dir, variant).expect("learning run");
         for (dir, e) in labelled.iter_mut().enumerate() {
-            let mut r = Router::from_json(&json, std::path::Path::new("<mem>"), emb.clone(), cfg()).expect("clone");
-            let count = |r: &mut Router| right(r, &held, &hv, &specs, dir).into_iter().filter(|&x| x).count();
-            e.0 += count(&mut r);
-            let items = held.iter().zip(&hv).filter(|(h, _)| h.2 == dir).map(|((t, ai, _), v)| (t.clone(), *ai, v.clone(), Source::Example)).collect();
-            r.add_embedded(items).expect("examples");
-            e.1 += count(&mut r);
-            e.2 += held.iter().filter(|h| h.2 != dir).count();
+            let o = run(&base, dir, "labelled examples");
+            (e.0, e.1, e.2) = (e.0 + o.before, e.1 + o.after, e.2 + o.total);
         }
         for (si, st) in settings.iter().enumerate() {
-            for variant in 0..2 {
-                for dir in 0..2 {
-                    let mut r = Router::from_json(&json, std::path::Path::new("<mem>"), emb.clone(), cfg()).expect("clone");
-                    let mut p = r.params().clone();
-                    p.feedback_weight = st[0];
-                    p.max_weight = p.max_weight.max(st[0]);
-                    p.negative_weight = st[1];
-                    p.failure_cos = st[2];
-                    if let Some(&g) = st.get(3) {
-                        p.memory_gain = g;
+            let mut r = Router::from_json(&json, std::path::Path::new("<mem>"), emb.clone(), cfg()).expect("clone");
+            let mut p = r.params().clone();
+            p.feedback_weight = st[0];
+            p.max_weight = p.max_weight.max(st[0]);
+            p.negative_weight = st[1];
+            p.failure_cos = st[2];
+            if let Some(&g) = st.get(3) {
+                p.memory_gain = g;
+            }
+            if let Some(&c) = st.get(4) {
+                p.memory_cos = c;
+            }
+            if let Some(&h) = st.get(5) {
+                p.outcomes_in_head = h != 0.0;
+            }
+            r.set_params(p);
+            for (variant, name) in ["outcomes", "outcomes+retry"].into_iter().enumerate() {
+                for (dir, e) in acc[si][variant].iter_mut().enumerate() {
+                    let o = run(&r, dir, name);
+                    // A measured task can only turn right or wrong if its routing changed.
+                    for (i, b, a) in &o.changed {
+                        let truth = &tasks[*i].agent;
+                        flips[si][0] += (b != truth && a == truth) as usize;
+                        flips[si][1] += (b == truth && a != truth) as usize;
                     }
-                    if let Some(&c) = st.get(4) {
-                        p.memory_cos = c;
-                    }
-                    if let Some(&h) = st.get(5) {
-                        p.outcomes_in_head = h != 0.0;
-                    }
-                    r.set_params(p);
-                    let right_before = right(&mut r, &held, &hv, &specs, dir);
-                    let before = right_before.iter().filter(|&&x| x).count();
-                    for ((t, ai, _), v) in held.iter().zip(&hv).filter(|(h, _)| h.2 == dir) {
-                        let routed = r.route_vector(t, v).expect("route").agent;
-                        let a = r.agent_index(&routed).expect("agent");
-                        let ok = a == *ai;
-                        r.feedback_vector(t, v, a, ok).expect("feedback");
-                        if !ok && variant == 1 {
-                            r.feedback_vector(t, v, *ai, true).expect("feedback");
-                        }
-                    }
-                    let right_after = right(&mut r, &held, &hv, &specs, dir);
-                    let after = right_after.iter().filter(|&&x| x).count();
-                    flips[si][0] += right_before.iter().zip(&right_after).filter(|(b, a)| !**b && **a).count();
-                    flips[si][1] += right_before.iter().zip(&right_after).filter(|(b, a)| **b && !**a).count();
-                    let total = held.iter().filter(|h| h.2 != dir).count();
-                    let e = &mut acc[si][variant][dir];
-                    e.0 += before;
-                    e.1 += after;
-                    e.2 += total;
+                    (e.0, e.1, e.2) = (e.0 + o.before, e.1 + o.after, e.2 + o.total);
                 }
             }
         }
