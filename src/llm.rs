@@ -109,6 +109,19 @@ impl Llm {
     env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<Llm>| r.map_err(|e| e.into_napi(env)))
   }
 
+  /// Checks load and generation options without a model, throwing the `ERR_INVALID_ARG` error
+  /// that `LLM.load` or `generate` would give (so a CLI or server can reject bad input before
+  /// loading anything). `maxTokens` is checked against `load.contextSize` when given, else
+  /// against the largest context; the model's own limit is checked again at generation.
+  #[napi(catch_unwind, ts_args_type = "load?: LoadOptions, generate?: GenerateOptions")]
+  pub fn check_options(env: &Env, load: Unknown, generate: Unknown) -> napi::Result<()> {
+    sync_call(env, || {
+      let load = options::load_options(Some(Val::new(env, &load)))?;
+      let context = load.context_size.unwrap_or(options::MAX_CONTEXT_SIZE);
+      options::generate_options(Some(Val::new(env, &generate)), context, Some(0)).map(|_| ())
+    })
+  }
+
   /// Facts about the model: architecture, parameter count, quantization, context length, whether
   /// it ships a chat template, ... Throws `ERR_CLOSED` after `close()`.
   #[napi(getter, catch_unwind)]

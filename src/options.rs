@@ -19,6 +19,9 @@ const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
+/// Largest `contextSize` that `LLM.load` accepts.
+pub const MAX_CONTEXT_SIZE: usize = 1_048_576;
+
 /// A JS value seen from Rust, on the JS thread.
 #[derive(Clone, Copy)]
 pub struct Val {
@@ -219,7 +222,7 @@ pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
     &["contextSize", "threads", "seed", "download", "source", "onProgress", "onNotice", "signal"],
   )?;
   Ok(LoadOptions {
-    context_size: int_in(bag, "contextSize", 1.0, 1_048_576.0)?.map(|n| n as usize),
+    context_size: int_in(bag, "contextSize", 1.0, MAX_CONTEXT_SIZE as f64)?.map(|n| n as usize),
     threads: int_in(bag, "threads", 1.0, 1024.0)?.map(|n| n as usize),
     seed: int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER)?.map(|n| n as u64),
   })

@@ -616,6 +616,14 @@ fn opt_string(env: &Env, v: &Unknown, what: &str) -> Res<Option<String>> {
   }
 }
 
+/// Where the hooks keep the learning router's state: `statePath` when given, else
+/// `$RUVLLM_ROUTER_STATE`, else `router-state.json` under the user's config directory. The file
+/// is created, with the default router, by the first hook call.
+#[napi(catch_unwind, ts_args_type = "statePath?: string")]
+pub fn hooks_state_path(env: Env, state: Unknown) -> napi::Result<String> {
+  sync_call(&env, || Ok(state_path(opt_string(&env, &state, "statePath")?)?.to_string_lossy().into_owned()))
+}
+
 /// Claude Flow `pre-task` hook: routes `description` with the router persisted under the
 /// user's config directory (`statePath` overrides it) and suggests a Claude model tier.
 /// Resolves to `{ agent, confidence, alternatives, model, latencyMs, patterns, statePath }`.

@@ -165,6 +165,12 @@ pub struct ScoreResult {
   /// `logprobs[i]` is the natural-log probability of `tokens[i + 1]` after `tokens[0..=i]`
   /// (one fewer entry than `tokens`).
   pub logprobs: Vec<f64>,
+  /// `topTokens[i]` is the model's most likely token after `tokens[0..=i]` (what greedy
+  /// decoding picks there); one entry per `logprobs` entry.
+  pub top_tokens: Vec<u32>,
+  /// `topLogprobs[i]` is the log-probability of `topTokens[i]`: `topLogprobs[i] - logprobs[i]`
+  /// says how far the given token falls short of the model's first choice (0 when it is it).
+  pub top_logprobs: Vec<f64>,
   /// `exp(-mean(logprobs))`; `NaN` for a single token.
   pub perplexity: f64,
   /// Tokens evaluated per second.
@@ -173,7 +179,14 @@ pub struct ScoreResult {
 
 impl From<ruvllm_core::engine::Score> for ScoreResult {
   fn from(s: ruvllm_core::engine::Score) -> Self {
-    ScoreResult { tokens: s.tokens, logprobs: s.logprobs, perplexity: s.perplexity, tokens_per_second: s.tokens_per_second }
+    ScoreResult {
+      tokens: s.tokens,
+      logprobs: s.logprobs,
+      top_tokens: s.top_tokens,
+      top_logprobs: s.top_logprobs,
+      perplexity: s.perplexity,
+      tokens_per_second: s.tokens_per_second,
+    }
   }
 }
 

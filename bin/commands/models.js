@@ -13,6 +13,7 @@
 
 const { parseArgs } = require('node:util')
 const path = require('node:path')
+const { exitCode } = require('./cli.js')
 
 function addon() {
   return require(path.join(__dirname, '..', '..', 'index.js'))
@@ -245,7 +246,7 @@ async function run(argv) {
     }
     process.stderr.write(`ruvllm: ${errCode}: ${message}\n`)
     if (usage) process.stderr.write(`${USAGE}\n`)
-    code = usage ? 2 : e && e.name === 'AbortError' ? 130 : 1
+    code = e && e.name === 'AbortError' ? 130 : exitCode(errCode)
   }
   process.exitCode = code
   return code

@@ -5,20 +5,17 @@
 //   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
 //   ruvllm bench routing [--json] [--sizes 5000,50000] [--halvings N] [--model <gguf|id>]
 // `run(command, argv)`: command is 'route' | 'hooks' | 'bench'; argv the arguments after it.
-// Resolves to the exit code. Errors print `error [CODE]: message` on stderr.
+// Resolves to the exit code. Errors print `ruvllm: <code>: <message>` on stderr (cli.js); a
+// usage error also prints the usage. `--help` on any of them prints the usage.
 
-const { parseArgs } = require('node:util')
+const fs = require('node:fs')
 const path = require('node:path')
+const cli = require('./cli.js')
+
+const { UsageError, parse } = cli
 
 function addon() {
   return require(path.join(__dirname, '..', '..', 'index.js'))
-}
-
-class UsageError extends Error {
-  constructor(message) {
-    super(message)
-    this.code = 'ERR_USAGE'
-  }
 }
 
 const USAGE = `usage:
@@ -28,12 +25,17 @@ const USAGE = `usage:
   ruvllm bench routing [--json] [--sizes 5000,50000] [--halvings N] [--model <gguf|id>]
                                    (--model: embed with that LLM's pooled hidden states)`
 
-function parse(argv, options) {
-  try {
-    return parseArgs({ args: argv, options, allowPositionals: true, strict: true })
-  } catch (e) {
-    throw new UsageError(e.message)
+/**
+ * Routes with the persisted router; the first call on a machine builds that state (embeds the
+ * agent catalogue), which takes a while, so it is announced on stderr.
+ */
+function preTask(description, state) {
+  const a = addon()
+  const file = a.hooksStatePath(state)
+  if (!fs.existsSync(file)) {
+    process.stderr.write(`ruvllm: note: first run: building the router state (embedding the agent catalogue) in ${file}; this takes a few seconds, once\n`)
   }
+  return a.hooksPreTask(description, state)
 }
 
 function bool(v, name) {
@@ -47,7 +49,7 @@ async function route(argv) {
   const task = positionals.join(' ').trim()
   if (!task) throw new UsageError('route needs a task: ruvllm route "add OAuth login to the API"')
   // The CLI routes with the persisted (learning) router, as the hooks do.
-  const r = await addon().hooksPreTask(task, values.state)
+  const r = await preTask(task, values.state)
   if (values.json) {
     process.stdout.write(JSON.stringify(r) + '\n')
   } else {
@@ -65,7 +67,7 @@ async function hooks(argv) {
   if (sub === 'pre-task') {
     const { values } = parse(rest, { description: { type: 'string' }, state: { type: 'string' } })
     if (!values.description) throw new UsageError('hooks pre-task needs --description "<task>"')
-    const r = await addon().hooksPreTask(values.description, values.state)
+    const r = await preTask(values.description, values.state)
     process.stdout.write(JSON.stringify(r) + '\n')
     return 0
   }
@@ -120,16 +122,19 @@ async function bench(argv) {
 }
 
 async function run(command, argv) {
+  if (argv.includes('--help') || argv.includes('-h')) {
+    process.stdout.write(USAGE + '\n')
+    return 0
+  }
   try {
     if (command === 'route') return await route(argv)
     if (command === 'hooks') return await hooks(argv)
     if (command === 'bench') return await bench(argv)
     throw new UsageError(`unknown command ${JSON.stringify(command)}`)
   } catch (e) {
-    const code = (e && e.code) || 'ERR_INTERNAL'
-    process.stderr.write(`error [${code}]: ${e && e.message}\n`)
-    if (code === 'ERR_USAGE') process.stderr.write(USAGE + '\n')
-    return code === 'ERR_USAGE' ? 2 : 1
+    const code = cli.report(e)
+    if (e && e.code === 'ERR_USAGE') process.stderr.write(USAGE + '\n')
+    return code
   }
 }
 

@@ -153,6 +153,12 @@ pub struct Score {
     pub tokens: Vec<u32>,
     /// `logprobs[i]` = ln p(tokens[i + 1] | tokens[..=i]); one fewer than `tokens`.
     pub logprobs: Vec<f64>,
+    /// `top_tokens[i]`: the most likely token after `tokens[..=i]` (what greedy decoding would
+    /// pick there); one fewer than `tokens`, like `logprobs`.
+    pub top_tokens: Vec<u32>,
+    /// `top_logprobs[i]` = ln p(top_tokens[i] | tokens[..=i]), so `top_logprobs[i] - logprobs[i]`
+    /// is how far the given token falls short of the model's first choice (0 when it is it).
+    pub top_logprobs: Vec<f64>,
     /// `exp(-mean(logprobs))` (NaN with fewer than two tokens).
     pub perplexity: f64,
     /// Tokens evaluated per second.
@@ -445,10 +451,13 @@ enum Rows {
 }
 
 /// `ln softmax(logits)[i]`, in f64.
-fn log_softmax_at(logits: &[f32], i: usize) -> f64 {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+/// ln softmax(logits)[i], with the arg-max (first on ties) and its own log-probability.
+fn log_softmax_at(logits: &[f32], i: usize) -> (f64, u32, f64) {
+    let (top, max) = logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |(a, m), (j, &v)| if v > m { (j, v) } else { (a, m) });
+    let max = max as f64;
     let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
-    logits[i] as f64 - max - sum.ln()
+    let ln_sum = sum.ln();
+    (logits[i] as f64 - max - ln_sum, top as u32, -ln_sum)
 }
 
 /// Longest common prefix of two token sequences.
@@ -587,10 +596,14 @@ impl Worker {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
         }
         let start = Instant::now();
-        let mut logprobs = Vec::with_capacity(ids.len().saturating_sub(1));
+        let n = ids.len().saturating_sub(1);
+        let (mut logprobs, mut top_tokens, mut top_logprobs) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         self.evaluate(&ids, cancel, Rows::Logits, &mut |p, logits| {
             if let Some(&next) = ids.get(p + 1) {
-                logprobs.push(log_softmax_at(logits, next as usize));
+                let (lp, top, top_lp) = log_softmax_at(logits, next as usize);
+                logprobs.push(lp);
+                top_tokens.push(top);
+                top_logprobs.push(top_lp);
             }
         })?;
         let perplexity = if logprobs.is_empty() {
@@ -599,7 +612,14 @@ impl Worker {
             (-logprobs.iter().sum::<f64>() / logprobs.len() as f64).exp()
         };
         let secs = start.elapsed().as_secs_f64();
-        Ok(Score { tokens_per_second: if secs > 0.0 { ids.len() as f64 / secs } else { 0.0 }, tokens: ids, logprobs, perplexity })
+        Ok(Score {
+            tokens_per_second: if secs > 0.0 { ids.len() as f64 / secs } else { 0.0 },
+            tokens: ids,
+            logprobs,
+            top_tokens,
+            top_logprobs,
+            perplexity,
+        })
     }
 
     /// Mean-pooled, L2-normalised final hidden states of each text (BOS added), evaluated from

