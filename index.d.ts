@@ -19,6 +19,38 @@ declare global {
 }
 
 /**
+ * A LoRA adapter loaded for one model with `llm.loadAdapter(path)`. Pass it in a request's
+ * `adapters` option to apply it to that request only; the base model is not changed.
+ */
+export declare class Adapter {
+  /** Unique id of this loaded adapter, e.g. `'lora-3'`. */
+  get id(): string
+  /** The largest rank of its low-rank factors. */
+  get rank(): number
+  /**
+   * The projections it changes, as PEFT names them: `q_proj`, `k_proj`, `v_proj`, `o_proj`,
+   * `gate_proj`, `up_proj`, `down_proj`.
+   */
+  get targets(): Array<string>
+  /** The file it was loaded from. */
+  get path(): string
+  /** `'gguf'` (llama.cpp LoRA GGUF) or `'peft'` (adapter_model.safetensors). */
+  get format(): string
+  /**
+   * The scale it is applied with when a request names it without one (`loadAdapter`'s
+   * `scale`, default 1).
+   */
+  get scale(): number
+  /** False after `unload()`. */
+  get loaded(): boolean
+  /**
+   * Frees the adapter (requests already running keep it until they end); a request that names
+   * it afterwards is rejected with `ERR_INVALID_ARG`. Unloading twice does nothing.
+   */
+  unload(): void
+}
+
+/**
  * A sentence-embedding model: by default all-MiniLM-L6-v2 (BERT with mean pooling and L2
  * normalisation, run by our own forward in this process), or a loaded LLM's pooled hidden
  * states (`Embedder.fromModel`). `Embedder.load()` gives the default (as published),
@@ -108,6 +140,15 @@ export declare class LLM {
    * `{ chatTemplate?, signal? }`; an aborted signal rejects with an `AbortError`.
    */
   score(prompt: string | ChatMessage[] | number[], options?: ScoreOptions): Promise<ScoreResult>
+  /**
+   * Loads a LoRA adapter for this model: a llama.cpp LoRA GGUF, or a PEFT
+   * `adapter_model.safetensors` (with `adapter_config.json` beside it) or its folder. The file
+   * is validated against the model (names, shapes, rank, architecture) off the JS thread.
+   * Resolves to an `Adapter` to pass in a request's `adapters`; `options.scale` (default 1) is
+   * the scale it gets there unless the request gives one. Rejects with `ERR_ADAPTER_INVALID`,
+   * `ERR_MODEL_NOT_FOUND`, `ERR_INVALID_ARG` or `ERR_CLOSED`.
+   */
+  loadAdapter(path: string, options?: { scale?: number }): Promise<Adapter>
   /**
    * Embeds texts with this model: per text, the mean over its tokens (BOS included) of the
    * final hidden states after the output norm, L2-normalised; one `Float32Array` of

@@ -835,6 +835,7 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
+module.exports.Adapter = nativeBinding.Adapter
 module.exports.Embedder = nativeBinding.Embedder
 module.exports.LLM = nativeBinding.LLM
 module.exports.Llm = nativeBinding.Llm

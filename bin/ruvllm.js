@@ -29,6 +29,8 @@ Model:
                              (default: $RUVLLM_MODEL, else gemma-3-270m)
       --context-size <n>     KV cache length in tokens (default: min(model's context, 4096))
       --threads <n>          compute threads (default: all cores)
+      --lora <file>[:scale]  apply a LoRA adapter (llama.cpp LoRA GGUF, or PEFT adapter_model.safetensors
+                             or its folder) to every reply, at scale (default 1); repeat for several
 
 Generation:
   -n, --max-tokens <n>       most tokens to generate (default 256)
@@ -57,6 +59,7 @@ const OPTIONS = {
   model: { type: 'string', short: 'm' },
   'context-size': { type: 'string' },
   threads: { type: 'string' },
+  lora: { type: 'string', multiple: true },
   'max-tokens': { type: 'string', short: 'n' },
   temperature: { type: 'string', short: 't' },
   'top-k': { type: 'string' },
@@ -82,8 +85,20 @@ function num(values, flag) {
   return n
 }
 
+/** `--lora file[:scale]`: the scale is the part after the last ':' when it is a number. */
+function loraFlag(spec) {
+  const m = /^(.*):([^:]*)$/.exec(spec)
+  if (m && m[1] !== '' && m[2].trim() !== '' && !Number.isNaN(Number(m[2]))) return { path: m[1], scale: Number(m[2]) }
+  if (spec === '') throw new CliError('ERR_INVALID_ARG', '--lora needs a file: --lora adapter.gguf[:scale]')
+  return { path: spec }
+}
+
 function loadOptions(values) {
-  const o = { contextSize: num(values, 'context-size'), threads: num(values, 'threads') }
+  const o = {
+    contextSize: num(values, 'context-size'),
+    threads: num(values, 'threads'),
+    adapters: values.lora && values.lora.map(loraFlag),
+  }
   return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined))
 }
 

@@ -5,6 +5,7 @@
 
 #![deny(clippy::all)]
 
+mod adapter;
 mod error;
 mod hub;
 mod llm;
@@ -15,6 +16,7 @@ mod signal;
 mod stream;
 mod types;
 
+pub use adapter::Adapter;
 pub use llm::Llm;
 pub use stream::TokenStream;
 pub use types::*;

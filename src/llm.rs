@@ -11,7 +11,9 @@ use napi::{sys, Env, Status};
 use napi_derive::napi;
 
 use ruvllm_core::engine::{Engine, GenerateParams, ModelInfo as CoreModelInfo, Prompt, ScoreRequest};
+use ruvllm_core::nn::AdapterSet;
 
+use crate::adapter::{self, Adapter};
 use crate::error::{guard, sync_call, CodedError, Res};
 use crate::options::{self, Val};
 use crate::request::{Request, Step};
@@ -60,6 +62,7 @@ enum Failure {
 pub(crate) struct Prepared {
   pub prompt: Prompt,
   pub params: GenerateParams,
+  pub adapters: Option<AdapterSet>,
   pub cancel: Arc<CancelState>,
   pub hook: Option<SignalHook>,
   on_token: Option<Val>,
@@ -184,7 +187,7 @@ impl Llm {
         ),
         None => None,
       };
-      let req = Request::submit(&self.engine, p.prompt, p.params, p.cancel, p.hook)?;
+      let req = Request::submit(&self.engine, p.prompt, p.params, p.adapters, p.cancel, p.hook)?;
       Ok((req, on_token))
     });
     let fut = async move {
@@ -207,7 +210,7 @@ impl Llm {
   #[napi(catch_unwind, ts_args_type = "prompt: string | ChatMessage[] | number[], options?: GenerateOptions")]
   pub fn stream(&self, env: &Env, prompt: Unknown, options: Unknown) -> napi::Result<TokenStream> {
     match guard(|| self.prepare(env, &prompt, &options, true)) {
-      Ok(p) => Ok(TokenStream::pending(self.engine.clone(), self.closed.clone(), p.prompt, p.params, p.cancel, p.hook)),
+      Ok(p) => Ok(TokenStream::pending(self.engine.clone(), self.closed.clone(), p.prompt, p.params, p.adapters, p.cancel, p.hook)),
       Err(e) if e.is_abort() => Ok(TokenStream::failed(e)),
       Err(e) => Err(e.into_napi(env)),
     }
@@ -225,7 +228,8 @@ impl Llm {
     let started = guard(|| {
       self.check_open()?;
       let prompt = options::prompt(Some(Val::new(env, &prompt)), self.info.vocab_size)?;
-      let (chat_template, signal) = options::score_options(Some(Val::new(env, &options)))?;
+      let (chat_template, signal, adapters) = options::score_options(Some(Val::new(env, &options)))?;
+      let adapters = adapter::request_adapters(env, adapters, self.owner())?;
       let cancel = Arc::new(CancelState::default());
       {
         let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
@@ -239,6 +243,7 @@ impl Llm {
       let (tx, rx) = tokio::sync::oneshot::channel();
       let req = ScoreRequest {
         prompt,
+        adapters,
         chat_template,
         cancel: cancel.flag.clone(),
         reply: Box::new(move |r| {
@@ -272,6 +277,32 @@ impl Llm {
       }
     };
     env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<ScoreResult>| r.map_err(|e| e.into_napi(env)))
+  }
+
+  /// Loads a LoRA adapter for this model: a llama.cpp LoRA GGUF, or a PEFT
+  /// `adapter_model.safetensors` (with `adapter_config.json` beside it) or its folder. The file
+  /// is validated against the model (names, shapes, rank, architecture) off the JS thread.
+  /// Resolves to an `Adapter` to pass in a request's `adapters`; `options.scale` (default 1) is
+  /// the scale it gets there unless the request gives one. Rejects with `ERR_ADAPTER_INVALID`,
+  /// `ERR_MODEL_NOT_FOUND`, `ERR_INVALID_ARG` or `ERR_CLOSED`.
+  #[napi(ts_args_type = "path: string, options?: { scale?: number }", ts_return_type = "Promise<Adapter>")]
+  pub fn load_adapter<'env>(&self, env: &'env Env, path: Unknown, options: Unknown) -> napi::Result<PromiseRaw<'env, Adapter>> {
+    let parsed = guard(|| {
+      self.check_open()?;
+      let p = options::text_arg(Some(Val::new(env, &path)), "path")?;
+      if p.is_empty() {
+        return Err(CodedError::out_of_range("path must not be empty"));
+      }
+      Ok((p, adapter::load_adapter_options(env, &options)?))
+    });
+    let (engine, owner) = (self.engine.clone(), self.owner());
+    let fut = async move {
+      let (p, scale) = parsed?;
+      let joined = tokio::task::spawn_blocking(move || guard(|| Ok(engine.load_adapter(std::path::Path::new(&p))?))).await;
+      let loaded = joined.unwrap_or_else(|e| Err(CodedError::internal(format!("adapter loading stopped: {e}"))))?;
+      Ok(Adapter::new(loaded, owner, scale))
+    };
+    env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<Adapter>| r.map_err(|e| e.into_napi(env)))
   }
 
   /// Embeds texts with this model: per text, the mean over its tokens (BOS included) of the
@@ -313,6 +344,11 @@ impl Llm {
     Ok((self.engine.clone(), self.info.clone()))
   }
 
+  /// Identifies this model to the adapters loaded for it.
+  fn owner(&self) -> usize {
+    Arc::as_ptr(&self.engine) as usize
+  }
+
   fn check_open(&self) -> Res<()> {
     if self.closed.load(Ordering::SeqCst) || self.engine.is_closed() {
       return Err(CodedError::closed());
@@ -325,6 +361,7 @@ impl Llm {
     let prompt = options::prompt(Some(Val::new(env, prompt)), self.info.vocab_size)?;
     let (params, hooks) =
       options::generate_options(Some(Val::new(env, options)), self.info.context_length, self.default_seed)?;
+    let adapters = adapter::request_adapters(env, hooks.adapters, self.owner())?;
     if for_stream && hooks.on_token.is_some() {
       return Err(CodedError::invalid_type("onToken is an option of generate(); with stream(), iterate the chunks instead"));
     }
@@ -338,7 +375,7 @@ impl Llm {
       Some(s) => Some(signal::attach(env, s, cancel.clone())?),
       None => None,
     };
-    Ok(Prepared { prompt, params, cancel, hook, on_token: hooks.on_token })
+    Ok(Prepared { prompt, params, adapters, cancel, hook, on_token: hooks.on_token })
   }
 }
 

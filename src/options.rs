@@ -219,9 +219,10 @@ pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
   let bag = option_bag(
     v,
     "LLM.load",
-    &["contextSize", "threads", "seed", "download", "source", "onProgress", "onNotice", "signal"],
+    &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal"],
   )?;
   Ok(LoadOptions {
+    adapters: crate::adapter::load_adapters(field(bag, "adapters")?)?,
     context_size: int_in(bag, "contextSize", 1.0, MAX_CONTEXT_SIZE as f64)?.map(|n| n as usize),
     threads: int_in(bag, "threads", 1.0, 1024.0)?.map(|n| n as usize),
     seed: int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER)?.map(|n| n as u64),
@@ -316,12 +317,15 @@ pub const GENERATE_KEYS: &[&str] = &[
   "signal",
   "chatTemplate",
   "onToken",
+  "adapters",
 ];
 
 /// The parts of a generate option bag that are JS objects, for the caller to wire up.
 pub struct JsHooks {
   pub signal: Option<Val>,
   pub on_token: Option<Val>,
+  /// The `adapters` option, read by `adapter::request_adapters`.
+  pub adapters: Option<Val>,
 }
 
 /// The `chatTemplate` option: a non-empty Jinja template, or none.
@@ -338,15 +342,16 @@ fn chat_template_opt(bag: Option<Val>) -> Res<Option<String>> {
   }
 }
 
-/// `score(_, opts)`: `{ chatTemplate?, signal? }`.
-pub fn score_options(v: Option<Val>) -> Res<(Option<String>, Option<Val>)> {
-  let bag = option_bag(v, "score", &["chatTemplate", "signal"])?;
+/// `score(_, opts)`: `{ chatTemplate?, signal?, adapters? }` (the adapters for
+/// `adapter::request_adapters`).
+pub fn score_options(v: Option<Val>) -> Res<(Option<String>, Option<Val>, Option<Val>)> {
+  let bag = option_bag(v, "score", &["chatTemplate", "signal", "adapters"])?;
   let chat_template = chat_template_opt(bag)?;
   let signal = match field(bag, "signal")? {
     None => None,
     Some(v) => Some(check_signal(v)?),
   };
-  Ok((chat_template, signal))
+  Ok((chat_template, signal, field(bag, "adapters")?))
 }
 
 /// `generate(_, opts)` / `stream(_, opts)`.
@@ -388,7 +393,8 @@ pub fn generate_options(v: Option<Val>, context: usize, default_seed: Option<u64
     repeat_last_n,
     seed,
   };
-  Ok((GenerateParams { max_tokens, sampling, stop, chat_template }, JsHooks { signal, on_token }))
+  let adapters = field(bag, "adapters")?;
+  Ok((GenerateParams { max_tokens, sampling, stop, chat_template }, JsHooks { signal, on_token, adapters }))
 }
 
 fn stop_strings(v: Option<Val>) -> Res<Vec<String>> {

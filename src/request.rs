@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use ruvllm_core::engine::{Completion, Engine, Event, FinishReason, GenerateParams, GenerateRequest, Prompt};
+use ruvllm_core::nn::AdapterSet;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::error::{guard, CodedError, Partial};
@@ -32,6 +33,7 @@ impl Request {
     engine: &Engine,
     prompt: Prompt,
     params: GenerateParams,
+    adapters: Option<AdapterSet>,
     cancel: Arc<CancelState>,
     hook: Option<SignalHook>,
   ) -> Result<Request, CodedError> {
@@ -40,7 +42,7 @@ impl Request {
       // The receiver is gone when the caller stopped listening; the engine stops on `cancel`.
       let _ = tx.send(ev);
     });
-    let req = GenerateRequest { prompt, params, cancel: cancel.flag.clone(), sink };
+    let req = GenerateRequest { prompt, params, adapters, cancel: cancel.flag.clone(), sink };
     guard(|| engine.submit(req).map_err(CodedError::from))?;
     Ok(Request { rx, cancel, hook, partial: Partial::default(), finished: false })
   }

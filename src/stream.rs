@@ -10,6 +10,7 @@ use napi::bindgen_prelude::AsyncGenerator;
 use napi_derive::napi;
 use tokio::sync::Mutex;
 
+use ruvllm_core::nn::AdapterSet;
 use ruvllm_core::engine::{Engine, GenerateParams, Prompt};
 
 use crate::error::{CodedError, OrError};
@@ -29,6 +30,7 @@ enum State {
     closed: Arc<AtomicBool>,
     prompt: Prompt,
     params: GenerateParams,
+    adapters: Option<AdapterSet>,
     hook: Option<SignalHook>,
   },
   Running(Request),
@@ -50,10 +52,11 @@ impl TokenStream {
     closed: Arc<AtomicBool>,
     prompt: Prompt,
     params: GenerateParams,
+    adapters: Option<AdapterSet>,
     cancel: Arc<CancelState>,
     hook: Option<SignalHook>,
   ) -> Self {
-    TokenStream { state: Arc::new(Mutex::new(State::Pending { engine, closed, prompt, params, hook })), cancel }
+    TokenStream { state: Arc::new(Mutex::new(State::Pending { engine, closed, prompt, params, adapters, hook })), cancel }
   }
 
   pub(crate) fn failed(err: CodedError) -> Self {
@@ -90,13 +93,13 @@ impl AsyncGenerator for TokenStream {
       let mut st = state.lock().await;
       loop {
         match std::mem::replace(&mut *st, State::Finished(None)) {
-          State::Pending { engine, closed, prompt, params, hook } => {
+          State::Pending { engine, closed, prompt, params, adapters, hook } => {
             *st = if closed.load(Ordering::SeqCst) {
               State::Failed(CodedError::closed())
             } else if cancel.aborted() {
               State::Failed(CodedError::aborted(None))
             } else {
-              match Request::submit(&engine, prompt, params, cancel.clone(), hook) {
+              match Request::submit(&engine, prompt, params, adapters, cancel.clone(), hook) {
                 Ok(r) => State::Running(r),
                 Err(e) => State::Failed(e),
               }

@@ -35,6 +35,7 @@ const FLAGS = {
   contextSize: '--context-size',
   threads: '--threads',
   chatTemplate: '--chat-template',
+  adapters: '--lora',
 }
 const FLAG_NAMES = new RegExp(`\\b(${Object.keys(FLAGS).join('|')})\\b`, 'g')
 

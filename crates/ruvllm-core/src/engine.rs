@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -17,6 +17,7 @@ use crate::gguf::GgufFile;
 use crate::kernels::ThreadPool;
 use crate::kv::KvCache;
 use crate::models::{self, Transformer};
+use crate::nn::{AdapterSet, LoraAdapter};
 use crate::sampling::{Sampler, SamplingParams, StopMatcher, StopResult};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::{Error, Result};
@@ -30,6 +31,9 @@ pub struct LoadOptions {
     pub threads: Option<usize>,
     /// Default seed for sampling when a request gives none.
     pub seed: Option<u64>,
+    /// LoRA adapter files (LoRA GGUF or PEFT safetensors) and their scales, applied to every
+    /// request that does not name its own set.
+    pub adapters: Vec<(PathBuf, f32)>,
 }
 
 /// What the JS side shows as `llm.info`.
@@ -116,6 +120,8 @@ pub type Sink = Box<dyn FnMut(Event) + Send>;
 pub struct GenerateRequest {
     pub prompt: Prompt,
     pub params: GenerateParams,
+    /// The LoRA adapters for this request; `None`: the ones given at load.
+    pub adapters: Option<AdapterSet>,
     /// Set to true to stop the request; checked before prefill and every token.
     pub cancel: Arc<AtomicBool>,
     pub sink: Sink,
@@ -138,6 +144,8 @@ struct Shared {
 /// Scores a text: the log-probability the model gives each token after the ones before it.
 pub struct ScoreRequest {
     pub prompt: Prompt,
+    /// The LoRA adapters for this request; `None`: the ones given at load.
+    pub adapters: Option<AdapterSet>,
     /// A chat template for `Prompt::Chat` (else the model's).
     pub chat_template: Option<String>,
     /// Set to true to stop; checked between chunks of tokens.
@@ -170,6 +178,8 @@ pub struct Score {
 /// per text.
 pub struct EmbedRequest {
     pub texts: Vec<String>,
+    /// The LoRA adapters for this request; `None`: the ones given at load.
+    pub adapters: Option<AdapterSet>,
     /// Set to true to stop; checked between texts and chunks.
     pub cancel: Arc<AtomicBool>,
     /// Called once with the result.
@@ -189,6 +199,10 @@ enum Command {
 /// A loaded model with its worker thread. Cheap to share behind an `Arc`.
 pub struct Engine {
     info: ModelInfo,
+    /// The model's shape, to check adapters against.
+    cfg: models::TransformerConfig,
+    /// The adapters given at load.
+    default_adapters: AdapterSet,
     shared: Mutex<Option<Arc<Shared>>>,
     tx: Mutex<Option<Sender<Command>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
@@ -202,6 +216,8 @@ struct Worker {
     cache: KvCache,
     scratch: models::transformer::Scratch,
     context: usize,
+    /// The adapters of requests that name none.
+    default_adapters: AdapterSet,
 }
 
 static REQUEST_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -294,6 +310,11 @@ impl Engine {
             let loader = models::WeightLoader { file: &file };
             Transformer::load(&loader, cfg.clone(), context)?
         };
+        let mut defaults = Vec::with_capacity(opts.adapters.len());
+        for (p, scale) in &opts.adapters {
+            defaults.push((Arc::new(LoraAdapter::load(p, &cfg, &cfg.architecture)?), *scale));
+        }
+        let default_adapters = AdapterSet::new(defaults);
         let pool = ThreadPool::new(threads);
         model.prepare(&pool);
         let info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
@@ -301,6 +322,7 @@ impl Engine {
         let shared = Arc::new(Shared { file, tokenizer, template, bos_text });
         let (tx, rx) = channel();
         let worker_shared = shared.clone();
+        let worker_adapters = default_adapters.clone();
         let handle = std::thread::Builder::new()
             .name("ruvllm-engine".into())
             .spawn(move || {
@@ -311,11 +333,23 @@ impl Engine {
                     shared: worker_shared,
                     pool,
                     context,
+                    default_adapters: worker_adapters,
                 };
                 worker.run(rx, opts.seed)
             })
             .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine { info, shared: Mutex::new(Some(shared)), tx: Mutex::new(Some(tx)), worker: Mutex::new(Some(handle)) })
+        Ok(Engine { info, cfg, default_adapters, shared: Mutex::new(Some(shared)), tx: Mutex::new(Some(tx)), worker: Mutex::new(Some(handle)) })
+    }
+
+    /// Loads and validates a LoRA adapter for this model (a LoRA GGUF, or a PEFT
+    /// `adapter_model.safetensors` or its folder), for requests to name in their adapter set.
+    pub fn load_adapter(&self, path: &Path) -> Result<Arc<LoraAdapter>> {
+        LoraAdapter::load(path, &self.cfg, &self.cfg.architecture).map(Arc::new)
+    }
+
+    /// The adapters applied to requests that name none (those given at load).
+    pub fn default_adapters(&self) -> &AdapterSet {
+        &self.default_adapters
     }
 
     fn shared(&self) -> Result<Arc<Shared>> {
@@ -358,11 +392,16 @@ impl Engine {
     /// Runs a generation and waits for it (tokens are not streamed; no cancellation): for Rust
     /// callers, examples and tests. Errors are the request's own, or `Closed`.
     pub fn generate_blocking(&self, prompt: Prompt, params: GenerateParams) -> Result<Completion> {
+        self.generate_blocking_with(prompt, params, None)
+    }
+
+    /// [`Self::generate_blocking`] with a set of adapters (`None`: the load-time ones).
+    pub fn generate_blocking_with(&self, prompt: Prompt, params: GenerateParams, adapters: Option<AdapterSet>) -> Result<Completion> {
         let (tx, rx) = channel();
         let sink = Box::new(move |e| {
             let _ = tx.send(e);
         });
-        self.submit(GenerateRequest { prompt, params, cancel: Arc::new(AtomicBool::new(false)), sink })?;
+        self.submit(GenerateRequest { prompt, params, adapters, cancel: Arc::new(AtomicBool::new(false)), sink })?;
         loop {
             match rx.recv().map_err(|_| Error::Closed)? {
                 Event::Token { .. } => {}
@@ -392,6 +431,7 @@ impl Engine {
         let texts = texts.iter().map(|t| t.to_string()).collect();
         self.submit_embed(EmbedRequest {
             texts,
+            adapters: None,
             cancel: Arc::new(AtomicBool::new(false)),
             reply: Box::new(move |r| {
                 let _ = tx.send(r);
@@ -472,12 +512,14 @@ impl Worker {
                 Command::Close => break,
                 Command::Generate(req) => req,
                 Command::Embed(req) => {
-                    let EmbedRequest { texts, cancel, reply } = req;
+                    let EmbedRequest { texts, adapters, cancel, reply } = req;
+                    self.use_adapters(adapters);
                     self.answer(|w| w.embed(&texts, &cancel), reply);
                     continue;
                 }
                 Command::Score(req) => {
-                    let ScoreRequest { prompt, chat_template, cancel, reply } = req;
+                    let ScoreRequest { prompt, adapters, chat_template, cancel, reply } = req;
+                    self.use_adapters(adapters);
                     self.answer(|w| w.score(&prompt, chat_template.as_deref(), &cancel), reply);
                     continue;
                 }
@@ -487,6 +529,7 @@ impl Worker {
                     req.params.sampling.seed = seed;
                 }
             }
+            self.use_adapters(req.adapters.take());
             let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(&mut req)));
             let event = match outcome {
                 Ok(Ok(done)) => Event::Done(done),
@@ -514,6 +557,17 @@ impl Worker {
                 Command::Close => {}
             }
         }
+    }
+
+    /// Makes `set` (or, for `None`, the load-time adapters) the ones the forward pass applies.
+    /// The cached keys and values were computed with the previous set: under another they are
+    /// not a reusable prefix.
+    fn use_adapters(&mut self, set: Option<AdapterSet>) {
+        let set = set.unwrap_or_else(|| self.default_adapters.clone());
+        if !self.cache.adapters.same_as(&set) {
+            self.cache.tokens.clear();
+        }
+        self.cache.adapters = set;
     }
 
     /// How much of the cached sequence can be kept for `ids` (at least one token is always

@@ -15,6 +15,9 @@ pub enum Error {
     Unsupported { path: PathBuf, msg: String },
     #[error("model not found: {0}")]
     ModelNotFound(String),
+    /// A LoRA adapter file that cannot be used with this model (format, names, shapes, rank).
+    #[error("invalid adapter {path}: {msg}")]
+    AdapterInvalid { path: PathBuf, msg: String },
     #[error("{0}")]
     InvalidArg(String),
     #[error("tokenizer error: {0}")]
@@ -40,6 +43,7 @@ impl Error {
             Error::GgufInvalid { .. } => "ERR_GGUF_INVALID",
             Error::Unsupported { .. } => "ERR_MODEL_UNSUPPORTED",
             Error::ModelNotFound(_) => "ERR_MODEL_NOT_FOUND",
+            Error::AdapterInvalid { .. } => "ERR_ADAPTER_INVALID",
             Error::InvalidArg(_) => "ERR_INVALID_ARG",
             Error::Tokenizer(_) => "ERR_TOKENIZER",
             Error::ChatTemplate(_) => "ERR_CHAT_TEMPLATE",
@@ -53,6 +57,10 @@ impl Error {
 
     pub fn gguf(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
         Error::GgufInvalid { path: path.into(), msg: msg.into() }
+    }
+
+    pub fn adapter(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        Error::AdapterInvalid { path: path.into(), msg: msg.into() }
     }
 
     pub fn unsupported(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {

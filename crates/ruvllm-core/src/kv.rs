@@ -7,6 +7,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use crate::kernels::mem::HugeVec;
+use crate::nn::AdapterSet;
 
 /// Element type of the cached keys and values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,6 +40,9 @@ pub struct KvCache {
     pub row: usize,
     /// Tokens whose keys/values are stored, in position order (used for prefix reuse).
     pub tokens: Vec<u32>,
+    /// The LoRA adapters the forward pass applies, and so the ones the stored keys and values
+    /// were computed with: a prefix is reusable only under the same set.
+    pub adapters: AdapterSet,
 }
 
 impl KvCache {
@@ -60,7 +64,7 @@ impl KvCache {
                 LayerCache { capacity, rows }
             })
             .collect();
-        KvCache { layers, row, tokens: Vec::new() }
+        KvCache { layers, row, tokens: Vec::new(), adapters: AdapterSet::default() }
     }
 
     /// Bytes held by the cache.

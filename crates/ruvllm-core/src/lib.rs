@@ -8,6 +8,7 @@ pub mod gguf;
 pub mod kernels;
 pub mod kv;
 pub mod models;
+pub mod nn;
 pub mod sampling;
 pub mod tokenizer;
 

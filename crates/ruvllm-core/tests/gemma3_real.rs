@@ -42,7 +42,7 @@ fn generate(engine: &Engine, prompt: Prompt, max_tokens: usize) -> Completion {
 }
 
 fn engine() -> Engine {
-    Engine::load(&model_path(), LoadOptions { context_size: Some(512), threads: Some(2), seed: None }).expect("load real model")
+    Engine::load(&model_path(), LoadOptions { context_size: Some(512), threads: Some(2), seed: None, ..Default::default() }).expect("load real model")
 }
 
 #[test]
@@ -130,6 +130,7 @@ fn score(engine: &Engine, prompt: Prompt) -> ruvllm_core::engine::Score {
     let (tx, rx) = channel();
     let req = ruvllm_core::engine::ScoreRequest {
         prompt,
+        adapters: None,
         chat_template: None,
         cancel: Arc::new(AtomicBool::new(false)),
         reply: Box::new(move |r| {

@@ -4,11 +4,12 @@
 //! (`llm_build_gemma3_iswa`, `llm_build_llama`, `llm_build_qwen2`) so greedy output matches it.
 
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::kernels::matmul::{matmul_fused, WeightData};
+use crate::kernels::matmul::WeightData;
 use crate::kernels::ops::{self, RopeStyle, RopeTable};
 use crate::kernels::{matmul, GgmlType, QWeight, ThreadPool};
 use crate::kernels::ops::KvElem;
 use crate::kv::{KvCache, KvRows, KvType, LayerCache};
+use crate::nn::{Linear, Proj};
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -59,20 +60,17 @@ pub struct TransformerConfig {
 /// One decoder block's weights, by GGUF name `blk.N.*`.
 pub struct Layer {
     pub attn_norm: Vec<f32>,
-    pub wq: QWeight,
-    pub wk: QWeight,
-    pub wv: QWeight,
-    pub wo: QWeight,
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
-    pub ffn_gate: QWeight,
-    pub ffn_up: QWeight,
-    pub ffn_down: QWeight,
+    pub ffn_gate: Linear,
+    pub ffn_up: Linear,
+    pub ffn_down: Linear,
     pub post_ffn_norm: Option<Vec<f32>>,
 }
 
@@ -151,22 +149,22 @@ impl Layer {
         let (d, q_dim, kv_dim) = (cfg.d_model, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
         let bias = |n: &str, len| if cfg.qkv_bias { w.optional_vector(&p(n), len) } else { Ok(None) };
         let norm = |n: &str, len| if w.has(&p(n)) { w.vector(&p(n), len).map(Some) } else { Ok(None) };
+        let lin = |pr: Proj, rows, cols, b: Option<Vec<f32>>| -> Result<Linear> {
+            Ok(Linear::new(w.matrix(&p(&format!("{}.weight", pr.gguf_name())), rows, cols)?, b, i, pr))
+        };
         let layer = Layer {
             attn_norm: w.vector(&p("attn_norm.weight"), d)?,
-            wq: w.matrix(&p("attn_q.weight"), q_dim, d)?,
-            wk: w.matrix(&p("attn_k.weight"), kv_dim, d)?,
-            wv: w.matrix(&p("attn_v.weight"), kv_dim, d)?,
-            wo: w.matrix(&p("attn_output.weight"), d, q_dim)?,
-            bq: bias("attn_q.bias", q_dim)?,
-            bk: bias("attn_k.bias", kv_dim)?,
-            bv: bias("attn_v.bias", kv_dim)?,
+            wq: lin(Proj::Q, q_dim, d, bias("attn_q.bias", q_dim)?)?,
+            wk: lin(Proj::K, kv_dim, d, bias("attn_k.bias", kv_dim)?)?,
+            wv: lin(Proj::V, kv_dim, d, bias("attn_v.bias", kv_dim)?)?,
+            wo: lin(Proj::O, d, q_dim, None)?,
             q_norm: if cfg.qk_norm { Some(w.vector(&p("attn_q_norm.weight"), cfg.head_dim)?) } else { None },
             k_norm: if cfg.qk_norm { Some(w.vector(&p("attn_k_norm.weight"), cfg.head_dim)?) } else { None },
             post_attn_norm: if cfg.sandwich_norm { Some(w.vector(&p("post_attention_norm.weight"), d)?) } else { norm("post_attention_norm.weight", d)? },
             ffn_norm: w.vector(&p("ffn_norm.weight"), d)?,
-            ffn_gate: w.matrix(&p("ffn_gate.weight"), cfg.ff_dim, d)?,
-            ffn_up: w.matrix(&p("ffn_up.weight"), cfg.ff_dim, d)?,
-            ffn_down: w.matrix(&p("ffn_down.weight"), d, cfg.ff_dim)?,
+            ffn_gate: lin(Proj::Gate, cfg.ff_dim, d, None)?,
+            ffn_up: lin(Proj::Up, cfg.ff_dim, d, None)?,
+            ffn_down: lin(Proj::Down, d, cfg.ff_dim, None)?,
             post_ffn_norm: if cfg.sandwich_norm { Some(w.vector(&p("post_ffw_norm.weight"), d)?) } else { None },
         };
         Ok(layer)
@@ -252,7 +250,7 @@ impl Transformer {
     pub fn prepare(&self, pool: &ThreadPool) {
         for l in &self.layers {
             for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down] {
-                w.prepare(pool);
+                w.weight.prepare(pool);
             }
         }
         self.output.prepare(pool);
@@ -389,6 +387,9 @@ impl Transformer {
         }
         let d = c.d_model;
         let (q_dim, kv_dim) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
+        // The request's adapters, which the cached keys and values are computed with; taken out
+        // of the cache for the pass (no copy) and put back after it.
+        let lora = std::mem::take(&mut cache.adapters);
         for (t, &tok) in tokens.iter().enumerate() {
             if tok as usize >= c.vocab_size {
                 return Err(Error::InvalidArg(format!("token id {tok} is outside the vocabulary ({})", c.vocab_size)));
@@ -407,20 +408,11 @@ impl Transformer {
                 ops::rms_norm(&s.x[t * d..(t + 1) * d], &layer.attn_norm, c.norm_eps, &mut s.xn[t * d..(t + 1) * d]);
             }
             let xn = &s.xn[..n * d];
-            matmul_fused(pool, &[&layer.wq, &layer.wk, &layer.wv], xn, n, &mut [&mut s.q[..n * q_dim], &mut s.k[..n * kv_dim], &mut s.v[..n * kv_dim]]);
+            Linear::forward_fused(pool, [&layer.wq, &layer.wk, &layer.wv], xn, n, &mut [&mut s.q[..n * q_dim], &mut s.k[..n * kv_dim], &mut s.v[..n * kv_dim]], &lora);
             for t in 0..n {
                 let q = &mut s.q[t * q_dim..(t + 1) * q_dim];
                 let k = &mut s.k[t * kv_dim..(t + 1) * kv_dim];
-                let v = &mut s.v[t * kv_dim..(t + 1) * kv_dim];
-                if let Some(b) = &layer.bq {
-                    ops::add_inplace(q, b);
-                }
-                if let Some(b) = &layer.bk {
-                    ops::add_inplace(k, b);
-                }
-                if let Some(b) = &layer.bv {
-                    ops::add_inplace(v, b);
-                }
+                let v = &s.v[t * kv_dim..(t + 1) * kv_dim];
                 if let Some(w) = &layer.q_norm {
                     ops::rms_norm_chunks_inplace(q, w, c.norm_eps);
                 }
@@ -433,7 +425,7 @@ impl Transformer {
             }
             let window = if swa { c.sliding_window } else { None };
             self.attention(&cache.layers[l], n, pos0, window, s, pool);
-            matmul(pool, &layer.wo, &s.attn[..n * q_dim], n, &mut s.proj[..n * d]);
+            layer.wo.forward(pool, &s.attn[..n * q_dim], n, &mut s.proj[..n * d], &lora);
             for t in 0..n {
                 let proj = &mut s.proj[t * d..(t + 1) * d];
                 if let Some(w) = &layer.post_attn_norm {
@@ -447,12 +439,12 @@ impl Transformer {
             }
             let xn = &s.xn[..n * d];
             let ff = c.ff_dim;
-            matmul_fused(pool, &[&layer.ffn_gate, &layer.ffn_up], xn, n, &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]]);
+            Linear::forward_fused(pool, [&layer.ffn_gate, &layer.ffn_up], xn, n, &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]], &lora);
             match c.activation {
                 Activation::GeluTanh => ops::gelu_tanh_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
                 Activation::Silu => ops::silu_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
             }
-            matmul(pool, &layer.ffn_down, &s.gate[..n * ff], n, &mut s.proj[..n * d]);
+            layer.ffn_down.forward(pool, &s.gate[..n * ff], n, &mut s.proj[..n * d], &lora);
             for t in 0..n {
                 let proj = &mut s.proj[t * d..(t + 1) * d];
                 if let Some(w) = &layer.post_ffn_norm {
@@ -461,6 +453,7 @@ impl Transformer {
                 ops::add_inplace(&mut s.x[t * d..(t + 1) * d], proj);
             }
         }
+        cache.adapters = lora;
         cache.tokens.truncate(pos0);
         cache.tokens.extend_from_slice(tokens);
         Ok(())

@@ -1,0 +1,50 @@
+//! Layers the model files are built from. [`Linear`] is every projection of a decoder block: a
+//! weight of any quantization type, an optional bias, and whatever LoRA adapters the request
+//! carries, applied in one place.
+
+pub mod lora;
+
+use crate::kernels::matmul::{matmul, matmul_fused};
+use crate::kernels::{ops, QWeight, ThreadPool};
+pub use lora::{AdapterSet, LoraAdapter, Proj};
+
+/// `y = W·x + b + Σᵢ sᵢ · Bᵢ(Aᵢ·x)` for one projection of block `layer`. The weight stays in its
+/// quantized form; adapters come with each call, so one model serves any set of them.
+pub struct Linear {
+    pub weight: QWeight,
+    pub bias: Option<Vec<f32>>,
+    /// Which projection of which block this is: how adapters find their factors.
+    pub layer: usize,
+    pub proj: Proj,
+}
+
+impl Linear {
+    pub fn new(weight: QWeight, bias: Option<Vec<f32>>, layer: usize, proj: Proj) -> Self {
+        Linear { weight, bias, layer, proj }
+    }
+
+    /// `y` (`n × rows`) for the `n` rows of `x` (`n × cols`).
+    pub fn forward(&self, pool: &ThreadPool, x: &[f32], n: usize, y: &mut [f32], adapters: &AdapterSet) {
+        matmul(pool, &self.weight, x, n, y);
+        self.finish(x, n, y, adapters);
+    }
+
+    /// Several projections of the same input in one pass over `x` (the quantized products are
+    /// fused; each projection's bias and adapter deltas are added after its product).
+    pub fn forward_fused<const N: usize>(pool: &ThreadPool, ls: [&Linear; N], x: &[f32], n: usize, ys: &mut [&mut [f32]; N], adapters: &AdapterSet) {
+        matmul_fused(pool, &ls.map(|l| &l.weight), x, n, ys);
+        for (l, y) in ls.iter().zip(ys.iter_mut()) {
+            l.finish(x, n, y, adapters);
+        }
+    }
+
+    /// Bias, then the adapters' deltas.
+    fn finish(&self, x: &[f32], n: usize, y: &mut [f32], adapters: &AdapterSet) {
+        if let Some(b) = &self.bias {
+            for row in y[..n * self.weight.rows].chunks_exact_mut(self.weight.rows) {
+                ops::add_inplace(row, b);
+            }
+        }
+        adapters.apply(self.layer, self.proj, x, n, y);
+    }
+}
