@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { spawnSync } from 'node:child_process'
 import { LLM, ROOT, modelPath, rejectsWithCode, type LLMType } from './helpers.js'
-import { randomFactors, shapeOf, writeLoraGguf, writePeft } from './adapter-files.js'
+import { randomFactors, shapeOf, writeLoraGguf, writePeft } from '../tools/lora-files.mjs'
 
 const PROMPTS = [
   'The capital of France is Paris. The capital of Germany is',

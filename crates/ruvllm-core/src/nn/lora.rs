@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::kernels::{ops, GgmlType};
+use crate::kernels::{ops, GgmlType, ThreadPool};
 use crate::models::TransformerConfig;
 use crate::{Error, Result};
 
@@ -112,6 +112,58 @@ impl LoraPair {
         LoraPair { rank, d_in, d_out, a, bt }
     }
 
+    /// [`Self::apply`] spread over `pool`: with several tokens each task takes a share of them;
+    /// with fewer tokens than threads (decode), `A·x` is computed once and each task adds its
+    /// share of the output columns of `B·h`. Every element gets the same operations in the same
+    /// order as in `apply`, so the result is identical.
+    pub fn apply_pool(&self, pool: &ThreadPool, x: &[f32], n: usize, scale: f32, y: &mut [f32]) {
+        let parts = pool.threads();
+        if parts <= 1 {
+            return self.apply(x, n, scale, y);
+        }
+        let out = SharedMut(y.as_mut_ptr());
+        if n >= parts {
+            pool.for_each(parts, &|i| {
+                let (t0, t1) = (i * n / parts, (i + 1) * n / parts);
+                // SAFETY: task i owns rows t0..t1 of y, disjoint across tasks.
+                let ys = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t0 * self.d_out), (t1 - t0) * self.d_out) };
+                self.apply(&x[t0 * self.d_in..t1 * self.d_in], t1 - t0, scale, ys);
+            });
+            return;
+        }
+        let (mut stack, mut heap) = ([0.0f32; 256], Vec::new());
+        let h: &mut [f32] = if n * self.rank <= stack.len() {
+            &mut stack[..n * self.rank]
+        } else {
+            heap.resize(n * self.rank, 0.0);
+            &mut heap
+        };
+        for t in 0..n {
+            let xt = &x[t * self.d_in..(t + 1) * self.d_in];
+            for j in 0..self.rank {
+                h[t * self.rank + j] = ops::dot(&self.a[j * self.d_in..(j + 1) * self.d_in], xt);
+            }
+        }
+        // Column ranges in multiples of 16 floats (whole SIMD vectors, so each element is summed
+        // as in `apply`'s axpy over the full row).
+        let width = self.d_out.div_ceil(parts).next_multiple_of(16);
+        let h: &[f32] = h;
+        pool.for_each(parts, &|i| {
+            let c0 = (i * width).min(self.d_out);
+            let c1 = ((i + 1) * width).min(self.d_out);
+            if c0 == c1 {
+                return;
+            }
+            for t in 0..n {
+                // SAFETY: task i owns columns c0..c1 of every row of y, disjoint across tasks.
+                let yt = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t * self.d_out + c0), c1 - c0) };
+                for j in 0..self.rank {
+                    ops::axpy(yt, scale * h[t * self.rank + j], &self.bt[j * self.d_out + c0..j * self.d_out + c1]);
+                }
+            }
+        });
+    }
+
     /// `y[t] += scale · B·(A·x[t])` for the `n` rows of `x` (`n × d_in`) and `y` (`n × d_out`).
     pub fn apply(&self, x: &[f32], n: usize, scale: f32, y: &mut [f32]) {
         let mut h = [0.0f32; 64];
@@ -132,6 +184,22 @@ impl LoraPair {
                 ops::axpy(yt, scale * hj, &self.bt[j * self.d_out..(j + 1) * self.d_out]);
             }
         }
+    }
+}
+
+/// Lets pool tasks write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: only used to hand disjoint ranges of one live buffer to the tasks of one
+// `ThreadPool::for_each`, which returns before the buffer's borrow ends.
+unsafe impl Send for SharedMut {}
+// SAFETY: as above; no two tasks touch the same element.
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// A method (not field access) so closures capture the whole `Sync` wrapper.
+    fn ptr(self) -> *mut f32 {
+        self.0
     }
 }
 
@@ -454,13 +522,13 @@ impl AdapterSet {
 
     /// `y += Σ scale · B(A·x)` over the set's adapters that change block `layer`'s `p`, for the
     /// `n` rows of `x` and `y`.
-    pub fn apply(&self, layer: usize, p: Proj, x: &[f32], n: usize, y: &mut [f32]) {
+    pub fn apply(&self, pool: &ThreadPool, layer: usize, p: Proj, x: &[f32], n: usize, y: &mut [f32]) {
         for (a, s) in &self.entries {
             if *s == 0.0 {
                 continue;
             }
             if let Some(pair) = a.pair(layer, p) {
-                pair.apply(x, n, s * a.base_scale, y);
+                pair.apply_pool(pool, x, n, s * a.base_scale, y);
             }
         }
     }
@@ -484,6 +552,24 @@ mod tests {
             for o in 0..d_out {
                 let want = 1.0 + 0.5 * (0..r).map(|j| b[o * r + j] * h[j]).sum::<f32>();
                 assert!((y[t * d_out + o] - want).abs() < 1e-5, "t {t} o {o}: {} vs {want}", y[t * d_out + o]);
+            }
+        }
+    }
+
+    #[test]
+    fn apply_pool_is_bit_identical_to_apply() {
+        let (r, d_in, d_out) = (5, 64, 200);
+        let a: Vec<f32> = (0..r * d_in).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..d_out * r).map(|i| (i as f32 * 0.11).cos()).collect();
+        let pair = LoraPair::new(a, &b, r, d_in, d_out);
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            for n in [1, 2, 7] {
+                let x: Vec<f32> = (0..n * d_in).map(|i| (i as f32 * 0.013).cos()).collect();
+                let (mut y1, mut y2) = (vec![0.5f32; n * d_out], vec![0.5f32; n * d_out]);
+                pair.apply(&x, n, 0.7, &mut y1);
+                pair.apply_pool(&pool, &x, n, 0.7, &mut y2);
+                assert!(y1.iter().zip(&y2).all(|(p, q)| p.to_bits() == q.to_bits()), "threads {threads} n {n}");
             }
         }
     }

@@ -26,7 +26,7 @@ impl Linear {
     /// `y` (`n × rows`) for the `n` rows of `x` (`n × cols`).
     pub fn forward(&self, pool: &ThreadPool, x: &[f32], n: usize, y: &mut [f32], adapters: &AdapterSet) {
         matmul(pool, &self.weight, x, n, y);
-        self.finish(x, n, y, adapters);
+        self.finish(pool, x, n, y, adapters);
     }
 
     /// Several projections of the same input in one pass over `x` (the quantized products are
@@ -34,17 +34,17 @@ impl Linear {
     pub fn forward_fused<const N: usize>(pool: &ThreadPool, ls: [&Linear; N], x: &[f32], n: usize, ys: &mut [&mut [f32]; N], adapters: &AdapterSet) {
         matmul_fused(pool, &ls.map(|l| &l.weight), x, n, ys);
         for (l, y) in ls.iter().zip(ys.iter_mut()) {
-            l.finish(x, n, y, adapters);
+            l.finish(pool, x, n, y, adapters);
         }
     }
 
     /// Bias, then the adapters' deltas.
-    fn finish(&self, x: &[f32], n: usize, y: &mut [f32], adapters: &AdapterSet) {
+    fn finish(&self, pool: &ThreadPool, x: &[f32], n: usize, y: &mut [f32], adapters: &AdapterSet) {
         if let Some(b) = &self.bias {
             for row in y[..n * self.weight.rows].chunks_exact_mut(self.weight.rows) {
                 ops::add_inplace(row, b);
             }
         }
-        adapters.apply(self.layer, self.proj, x, n, y);
+        adapters.apply(pool, self.layer, self.proj, x, n, y);
     }
 }

@@ -1,13 +1,12 @@
-// Writes LoRA adapters for the tests, as the tools users have write them: a llama.cpp LoRA GGUF
+// Writes LoRA adapters for the tests and benchmarks, as the tools users have write them: a llama.cpp LoRA GGUF
 // (what convert_lora_to_gguf.py produces) and a PEFT folder (adapter_model.safetensors +
 // adapter_config.json). The factors are random but reproducible (xorshift64*).
 import { mkdirSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 
-export type Proj = 'q' | 'k' | 'v' | 'o' | 'gate' | 'up' | 'down'
-export const PROJS: Proj[] = ['q', 'k', 'v', 'o', 'gate', 'up', 'down']
-const GGUF_NAME: Record<Proj, string> = { q: 'attn_q', k: 'attn_k', v: 'attn_v', o: 'attn_output', gate: 'ffn_gate', up: 'ffn_up', down: 'ffn_down' }
-const HF_NAME: Record<Proj, string> = {
+export const PROJS = ['q', 'k', 'v', 'o', 'gate', 'up', 'down']
+const GGUF_NAME = { q: 'attn_q', k: 'attn_k', v: 'attn_v', o: 'attn_output', gate: 'ffn_gate', up: 'ffn_up', down: 'ffn_down' }
+const HF_NAME = {
   q: 'self_attn.q_proj',
   k: 'self_attn.k_proj',
   v: 'self_attn.v_proj',
@@ -17,18 +16,10 @@ const HF_NAME: Record<Proj, string> = {
   down: 'mlp.down_proj',
 }
 
-export interface Shape {
-  layers: number
-  dModel: number
-  qDim: number
-  kvDim: number
-  ffDim: number
-}
-
 /** The model's shape from its GGUF metadata (`llm.metadata()`). */
-export function shapeOf(meta: Record<string, any>): Shape {
+export function shapeOf(meta) {
   const arch = meta['general.architecture']
-  const g = (k: string) => Number(meta[`${arch}.${k}`])
+  const g = (k) => Number(meta[`${arch}.${k}`])
   const headDim = g('attention.key_length') || g('embedding_length') / g('attention.head_count')
   return {
     layers: g('block_count'),
@@ -39,7 +30,7 @@ export function shapeOf(meta: Record<string, any>): Shape {
   }
 }
 
-function dims(s: Shape, p: Proj): [number, number] {
+function dims(s, p) {
   // [out, in]
   switch (p) {
     case 'q':
@@ -57,19 +48,9 @@ function dims(s: Shape, p: Proj): [number, number] {
   }
 }
 
-export interface Factor {
-  layer: number
-  proj: Proj
-  out: number
-  in: number
-  /** A, rank × in, row-major. */
-  a: Float32Array
-  /** B, out × rank, row-major. */
-  b: Float32Array
-}
-
+/** Factors: { layer, proj, out, in, a: Float32Array (rank × in), b: Float32Array (out × rank) }. */
 /** Random rank-`rank` factors on every projection of every block: A ~ U(-1,1)/sqrt(in), B ~ U(-1,1)·bScale. */
-export function randomFactors(s: Shape, rank: number, bScale: number, seed: bigint): Factor[] {
+export function randomFactors(s, rank, bScale, seed) {
   let x = seed
   const M = (1n << 64n) - 1n
   const uniform = () => {
@@ -79,7 +60,7 @@ export function randomFactors(s: Shape, rank: number, bScale: number, seed: bigi
     const v = (x * 0x2545f4914f6cdd1dn) & M
     return Number(v >> 40n) / 2 ** 24 * 2 - 1
   }
-  const out: Factor[] = []
+  const out = []
   for (let layer = 0; layer < s.layers; layer++) {
     for (const proj of PROJS) {
       const [o, i] = dims(s, proj)
@@ -94,41 +75,41 @@ export function randomFactors(s: Shape, rank: number, bScale: number, seed: bigi
 }
 
 class Bytes {
-  parts: Buffer[] = []
+  parts = []
   length = 0
-  push(b: Buffer) {
+  push(b) {
     this.parts.push(b)
     this.length += b.length
   }
-  u32(v: number) {
+  u32(v) {
     const b = Buffer.alloc(4)
     b.writeUInt32LE(v)
     this.push(b)
   }
-  u64(v: number) {
+  u64(v) {
     const b = Buffer.alloc(8)
     b.writeBigUInt64LE(BigInt(v))
     this.push(b)
   }
-  f32(v: number) {
+  f32(v) {
     const b = Buffer.alloc(4)
     b.writeFloatLE(v)
     this.push(b)
   }
-  str(s: string) {
+  str(s) {
     const b = Buffer.from(s, 'utf8')
     this.u64(b.length)
     this.push(b)
   }
-  pad(align: number) {
+  pad(align) {
     const n = (align - (this.length % align)) % align
     if (n) this.push(Buffer.alloc(n))
   }
 }
 
 /** A llama.cpp LoRA GGUF (v3, F32 tensors `<base>.lora_a` [in, r] and `<base>.lora_b` [r, out]). */
-export function writeLoraGguf(path: string, arch: string, alpha: number, rank: number, factors: Factor[]) {
-  const tensors: { name: string; dims: number[]; data: Float32Array }[] = []
+export function writeLoraGguf(path, arch, alpha, rank, factors) {
+  const tensors = []
   for (const f of factors) {
     const base = `blk.${f.layer}.${GGUF_NAME[f.proj]}.weight`
     tensors.push({ name: `${base}.lora_a`, dims: [f.in, rank], data: f.a })
@@ -139,7 +120,7 @@ export function writeLoraGguf(path: string, arch: string, alpha: number, rank: n
   h.u32(3)
   h.u64(tensors.length)
   h.u64(4)
-  const kvString = (k: string, v: string) => {
+  const kvString = (k, v) => {
     h.str(k)
     h.u32(8)
     h.str(v)
@@ -169,16 +150,16 @@ export function writeLoraGguf(path: string, arch: string, alpha: number, rank: n
 }
 
 /** A PEFT adapter folder: adapter_model.safetensors (F32) + adapter_config.json. Returns the folder. */
-export function writePeft(dir: string, alpha: number, rank: number, factors: Factor[]): string {
+export function writePeft(dir, alpha, rank, factors) {
   mkdirSync(dir, { recursive: true })
   writeFileSync(
     join(dir, 'adapter_config.json'),
     JSON.stringify({ peft_type: 'LORA', r: rank, lora_alpha: alpha, target_modules: PROJS.map((p) => HF_NAME[p].split('.')[1]) }),
   )
-  const header: Record<string, any> = { __metadata__: { format: 'pt' } }
-  const data: Buffer[] = []
+  const header = { __metadata__: { format: 'pt' } }
+  const data = []
   let offset = 0
-  const add = (name: string, shape: number[], v: Float32Array) => {
+  const add = (name, shape, v) => {
     header[name] = { dtype: 'F32', shape, data_offsets: [offset, offset + v.byteLength] }
     data.push(Buffer.from(v.buffer, v.byteOffset, v.byteLength))
     offset += v.byteLength
