@@ -17,7 +17,7 @@ use crate::gguf::GgufFile;
 use crate::kernels::ThreadPool;
 use crate::kv::KvCache;
 use crate::models::{self, Transformer};
-use crate::nn::{AdapterSet, LoraAdapter};
+use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
 use crate::sampling::{Sampler, SamplingParams, StopMatcher, StopResult};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::{Error, Result};
@@ -625,8 +625,8 @@ impl Worker {
             let mut at = |t: usize, row: &[f32]| each(pos0 + t, row);
             let (cache, scratch, pool) = (&mut self.cache, &mut self.scratch, &self.pool);
             match rows {
-                Rows::Logits => self.model.forward_each_logits(chunk, pos0, cache, scratch, pool, &mut at)?,
-                Rows::Hidden => self.model.forward_each_hidden(chunk, pos0, cache, scratch, pool, &mut at)?,
+                Rows::Logits => self.model.forward_each_logits(chunk, pos0, AttentionMask::Causal, cache, scratch, pool, &mut at)?,
+                Rows::Hidden => self.model.forward_each_hidden(chunk, pos0, AttentionMask::Causal, cache, scratch, pool, &mut at)?,
             }
         }
         Ok(())

@@ -16,6 +16,7 @@ use std::sync::mpsc::channel;
 use std::sync::Arc;
 
 use ruvllm_core::engine::{Completion, Engine, GenerateParams, LoadOptions, Prompt};
+use ruvllm_core::nn::AttentionMask;
 use ruvllm_core::sampling::SamplingParams;
 
 /// (prompt, llama.cpp prompt tokens incl. BOS, llama.cpp greedy continuation: 32 tokens)
@@ -257,13 +258,13 @@ fn hidden_states_are_what_the_lm_head_multiplies() {
     {
         let mut cache = model.new_cache(512, 64);
         let mut scratch = model.new_scratch(64);
-        model.forward_each_hidden(&tokens, 0, &mut cache, &mut scratch, &pool, &mut |_, h| hidden.push(h.to_vec())).unwrap();
+        model.forward_each_hidden(&tokens, 0, AttentionMask::Causal, &mut cache, &mut scratch, &pool, &mut |_, h| hidden.push(h.to_vec())).unwrap();
     }
     let mut logits = Vec::new();
     {
         let mut cache = model.new_cache(512, 64);
         let mut scratch = model.new_scratch(64);
-        model.forward_each_logits(&tokens, 0, &mut cache, &mut scratch, &pool, &mut |_, l| logits.push(l.to_vec())).unwrap();
+        model.forward_each_logits(&tokens, 0, AttentionMask::Causal, &mut cache, &mut scratch, &pool, &mut |_, l| logits.push(l.to_vec())).unwrap();
     }
     assert_eq!((hidden.len(), logits.len()), (tokens.len(), tokens.len()));
     let mut row = vec![0.0f32; d];
@@ -317,7 +318,7 @@ fn embed_pools_normalises_and_rejects_overlong_texts() {
     let mut sum = vec![0.0f64; d];
     let (mut cache, mut scratch) = (model.new_cache(512, 512), model.new_scratch(512));
     model
-        .forward_each_hidden(&ids, 0, &mut cache, &mut scratch, &pool, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &x)| *s += x as f64))
+        .forward_each_hidden(&ids, 0, AttentionMask::Causal, &mut cache, &mut scratch, &pool, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &x)| *s += x as f64))
         .unwrap();
     let n = sum.iter().map(|x| x * x).sum::<f64>().sqrt();
     let diff = sum.iter().zip(&batch[0]).map(|(a, &b)| (a / n - b as f64).abs()).fold(0.0, f64::max);

@@ -9,7 +9,7 @@ use crate::kernels::ops::{self, RopeStyle, RopeTable};
 use crate::kernels::{matmul, GgmlType, QWeight, ThreadPool};
 use crate::kernels::ops::KvElem;
 use crate::kv::{KvCache, KvRows, KvType, LayerCache};
-use crate::nn::{Linear, Proj};
+use crate::nn::{AttentionMask, Linear, Proj};
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -295,7 +295,7 @@ impl Transformer {
     /// Runs `tokens` (at most `scratch.max_batch`) at positions `pos0..`, appending their keys
     /// and values to `cache`, and leaves the logits of the last token in `scratch.logits`.
     pub fn forward(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, s: &mut Scratch, pool: &ThreadPool) -> Result<()> {
-        self.forward_hidden(tokens, pos0, cache, s, pool)?;
+        self.forward_hidden(tokens, pos0, AttentionMask::Causal, cache, s, pool)?;
         let d = self.cfg.d_model;
         let n = tokens.len();
         let (x, xn, logits) = (&s.x, &mut s.xn, &mut s.logits);
@@ -303,20 +303,22 @@ impl Transformer {
         Ok(())
     }
 
-    /// Like [`forward`](Self::forward), then calls `each(t, logits)` with the logits of every
-    /// token `t` of `tokens` in order (the LM head runs on a few tokens at a time, so memory
-    /// stays at a few vocabulary rows). `scratch.logits` is left unspecified.
+    /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(t, logits)` with
+    /// the logits of every token `t` of `tokens` in order (the LM head runs on a few tokens at a
+    /// time, so memory stays at a few vocabulary rows). `scratch.logits` is left unspecified.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_each_logits(
         &self,
         tokens: &[u32],
         pos0: usize,
+        mask: AttentionMask,
         cache: &mut KvCache,
         s: &mut Scratch,
         pool: &ThreadPool,
         each: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
         const HEAD_BATCH: usize = 8;
-        self.forward_hidden(tokens, pos0, cache, s, pool)?;
+        self.forward_hidden(tokens, pos0, mask, cache, s, pool)?;
         let (d, v, n) = (self.cfg.d_model, self.cfg.vocab_size, tokens.len());
         if s.head_logits.len() < HEAD_BATCH.min(n) * v {
             s.head_logits.resize(HEAD_BATCH.min(n) * v, 0.0);
@@ -334,20 +336,22 @@ impl Transformer {
         Ok(())
     }
 
-    /// Like [`forward`](Self::forward), then calls `each(t, h)` with the final hidden state of
-    /// every token `t` of `tokens` after the output norm: the vector the LM head multiplies (and
-    /// what llama.cpp's embedding mode pools). The LM head does not run. `scratch.logits` is
-    /// left unspecified.
+    /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(t, h)` with the
+    /// final hidden state of every token `t` of `tokens` after the output norm: the vector the
+    /// LM head multiplies (and what llama.cpp's embedding mode pools). The LM head does not run.
+    /// `scratch.logits` is left unspecified.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_each_hidden(
         &self,
         tokens: &[u32],
         pos0: usize,
+        mask: AttentionMask,
         cache: &mut KvCache,
         s: &mut Scratch,
         pool: &ThreadPool,
         each: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        self.forward_hidden(tokens, pos0, cache, s, pool)?;
+        self.forward_hidden(tokens, pos0, mask, cache, s, pool)?;
         let (d, n) = (self.cfg.d_model, tokens.len());
         self.output_norm_rows(&s.x[..n * d], &mut s.xn[..n * d]);
         for t in 0..n {
@@ -376,7 +380,7 @@ impl Transformer {
     }
 
     /// The layers: leaves the final hidden state of every token in `s.x`.
-    fn forward_hidden(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, s: &mut Scratch, pool: &ThreadPool) -> Result<()> {
+    fn forward_hidden(&self, tokens: &[u32], pos0: usize, mask: AttentionMask, cache: &mut KvCache, s: &mut Scratch, pool: &ThreadPool) -> Result<()> {
         let c = &self.cfg;
         let n = tokens.len();
         if n == 0 || n > s.max_batch {
@@ -424,7 +428,7 @@ impl Transformer {
                 cache.layers[l].store(pos0 + t, k, v);
             }
             let window = if swa { c.sliding_window } else { None };
-            self.attention(&cache.layers[l], n, pos0, window, s, pool);
+            self.attention(&cache.layers[l], n, pos0, Span { mask, window }, s, pool);
             layer.wo.forward(pool, &s.attn[..n * q_dim], n, &mut s.proj[..n * d], &lora);
             for t in 0..n {
                 let proj = &mut s.proj[t * d..(t + 1) * d];
@@ -459,17 +463,17 @@ impl Transformer {
         Ok(())
     }
 
-    /// Causal (optionally sliding-window) attention of the `n` new queries over the cache.
-    fn attention(&self, cache: &LayerCache, n: usize, pos0: usize, window: Option<usize>, s: &mut Scratch, pool: &ThreadPool) {
+    /// Attention of the `n` new queries over the cache, each seeing the positions `span` gives it.
+    fn attention(&self, cache: &LayerCache, n: usize, pos0: usize, span: Span, s: &mut Scratch, pool: &ThreadPool) {
         match &cache.rows {
-            KvRows::F16 { k, v } => self.attention_rows(cache, k, v, n, pos0, window, s, pool),
-            KvRows::F32 { k, v } => self.attention_rows(cache, k, v, n, pos0, window, s, pool),
+            KvRows::F16 { k, v } => self.attention_rows(cache, k, v, n, pos0, span, s, pool),
+            KvRows::F32 { k, v } => self.attention_rows(cache, k, v, n, pos0, span, s, pool),
         }
     }
 
     /// [`Self::attention`] over key and value rows `kc`, `vc` of the cache's element type.
     #[allow(clippy::too_many_arguments)]
-    fn attention_rows<T: KvElem>(&self, cache: &LayerCache, kc: &[T], vc: &[T], n: usize, pos0: usize, window: Option<usize>, s: &mut Scratch, pool: &ThreadPool) {
+    fn attention_rows<T: KvElem>(&self, cache: &LayerCache, kc: &[T], vc: &[T], n: usize, pos0: usize, span: Span, s: &mut Scratch, pool: &ThreadPool) {
         let c = &self.cfg;
         let (hd, n_head) = (c.head_dim, c.n_head);
         let group = n_head / c.n_kv_head;
@@ -488,8 +492,9 @@ impl Transformer {
         // Decode (fewer query/KV-head pairs than threads) over a long span: split the positions
         // and the value dimensions over the threads instead, so each thread reads its share of
         // the keys and values rather than all of them.
-        if n * n_kv < pool.threads() && visible(pos0 + n - 1, window).1 >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
-            return self.attention_split(cache, kc, vc, n, pos0, window, s, pool);
+        let stored = pos0 + n;
+        if n * n_kv < pool.threads() && span.of(pos0 + n - 1, stored).1 >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
+            return self.attention_split(cache, kc, vc, n, pos0, span, s, pool);
         }
         let mut hs = group;
         while hs > 1 && hs.is_multiple_of(2) && n * n_kv * (group / hs) < pool.threads() {
@@ -498,7 +503,7 @@ impl Transformer {
         let subs = group / hs;
         let grouped = |i: usize| {
             let (t, g, sub) = (i / (n_kv * subs), (i / subs) % n_kv, i % subs);
-            let (lo, span) = visible(pos0 + t, window);
+            let (lo, span) = span.of(pos0 + t, stored);
             let h0 = g * group + sub * hs;
             let q = &q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hs) * hd];
             // SAFETY: task i owns attn[t*q_dim + h0*hd ..][..hs*hd]: disjoint across tasks.
@@ -532,12 +537,12 @@ impl Transformer {
     /// dimension split over the tasks. Every score, softmax and output element is computed by
     /// the same operations in the same order as in `attention`, so the result is identical.
     #[allow(clippy::too_many_arguments)]
-    fn attention_split<T: KvElem>(&self, cache: &LayerCache, kc: &[T], vc: &[T], n: usize, pos0: usize, window: Option<usize>, s: &mut Scratch, pool: &ThreadPool) {
+    fn attention_split<T: KvElem>(&self, cache: &LayerCache, kc: &[T], vc: &[T], n: usize, pos0: usize, span: Span, s: &mut Scratch, pool: &ThreadPool) {
         let c = &self.cfg;
         let (hd, n_head, n_kv) = (c.head_dim, c.n_head, c.n_kv_head);
         let group = n_head / n_kv;
         let (q_dim, kv_row, scale) = (n_head * hd, n_kv * hd, c.attn_scale);
-        let span_of = |t: usize| visible(pos0 + t, window);
+        let span_of = |t: usize| span.of(pos0 + t, pos0 + n);
         let stride = (0..n).map(|t| span_of(t).1).max().unwrap_or(0);
         // Scores of (token t, head h) at row t * n_head + h.
         if s.att_scores.len() < n * n_head * stride {
@@ -598,11 +603,18 @@ impl Transformer {
     }
 }
 
-/// The positions a query at `pos` attends to, as (first position, count): all up to `pos`, or
-/// the last `window` of them.
-fn visible(pos: usize, window: Option<usize>) -> (usize, usize) {
-    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    (lo, pos + 1 - lo)
+/// What one layer's queries see: the call's mask, within the layer's sliding window.
+#[derive(Clone, Copy)]
+struct Span {
+    mask: AttentionMask,
+    window: Option<usize>,
+}
+
+impl Span {
+    /// (first position, count) for the query at `pos` with `0..stored` in the cache.
+    fn of(self, pos: usize, stored: usize) -> (usize, usize) {
+        self.mask.visible(pos, stored, self.window)
+    }
 }
 
 /// Query heads the attention kernels serve per pass over a KV head's rows

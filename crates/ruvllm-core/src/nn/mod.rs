@@ -1,12 +1,14 @@
 //! Layers the model files are built from. [`Linear`] is every projection of a decoder block: a
 //! weight of any quantization type, an optional bias, and whatever LoRA adapters the request
-//! carries, applied in one place.
+//! carries, applied in one place. [`AttentionMask`] says which positions attention sees.
 
 pub mod lora;
+pub mod mask;
 
 use crate::kernels::matmul::{matmul, matmul_fused};
 use crate::kernels::{ops, QWeight, ThreadPool};
 pub use lora::{AdapterSet, LoraAdapter, Proj};
+pub use mask::AttentionMask;
 
 /// `y = W·x + b + Σᵢ sᵢ · Bᵢ(Aᵢ·x)` for one projection of block `layer`. The weight stays in its
 /// quantized form; adapters come with each call, so one model serves any set of them.
