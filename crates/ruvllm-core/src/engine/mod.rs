@@ -1,7 +1,7 @@
 //! The generation engine: one worker thread owns the model and its KV cache; requests arrive on
 //! a channel, tokens stream back through each request's sink. Cancellation is a flag checked
-//! every token. A panic inside the worker is caught and reported as `Error::Internal`.
-//! OWNER: models owner (lead). The public interface below is what the binding uses.
+//! every token. A panic inside the worker is caught and reported as `Error::Internal`. How a
+//! completion's tokens are produced is a [`decode::DecodeStrategy`] (today: autoregressive).
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,9 +18,13 @@ use crate::kernels::ThreadPool;
 use crate::kv::KvCache;
 use crate::models::{self, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
-use crate::sampling::{Sampler, SamplingParams, StopMatcher, StopResult};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
+
+pub mod decode;
+
+use decode::{Autoregressive, DecodeContext, DecodeRequest, DecodeStrategy};
 
 /// Options for loading a model.
 #[derive(Debug, Clone, Default)]
@@ -704,104 +708,43 @@ impl Worker {
         let start = Instant::now();
         let id = format!("cmpl-{}-{}", std::process::id(), REQUEST_COUNTER.fetch_add(1, Ordering::Relaxed));
         let shared = self.shared.clone();
-        let tok = &shared.tokenizer;
         let ids = self.prompt_ids(&req.prompt, req.params.chat_template.as_deref())?;
         if ids.len() >= self.context {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
         }
-        let max_new = req.params.max_tokens.min(self.context - ids.len());
-        let completion = |text: String, tokens: Vec<u32>, finish_reason: FinishReason| Completion {
-            id: id.clone(),
-            text,
-            completion_tokens: tokens.len(),
-            tokens,
-            finish_reason,
+        let mut c = Completion {
+            id,
+            text: String::new(),
+            tokens: Vec::new(),
+            finish_reason: FinishReason::Abort,
             prompt_tokens: ids.len(),
+            completion_tokens: 0,
             ttft_ms: 0.0,
             prefill_tokens_per_second: 0.0,
             decode_tokens_per_second: 0.0,
         };
         if req.cancel.load(Ordering::Relaxed) {
-            return Ok(completion(String::new(), Vec::new(), FinishReason::Abort));
+            return Ok(c);
         }
-
-        // Prefill.
-        let t_prefill = Instant::now();
         let n_past = self.reusable_prefix(&ids);
-        for (i, chunk) in ids[n_past..].chunks(self.scratch.max_batch).enumerate() {
-            if req.cancel.load(Ordering::Relaxed) {
-                self.cache.tokens.truncate(n_past + i * self.scratch.max_batch);
-                return Ok(completion(String::new(), Vec::new(), FinishReason::Abort));
-            }
-            self.model.forward(chunk, n_past + i * self.scratch.max_batch, &mut self.cache, &mut self.scratch, &self.pool)?;
-        }
-        let prefill_s = t_prefill.elapsed().as_secs_f64();
-        let prefill_tokens = ids.len() - n_past;
-
-        // Decode.
-        let mut sampler = Sampler::new(req.params.sampling.clone());
-        let mut history = ids.clone();
-        let mut generated = Vec::new();
-        let mut text = String::new();
-        let mut decoder = StreamDecoder::new(tok);
-        let mut stops = StopMatcher::new(req.params.stop.clone());
-        let mut ttft = None;
-        let t_decode = Instant::now();
-        let mut reason = FinishReason::Length;
-        let mut stopped_by_string = false;
-        while generated.len() < max_new {
-            if req.cancel.load(Ordering::Relaxed) {
-                reason = FinishReason::Abort;
-                break;
-            }
-            let next = sampler.sample(&mut self.scratch.logits, &history);
-            if ttft.is_none() {
-                ttft = Some(start.elapsed().as_secs_f64() * 1000.0);
-            }
-            if tok.is_end_of_generation(next) {
-                reason = FinishReason::Stop;
-                break;
-            }
-            generated.push(next);
-            history.push(next);
-            let piece = decoder.push(next)?;
-            let (emit, stopped) = match stops.push(&piece) {
-                StopResult::Continue(t) => (t, false),
-                StopResult::Stop(t) => (t, true),
-            };
-            text.push_str(&emit);
-            (req.sink)(Event::Token { id: next, text: emit });
-            if stopped {
-                reason = FinishReason::Stop;
-                stopped_by_string = true;
-                break;
-            }
-            if generated.len() == max_new {
-                break;
-            }
-            let pos = history.len() - 1;
-            self.model.forward(&[next], pos, &mut self.cache, &mut self.scratch, &self.pool)?;
-        }
-        if !stopped_by_string {
-            // Flush held-back text (an incomplete character, or a suffix that could have begun
-            // a stop string).
-            let tail = decoder.finish();
-            let tail = match stops.push(&tail) {
-                StopResult::Continue(t) => t + &stops.flush(),
-                StopResult::Stop(t) => t,
-            };
-            if !tail.is_empty() {
-                text.push_str(&tail);
-                let last = generated.last().copied().unwrap_or(0);
-                (req.sink)(Event::Token { id: last, text: tail });
-            }
-        }
-        let decode_s = t_decode.elapsed().as_secs_f64();
-        let mut c = completion(text, generated, reason);
-        c.ttft_ms = ttft.unwrap_or(0.0);
-        c.prefill_tokens_per_second = if prefill_s > 0.0 { prefill_tokens as f64 / prefill_s } else { 0.0 };
+        let mut ctx = DecodeContext {
+            model: &self.model,
+            cache: &mut self.cache,
+            scratch: &mut self.scratch,
+            pool: &self.pool,
+            tokenizer: &shared.tokenizer,
+            context: self.context,
+        };
+        let request = DecodeRequest { prompt: &ids, reusable: n_past, params: &req.params, cancel: &req.cancel, sink: &mut req.sink, start };
+        let d = Autoregressive.decode(&mut ctx, request)?;
+        c.completion_tokens = d.tokens.len();
+        c.text = d.text;
+        c.tokens = d.tokens;
+        c.finish_reason = d.finish_reason;
+        c.ttft_ms = d.ttft_ms;
+        c.prefill_tokens_per_second = if d.prefill_s > 0.0 { d.prefill_tokens as f64 / d.prefill_s } else { 0.0 };
         let decoded = c.completion_tokens.saturating_sub(1);
-        c.decode_tokens_per_second = if decode_s > 0.0 && decoded > 0 { decoded as f64 / decode_s } else { 0.0 };
+        c.decode_tokens_per_second = if d.decode_s > 0.0 && decoded > 0 { decoded as f64 / d.decode_s } else { 0.0 };
         Ok(c)
     }
 }

@@ -1,0 +1,84 @@
+//! Decode strategies: how a completion's tokens are produced from a prompt. The worker hands a
+//! strategy the model with its KV cache and buffers and the request; the strategy evaluates,
+//! samples and streams tokens through the request's sink. [`Autoregressive`] (prefill, then one
+//! token per forward pass under the causal mask) is the strategy of decoder LMs; a
+//! masked-diffusion decoder (many positions per pass under a bidirectional or block-causal
+//! mask) is another implementation of the same trait.
+
+mod autoregressive;
+
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use super::{FinishReason, GenerateParams, Sink};
+use crate::kernels::ThreadPool;
+use crate::kv::KvCache;
+use crate::models::transformer::Scratch;
+use crate::models::Transformer;
+use crate::tokenizer::Tokenizer;
+use crate::Result;
+
+pub use autoregressive::Autoregressive;
+
+/// What a strategy works with: the worker's model, cache, buffers and thread pool.
+pub struct DecodeContext<'a> {
+    pub model: &'a Transformer,
+    /// Holds the positions of earlier requests (`DecodeRequest::reusable` of them match this
+    /// prompt) and the adapter set the request runs with.
+    pub cache: &'a mut KvCache,
+    pub scratch: &'a mut Scratch,
+    pub pool: &'a ThreadPool,
+    pub tokenizer: &'a Tokenizer,
+    /// Positions the cache holds.
+    pub context: usize,
+}
+
+/// One request as a strategy sees it.
+pub struct DecodeRequest<'a> {
+    /// The prompt's token ids (BOS included where the model wants one); shorter than the context.
+    pub prompt: &'a [u32],
+    /// How many leading prompt positions the cache already holds for this prompt.
+    pub reusable: usize,
+    pub params: &'a GenerateParams,
+    /// Checked before each forward pass; when set, the strategy stops with `FinishReason::Abort`.
+    pub cancel: &'a AtomicBool,
+    /// Receives each `Event::Token` as it is decided (text that may still turn into a stop
+    /// string is held back).
+    pub sink: &'a mut Sink,
+    /// When the request started (for the time to first token).
+    pub start: Instant,
+}
+
+/// What a strategy produced, with its timings.
+pub struct Decoded {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    /// Milliseconds from the request's start to the first token.
+    pub ttft_ms: f64,
+    /// Prompt positions evaluated (not reused from the cache) and the seconds that took.
+    pub prefill_tokens: usize,
+    pub prefill_s: f64,
+    /// Seconds spent producing the tokens after the prompt.
+    pub decode_s: f64,
+}
+
+impl Decoded {
+    /// A request stopped before producing anything.
+    pub fn aborted() -> Self {
+        Decoded {
+            tokens: Vec::new(),
+            text: String::new(),
+            finish_reason: FinishReason::Abort,
+            ttft_ms: 0.0,
+            prefill_tokens: 0,
+            prefill_s: 0.0,
+            decode_s: 0.0,
+        }
+    }
+}
+
+/// How a completion's tokens are produced.
+pub trait DecodeStrategy {
+    fn decode(&self, ctx: &mut DecodeContext<'_>, req: DecodeRequest<'_>) -> Result<Decoded>;
+}
