@@ -9,6 +9,7 @@ pub mod kernels;
 pub mod kv;
 pub mod models;
 pub mod nn;
+pub mod runtime;
 pub mod sampling;
 pub mod tokenizer;
 

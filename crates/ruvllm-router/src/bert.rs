@@ -50,13 +50,14 @@ enum Kernel {
 fn kernel() -> Kernel {
     #[cfg(target_arch = "x86_64")]
     {
-        // `RUVLLM_NO_AVX512` turns AVX-512 off for every kernel of ruvllm (ruvllm-core too).
-        let off = std::env::var_os("RUVLLM_EMBED_NO_AVX512").is_some() || std::env::var_os("RUVLLM_NO_AVX512").is_some();
-        if !off && is_x86_feature_detected!("avx512f") {
+        // The process-wide switches (`RUVLLM_NO_AVX512`, `RUVLLM_FORCE_SCALAR`, ...) apply
+        // through `runtime::cpu`; `RUVLLM_EMBED_NO_AVX512` turns AVX-512 off for the embedder only.
+        let cpu = ruvllm_core::runtime::cpu();
+        if cpu.avx512f && std::env::var_os("RUVLLM_EMBED_NO_AVX512").is_none() {
             return Kernel::Avx512;
         }
         // The AVX2 tiles also convert f16 panels (F16C); every AVX2 CPU has F16C.
-        if crate::simd::has_avx2() && is_x86_feature_detected!("f16c") {
+        if cpu.avx2_fma() && cpu.f16c {
             return Kernel::Avx2;
         }
     }

@@ -34,9 +34,7 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    ruvllm_core::runtime::cpu().avx2_fma()
 }
 
 /// `a · b` over the shorter of the two lengths.

@@ -1,6 +1,6 @@
 //! Dot products of one weight row (raw ggml blocks) with one quantized activation row, as
 //! ggml's `ggml_vec_dot_*`: scalar reference versions here, SIMD versions in `simd_avx2`,
-//! chosen once at run time by [`kernels`]. OWNER: kernels helper.
+//! chosen once at run time by [`kernels`].
 //!
 //! Every function takes the weight row as bytes (`nb × type_size` long) and the activation row
 //! (`nb` blocks, or `cols` f32 for the float formats). Lengths are checked by the callers
@@ -118,18 +118,11 @@ pub fn kernels() -> &'static Kernels {
 fn detect() -> Kernels {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::env::var_os("RUVLLM_FORCE_SCALAR").is_none()
-            && is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-        {
-            let f16c = is_x86_feature_detected!("f16c");
+        let cpu = crate::runtime::cpu();
+        if cpu.avx2_fma() {
+            let f16c = cpu.f16c;
             let mut k = super::simd_avx2::kernels(f16c);
-            if f16c
-                && std::env::var_os("RUVLLM_NO_VNNI").is_none()
-                && super::avx512_allowed()
-                && is_x86_feature_detected!("avx512vnni")
-                && is_x86_feature_detected!("avx512vl")
-            {
+            if f16c && cpu.avx512vnni && cpu.avx512vl {
                 k.q8_0_x4 = super::simd_vnni::dot_q8_0_x4;
                 k.isa = "avx2+avx512vnni";
                 k.gemm = super::gemm::kernel();

@@ -1,5 +1,5 @@
 //! Prefill GEMM for the 32-element weight formats (Q4_0, Q5_0, Q8_0) on weights packed once
-//! into VNNI row tiles. OWNER: kernels helper.
+//! into VNNI row tiles.
 //!
 //! A tile holds [`TILE_ROWS`] weight rows. For each 32-element block it stores the 16 row scales
 //! (f32) and the quants of the 16 rows interleaved four at a time: group `g` (elements
@@ -405,14 +405,8 @@ pub fn kernel_k() -> Option<GemmKFn> {
 pub fn kernel() -> Option<GemmFn> {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::env::var_os("RUVLLM_FORCE_SCALAR").is_none()
-            && std::env::var_os("RUVLLM_NO_GEMM").is_none()
-            && super::avx512_allowed()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("fma")
-        {
+        let cpu = crate::runtime::cpu();
+        if cpu.gemm && cpu.avx512f && cpu.avx512bw && cpu.avx512vnni && cpu.fma {
             return Some(super::simd_avx512::gemm);
         }
     }

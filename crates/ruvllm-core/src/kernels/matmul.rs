@@ -1,4 +1,4 @@
-//! Quantized matrix products. OWNER: kernels helper.
+//! Quantized matrix products.
 //!
 //! `matmul` quantizes the activations once per call (Q8_0/Q8_1-style [`BlockQ8`] for the
 //! 32-element formats, [`BlockQ8K`] for the K-quants; float formats keep f32), then splits the

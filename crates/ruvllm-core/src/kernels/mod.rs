@@ -1,9 +1,8 @@
 //! Kernels: quantized weight formats, dot products with 8-bit-quantized activations (as ggml
 //! does), matrix-vector / matrix-matrix products on a thread pool, and f32 elementwise ops.
-//! SIMD paths are chosen at run time (`is_x86_feature_detected!`), never at compile time, so the
-//! portable binary we ship is fast on every x86-64 CPU.
-//!
-//! OWNER of quant.rs / dot.rs / matmul.rs: kernels helper. ops.rs: models owner.
+//! SIMD paths are chosen at run time from [`crate::runtime::cpu`] (detection and the `RUVLLM_*`
+//! switches in one place), never at compile time, so the portable binary we ship is fast on
+//! every x86-64 CPU.
 
 mod types;
 pub use types::GgmlType;
@@ -24,10 +23,3 @@ pub mod gemm;
 pub mod mem;
 
 pub use matmul::{matmul, QWeight, ThreadPool};
-
-/// Whether the AVX-512 kernels may be used where the CPU has them: `RUVLLM_NO_AVX512` set makes
-/// every kernel take its AVX2 (or scalar) path, as on a CPU without AVX-512, so those paths can
-/// be run and tested on any machine.
-pub fn avx512_allowed() -> bool {
-    std::env::var_os("RUVLLM_NO_AVX512").is_none()
-}

@@ -436,10 +436,8 @@ mod simd {
     pub fn avx2() -> bool {
         static OK: OnceLock<bool> = OnceLock::new();
         *OK.get_or_init(|| {
-            std::env::var_os("RUVLLM_FORCE_SCALAR").is_none()
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
+            let cpu = crate::runtime::cpu();
+            cpu.avx2_fma() && cpu.f16c
         })
     }
 
@@ -487,7 +485,7 @@ mod simd {
     #[inline]
     pub fn avx512() -> bool {
         static OK: OnceLock<bool> = OnceLock::new();
-        *OK.get_or_init(|| avx2() && crate::kernels::avx512_allowed() && is_x86_feature_detected!("avx512f"))
+        *OK.get_or_init(|| avx2() && crate::runtime::cpu().avx512f)
     }
 
     /// [`super::scores`] with 512-bit vectors: lanes 0-7 of a 16-lane accumulator are

@@ -1,5 +1,4 @@
 //! Block formats of ggml (layouts as in ggml-common.h) and their scalar dequantization.
-//! OWNER: kernels helper.
 //!
 //! Byte layouts (all little-endian, no padding), `QK = 32`, `QK_K = 256`:
 //!

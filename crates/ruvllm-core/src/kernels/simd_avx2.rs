@@ -1,6 +1,6 @@
 //! AVX2 + FMA + F16C dot products (ports of ggml's x86 `ggml_vec_dot_*` AVX2 paths). Only
 //! compiled on x86-64 and only called after `is_x86_feature_detected!` said yes (see
-//! `dot::kernels`). OWNER: kernels helper.
+//! `dot::kernels`).
 //!
 //! Safety contract of every `dot_*` here (upheld by `matmul`): the CPU supports AVX2, FMA and
 //! F16C, and `w` holds at least `a.len()` blocks of the weight format (`x.len()` elements for

@@ -1,5 +1,5 @@
 //! AVX-512 (F, BW, VNNI) prefill GEMM on packed row tiles; the layout and the arithmetic are
-//! described in `gemm`. Chosen at run time by `gemm::kernel`. OWNER: kernels helper.
+//! described in `gemm`. Chosen at run time by `gemm::kernel`.
 //!
 //! Safety contract: the CPU supports AVX512F, AVX512BW, AVX512VNNI and FMA.
 

@@ -1,0 +1,84 @@
+//! What the process may use of the machine, decided once. [`cpu`] detects the CPU's SIMD
+//! features and applies every `RUVLLM_*` switch, so the kernels of the core and of the sentence
+//! embedder choose their paths from one answer:
+//!
+//! | switch | effect |
+//! |---|---|
+//! | `RUVLLM_FORCE_SCALAR` | no SIMD at all: the scalar reference kernels everywhere |
+//! | `RUVLLM_NO_AVX512` | no AVX-512 (F, BW, VL, VNNI): the AVX2 paths, as on a CPU without it |
+//! | `RUVLLM_NO_VNNI` | no AVX-512 VNNI (so no VNNI dot products and no tile GEMM) |
+//! | `RUVLLM_NO_GEMM` | no tile GEMM: the per-row kernels for prefill too |
+//!
+//! The switches are read once, when [`cpu`] is first called.
+
+/// CPU features the kernels may use (detected and allowed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuFeatures {
+    pub avx2: bool,
+    pub fma: bool,
+    pub f16c: bool,
+    pub avx512f: bool,
+    pub avx512bw: bool,
+    pub avx512vl: bool,
+    pub avx512vnni: bool,
+    /// The tile GEMM may be used (it needs AVX-512 F, BW and VNNI as well).
+    pub gemm: bool,
+}
+
+impl CpuFeatures {
+    /// The features of this CPU with the switches applied; `env` reads a switch.
+    pub fn detect(env: impl Fn(&str) -> bool) -> CpuFeatures {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if env("RUVLLM_FORCE_SCALAR") {
+                return CpuFeatures::default();
+            }
+            let avx512 = !env("RUVLLM_NO_AVX512");
+            return CpuFeatures {
+                avx2: is_x86_feature_detected!("avx2"),
+                fma: is_x86_feature_detected!("fma"),
+                f16c: is_x86_feature_detected!("f16c"),
+                avx512f: avx512 && is_x86_feature_detected!("avx512f"),
+                avx512bw: avx512 && is_x86_feature_detected!("avx512bw"),
+                avx512vl: avx512 && is_x86_feature_detected!("avx512vl"),
+                avx512vnni: avx512 && !env("RUVLLM_NO_VNNI") && is_x86_feature_detected!("avx512vnni"),
+                gemm: !env("RUVLLM_NO_GEMM"),
+            };
+        }
+        #[allow(unreachable_code)]
+        {
+            let _ = env;
+            CpuFeatures::default()
+        }
+    }
+
+    /// AVX2 with FMA: the per-row SIMD kernels.
+    pub fn avx2_fma(&self) -> bool {
+        self.avx2 && self.fma
+    }
+}
+
+/// This process's CPU features, detected once (see the module docs for the switches).
+pub fn cpu() -> &'static CpuFeatures {
+    static CPU: std::sync::OnceLock<CpuFeatures> = std::sync::OnceLock::new();
+    CPU.get_or_init(|| CpuFeatures::detect(|k| std::env::var_os(k).is_some()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CpuFeatures;
+
+    #[test]
+    fn switches() {
+        let none = CpuFeatures::detect(|_| false);
+        assert_eq!(CpuFeatures::detect(|k| k == "RUVLLM_FORCE_SCALAR"), CpuFeatures::default());
+        let no512 = CpuFeatures::detect(|k| k == "RUVLLM_NO_AVX512");
+        assert!(!no512.avx512f && !no512.avx512bw && !no512.avx512vl && !no512.avx512vnni);
+        assert_eq!((no512.avx2, no512.fma, no512.f16c), (none.avx2, none.fma, none.f16c));
+        let no_vnni = CpuFeatures::detect(|k| k == "RUVLLM_NO_VNNI");
+        assert!(!no_vnni.avx512vnni);
+        assert_eq!(no_vnni.avx512f, none.avx512f);
+        assert!(!CpuFeatures::detect(|k| k == "RUVLLM_NO_GEMM").gemm);
+        assert!(none.gemm);
+    }
+}
