@@ -29,6 +29,12 @@ const PROMPTS = [
   'The largest planet in the solar system is',
   'import numpy as np\n',
   'Roses are red,',
+  'The sun rises in the',
+  'In 1492, Columbus',
+  'The first law of thermodynamics states that',
+  'for i in range(10):',
+  'Dear Sir or Madam,',
+  'The mitochondria is',
 ]
 const N = 16
 const RANK = 8

@@ -1,7 +1,8 @@
 // LoRA adapters' cost: prefill and decode with no adapter, one rank-16 adapter on all seven
 // projections of every block, and four at once, on the same model. Each measurement runs in a
-// fresh process; the configurations alternate round by round (A B C A B C ...) and the table
-// gives medians and the ratio to no adapter measured in the same run.
+// fresh process; the configurations alternate round by round (A B C A B C ...). The table gives
+// median rates and the median over rounds of each round's ratio to no adapter (a ratio of
+// neighbours in time, so a shared machine's slow and fast phases cancel).
 //
 //   npm run bench:lora -- [--model PATH] [--rounds 5] [--threads 2] [--prompt 512] [--new 128]
 import { execFileSync } from 'node:child_process'
@@ -71,7 +72,10 @@ try {
           encoding: 'utf8',
         }),
       )
-      if (out.tokens !== nNew) throw new Error(`${c.name}: decoded ${out.tokens} tokens, expected ${nNew}`)
+      // A random adapter can make the model end its text early; a rate over at least a quarter
+      // of the budget still compares.
+      if (out.tokens < nNew / 4) throw new Error(`${c.name}: decoded only ${out.tokens} tokens of ${nNew}`)
+      results[i].tokens = Math.min(results[i].tokens ?? nNew, out.tokens)
       results[i].prefill.push(out.prefill)
       results[i].decode.push(out.decode)
     }
@@ -84,10 +88,11 @@ try {
   console.log('')
   console.log('| adapters | prefill tok/s | vs none | decode tok/s | vs none |')
   console.log('|---|---|---|---|---|')
-  const [p0, d0] = [median(results[0].prefill), median(results[0].decode)]
+  const ratio = (i, key) => median(results[i][key].map((v, r) => v / results[0][key][r]))
   for (const [i, c] of configs.entries()) {
     const [p, d] = [median(results[i].prefill), median(results[i].decode)]
-    console.log(`| ${c.name} | ${p.toFixed(1)} | ${(p / p0).toFixed(3)} | ${d.toFixed(1)} | ${(d / d0).toFixed(3)} |`)
+    const short = results[i].tokens < nNew ? ` (as few as ${results[i].tokens} tokens decoded)` : ''
+    console.log(`| ${c.name}${short} | ${p.toFixed(1)} | ${ratio(i, 'prefill').toFixed(3)} | ${d.toFixed(1)} | ${ratio(i, 'decode').toFixed(3)} |`)
   }
 } finally {
   rmSync(dir, { recursive: true, force: true })

@@ -236,3 +236,42 @@ fn bad_adapter_files_are_adapter_invalid() {
     let err = engine(vec![(dir.path().join("arch.gguf"), 1.0)]).err().expect("load must fail");
     assert_eq!(err.code(), "ERR_ADAPTER_INVALID");
 }
+
+#[test]
+fn adapter_logits_do_not_depend_on_the_thread_count() {
+    // Prefill (tokens split over the threads) and decode (output columns split) with two
+    // adapters on every projection give bit-identical logits on 1, 2 and 3 threads.
+    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::models::{Transformer, WeightLoader};
+    let cfg = config();
+    let dir = tempfile::tempdir().unwrap();
+    let (p1, p2) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    write_gguf(&p1, &cfg.architecture, ALPHA, RANK, &random_factors(&cfg, RANK, B_SCALE, 11));
+    write_gguf(&p2, &cfg.architecture, 4.0, 4, &random_factors(&cfg, 4, B_SCALE, 12));
+    let e = engine(vec![]).unwrap();
+    let set = AdapterSet::new(vec![(e.load_adapter(&p1).unwrap(), 1.0), (e.load_adapter(&p2).unwrap(), 0.5)]);
+    let file = GgufFile::open(model_path()).unwrap();
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 128).unwrap();
+    let tokens: Vec<u32> = [2u32].into_iter().chain((0..20u32).map(|i| 100 + (i * 7919) % 20000)).collect();
+    let run = |threads: usize| {
+        let pool = ThreadPool::new(threads);
+        model.prepare(&pool);
+        let mut cache = model.new_cache(128, 64);
+        cache.adapters = set.clone();
+        let mut scratch = model.new_scratch(64);
+        model.forward(&tokens, 0, &mut cache, &mut scratch, &pool).unwrap();
+        let mut out = vec![scratch.logits.clone()];
+        for i in 0..3u32 {
+            model.forward(&[300 + i], tokens.len() + i as usize, &mut cache, &mut scratch, &pool).unwrap();
+            out.push(scratch.logits.clone());
+        }
+        out
+    };
+    let one = run(1);
+    for threads in [2, 3] {
+        let other = run(threads);
+        for (step, (a, b)) in one.iter().zip(&other).enumerate() {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{threads} threads, step {step}");
+        }
+    }
+}

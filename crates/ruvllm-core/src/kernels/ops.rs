@@ -293,14 +293,43 @@ fn dot_generic(a: &[f32], b: &[f32]) -> f32 {
 /// `out += w * v`.
 #[inline]
 pub fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
+    axpy_elem(out, w, v)
+}
+
+/// `out += w * v` with `v` in f32 or half (widened exactly as it is loaded).
+#[inline]
+pub fn axpy_elem<T: KvElem>(out: &mut [f32], w: f32, v: &[T]) {
     #[cfg(target_arch = "x86_64")]
     if simd::avx2() {
-        // SAFETY: AVX2 and FMA were detected.
+        // SAFETY: AVX2, FMA and F16C were detected.
         return unsafe { simd::axpy(out, w, v) };
     }
     for (o, &x) in out.iter_mut().zip(v) {
-        *o += w * x;
+        *o += w * x.to_f32();
     }
+}
+
+/// `Σ a[i]·b[i]` with `b` in f32 or half: [`dot`]'s operations, `b` widened exactly as loaded.
+#[inline]
+pub fn dot_elem<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2() {
+        // SAFETY: AVX2, FMA and F16C were detected.
+        return unsafe { simd::dot(a, b) };
+    }
+    let n = a.len().min(b.len());
+    let mut acc = [0.0f32; 8];
+    let chunks = n / 8;
+    for c in 0..chunks {
+        for j in 0..8 {
+            acc[j] += a[c * 8 + j] * b[c * 8 + j].to_f32();
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..n {
+        s += a[i] * b[i].to_f32();
+    }
+    s
 }
 
 /// Attention scores over cached keys: `out[j] = dot(q, k[offs[j]..][..q.len()]) * scale`, the
@@ -820,18 +849,19 @@ mod simd {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
+    /// `out += w * v` with `v` of either element type (f32 for [`super::axpy`]).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy<T: KvElem>(out: &mut [f32], w: f32, v: &[T]) {
         let n = out.len().min(v.len());
         let (po, pv) = (out.as_mut_ptr(), v.as_ptr());
         let wv = _mm256_set1_ps(w);
         let mut i = 0;
         while i + 8 <= n {
-            _mm256_storeu_ps(po.add(i), _mm256_fmadd_ps(wv, _mm256_loadu_ps(pv.add(i)), _mm256_loadu_ps(po.add(i))));
+            _mm256_storeu_ps(po.add(i), _mm256_fmadd_ps(wv, T::load8(pv.add(i)), _mm256_loadu_ps(po.add(i))));
             i += 8;
         }
         while i < n {
-            out[i] += w * v[i];
+            out[i] += w * v[i].to_f32();
             i += 1;
         }
     }

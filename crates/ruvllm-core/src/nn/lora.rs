@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use half::f16;
+
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::{ops, GgmlType, ThreadPool};
 use crate::models::TransformerConfig;
@@ -87,81 +89,64 @@ impl Proj {
     }
 }
 
-/// One projection's low-rank factors.
+/// One projection's low-rank factors, held in half precision: decode reads every factor once
+/// per token, so half the bytes is most of their cost saved (products and sums stay f32).
 #[derive(Debug, Clone)]
 pub struct LoraPair {
     pub rank: usize,
     pub d_in: usize,
     pub d_out: usize,
     /// `A`, `rank × d_in`, row-major.
-    pub a: Vec<f32>,
+    pub a: Vec<f16>,
     /// `Bᵀ`, `rank × d_out`, row-major (column `j` of `B` is row `j` here, so `B·h` is `rank`
     /// contiguous `axpy`s).
-    pub bt: Vec<f32>,
+    pub bt: Vec<f16>,
 }
 
 impl LoraPair {
-    /// From `A` (`rank × d_in`) and `B` (`d_out × rank`), both row-major.
+    /// From `A` (`rank × d_in`) and `B` (`d_out × rank`), both row-major, rounded to half.
     pub fn new(a: Vec<f32>, b: &[f32], rank: usize, d_in: usize, d_out: usize) -> Self {
-        let mut bt = vec![0.0; rank * d_out];
+        let mut bt = vec![f16::ZERO; rank * d_out];
         for o in 0..d_out {
             for j in 0..rank {
-                bt[j * d_out + o] = b[o * rank + j];
+                bt[j * d_out + o] = f16::from_f32(b[o * rank + j]);
             }
         }
-        LoraPair { rank, d_in, d_out, a, bt }
+        LoraPair { rank, d_in, d_out, a: a.iter().map(|&v| f16::from_f32(v)).collect(), bt }
     }
 
-    /// [`Self::apply`] spread over `pool`: with several tokens each task takes a share of them;
-    /// with fewer tokens than threads (decode), `A·x` is computed once and each task adds its
-    /// share of the output columns of `B·h`. Every element gets the same operations in the same
-    /// order as in `apply`, so the result is identical.
-    pub fn apply_pool(&self, pool: &ThreadPool, x: &[f32], n: usize, scale: f32, y: &mut [f32]) {
-        let parts = pool.threads();
-        if parts <= 1 {
-            return self.apply(x, n, scale, y);
-        }
-        let out = SharedMut(y.as_mut_ptr());
-        if n >= parts {
-            pool.for_each(parts, &|i| {
-                let (t0, t1) = (i * n / parts, (i + 1) * n / parts);
-                // SAFETY: task i owns rows t0..t1 of y, disjoint across tasks.
-                let ys = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t0 * self.d_out), (t1 - t0) * self.d_out) };
-                self.apply(&x[t0 * self.d_in..t1 * self.d_in], t1 - t0, scale, ys);
-            });
-            return;
-        }
-        let (mut stack, mut heap) = ([0.0f32; 256], Vec::new());
-        let h: &mut [f32] = if n * self.rank <= stack.len() {
-            &mut stack[..n * self.rank]
-        } else {
-            heap.resize(n * self.rank, 0.0);
-            &mut heap
-        };
+    /// `h[t] = A·x[t]` (`n × rank`) for the `n` rows of `x`.
+    fn down(&self, x: &[f32], n: usize, h: &mut [f32]) {
         for t in 0..n {
             let xt = &x[t * self.d_in..(t + 1) * self.d_in];
             for j in 0..self.rank {
-                h[t * self.rank + j] = ops::dot(&self.a[j * self.d_in..(j + 1) * self.d_in], xt);
+                h[t * self.rank + j] = ops::dot_elem(xt, &self.a[j * self.d_in..(j + 1) * self.d_in]);
             }
         }
-        // Column ranges in multiples of 16 floats (whole SIMD vectors, so each element is summed
-        // as in `apply`'s axpy over the full row).
+    }
+
+    /// Columns `c0..c1` of `y[t] += scale · B·h[t]` for the `n` rows of `h` (`n × rank`); `y`
+    /// points at row 0 of `n × d_out`.
+    ///
+    /// # Safety
+    /// `y` must be valid for `n * d_out` floats, and no other thread may touch columns
+    /// `c0..c1` of its rows meanwhile.
+    unsafe fn up_columns(&self, h: &[f32], n: usize, scale: f32, y: SharedMut, c0: usize, c1: usize) {
+        for t in 0..n {
+            // SAFETY: the caller guarantees the rows exist and that these columns are ours.
+            let yt = unsafe { std::slice::from_raw_parts_mut(y.ptr().add(t * self.d_out + c0), c1 - c0) };
+            for j in 0..self.rank {
+                ops::axpy_elem(yt, scale * h[t * self.rank + j], &self.bt[j * self.d_out + c0..j * self.d_out + c1]);
+            }
+        }
+    }
+
+    /// Output columns of task `i` of `parts` when `B·h` is split by columns: whole 16-float
+    /// vectors (so each element is summed as by an `axpy` over the full row), the last task
+    /// taking the tail.
+    fn columns(&self, i: usize, parts: usize) -> (usize, usize) {
         let width = self.d_out.div_ceil(parts).next_multiple_of(16);
-        let h: &[f32] = h;
-        pool.for_each(parts, &|i| {
-            let c0 = (i * width).min(self.d_out);
-            let c1 = ((i + 1) * width).min(self.d_out);
-            if c0 == c1 {
-                return;
-            }
-            for t in 0..n {
-                // SAFETY: task i owns columns c0..c1 of every row of y, disjoint across tasks.
-                let yt = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t * self.d_out + c0), c1 - c0) };
-                for j in 0..self.rank {
-                    ops::axpy(yt, scale * h[t * self.rank + j], &self.bt[j * self.d_out + c0..j * self.d_out + c1]);
-                }
-            }
-        });
+        ((i * width).min(self.d_out), ((i + 1) * width).min(self.d_out))
     }
 
     /// `y[t] += scale · B·(A·x[t])` for the `n` rows of `x` (`n × d_in`) and `y` (`n × d_out`).
@@ -177,11 +162,11 @@ impl LoraPair {
         for t in 0..n {
             let xt = &x[t * self.d_in..(t + 1) * self.d_in];
             for (j, hj) in h.iter_mut().enumerate() {
-                *hj = ops::dot(&self.a[j * self.d_in..(j + 1) * self.d_in], xt);
+                *hj = ops::dot_elem(xt, &self.a[j * self.d_in..(j + 1) * self.d_in]);
             }
             let yt = &mut y[t * self.d_out..(t + 1) * self.d_out];
             for (j, &hj) in h.iter().enumerate() {
-                ops::axpy(yt, scale * hj, &self.bt[j * self.d_out..(j + 1) * self.d_out]);
+                ops::axpy_elem(yt, scale * hj, &self.bt[j * self.d_out..(j + 1) * self.d_out]);
             }
         }
     }
@@ -265,7 +250,7 @@ impl LoraAdapter {
                 )));
             }
             if !pair.a.iter().chain(&pair.bt).all(|v| v.is_finite()) {
-                return Err(bad(format!("layer {l} {}: non-finite values", p.gguf_name())));
+                return Err(bad(format!("layer {l} {}: values that are not finite or lie beyond half precision (±65504)", p.gguf_name())));
             }
             if layers[l][p.index()].is_some() {
                 return Err(bad(format!("layer {l} {}: given twice", p.gguf_name())));
@@ -353,6 +338,9 @@ impl LoraAdapter {
             })?;
             if is_a { a_of.insert((l, p), t) } else { b_of.insert((l, p), t) };
         }
+        // The largest rank is the adapter's: `alpha / max rank` is its scale, and a tensor of a
+        // smaller rank has its B scaled up to keep llama.cpp's `alpha / (its own rank)`.
+        let max_rank = a_of.values().map(|a| a.dims.get(1).copied().unwrap_or(0) as usize).max().unwrap_or(1).max(1);
         let mut pairs = Vec::new();
         for (&(l, p), a) in &a_of {
             let b = b_of.remove(&(l, p)).ok_or_else(|| bad(format!("'{}' has no matching .lora_b", a.name)))?;
@@ -370,21 +358,17 @@ impl LoraAdapter {
                 return Err(bad(format!("'{}': rank 0", a.name)));
             }
             let av = tensor_f32(&f, a, path)?;
-            let bv = tensor_f32(&f, b, path)?;
+            let mut bv = tensor_f32(&f, b, path)?;
+            if alpha != 0.0 && rank != max_rank {
+                let k = max_rank as f32 / rank as f32;
+                bv.iter_mut().for_each(|v| *v *= k);
+            }
             pairs.push((l, p, LoraPair::new(av, &bv, rank, inp, out)));
         }
         if let Some(b) = b_of.values().next() {
             return Err(bad(format!("'{}' has no matching .lora_a", b.name)));
         }
-        let rank = pairs.iter().map(|(_, _, p)| p.rank).max().unwrap_or(1);
-        let base_scale = if alpha == 0.0 { 1.0 } else { alpha / rank as f32 };
-        // llama.cpp scales each tensor by alpha / (that tensor's rank); with one rank, the same.
-        if pairs.iter().any(|(_, _, p)| p.rank != rank) && alpha != 0.0 {
-            for (_, _, p) in pairs.iter_mut() {
-                let s = rank as f32 / p.rank as f32;
-                p.bt.iter_mut().for_each(|v| *v *= s);
-            }
-        }
+        let base_scale = if alpha == 0.0 { 1.0 } else { alpha / max_rank as f32 };
         Self::from_pairs(path, AdapterFormat::Gguf, cfg, base_scale, pairs)
     }
 
@@ -447,9 +431,9 @@ impl LoraAdapter {
         self.layers.get(layer).and_then(|l| l[p.index()].as_ref())
     }
 
-    /// Bytes of f32 factors held.
+    /// Bytes of factors held.
     pub fn size_bytes(&self) -> usize {
-        self.layers.iter().flatten().flatten().map(|p| (p.a.len() + p.bt.len()) * 4).sum()
+        self.layers.iter().flatten().flatten().map(|p| (p.a.len() + p.bt.len()) * 2).sum()
     }
 }
 
@@ -520,17 +504,98 @@ impl AdapterSet {
         key(self) == key(other)
     }
 
-    /// `y += Σ scale · B(A·x)` over the set's adapters that change block `layer`'s `p`, for the
-    /// `n` rows of `x` and `y`.
-    pub fn apply(&self, pool: &ThreadPool, layer: usize, p: Proj, x: &[f32], n: usize, y: &mut [f32]) {
+    /// `ys[k] += Σ scale · B(A·x)` over the set's adapters that change block `layer`'s
+    /// projection `ps[k]` (all of the same input `x`, `n` rows; `ys[k]` is `n × out`), in one
+    /// pass over the thread pool: with several tokens each task takes a share of them; with
+    /// fewer tokens than threads (decode), every `A·x` is computed first and each task adds its
+    /// share of the output columns. Per element the deltas are added in the set's order with the
+    /// same operations as [`LoraPair::apply`], so the result does not depend on the threads.
+    pub fn apply<const N: usize>(&self, pool: &ThreadPool, layer: usize, ps: [Proj; N], x: &[f32], n: usize, ys: &mut [&mut [f32]; N]) {
+        // (output k, factors, scale) of every delta to add, in the set's order.
+        let mut items = Items::default();
         for (a, s) in &self.entries {
-            if *s == 0.0 {
-                continue;
-            }
-            if let Some(pair) = a.pair(layer, p) {
-                pair.apply_pool(pool, x, n, s * a.base_scale, y);
+            for (k, &p) in ps.iter().enumerate() {
+                if let (Some(pair), true) = (a.pair(layer, p), *s != 0.0) {
+                    items.push((k, pair, s * a.base_scale));
+                }
             }
         }
+        if items.is_empty() {
+            return;
+        }
+        let parts = pool.threads();
+        if parts <= 1 {
+            for (k, pair, s) in items.iter() {
+                pair.apply(x, n, s, ys[k]);
+            }
+            return;
+        }
+        let outs: [SharedMut; N] = std::array::from_fn(|k| SharedMut(ys[k].as_mut_ptr()));
+        if n >= parts {
+            pool.for_each(parts, &|i| {
+                let (t0, t1) = (i * n / parts, (i + 1) * n / parts);
+                for (k, pair, s) in items.iter() {
+                    // SAFETY: task i owns rows t0..t1 of every output, disjoint across tasks.
+                    let y = unsafe { std::slice::from_raw_parts_mut(outs[k].ptr().add(t0 * pair.d_out), (t1 - t0) * pair.d_out) };
+                    pair.apply(&x[t0 * pair.d_in..t1 * pair.d_in], t1 - t0, s, y);
+                }
+            });
+            return;
+        }
+        // h of item m at hs[offs[m]..][..n * rank].
+        let total: usize = items.iter().map(|(_, p, _)| n * p.rank).sum();
+        let (mut stack, mut heap) = ([0.0f32; 1024], Vec::new());
+        let hs: &mut [f32] = if total <= stack.len() {
+            &mut stack[..total]
+        } else {
+            heap.resize(total, 0.0);
+            &mut heap
+        };
+        let mut at = 0;
+        for (_, pair, _) in items.iter() {
+            pair.down(x, n, &mut hs[at..at + n * pair.rank]);
+            at += n * pair.rank;
+        }
+        let hs: &[f32] = hs;
+        pool.for_each(parts, &|i| {
+            let mut at = 0;
+            for (k, pair, s) in items.iter() {
+                let (c0, c1) = pair.columns(i, parts);
+                if c0 < c1 {
+                    // SAFETY: `outs[k]` is `n × d_out` (from `ys[k]`); task i owns columns c0..c1.
+                    unsafe { pair.up_columns(&hs[at..at + n * pair.rank], n, s, outs[k], c0, c1) };
+                }
+                at += n * pair.rank;
+            }
+        });
+    }
+}
+
+/// The deltas of one call, without allocating for up to 24 of them (8 adapters on 3 fused
+/// projections).
+#[derive(Default)]
+struct Items<'a> {
+    fixed: [Option<(usize, &'a LoraPair, f32)>; 24],
+    len: usize,
+    more: Vec<(usize, &'a LoraPair, f32)>,
+}
+
+impl<'a> Items<'a> {
+    fn push(&mut self, it: (usize, &'a LoraPair, f32)) {
+        if self.len < self.fixed.len() {
+            self.fixed[self.len] = Some(it);
+            self.len += 1;
+        } else {
+            self.more.push(it);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (usize, &'a LoraPair, f32)> + '_ {
+        self.fixed[..self.len].iter().flatten().copied().chain(self.more.iter().copied())
     }
 }
 
@@ -541,8 +606,9 @@ mod tests {
     #[test]
     fn apply_equals_the_naive_product() {
         let (r, d_in, d_out, n) = (3, 5, 4, 2);
-        let a: Vec<f32> = (0..r * d_in).map(|i| (i as f32 * 0.37).sin()).collect();
-        let b: Vec<f32> = (0..d_out * r).map(|i| (i as f32 * 0.11).cos()).collect();
+        // Values exact in half precision, as the pair holds them.
+        let a: Vec<f32> = (0..r * d_in).map(|i| f16::from_f32((i as f32 * 0.37).sin()).to_f32()).collect();
+        let b: Vec<f32> = (0..d_out * r).map(|i| f16::from_f32((i as f32 * 0.11).cos()).to_f32()).collect();
         let x: Vec<f32> = (0..n * d_in).map(|i| i as f32 * 0.1 - 0.3).collect();
         let pair = LoraPair::new(a.clone(), &b, r, d_in, d_out);
         let mut y = vec![1.0f32; n * d_out];
@@ -557,19 +623,27 @@ mod tests {
     }
 
     #[test]
-    fn apply_pool_is_bit_identical_to_apply() {
+    fn column_split_is_bit_identical_to_apply() {
         let (r, d_in, d_out) = (5, 64, 200);
         let a: Vec<f32> = (0..r * d_in).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..d_out * r).map(|i| (i as f32 * 0.11).cos()).collect();
         let pair = LoraPair::new(a, &b, r, d_in, d_out);
-        for threads in [1, 2, 3] {
-            let pool = ThreadPool::new(threads);
+        for parts in [1, 2, 3, 5] {
             for n in [1, 2, 7] {
                 let x: Vec<f32> = (0..n * d_in).map(|i| (i as f32 * 0.013).cos()).collect();
                 let (mut y1, mut y2) = (vec![0.5f32; n * d_out], vec![0.5f32; n * d_out]);
                 pair.apply(&x, n, 0.7, &mut y1);
-                pair.apply_pool(&pool, &x, n, 0.7, &mut y2);
-                assert!(y1.iter().zip(&y2).all(|(p, q)| p.to_bits() == q.to_bits()), "threads {threads} n {n}");
+                let mut h = vec![0.0; n * r];
+                pair.down(&x, n, &mut h);
+                let mut covered = 0;
+                for i in 0..parts {
+                    let (c0, c1) = pair.columns(i, parts);
+                    covered += c1 - c0;
+                    // SAFETY: y2 is n × d_out and nothing else touches it.
+                    unsafe { pair.up_columns(&h, n, 0.7, SharedMut(y2.as_mut_ptr()), c0, c1) };
+                }
+                assert_eq!(covered, d_out);
+                assert!(y1.iter().zip(&y2).all(|(p, q)| p.to_bits() == q.to_bits()), "parts {parts} n {n}");
             }
         }
     }

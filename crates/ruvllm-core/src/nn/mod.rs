@@ -28,7 +28,8 @@ impl Linear {
     /// `y` (`n × rows`) for the `n` rows of `x` (`n × cols`).
     pub fn forward(&self, pool: &ThreadPool, x: &[f32], n: usize, y: &mut [f32], adapters: &AdapterSet) {
         matmul(pool, &self.weight, x, n, y);
-        self.finish(pool, x, n, y, adapters);
+        self.add_bias(n, y);
+        adapters.apply(pool, self.layer, [self.proj], x, n, &mut [y]);
     }
 
     /// Several projections of the same input in one pass over `x` (the quantized products are
@@ -36,17 +37,17 @@ impl Linear {
     pub fn forward_fused<const N: usize>(pool: &ThreadPool, ls: [&Linear; N], x: &[f32], n: usize, ys: &mut [&mut [f32]; N], adapters: &AdapterSet) {
         matmul_fused(pool, &ls.map(|l| &l.weight), x, n, ys);
         for (l, y) in ls.iter().zip(ys.iter_mut()) {
-            l.finish(pool, x, n, y, adapters);
+            l.add_bias(n, y);
         }
+        // One pass over the pool for the adapters of all the projections.
+        adapters.apply(pool, ls[0].layer, ls.map(|l| l.proj), x, n, ys);
     }
 
-    /// Bias, then the adapters' deltas.
-    fn finish(&self, pool: &ThreadPool, x: &[f32], n: usize, y: &mut [f32], adapters: &AdapterSet) {
+    fn add_bias(&self, n: usize, y: &mut [f32]) {
         if let Some(b) = &self.bias {
             for row in y[..n * self.weight.rows].chunks_exact_mut(self.weight.rows) {
                 ops::add_inplace(row, b);
             }
         }
-        adapters.apply(pool, self.layer, self.proj, x, n, y);
     }
 }
