@@ -14,6 +14,7 @@ mod request;
 mod router;
 mod signal;
 mod stream;
+mod task;
 mod types;
 
 pub use adapter::Adapter;

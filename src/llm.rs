@@ -18,6 +18,7 @@ use crate::error::{guard, sync_call, CodedError, Res};
 use crate::options::{self, Val};
 use crate::request::{Request, Step};
 use crate::signal::{self, CancelState, SignalHook};
+use crate::task::spawn;
 use crate::stream::TokenStream;
 use crate::types::{Completion, ModelInfo, ScoreResult, TokenChunk};
 
@@ -86,30 +87,27 @@ impl Llm {
       let fetch = crate::hub::fetch_options(env, &options)?;
       Ok((p, o, fetch))
     });
-    let fut = async move {
-      let (path_or_id, opts, fetch) = parsed?;
-      let joined = tokio::task::spawn_blocking(move || {
-        guard(|| {
-          // A path, a known id (found in the cache, the pip package's folder or a flat file in
-          // $RUVLLM_MODELS_DIR, else downloaded), or hf:owner/repo/file.gguf.
-          let path = crate::hub::resolve_model(&path_or_id, &fetch)?;
-          drop(fetch);
-          let default_seed = opts.seed;
-          let engine = Engine::load(&path, opts)?;
-          let info = engine.info().clone();
-          Ok(Llm {
-            engine: Arc::new(engine),
-            info,
-            default_seed,
-            closed: Arc::new(AtomicBool::new(false)),
-            active: Arc::new(Mutex::new(Vec::new())),
-          })
+    spawn(
+      env,
+      parsed,
+      |(path_or_id, opts, fetch)| {
+        // A path, a known id (found in the cache, the pip package's folder or a flat file in
+        // $RUVLLM_MODELS_DIR, else downloaded), or hf:owner/repo/file.gguf.
+        let path = crate::hub::resolve_model(&path_or_id, &fetch)?;
+        drop(fetch);
+        let default_seed = opts.seed;
+        let engine = Engine::load(&path, opts)?;
+        let info = engine.info().clone();
+        Ok(Llm {
+          engine: Arc::new(engine),
+          info,
+          default_seed,
+          closed: Arc::new(AtomicBool::new(false)),
+          active: Arc::new(Mutex::new(Vec::new())),
         })
-      })
-      .await;
-      joined.unwrap_or_else(|e| Err(CodedError::internal(format!("model loading stopped: {e}"))))
-    };
-    env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<Llm>| r.map_err(|e| e.into_napi(env)))
+      },
+      |_, llm| Ok(llm),
+    )
   }
 
   /// Checks load and generation options without a model, throwing the `ERR_INVALID_ARG` error
@@ -296,13 +294,12 @@ impl Llm {
       Ok((p, adapter::load_adapter_options(env, &options)?))
     });
     let (engine, owner) = (self.engine.clone(), self.owner());
-    let fut = async move {
-      let (p, scale) = parsed?;
-      let joined = tokio::task::spawn_blocking(move || guard(|| Ok(engine.load_adapter(std::path::Path::new(&p))?))).await;
-      let loaded = joined.unwrap_or_else(|e| Err(CodedError::internal(format!("adapter loading stopped: {e}"))))?;
-      Ok(Adapter::new(loaded, owner, scale))
-    };
-    env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<Adapter>| r.map_err(|e| e.into_napi(env)))
+    spawn(
+      env,
+      parsed,
+      move |(p, scale)| Ok((engine.load_adapter(std::path::Path::new(&p))?, scale)),
+      move |_, (loaded, scale)| Ok(Adapter::new(loaded, owner, scale)),
+    )
   }
 
   /// Embeds texts with this model: per text, the mean over its tokens (BOS included) of the
@@ -329,11 +326,7 @@ impl Llm {
       }
     }
     let engine = self.engine.clone();
-    let fut = async move {
-      let joined = tokio::task::spawn_blocking(move || guard(|| Ok(engine.close()))).await;
-      joined.unwrap_or_else(|e| Err(CodedError::internal(format!("close stopped: {e}"))))
-    };
-    env.spawn_future_with_callback(async move { Ok(fut.await) }, |env, r: Res<()>| r.map_err(|e| e.into_napi(env)))
+    spawn(env, Ok(()), move |()| Ok(engine.close()), |_, ()| Ok(()))
   }
 }
 

@@ -11,42 +11,13 @@ use napi_derive::napi;
 
 use ruvllm_router as rr;
 
-use crate::error::{guard, sync_call, CodedError, Res};
+use crate::error::{sync_call, CodedError, Res};
+use crate::task::spawn;
 
 fn coded(e: rr::Error) -> CodedError {
   match e {
     rr::Error::InvalidArg(m) => CodedError::invalid_type(m),
     other => CodedError::new(other.code(), other.to_string()),
-  }
-}
-
-/// Runs `f` on tokio's blocking pool with panics caught; the promise resolves with `map(value)`
-/// built on the JS thread, or rejects with the coded error.
-fn spawn<'env, T, V, F, M>(env: &'env Env, pre: Res<()>, f: F, map: M) -> napi::Result<PromiseRaw<'env, V>>
-where
-  T: Send + 'static,
-  V: napi::bindgen_prelude::ToNapiValue,
-  F: FnOnce() -> Res<T> + Send + 'static,
-  M: FnOnce(&Env, T) -> Res<V> + 'static,
-{
-  let fut = async move {
-    pre?;
-    tokio::task::spawn_blocking(move || guard(f))
-      .await
-      .unwrap_or_else(|e| Err(CodedError::internal(format!("worker stopped: {e}"))))
-  };
-  env.spawn_future_with_callback(async move { Ok(fut.await) }, move |env, r: Res<T>| {
-    r.and_then(|v| guard(|| map(env, v))).map_err(|e| e.into_napi(env))
-  })
-}
-
-/// Splits a result checked on the JS thread for [`spawn`]: its error (if any) rejects the
-/// promise, its value goes to the worker closure (a default placeholder, never used, when it
-/// failed).
-fn split<T: Default>(r: Res<T>) -> (Res<()>, T) {
-  match r {
-    Ok(v) => (Ok(()), v),
-    Err(e) => (Err(e), T::default()),
   }
 }
 
@@ -131,11 +102,10 @@ fn adapter_option(env: &Env, v: &Unknown) -> Res<rr::Adapter> {
 #[napi(ts_args_type = "texts: string[]", ts_return_type = "Promise<Float32Array[]>")]
 pub fn embed<'env>(env: &'env Env, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
   let texts = texts_arg(env, &texts);
-  let (pre, texts) = split(texts);
   spawn(
     env,
-    pre,
-    move || {
+    texts,
+    move |texts| {
       let e = rr::default_embedder().map_err(coded)?;
       let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
       if refs.is_empty() {
@@ -178,12 +148,10 @@ pub(crate) fn llm_embedder(engine: Arc<ruvllm_core::engine::Engine>, info: &ruvl
 /// Validates `texts` on the JS thread, embeds them with `inner` on the blocking pool.
 pub(crate) fn embed_promise<'env>(env: &'env Env, inner: Res<Arc<dyn rr::Embedder>>, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
   let checked = inner.and_then(|e| texts_arg(env, &texts).map(|t| (e, t)));
-  let (pre, job) = split(checked.map(Some));
   spawn(
     env,
-    pre,
-    move || {
-      let (inner, texts) = job.ok_or_else(|| CodedError::internal("no embedding job"))?;
+    checked,
+    move |(inner, texts)| {
       let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
       if refs.is_empty() {
         return Ok(Vec::new());
@@ -221,8 +189,7 @@ impl Embedder {
       Err(e) => Err(e),
     }
     .and_then(|dir| Ok((dir, options.as_ref().map(|o| adapter_option(env, o)).transpose()?.unwrap_or_default())));
-    let (pre, args) = split(args);
-    spawn(env, pre, move || { let (dir, adapter) = args; load_embedder_with(dir, adapter) }, |_, inner| Ok(Embedder { inner }))
+    spawn(env, args, move |(dir, adapter)| load_embedder_with(dir, adapter), |_, inner| Ok(Embedder { inner }))
   }
 
   /// A loaded `LLM` as an embedder: the mean over a text's tokens (BOS included) of the model's
@@ -454,12 +421,10 @@ impl Router {
   #[napi(ts_args_type = "path: string, options?: { embedder?: Embedder | string }", ts_return_type = "Promise<Router>")]
   pub fn load<'env>(env: &'env Env, path: Unknown, options: Unknown) -> napi::Result<PromiseRaw<'env, Router>> {
     let parsed = string_arg(env, &path, "path").and_then(|p| Ok((p, router_options(env, &options)?)));
-    let (pre, args) = split(parsed.map(Some));
     spawn(
       env,
-      pre,
-      move || {
-        let (path, (_, embedder, dir)) = args.ok_or_else(|| CodedError::internal("missing arguments"))?;
+      parsed,
+      move |(path, (_, embedder, dir))| {
         let emb = match embedder {
           Some(e) => e,
           None => load_embedder(dir)?,
@@ -474,11 +439,10 @@ impl Router {
   #[napi(ts_args_type = "task: string", ts_return_type = "Promise<RouteResult>")]
   pub fn route<'env>(&self, env: &'env Env, task: Unknown) -> napi::Result<PromiseRaw<'env, RouteResult>> {
     let shared = self.shared.clone();
-    let (pre, task) = split(string_arg(env, &task, "task"));
     spawn(
       env,
-      pre,
-      move || {
+      string_arg(env, &task, "task"),
+      move |task| {
         // Build (first use) and embed outside the timed part only for the build.
         let emb = with_router(&shared, |r| Ok(r.embedder().clone()))?;
         let t = std::time::Instant::now();
@@ -517,11 +481,10 @@ impl Router {
       Ok(_) => Err(CodedError::invalid_type("examples must be an array of { text, agent }")),
       Err(e) => Err(e),
     };
-    let (pre, items) = split(parsed);
     spawn(
       env,
-      pre,
-      move || {
+      parsed,
+      move |items| {
         with_router(&shared, |r| {
           let n = r.add_examples(&items).map_err(coded)?;
           r.fit();
@@ -545,12 +508,10 @@ impl Router {
       }
       _ => Err(CodedError::invalid_type("outcome must be { agent, success }")),
     });
-    let (pre, args) = split(parsed.map(Some));
     spawn(
       env,
-      pre,
-      move || {
-        let (task, agent, success) = args.ok_or_else(|| CodedError::internal("missing arguments"))?;
+      parsed,
+      move |(task, agent, success)| {
         let emb = with_router(&shared, |r| Ok(r.embedder().clone()))?;
         let v = emb.embed(&[&task]).map_err(coded)?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
         with_router(&shared, |r| {
@@ -575,8 +536,7 @@ impl Router {
   #[napi(ts_args_type = "path: string", ts_return_type = "Promise<void>")]
   pub fn save<'env>(&self, env: &'env Env, path: Unknown) -> napi::Result<PromiseRaw<'env, ()>> {
     let shared = self.shared.clone();
-    let (pre, path) = split(string_arg(env, &path, "path"));
-    spawn(env, pre, move || with_router(&shared, |r| r.save(&PathBuf::from(&path)).map_err(coded)), |_, ()| Ok(()))
+    spawn(env, string_arg(env, &path, "path"), move |path| with_router(&shared, |r| r.save(&PathBuf::from(&path)).map_err(coded)), |_, ()| Ok(()))
   }
 
   /// Counts: `{ agents, patterns, indexed }` (`indexed`: patterns in the HNSW graph; 0 while
@@ -587,7 +547,7 @@ impl Router {
     spawn(
       env,
       Ok(()),
-      move || {
+      move |()| {
         with_router(&shared, |r| {
           Ok(serde_json::json!({
             "agents": r.agents().iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
@@ -630,12 +590,10 @@ pub fn hooks_state_path(env: Env, state: Unknown) -> napi::Result<String> {
 #[napi(ts_args_type = "description: string, statePath?: string", ts_return_type = "Promise<Record<string, unknown>>")]
 pub fn hooks_pre_task<'env>(env: &'env Env, description: Unknown, state: Unknown) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
   let parsed = string_arg(env, &description, "description").and_then(|d| Ok((d, opt_string(env, &state, "statePath")?)));
-  let (pre, args) = split(parsed.map(Some));
   spawn(
     env,
-    pre,
-    move || {
-      let (d, s) = args.ok_or_else(|| CodedError::internal("missing arguments"))?;
+    parsed,
+    move |(d, s)| {
       let path = state_path(s)?;
       let emb = rr::router_default_embedder().map_err(coded)?;
       let out = rr::hooks::pre_task(&d, emb, &path).map_err(coded)?;
@@ -664,12 +622,10 @@ pub fn hooks_post_task<'env>(
     };
     Ok((t, a, s, opt_string(env, &state, "statePath")?))
   })();
-  let (pre, args) = split(parsed.map(Some));
   spawn(
     env,
-    pre,
-    move || {
-      let (t, a, s, st) = args.ok_or_else(|| CodedError::internal("missing arguments"))?;
+    parsed,
+    move |(t, a, s, st)| {
       let path = state_path(st)?;
       let emb = rr::router_default_embedder().map_err(coded)?;
       let out = rr::hooks::post_task(&t, &a, s, emb, &path).map_err(coded)?;
@@ -714,11 +670,10 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
     }
     Ok((opts, custom))
   });
-  let (pre, (opts, custom)) = split(parsed);
   spawn(
     env,
-    pre,
-    move || {
+    parsed,
+    move |(opts, custom)| {
       let emb = match custom {
         Some(e) => e,
         None => rr::router_default_embedder().map_err(coded)?,
