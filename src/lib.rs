@@ -7,7 +7,7 @@
 
 mod adapter;
 mod error;
-mod hub;
+mod models;
 mod llm;
 mod options;
 mod request;

@@ -84,7 +84,7 @@ impl Llm {
       let p = options::path_or_id(Some(Val::new(env, &path_or_id)))?;
       let o = options::load_options(Some(Val::new(env, &options)))?;
       // The model manager's options (download, source, onProgress, onNotice, signal).
-      let fetch = crate::hub::fetch_options(env, &options)?;
+      let fetch = crate::models::fetch_options(env, &options)?;
       Ok((p, o, fetch))
     });
     spawn(
@@ -93,7 +93,7 @@ impl Llm {
       |(path_or_id, opts, fetch)| {
         // A path, a known id (found in the cache, the pip package's folder or a flat file in
         // $RUVLLM_MODELS_DIR, else downloaded), or hf:owner/repo/file.gguf.
-        let path = crate::hub::resolve_model(&path_or_id, &fetch)?;
+        let path = crate::models::resolve_model(&path_or_id, &fetch)?;
         drop(fetch);
         let default_seed = opts.seed;
         let engine = Engine::load(&path, opts)?;

@@ -214,7 +214,7 @@ pub fn path_or_id(v: Option<Val>) -> Res<String> {
 }
 
 /// `LLM.load(_, opts)`.
-/// `download`, `source`, `onProgress`, `onNotice` and `signal` are read by `hub::fetch_options`.
+/// `download`, `source`, `onProgress`, `onNotice` and `signal` are read by `models::fetch_options`.
 pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
   let bag = option_bag(
     v,

@@ -34,7 +34,7 @@ const REFERENCE: &[(&str, &[u32], &[u32])] = &[
 ];
 
 fn model_path() -> PathBuf {
-    ruvllm_hub::real_test_model().unwrap_or_else(|e| panic!("{e}"))
+    ruvllm_models::real_test_model().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn generate(engine: &Engine, prompt: Prompt, max_tokens: usize) -> Completion {

@@ -407,7 +407,7 @@ fn no_tensors_is_valid() {
 /// The real Gemma 3 270M model that CI installs.
 #[test]
 fn real_model() {
-    let path = ruvllm_hub::real_test_model().unwrap_or_else(|e| panic!("{e}"));
+    let path = ruvllm_models::real_test_model().unwrap_or_else(|e| panic!("{e}"));
     let start = std::time::Instant::now();
     let f = GgufFile::open(&path).unwrap();
     let elapsed = start.elapsed();

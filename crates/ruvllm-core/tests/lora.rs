@@ -23,7 +23,7 @@ const PROMPTS: &[&str] = &[
 ];
 
 fn model_path() -> PathBuf {
-    ruvllm_hub::real_test_model().unwrap_or_else(|e| panic!("{e}"))
+    ruvllm_models::real_test_model().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn config() -> TransformerConfig {

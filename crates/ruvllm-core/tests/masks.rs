@@ -19,7 +19,7 @@ struct Model {
 
 impl Model {
     fn load() -> Self {
-        let path = ruvllm_hub::real_test_model().unwrap_or_else(|e| panic!("{e}"));
+        let path = ruvllm_models::real_test_model().unwrap_or_else(|e| panic!("{e}"));
         let file = GgufFile::open(path).unwrap();
         let cfg = config_from_gguf(&file).unwrap();
         let model = Transformer::load(&WeightLoader { file: &file }, cfg, 256).unwrap();

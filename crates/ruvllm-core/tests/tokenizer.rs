@@ -379,7 +379,7 @@ fn from_gguf_rejects_bad_metadata() {
 // ---------------------------------------------------------------------------------------------
 
 fn model_path() -> PathBuf {
-    ruvllm_hub::real_test_model().unwrap_or_else(|e| panic!("{e}"))
+    ruvllm_models::real_test_model().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn gemma() -> &'static Tokenizer {

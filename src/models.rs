@@ -1,4 +1,4 @@
-//! `models.*`: the model manager (crates/ruvllm-hub) for JavaScript. Wrappers only: each
+//! `models.*`: the model manager (crates/ruvllm-models) for JavaScript. Wrappers only: each
 //! function converts arguments, runs the crate's function (downloads on their own thread, never
 //! on the libuv pool) and maps its error to a JS error with a stable `code`.
 
@@ -9,7 +9,7 @@ use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode, 
 use napi::Env;
 use napi_derive::napi;
 
-use ruvllm_hub as hub;
+use ruvllm_models as hub;
 
 use crate::error::{guard, CodedError, Res};
 use crate::options::Val;
