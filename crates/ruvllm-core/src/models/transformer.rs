@@ -10,6 +10,7 @@ use crate::kernels::{matmul, GgmlType, QWeight, ThreadPool};
 use crate::kernels::ops::KvElem;
 use crate::kv::{KvCache, KvRows, KvType, LayerCache};
 use crate::nn::{AttentionMask, Linear, Proj};
+use crate::runtime::SharedMut;
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -206,19 +207,6 @@ thread_local! {
     /// Per-thread attention score row and the key/value row offsets of its positions, grown to
     /// the longest span seen (no per-token allocation).
     static SCORES: std::cell::RefCell<(Vec<f32>, Vec<usize>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
-
-/// Lets pool tasks write disjoint parts of one buffer.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    /// A method (not field access) so closures capture the whole `Sync` wrapper.
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
 }
 
 impl Transformer {

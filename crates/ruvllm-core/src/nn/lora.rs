@@ -21,6 +21,7 @@ use half::f16;
 
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::{ops, GgmlType, ThreadPool};
+use crate::runtime::SharedMut;
 use crate::models::TransformerConfig;
 use crate::{Error, Result};
 
@@ -169,22 +170,6 @@ impl LoraPair {
                 ops::axpy_elem(yt, scale * hj, &self.bt[j * self.d_out..(j + 1) * self.d_out]);
             }
         }
-    }
-}
-
-/// Lets pool tasks write disjoint parts of one buffer.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-// SAFETY: only used to hand disjoint ranges of one live buffer to the tasks of one
-// `ThreadPool::for_each`, which returns before the buffer's borrow ends.
-unsafe impl Send for SharedMut {}
-// SAFETY: as above; no two tasks touch the same element.
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    /// A method (not field access) so closures capture the whole `Sync` wrapper.
-    fn ptr(self) -> *mut f32 {
-        self.0
     }
 }
 

@@ -14,6 +14,7 @@
 
 mod pool;
 
+pub(crate) use pool::SharedMut;
 pub use pool::ThreadPool;
 
 /// CPU features the kernels may use (detected and allowed).

@@ -9,6 +9,22 @@ use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Lets the tasks of one `ThreadPool::for_each` write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut(pub(crate) *mut f32);
+// SAFETY: only used to hand disjoint ranges of one live buffer to the tasks of one
+// `for_each`, which returns before the buffer's borrow ends.
+unsafe impl Send for SharedMut {}
+// SAFETY: as above; no two tasks touch the same element.
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// A method (not field access) so closures capture the whole `Sync` wrapper.
+    pub(crate) fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
 
 /// How long an idle worker spins (checking for new work) before it parks. Decode issues a
 /// matmul every few microseconds, so workers stay hot within a token; between requests they
