@@ -1,6 +1,6 @@
 // The model manager (issue 3): `models.*` in JS, `ruvllm models ...` as a child process, and
 // `LLM.load(id)` end to end, all against a local Hub-like / PyPI-like server
-// (scripts/fake-model-server.js). The process environment points the manager at a temporary
+// (tools/fake-model-server.js). The process environment points the manager at a temporary
 // cache and at the local server; nothing reaches the internet.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { spawn } from 'node:child_process'
@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import { ROOT, addon, modelPath, rejectsWithCode } from './helpers.js'
 
 const require = createRequire(import.meta.url)
-const { startFakeServer } = require('../scripts/fake-model-server.js')
+const { startFakeServer } = require('../tools/fake-model-server.js')
 const { models, LLM } = addon as any
 
 const GEMMA_SHA = 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818'

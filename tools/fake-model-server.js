@@ -4,12 +4,12 @@
 // X-Linked-Etag (the SHA-256), X-Linked-Size, X-Repo-Commit and Range; PyPI JSON API:
 // /pypi/{project}/json with wheels under /files/.
 //
-//   const { startFakeServer } = require('./scripts/fake-model-server.js')
+//   const { startFakeServer } = require('./tools/fake-model-server.js')
 //   const srv = await startFakeServer()
 //   srv.addHubFile('org/repo', 'model.gguf', { path: '/x/model.gguf', sha256 })   // or { data: Buffer }
 //   process.env.HF_ENDPOINT = srv.url
 //
-// Command line: `node scripts/fake-model-server.js [--port 8199] [--gemma <file.gguf>]` serves the
+// Command line: `node tools/fake-model-server.js [--port 8199] [--gemma <file.gguf>]` serves the
 // real Gemma 3 270M under gguf-org/gemma-3-270m-gguf (the registry's repo) until killed.
 
 const http = require('node:http')
