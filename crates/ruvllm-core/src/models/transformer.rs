@@ -379,9 +379,6 @@ impl Transformer {
         }
         let d = c.d_model;
         let (q_dim, kv_dim) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
-        // The request's adapters, which the cached keys and values are computed with; taken out
-        // of the cache for the pass (no copy) and put back after it.
-        let lora = std::mem::take(&mut cache.adapters);
         for (t, &tok) in tokens.iter().enumerate() {
             if tok as usize >= c.vocab_size {
                 return Err(Error::InvalidArg(format!("token id {tok} is outside the vocabulary ({})", c.vocab_size)));
@@ -392,6 +389,9 @@ impl Transformer {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
         }
+        // The request's adapters, which the cached keys and values are computed with; taken out
+        // of the cache for the pass (no copy) and put back after it (nothing below returns early).
+        let lora = std::mem::take(&mut cache.adapters);
         for (l, layer) in self.layers.iter().enumerate() {
             let swa = c.swa_layers[l];
             let rope = if swa { &self.rope_swa } else { &self.rope };
