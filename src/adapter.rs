@@ -113,15 +113,7 @@ impl Adapter {
 
 /// `bag.scale`: absent, or a finite number (`key` names the bag in the message).
 fn scale_of(bag: Val, key: &str) -> Res<Option<f64>> {
-  let v = bag.prop("scale")?;
-  if v.is_undefined()? {
-    return Ok(None);
-  }
-  let x = if v.ty()? == ValueType::Number { v.get::<f64>()? } else { f64::NAN };
-  if !x.is_finite() {
-    return Err(CodedError::invalid_type(format!("{key}.scale must be a finite number")));
-  }
-  Ok(Some(x))
+  options::num_named(Some(bag), "scale", &format!("{key}.scale"), "a finite number", |_| true)
 }
 
 /// `LLM.load`'s `adapters`: `[{ path, scale? }]` (or path strings).

@@ -180,10 +180,15 @@ pub fn int_in(bag: Option<Val>, key: &str, min: f64, max: f64) -> Res<Option<f64
 
 /// A finite number option for which `ok` holds (`expect` says what that is).
 pub fn num(bag: Option<Val>, key: &str, expect: &str, ok: impl Fn(f64) -> bool) -> Res<Option<f64>> {
+  num_named(bag, key, key, expect, ok)
+}
+
+/// [`num`] for `bag[key]`, named `name` in the messages (e.g. `adapters[0].scale`).
+pub fn num_named(bag: Option<Val>, key: &str, name: &str, expect: &str, ok: impl Fn(f64) -> bool) -> Res<Option<f64>> {
   let Some(v) = field(bag, key)? else { return Ok(None) };
-  let n = number(&v, key, expect)?;
+  let n = number(&v, name, expect)?;
   if !n.is_finite() || !ok(n) {
-    return Err(CodedError::out_of_range(format!("{key} must be {expect}, got {n}")));
+    return Err(CodedError::out_of_range(format!("{name} must be {expect}, got {n}")));
   }
   Ok(Some(n))
 }

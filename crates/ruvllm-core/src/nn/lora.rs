@@ -415,11 +415,6 @@ impl LoraAdapter {
     pub fn pair(&self, layer: usize, p: Proj) -> Option<&LoraPair> {
         self.layers.get(layer).and_then(|l| l[p.index()].as_ref())
     }
-
-    /// Bytes of factors held.
-    pub fn size_bytes(&self) -> usize {
-        self.layers.iter().flatten().flatten().map(|p| (p.a.len() + p.bt.len()) * 2).sum()
-    }
 }
 
 /// `blk.{i}.{proj}.weight` → (i, proj).
@@ -473,10 +468,6 @@ pub struct AdapterSet {
 impl AdapterSet {
     pub fn new(entries: Vec<(Arc<LoraAdapter>, f32)>) -> Self {
         AdapterSet { entries }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.iter().all(|(_, s)| *s == 0.0)
     }
 
     pub fn entries(&self) -> &[(Arc<LoraAdapter>, f32)] {
