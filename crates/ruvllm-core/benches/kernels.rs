@@ -9,8 +9,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ruvllm_core::kernels::matmul::{matmul, matmul_scalar, QWeight, WeightData};
-use ruvllm_core::kernels::{ops, quant, GgmlType, ThreadPool};
+use ruvllm_core::backend::cpu::matmul::{matmul, matmul_scalar, QWeight, WeightData};
+use ruvllm_core::backend::cpu::{attention, ops, quant, GgmlType};
+use ruvllm_core::runtime::ThreadPool;
 
 const ROWS: usize = 1024;
 const COLS: usize = 2048;
@@ -95,7 +96,7 @@ fn attention(c: &mut Criterion) {
     g.bench_function("scores/one_head_per_pass", |b| {
         b.iter(|| {
             for (qh, s) in q.chunks(hd).zip(sc.chunks_mut(span)) {
-                ops::scores(qh, black_box(&k), &offs, 0.0625, s);
+                attention::scores(qh, black_box(&k), &offs, 0.0625, s);
             }
         })
     });
@@ -103,13 +104,13 @@ fn attention(c: &mut Criterion) {
         b.iter(|| {
             let qs: Vec<&[f32]> = q.chunks(hd).collect();
             let mut outs: Vec<&mut [f32]> = sc.chunks_mut(span).collect();
-            ops::scores_heads(&qs, black_box(&k), &offs, 0.0625, &mut outs);
+            attention::scores_heads(&qs, black_box(&k), &offs, 0.0625, &mut outs);
         })
     });
     g.bench_function("weighted_sum/one_head_per_pass", |b| {
         b.iter(|| {
             for (wh, o) in w.chunks(span).zip(out.chunks_mut(hd)) {
-                ops::weighted_sum(wh, black_box(&v), &offs, o);
+                attention::weighted_sum(wh, black_box(&v), &offs, o);
             }
         })
     });
@@ -117,7 +118,7 @@ fn attention(c: &mut Criterion) {
         b.iter(|| {
             let ws: Vec<&[f32]> = w.chunks(span).collect();
             let mut outs: Vec<&mut [f32]> = out.chunks_mut(hd).collect();
-            ops::weighted_sum_heads(&ws, black_box(&v), &offs, &mut outs);
+            attention::weighted_sum_heads(&ws, black_box(&v), &offs, &mut outs);
         })
     });
     g.finish();

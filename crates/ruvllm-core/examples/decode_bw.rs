@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ruvllm_core::gguf::GgufFile;
-use ruvllm_core::kernels::matmul::WeightData;
-use ruvllm_core::kernels::{matmul, QWeight, ThreadPool};
+use ruvllm_core::backend::cpu::matmul::WeightData;
+use ruvllm_core::backend::cpu::{matmul, QWeight};
+use ruvllm_core::runtime::ThreadPool;
 
 /// Sums `b` as u64 words on the pool (a streaming read).
 fn stream(pool: &ThreadPool, b: &[u8]) -> u64 {

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use ruvllm_core::gguf::GgufFile;
-use ruvllm_core::kernels::ThreadPool;
+use ruvllm_core::runtime::ThreadPool;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 
 fn main() {

@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use ruvllm_core::gguf::GgufFile;
-use ruvllm_core::kernels::mem::HugeBuf;
-use ruvllm_core::kernels::ThreadPool;
+use ruvllm_core::runtime::mem::HugeBuf;
+use ruvllm_core::runtime::ThreadPool;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -22,7 +22,7 @@ fn main() {
         .sum();
 
     // 1 GiB of u64s (far beyond any cache), written first so pages are resident; on huge pages
-    // like the weights decode reads (kernels::mem), unless MEMBW_SMALL_PAGES is set.
+    // like the weights decode reads (runtime::mem), unless MEMBW_SMALL_PAGES is set.
     let n = (1usize << 30) / 8;
     let mut bytes = if std::env::var_os("MEMBW_SMALL_PAGES").is_some() { None } else { Some(HugeBuf::new(n * 8)) };
     let mut heap: Vec<u64> = Vec::new();

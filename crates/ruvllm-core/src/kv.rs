@@ -6,7 +6,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use crate::kernels::mem::HugeVec;
+use crate::runtime::mem::HugeVec;
 use crate::nn::AdapterSet;
 
 /// Element type of the cached keys and values.
@@ -20,7 +20,7 @@ pub enum KvType {
     F32,
 }
 
-/// The key and value rows of one layer, of one [`KvType`], on huge pages (kernels::mem):
+/// The key and value rows of one layer, of one [`KvType`], on huge pages (runtime::mem):
 /// decode's attention streams them every token.
 pub enum KvRows {
     F16 { k: HugeVec<f16>, v: HugeVec<f16> },

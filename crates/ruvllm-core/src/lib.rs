@@ -5,7 +5,7 @@ pub mod chat;
 pub mod engine;
 pub mod error;
 pub mod gguf;
-pub mod kernels;
+pub mod backend;
 pub mod kv;
 pub mod models;
 pub mod nn;

@@ -176,7 +176,7 @@ fn decode_path_matches_prefill_path() {
     // and by a 299-token prefill followed by one decode step (per-row kernels, per-head
     // attention) agree to float rounding and pick the same token.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::runtime::ThreadPool;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
@@ -208,7 +208,7 @@ fn decode_logits_do_not_depend_on_the_thread_count() {
     // positions and value dimensions over the threads (`attention_split`). Every operation is
     // the same, so the logits must be bit-identical, before and after the split threshold.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::runtime::ThreadPool;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
@@ -243,7 +243,7 @@ fn hidden_states_are_what_the_lm_head_multiplies() {
     // 0.17 of the spread; the head's GEMM rounds activations to 8 bits). A pre-norm
     // state, a shifted token or a wrong row fails this.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::runtime::ThreadPool;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     assert!(file.tensor("output.weight").is_none(), "the test assumes tied embeddings");
@@ -307,7 +307,7 @@ fn embed_pools_normalises_and_rejects_overlong_texts() {
     }
     // The pooled vector is the normalised mean of the per-token states.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::runtime::ThreadPool;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();

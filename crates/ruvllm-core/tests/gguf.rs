@@ -2,7 +2,7 @@
 
 use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::{GgufFile, MetadataValue as V};
-use ruvllm_core::kernels::GgmlType;
+use ruvllm_core::backend::cpu::GgmlType;
 use ruvllm_core::Error;
 
 /// A small valid file: a few metadata entries and two tensors.

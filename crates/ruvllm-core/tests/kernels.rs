@@ -9,10 +9,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use ruvllm_core::kernels::matmul::{matmul_fused, matmul_scalar, WeightData};
-use ruvllm_core::kernels::quant::{dequantize, quantize, quantize_act_q8, quantize_act_q8k, BlockQ8, BlockQ8K};
-use ruvllm_core::kernels::gemm;
-use ruvllm_core::kernels::{matmul, GgmlType, QWeight, ThreadPool};
+use ruvllm_core::backend::cpu::matmul::{matmul_fused, matmul_scalar, WeightData};
+use ruvllm_core::backend::cpu::quant::{dequantize, quantize, quantize_act_q8, quantize_act_q8k, BlockQ8, BlockQ8K};
+use ruvllm_core::backend::cpu::gemm;
+use ruvllm_core::backend::cpu::{dispatch, matmul, GgmlType, QWeight};
+use ruvllm_core::runtime::ThreadPool;
 
 /// xorshift64* with a Box-Muller normal.
 struct Rng(u64);
@@ -244,7 +245,7 @@ fn matmul_matches_f32_reference() {
 
 #[test]
 fn simd_equals_scalar() {
-    println!("matmul ISA: {}", ruvllm_core::kernels::matmul::isa());
+    println!("matmul ISA: {}", ruvllm_core::backend::cpu::matmul::isa());
     let pool = ThreadPool::new(2);
     for ty in ALL {
         for (si, &(rows, cols)) in shapes(ty).iter().enumerate() {
@@ -410,7 +411,7 @@ fn check_tile_gemm<A: Default + Clone>(
 #[test]
 fn gemm_kernel_equals_scalar_model() {
     // Q8_0/Q5_0/Q4_0 tiles: full and partial tiles, the 4-token and 1-token paths.
-    let Some(g) = gemm::kernel() else {
+    let Some(g) = dispatch::gemm_kernel() else {
         eprintln!("no tile GEMM on this CPU; skipped");
         return;
     };
@@ -422,7 +423,7 @@ fn gemm_kernel_equals_scalar_model() {
 #[test]
 fn gemm_k_kernel_equals_scalar_model() {
     // The same for the K-quant tiles (Q4_K, Q6_K).
-    let Some(g) = gemm::kernel_k() else {
+    let Some(g) = dispatch::gemm_kernel_k() else {
         eprintln!("no tile GEMM on this CPU; skipped");
         return;
     };
@@ -704,7 +705,7 @@ fn decode_like_weights() -> Vec<QWeight> {
 #[test]
 #[ignore]
 fn throughput() {
-    println!("ISA: {}", ruvllm_core::kernels::matmul::isa());
+    println!("ISA: {}", ruvllm_core::backend::cpu::matmul::isa());
     let cases = [
         (GgmlType::Q5_0, 2048, 640),
         (GgmlType::Q8_0, 262144, 640),

@@ -241,7 +241,7 @@ fn bad_adapter_files_are_adapter_invalid() {
 fn adapter_logits_do_not_depend_on_the_thread_count() {
     // Prefill (tokens split over the threads) and decode (output columns split) with two
     // adapters on every projection give bit-identical logits on 1, 2 and 3 threads.
-    use ruvllm_core::kernels::ThreadPool;
+    use ruvllm_core::runtime::ThreadPool;
     use ruvllm_core::models::{Transformer, WeightLoader};
     let cfg = config();
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,7 @@
 //! sequence the bidirectional one, bit for bit.
 
 use ruvllm_core::gguf::GgufFile;
-use ruvllm_core::kernels::ThreadPool;
+use ruvllm_core::runtime::ThreadPool;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 use ruvllm_core::nn::AttentionMask;
 

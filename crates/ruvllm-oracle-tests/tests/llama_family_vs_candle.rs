@@ -7,7 +7,8 @@ use candle_core::{Device, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2};
 use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::{GgufFile, MetadataValue};
-use ruvllm_core::kernels::{quant, GgmlType, ThreadPool};
+use ruvllm_core::backend::cpu::{quant, GgmlType};
+use ruvllm_core::runtime::ThreadPool;
 use ruvllm_core::kv::KvType;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 

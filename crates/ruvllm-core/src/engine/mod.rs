@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::gguf::GgufFile;
-use crate::kernels::ThreadPool;
+use crate::runtime::ThreadPool;
 use crate::kv::KvCache;
 use crate::models::{self, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::{MetadataValue, TensorInfo};
-use crate::kernels::GgmlType;
+use crate::backend::cpu::GgmlType;
 
 /// The four magic bytes at the start of every GGUF file.
 pub(super) const MAGIC: &[u8; 4] = b"GGUF";

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::reader::{align_up, value_type, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, WRITE_VERSION};
 use super::MetadataValue;
-use crate::kernels::GgmlType;
+use crate::backend::cpu::GgmlType;
 
 /// Builds a GGUF v3 file in memory.
 #[derive(Default)]

@@ -4,10 +4,12 @@
 //! (`llm_build_gemma3_iswa`, `llm_build_llama`, `llm_build_qwen2`) so greedy output matches it.
 
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::kernels::matmul::WeightData;
-use crate::kernels::ops::{self, RopeStyle, RopeTable};
-use crate::kernels::{matmul, GgmlType, QWeight, ThreadPool};
-use crate::kernels::ops::KvElem;
+use crate::backend::cpu::matmul::WeightData;
+use crate::backend::cpu::ops::{self, RopeStyle, RopeTable};
+use crate::backend::cpu::{matmul, GgmlType, QWeight};
+use crate::runtime::ThreadPool;
+use crate::backend::cpu::attention;
+use crate::backend::cpu::ops::KvElem;
 use crate::kv::{KvCache, KvRows, KvType, LayerCache};
 use crate::nn::{AttentionMask, Linear, Proj};
 use crate::runtime::SharedMut;
@@ -130,7 +132,7 @@ impl<'a> WeightLoader<'a> {
             ));
         }
         let mut out = vec![0.0; len];
-        crate::kernels::quant::dequantize(info.dtype, self.file.tensor_bytes(info), &mut out);
+        crate::backend::cpu::quant::dequantize(info.dtype, self.file.tensor_bytes(info), &mut out);
         Ok(out)
     }
 
@@ -472,8 +474,8 @@ impl Transformer {
         let scale = c.attn_scale;
         // One task per (token, KV head, sub-group of the query heads sharing it): the task
         // passes over the key and value rows once per four of its heads
-        // (`ops::scores_heads`/`ops::weighted_sum_heads`: per head the operations of
-        // `ops::scores`/`ops::weighted_sum`, identical whatever the grouping).
+        // (`attention::scores_heads`/`attention::weighted_sum_heads`: per head the operations of
+        // `attention::scores`/`attention::weighted_sum`, identical whatever the grouping).
         // Sub-groups are as large as keeps every thread busy: decode with one KV head on two
         // threads runs two tasks of half the heads.
         let n_kv = c.n_kv_head;
@@ -508,10 +510,10 @@ impl Transformer {
                 for (h0, hn) in head_chunks(0, hs) {
                     let sc = &mut buf[h0 * span..(h0 + hn) * span];
                     let qs = up_to_four(q[h0 * hd..(h0 + hn) * hd].chunks(hd));
-                    ops::scores_heads(&qs[..hn], kc, offs, scale, &mut up_to_four_mut(sc.chunks_mut(span))[..hn]);
+                    attention::scores_heads(&qs[..hn], kc, offs, scale, &mut up_to_four_mut(sc.chunks_mut(span))[..hn]);
                     sc.chunks_mut(span).for_each(ops::softmax_inplace);
                     let ws = up_to_four(sc.chunks(span));
-                    ops::weighted_sum_heads(&ws[..hn], vc, offs, &mut up_to_four_mut(out[h0 * hd..(h0 + hn) * hd].chunks_mut(hd))[..hn]);
+                    attention::weighted_sum_heads(&ws[..hn], vc, offs, &mut up_to_four_mut(out[h0 * hd..(h0 + hn) * hd].chunks_mut(hd))[..hn]);
                 }
             });
         };
@@ -554,7 +556,7 @@ impl Transformer {
                                 let qs = up_to_four(q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hn) * hd].chunks(hd));
                                 // SAFETY: task i owns positions a..b of every score row.
                                 let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) }));
-                                ops::scores_heads(&qs[..hn], kc, offs, scale, &mut outs[..hn]);
+                                attention::scores_heads(&qs[..hn], kc, offs, scale, &mut outs[..hn]);
                             }
                         }
                     }
@@ -582,7 +584,7 @@ impl Transformer {
                             let ws = up_to_four((h0..h0 + hn).map(|h| &scores[(t * n_head + h) * stride..][..span]));
                             // SAFETY: task i owns columns d0..d0 + width of every head's output.
                             let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) }));
-                            ops::weighted_sum_heads(&ws[..hn], vc, offs, &mut outs[..hn]);
+                            attention::weighted_sum_heads(&ws[..hn], vc, offs, &mut outs[..hn]);
                         }
                     }
                 }
@@ -606,7 +608,7 @@ impl Span {
 }
 
 /// Query heads the attention kernels serve per pass over a KV head's rows
-/// ([`ops::scores_heads`], [`ops::weighted_sum_heads`]).
+/// ([`attention::scores_heads`], [`attention::weighted_sum_heads`]).
 const HEADS_AT_ONCE: usize = 4;
 
 /// Heads `lo..hi` as (first head, count) chunks of at most [`HEADS_AT_ONCE`].

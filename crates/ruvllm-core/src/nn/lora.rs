@@ -20,7 +20,8 @@ use std::sync::Arc;
 use half::f16;
 
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::kernels::{ops, GgmlType, ThreadPool};
+use crate::backend::cpu::{ops, GgmlType};
+use crate::runtime::ThreadPool;
 use crate::runtime::SharedMut;
 use crate::models::TransformerConfig;
 use crate::{Error, Result};
@@ -443,7 +444,7 @@ fn tensor_f32(f: &GgufFile, t: &TensorInfo, path: &Path) -> Result<Vec<f32>> {
         return Err(Error::adapter(path, format!("tensor '{}' has type {}; adapters must be F32, F16 or BF16", t.name, t.dtype.name())));
     }
     let mut out = vec![0.0; t.n_elements() as usize];
-    crate::kernels::quant::dequantize(t.dtype, f.tensor_bytes(t), &mut out);
+    crate::backend::cpu::quant::dequantize(t.dtype, f.tensor_bytes(t), &mut out);
     Ok(out)
 }
 

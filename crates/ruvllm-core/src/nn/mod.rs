@@ -5,8 +5,9 @@
 pub mod lora;
 pub mod mask;
 
-use crate::kernels::matmul::{matmul, matmul_fused};
-use crate::kernels::{ops, QWeight, ThreadPool};
+use crate::backend::cpu::matmul::{matmul, matmul_fused};
+use crate::backend::cpu::{ops, QWeight};
+use crate::runtime::ThreadPool;
 pub use lora::{AdapterSet, LoraAdapter, Proj};
 pub use mask::AttentionMask;
 

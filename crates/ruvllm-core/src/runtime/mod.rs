@@ -12,6 +12,7 @@
 //! The switches are read once, when [`cpu`] is first called. [`ThreadPool`] is the workers the
 //! kernels split their work over.
 
+pub mod mem;
 mod pool;
 
 pub(crate) use pool::SharedMut;

@@ -10,17 +10,24 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Lets the tasks of one `ThreadPool::for_each` write disjoint parts of one buffer.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedMut(pub(crate) *mut f32);
+pub(crate) struct SharedMut<T = f32>(pub(crate) *mut T);
 // SAFETY: only used to hand disjoint ranges of one live buffer to the tasks of one
 // `for_each`, which returns before the buffer's borrow ends.
-unsafe impl Send for SharedMut {}
+unsafe impl<T> Send for SharedMut<T> {}
 // SAFETY: as above; no two tasks touch the same element.
-unsafe impl Sync for SharedMut {}
+unsafe impl<T> Sync for SharedMut<T> {}
 
-impl SharedMut {
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
     /// A method (not field access) so closures capture the whole `Sync` wrapper.
-    pub(crate) fn ptr(self) -> *mut f32 {
+    #[inline(always)]
+    pub(crate) fn ptr(self) -> *mut T {
         self.0
     }
 }

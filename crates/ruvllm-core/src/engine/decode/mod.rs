@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use super::{FinishReason, GenerateParams, Sink};
-use crate::kernels::ThreadPool;
+use crate::runtime::ThreadPool;
 use crate::kv::KvCache;
 use crate::models::transformer::Scratch;
 use crate::models::Transformer;

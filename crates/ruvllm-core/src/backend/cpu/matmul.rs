@@ -9,13 +9,14 @@
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
+use super::dispatch::kernels;
 use super::dot::{self, DotKernel, Kernels};
 use super::gemm;
-use super::mem::HugeBuf;
+use crate::runtime::mem::HugeBuf;
 use super::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
 use super::GgmlType;
 use crate::gguf::Storage;
-pub use crate::runtime::ThreadPool;
+use crate::runtime::{SharedMut, ThreadPool};
 
 /// Where a weight's bytes live: a range of the memory-mapped file (no copy), owned bytes, or a
 /// copy on huge pages ([`QWeight::to_huge`]).
@@ -138,7 +139,7 @@ impl QWeight {
     /// Whether [`Self::prepare`] packs this weight: this CPU has the tile GEMM and the type a
     /// packed format.
     pub fn packs(&self) -> bool {
-        dot::kernels().gemm.is_some() && gemm::PackKind::for_type(self.ty).is_some()
+        kernels().gemm.is_some() && gemm::PackKind::for_type(self.ty).is_some()
     }
 
     /// Packs the weight for the tile GEMM now (at model load; any size, the LM head included)
@@ -197,31 +198,13 @@ fn with_scratch<T: Default + Clone, R>(
     })
 }
 
-pub(super) struct SyncPtr<T>(pub(super) *mut T);
-impl<T> Clone for SyncPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SyncPtr<T> {}
-unsafe impl<T> Sync for SyncPtr<T> {}
-unsafe impl<T> Send for SyncPtr<T> {}
-
-impl<T> SyncPtr<T> {
-    /// Taking `self` whole makes closures capture the wrapper, not the raw pointer field.
-    #[inline(always)]
-    pub(super) fn get(self) -> *mut T {
-        self.0
-    }
-}
-
 /// `y[t][r] = sum_c w[r][c] * x[t][c]` for `t in 0..n` tokens: `x` is `n × w.cols`, `y` is
 /// `n × w.rows` (row-major). Activations are quantized to 8 bits as ggml does (Q8_0 for the
 /// 32-blocks, Q8_K for the K-quants); F32/F16/BF16 weights use f32 dots.
 ///
 /// Panics if `x` or `y` is too short for `n` tokens.
 pub fn matmul(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut [f32]) {
-    matmul_with(pool, w, x, n, y, dot::kernels());
+    matmul_with(pool, w, x, n, y, kernels());
 }
 
 /// [`matmul`] with the scalar reference kernels, for tests and benchmarks.
@@ -232,7 +215,7 @@ pub fn matmul_scalar(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mu
 
 /// Name of the instruction set `matmul` uses on this CPU ("avx2" or "scalar").
 pub fn isa() -> &'static str {
-    dot::kernels().isa
+    kernels().isa
 }
 
 /// [`matmul`] with an explicit kernel set.
@@ -265,7 +248,7 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
                 // does not depend on how tokens are batched (prefill, decode, prefix reuse).
                 let packed = tile_kernels(k).and_then(|g| w.packed(pool).map(|p| (g, p)));
                 if let Some((g, p)) = packed {
-                    run_tiles(pool, g, &[p], n, act, &[], &[SyncPtr(y.as_mut_ptr())]);
+                    run_tiles(pool, g, &[p], n, act, &[], &[SharedMut(y.as_mut_ptr())]);
                 } else if n >= REPACK_MIN_TOKENS && matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q5_0) {
                     run_repacked(pool, w.ty, data, rs, rows, n, act, nb, k.q8_0, k.q8_0_x4, y);
                 } else {
@@ -280,7 +263,7 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
                 quantize_acts(pool, x, n, cols, act, quant::quantize_act_q8k);
                 if let Some(g) = tile_kernels(k) {
                     if let Some(p) = w.packed(pool) {
-                        return run_tiles(pool, g, &[p], n, &[], act, &[SyncPtr(y.as_mut_ptr())]);
+                        return run_tiles(pool, g, &[p], n, &[], act, &[SharedMut(y.as_mut_ptr())]);
                     }
                 }
                 let x4 = match w.ty {
@@ -304,7 +287,7 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
 /// Panics if the weights differ in `cols`, or `x` or a `ys[i]` is too short for `n` tokens.
 pub fn matmul_fused(pool: &ThreadPool, ws: &[&QWeight], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
     assert_eq!(ws.len(), ys.len(), "matmul_fused: {} weights, {} outputs", ws.len(), ys.len());
-    let g = tile_kernels(dot::kernels()).filter(|_| ws.len() > 1 && n > 0);
+    let g = tile_kernels(kernels()).filter(|_| ws.len() > 1 && n > 0);
     let packed: Option<Vec<&gemm::Packed>> = g.and_then(|_| ws.iter().map(|w| w.packed(pool)).collect());
     let (Some(g), Some(ps)) = (g, packed) else {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
@@ -329,7 +312,7 @@ pub fn matmul_fused(pool: &ThreadPool, ws: &[&QWeight], x: &[f32], n: usize, ys:
             if need_k {
                 quantize_acts(pool, x, n, cols, ak, quant::quantize_act_q8k);
             }
-            let yps: Vec<SyncPtr<f32>> = ys.iter_mut().map(|y| SyncPtr(y.as_mut_ptr())).collect();
+            let yps: Vec<SharedMut<f32>> = ys.iter_mut().map(|y| SharedMut(y.as_mut_ptr())).collect();
             run_tiles(pool, g, &ps, n, a8, ak, &yps);
         })
     })
@@ -346,13 +329,13 @@ fn quantize_acts<B: Send>(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, a
     }
     let tasks = (pool.threads() * 2).min(n);
     let per = n.div_ceil(tasks);
-    let ap = SyncPtr(act.as_mut_ptr());
+    let ap = SharedMut(act.as_mut_ptr());
     pool.for_each(tasks, &|i| {
         let t0 = i * per;
         let t1 = (t0 + per).min(n);
         for t in t0..t1 {
             // SAFETY: each token's blocks are written by exactly one task.
-            let ar = unsafe { std::slice::from_raw_parts_mut(ap.get().add(t * nb), nb) };
+            let ar = unsafe { std::slice::from_raw_parts_mut(ap.ptr().add(t * nb), nb) };
             q(&x[t * cols..(t + 1) * cols], ar);
         }
     });
@@ -429,7 +412,7 @@ fn run_repacked(
 ) {
     let sp = split_rows(pool.threads(), rows, n);
     let rs8 = nb * 34;
-    let yp = SyncPtr(y.as_mut_ptr());
+    let yp = SharedMut(y.as_mut_ptr());
     let task = |i: usize| {
         let (r0, r1, t0, t1) = sp.task(i, rows, n);
         with_scratch(&SCRATCH_TILE, ROW_TILE * rs8, |tile| {
@@ -447,7 +430,7 @@ fn run_repacked(
 }
 
 /// The CPU's tile GEMMs for the 32-element formats and for the K-quants; both or neither
-/// (`gemm::kernel_k` exists only with `gemm::kernel`).
+/// (`dispatch::gemm_kernel_k` exists only with `dispatch::gemm_kernel`).
 fn tile_kernels(k: &Kernels) -> Option<(gemm::GemmFn, gemm::GemmKFn)> {
     k.gemm.zip(k.gemm_k)
 }
@@ -464,7 +447,7 @@ fn run_tiles(
     n: usize,
     a8: &[BlockQ8],
     ak: &[BlockQ8K],
-    ys: &[SyncPtr<f32>],
+    ys: &[SharedMut<f32>],
 ) {
     let mut first = Vec::with_capacity(ps.len() + 1);
     first.push(0);
@@ -485,8 +468,8 @@ fn run_tiles(
             let (rows, nb) = (p.rows, p.nb);
             let r0 = lt * gemm::TILE_ROWS;
             let nrows = (rows - r0).min(gemm::TILE_ROWS);
-            let y = ys[w].get();
-            // SAFETY: `g`/`gk` are this CPU's tile kernels (`gemm::kernel`), which check the
+            let y = ys[w].ptr();
+            // SAFETY: `g`/`gk` are this CPU's tile kernels (`dispatch::gemm_kernel`), which check the
             // activation and tile lengths; the callers check that `ys[w]` holds `n × rows`
             // values; each `ys[w][t][r]` has one writer.
             unsafe {
@@ -516,15 +499,15 @@ fn run<A: Sync>(
     y: &mut [f32],
 ) {
     let sp = split_rows(pool.threads(), rows, n);
-    let yp = SyncPtr(y.as_mut_ptr());
+    let yp = SharedMut(y.as_mut_ptr());
     let task = |i: usize| {
         let (r0, r1, t0, t1) = sp.task(i, rows, n);
         if t1 - t0 == 1 {
             let a = &act[t0 * stride..(t0 + 1) * stride];
             for r in r0..r1 {
                 // SAFETY: lengths are checked by `matmul_with`/`QWeight::new`; the kernel set
-                // matches the CPU (`dot::kernels`); each `y[t][r]` has exactly one writer.
-                unsafe { *yp.get().add(t0 * rows + r) = f(&data[r * rs..(r + 1) * rs], a) };
+                // matches the CPU (`dispatch::kernels`); each `y[t][r]` has exactly one writer.
+                unsafe { *yp.ptr().add(t0 * rows + r) = f(&data[r * rs..(r + 1) * rs], a) };
             }
             return;
         }
@@ -559,7 +542,7 @@ unsafe fn tile_dots<A>(
     rows: usize,
     f: unsafe fn(&[u8], &[A]) -> f32,
     f4: Option<Dot4<A>>,
-    yp: SyncPtr<f32>,
+    yp: SharedMut<f32>,
 ) {
     let a = |t: usize| &act[t * stride..(t + 1) * stride];
     let mut t = t0;
@@ -569,7 +552,7 @@ unsafe fn tile_dots<A>(
             for r in tr..te {
                 let v = f4(&tile[(r - tr) * rs..(r - tr + 1) * rs], acts);
                 for (k, v) in v.into_iter().enumerate() {
-                    *yp.get().add((t + k) * rows + r) = v;
+                    *yp.ptr().add((t + k) * rows + r) = v;
                 }
             }
             t += 4;
@@ -578,7 +561,7 @@ unsafe fn tile_dots<A>(
     while t < t1 {
         let at = a(t);
         for r in tr..te {
-            *yp.get().add(t * rows + r) = f(&tile[(r - tr) * rs..(r - tr + 1) * rs], at);
+            *yp.ptr().add(t * rows + r) = f(&tile[(r - tr) * rs..(r - tr + 1) * rs], at);
         }
         t += 1;
     }

@@ -9,8 +9,6 @@
 // Loops are kept index-based to mirror ggml-quants.c line by line.
 #![allow(clippy::needless_range_loop)]
 
-use std::sync::OnceLock;
-
 use half::{bf16, f16};
 
 use super::quant::{f16_at, get_scale_min_k4, BlockQ8, BlockQ8K, QK, QK_K};
@@ -109,33 +107,6 @@ pub static SCALAR: Kernels = Kernels {
     isa: "scalar",
 };
 
-/// The best kernels for this CPU, detected once.
-pub fn kernels() -> &'static Kernels {
-    static BEST: OnceLock<Kernels> = OnceLock::new();
-    BEST.get_or_init(detect)
-}
-
-fn detect() -> Kernels {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let cpu = crate::runtime::cpu();
-        if cpu.avx2_fma() {
-            let f16c = cpu.f16c;
-            let mut k = super::simd_avx2::kernels(f16c);
-            if f16c && cpu.avx512vnni && cpu.avx512vl {
-                k.q8_0_x4 = super::simd_vnni::dot_q8_0_x4;
-                k.isa = "avx2+avx512vnni";
-                k.gemm = super::gemm::kernel();
-                k.gemm_k = super::gemm::kernel_k();
-                if k.gemm.is_some() {
-                    k.isa = "avx2+avx512vnni+gemm";
-                }
-            }
-            return k;
-        }
-    }
-    SCALAR
-}
 
 // ---------------------------------------------------------------------------------------------
 // scalar reference dot products (ggml_vec_dot_*_generic)

@@ -1,5 +1,5 @@
 //! AVX-512 VNNI (on 256-bit vectors: AVX512VL) versions of the prefill kernel for Q8_0 weights.
-//! Chosen at run time by `dot::kernels` when the CPU has `avx512vnni` and `avx512vl`.
+//! Chosen at run time by `dispatch::kernels` when the CPU has `avx512vnni` and `avx512vl`.
 //!
 //! `vpdpbusd` multiplies unsigned by signed bytes and sums into i32 without the i16 saturation
 //! of `vpmaddubsw`, so activations can be made unsigned once (`a + 128`, an xor with 0x80) and
@@ -14,8 +14,8 @@
 
 use std::arch::x86_64::*;
 
-use super::quant::BlockQ8;
-use super::simd_avx2::{f16_ptr, hsum_ps};
+use super::avx2::{f16_ptr, hsum_ps};
+use crate::backend::cpu::quant::BlockQ8;
 
 /// Q8_0 × four Q8 activation rows (see the module docs).
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]

@@ -1,5 +1,5 @@
 //! AVX-512 (F, BW, VNNI) prefill GEMM on packed row tiles; the layout and the arithmetic are
-//! described in `gemm`. Chosen at run time by `gemm::kernel`.
+//! described in `gemm`. Chosen at run time by `dispatch::gemm_kernel`.
 //!
 //! Safety contract: the CPU supports AVX512F, AVX512BW, AVX512VNNI and FMA.
 
@@ -7,8 +7,8 @@
 
 use std::arch::x86_64::*;
 
-use super::gemm::{self, PackKind, TILE_ROWS};
-use super::quant::{BlockQ8, BlockQ8K};
+use crate::backend::cpu::gemm::{self, PackKind, TILE_ROWS};
+use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
 
 const Q8: u8 = 0;
 const Q5: u8 = 1;

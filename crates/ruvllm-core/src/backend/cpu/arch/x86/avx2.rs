@@ -1,6 +1,6 @@
 //! AVX2 + FMA + F16C dot products (ports of ggml's x86 `ggml_vec_dot_*` AVX2 paths). Only
 //! compiled on x86-64 and only called after `is_x86_feature_detected!` said yes (see
-//! `dot::kernels`).
+//! `dispatch::kernels`).
 //!
 //! Safety contract of every `dot_*` here (upheld by `matmul`): the CPU supports AVX2, FMA and
 //! F16C, and `w` holds at least `a.len()` blocks of the weight format (`x.len()` elements for
@@ -10,8 +10,8 @@
 
 use std::arch::x86_64::*;
 
-use super::dot::{self, Kernels};
-use super::quant::{BlockQ8, BlockQ8K};
+use crate::backend::cpu::dot::{self, Kernels};
+use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
 
 /// The AVX2 kernel set. F16 weights fall back to scalar without F16C (no such AVX2 CPU is
 /// known, but the check is cheap).

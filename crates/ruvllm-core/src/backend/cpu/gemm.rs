@@ -21,10 +21,10 @@
 //! instead of one per group of four), so results agree with them to float rounding, not bit for
 //! bit; [`gemm_ref`] is the scalar model of the SIMD kernel, equal to it bit for bit.
 
-use super::matmul::{SyncPtr, ThreadPool};
-use super::mem::HugeBuf;
 use super::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
 use super::GgmlType;
+use crate::runtime::mem::HugeBuf;
+use crate::runtime::{SharedMut, ThreadPool};
 
 /// Rows per tile (one 512-bit vector of 32-bit lanes).
 pub const TILE_ROWS: usize = 16;
@@ -141,7 +141,7 @@ impl Packed {
         let tiles = rows.div_ceil(TILE_ROWS);
         let tb = nb * kind.block_bytes();
         let mut buf = HugeBuf::new(tiles * tb);
-        let base = SyncPtr(buf.as_mut_ptr());
+        let base = SharedMut(buf.as_mut_ptr());
         let chunk = ((8 << 20) / (TILE_ROWS * rs).max(1)).max(1);
         let mut t0 = 0;
         while t0 < tiles {
@@ -152,7 +152,7 @@ impl Packed {
                 for t in (t0 + i * n / tasks)..(t0 + (i + 1) * n / tasks) {
                     let (r0, r1) = (t * TILE_ROWS, ((t + 1) * TILE_ROWS).min(rows));
                     // SAFETY: tile `t` is written by exactly one task.
-                    let out = unsafe { std::slice::from_raw_parts_mut(base.get().add(t * tb), tb) };
+                    let out = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(t * tb), tb) };
                     pack_tile(kind, ty, &data[r0 * rs..r1 * rs], r1 - r0, nb, out);
                 }
             });
@@ -391,24 +391,3 @@ pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K
     }
 }
 
-/// The SIMD K-quant tile GEMM for this CPU, if there is one (as [`kernel`]).
-pub fn kernel_k() -> Option<GemmKFn> {
-    kernel()?;
-    #[cfg(target_arch = "x86_64")]
-    return Some(super::simd_avx512::gemm_k);
-    #[allow(unreachable_code)]
-    None
-}
-
-/// The SIMD tile GEMM for this CPU, if there is one (AVX-512 F/BW with VNNI). `RUVLLM_NO_GEMM`
-/// (or `RUVLLM_NO_AVX512`) turns it off (the per-row kernels are used instead).
-pub fn kernel() -> Option<GemmFn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let cpu = crate::runtime::cpu();
-        if cpu.gemm && cpu.avx512f && cpu.avx512bw && cpu.avx512vnni && cpu.fma {
-            return Some(super::simd_avx512::gemm);
-        }
-    }
-    None
-}

@@ -1,0 +1,2 @@
+//! Backends: where the forward pass's operations run.
+pub mod cpu;
