@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use ruvllm_core::gguf::GgufFile;
-use ruvllm_core::runtime::ThreadPool;
+use ruvllm_core::backend::{cpu::CpuBackend, Backend};
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 
 fn main() {
@@ -15,30 +15,29 @@ fn main() {
     let file = GgufFile::open(path).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 1024).unwrap();
-    let pool = ThreadPool::new(threads);
+    let mut be = CpuBackend::new(threads);
     let t = Instant::now();
-    model.prepare(&pool);
+    model.prepare(&mut be, 512);
     println!("prepare (pack for the prefill GEMM): {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-    let mut cache = model.new_cache(1024, 512);
-    let mut scratch = model.new_scratch(512);
+    let mut cache = model.new_cache(&be, 1024, 512);
     let tokens: Vec<u32> = (0..prompt as u32).map(|i| 2 + (i * 7919) % 20000).collect();
     for r in 0..reps {
         let t = Instant::now();
-        model.forward(&tokens, 0, &mut cache, &mut scratch, &pool).unwrap();
+        model.forward(&tokens, 0, &mut cache, &mut be).unwrap();
         let pre = t.elapsed().as_secs_f64();
         if r == 0 {
             // A fingerprint of the prefill logits, to check that a change leaves them identical.
-            let bits = scratch.logits.iter().fold(0u64, |h, v| h.wrapping_mul(0x100000001b3) ^ v.to_bits() as u64);
+            let bits = be.logits().iter().fold(0u64, |h, v| h.wrapping_mul(0x100000001b3) ^ v.to_bits() as u64);
             println!("prefill logits fingerprint {bits:016x}");
         }
         let t = Instant::now();
         let n_dec = if std::env::var_os("PREFILL_ONLY").is_some() { 1 } else { std::env::var("DECODE_TOKENS").ok().and_then(|s| s.parse().ok()).unwrap_or(32) };
         for i in 0..n_dec {
-            model.forward(&[100 + i], prompt + i as usize, &mut cache, &mut scratch, &pool).unwrap();
+            model.forward(&[100 + i], prompt + i as usize, &mut cache, &mut be).unwrap();
         }
         let dec = t.elapsed().as_secs_f64() / n_dec as f64;
         if r == 0 {
-            let bits = scratch.logits.iter().fold(0u64, |h, v| h.wrapping_mul(0x100000001b3) ^ v.to_bits() as u64);
+            let bits = be.logits().iter().fold(0u64, |h, v| h.wrapping_mul(0x100000001b3) ^ v.to_bits() as u64);
             println!("last decoded token's logits fingerprint {bits:016x}");
         }
         let huge = std::fs::read_to_string("/proc/self/smaps_rollup").ok().and_then(|t| t.lines().find(|l| l.starts_with("AnonHugePages")).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())).unwrap_or_default();

@@ -176,22 +176,21 @@ fn decode_path_matches_prefill_path() {
     // and by a 299-token prefill followed by one decode step (per-row kernels, per-head
     // attention) agree to float rounding and pick the same token.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::runtime::ThreadPool;
+    use ruvllm_core::backend::{cpu::CpuBackend, Backend};
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 512).unwrap();
-    let pool = ThreadPool::new(2);
-    model.prepare(&pool);
+    let mut be = CpuBackend::new(2);
+    model.prepare(&mut be, 512);
     let tokens: Vec<u32> = (0..300u32).map(|i| 2 + (i * 7919) % 20000).collect();
-    let run = |split: usize| {
-        let mut cache = model.new_cache(512, 512);
-        let mut scratch = model.new_scratch(512);
-        model.forward(&tokens[..split], 0, &mut cache, &mut scratch, &pool).unwrap();
+    let mut run = |split: usize| {
+        let mut cache = model.new_cache(&be, 512, 512);
+        model.forward(&tokens[..split], 0, &mut cache, &mut be).unwrap();
         if split < tokens.len() {
-            model.forward(&tokens[split..], split, &mut cache, &mut scratch, &pool).unwrap();
+            model.forward(&tokens[split..], split, &mut cache, &mut be).unwrap();
         }
-        scratch.logits.clone()
+        be.logits().to_vec()
     };
     let (a, b) = (run(300), run(299));
     let argmax = |v: &[f32]| v.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0;
@@ -208,22 +207,22 @@ fn decode_logits_do_not_depend_on_the_thread_count() {
     // positions and value dimensions over the threads (`attention_split`). Every operation is
     // the same, so the logits must be bit-identical, before and after the split threshold.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::runtime::ThreadPool;
+    use ruvllm_core::backend::{cpu::CpuBackend, Backend};
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 1024).unwrap();
     let tokens: Vec<u32> = (0..40u32).map(|i| 2 + (i * 7919) % 20000).collect();
     let run = |threads: usize| {
-        let pool = ThreadPool::new(threads);
-        model.prepare(&pool);
-        let mut cache = model.new_cache(1024, 64);
-        let mut scratch = model.new_scratch(64);
-        model.forward(&tokens, 0, &mut cache, &mut scratch, &pool).unwrap();
+        let mut be = CpuBackend::new(threads);
+        model.prepare(&mut be, 512);
+        let mut cache = model.new_cache(&be, 1024, 64);
+        model.reserve(&mut be, 64);
+        model.forward(&tokens, 0, &mut cache, &mut be).unwrap();
         let mut out = Vec::new();
         for i in 0..40u32 {
-            model.forward(&[100 + i], tokens.len() + i as usize, &mut cache, &mut scratch, &pool).unwrap();
-            out.push(scratch.logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+            model.forward(&[100 + i], tokens.len() + i as usize, &mut cache, &mut be).unwrap();
+            out.push(be.logits().iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
         }
         out
     };
@@ -243,7 +242,7 @@ fn hidden_states_are_what_the_lm_head_multiplies() {
     // 0.17 of the spread; the head's GEMM rounds activations to 8 bits). A pre-norm
     // state, a shifted token or a wrong row fails this.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::runtime::ThreadPool;
+    use ruvllm_core::backend::{cpu::CpuBackend, Backend};
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     assert!(file.tensor("output.weight").is_none(), "the test assumes tied embeddings");
@@ -251,20 +250,20 @@ fn hidden_states_are_what_the_lm_head_multiplies() {
     let (d, v) = (cfg.d_model, cfg.vocab_size);
     let cap = cfg.final_logit_softcap;
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 512).unwrap();
-    let pool = ThreadPool::new(2);
-    model.prepare(&pool);
+    let mut be = CpuBackend::new(2);
+    model.prepare(&mut be, 512);
     let tokens: Vec<u32> = [2u32].into_iter().chain((0..20u32).map(|i| 100 + (i * 7919) % 20000)).collect();
     let mut hidden = Vec::new();
     {
-        let mut cache = model.new_cache(512, 64);
-        let mut scratch = model.new_scratch(64);
-        model.forward_each_hidden(&tokens, 0, AttentionMask::Causal, &mut cache, &mut scratch, &pool, &mut |_, h| hidden.push(h.to_vec())).unwrap();
+        let mut cache = model.new_cache(&be, 512, 64);
+        model.reserve(&mut be, 64);
+        model.forward_each_hidden(&tokens, 0, AttentionMask::Causal, &mut cache, &mut be, &mut |_, h| hidden.push(h.to_vec())).unwrap();
     }
     let mut logits = Vec::new();
     {
-        let mut cache = model.new_cache(512, 64);
-        let mut scratch = model.new_scratch(64);
-        model.forward_each_logits(&tokens, 0, AttentionMask::Causal, &mut cache, &mut scratch, &pool, &mut |_, l| logits.push(l.to_vec())).unwrap();
+        let mut cache = model.new_cache(&be, 512, 64);
+        model.reserve(&mut be, 64);
+        model.forward_each_logits(&tokens, 0, AttentionMask::Causal, &mut cache, &mut be, &mut |_, l| logits.push(l.to_vec())).unwrap();
     }
     assert_eq!((hidden.len(), logits.len()), (tokens.len(), tokens.len()));
     let mut row = vec![0.0f32; d];
@@ -307,18 +306,18 @@ fn embed_pools_normalises_and_rejects_overlong_texts() {
     }
     // The pooled vector is the normalised mean of the per-token states.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::runtime::ThreadPool;
+    use ruvllm_core::backend::{cpu::CpuBackend, Backend};
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 512).unwrap();
-    let pool = ThreadPool::new(2);
-    model.prepare(&pool);
+    let mut be = CpuBackend::new(2);
+    model.prepare(&mut be, 512);
     let ids = e.tokenize(texts[0], true).unwrap();
     let mut sum = vec![0.0f64; d];
-    let (mut cache, mut scratch) = (model.new_cache(512, 512), model.new_scratch(512));
+    let mut cache = model.new_cache(&be, 512, 512);
     model
-        .forward_each_hidden(&ids, 0, AttentionMask::Causal, &mut cache, &mut scratch, &pool, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &x)| *s += x as f64))
+        .forward_each_hidden(&ids, 0, AttentionMask::Causal, &mut cache, &mut be, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &x)| *s += x as f64))
         .unwrap();
     let n = sum.iter().map(|x| x * x).sum::<f64>().sqrt();
     let diff = sum.iter().zip(&batch[0]).map(|(a, &b)| (a / n - b as f64).abs()).fold(0.0, f64::max);

@@ -241,7 +241,7 @@ fn bad_adapter_files_are_adapter_invalid() {
 fn adapter_logits_do_not_depend_on_the_thread_count() {
     // Prefill (tokens split over the threads) and decode (output columns split) with two
     // adapters on every projection give bit-identical logits on 1, 2 and 3 threads.
-    use ruvllm_core::runtime::ThreadPool;
+    use ruvllm_core::backend::{cpu::CpuBackend, Backend};
     use ruvllm_core::models::{Transformer, WeightLoader};
     let cfg = config();
     let dir = tempfile::tempdir().unwrap();
@@ -254,16 +254,16 @@ fn adapter_logits_do_not_depend_on_the_thread_count() {
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 128).unwrap();
     let tokens: Vec<u32> = [2u32].into_iter().chain((0..20u32).map(|i| 100 + (i * 7919) % 20000)).collect();
     let run = |threads: usize| {
-        let pool = ThreadPool::new(threads);
-        model.prepare(&pool);
-        let mut cache = model.new_cache(128, 64);
+        let mut be = CpuBackend::new(threads);
+        model.prepare(&mut be, 512);
+        let mut cache = model.new_cache(&be, 128, 64);
         cache.adapters = set.clone();
-        let mut scratch = model.new_scratch(64);
-        model.forward(&tokens, 0, &mut cache, &mut scratch, &pool).unwrap();
-        let mut out = vec![scratch.logits.clone()];
+        model.reserve(&mut be, 64);
+        model.forward(&tokens, 0, &mut cache, &mut be).unwrap();
+        let mut out = vec![be.logits().to_vec()];
         for i in 0..3u32 {
-            model.forward(&[300 + i], tokens.len() + i as usize, &mut cache, &mut scratch, &pool).unwrap();
-            out.push(scratch.logits.clone());
+            model.forward(&[300 + i], tokens.len() + i as usize, &mut cache, &mut be).unwrap();
+            out.push(be.logits().to_vec());
         }
         out
     };

@@ -6,7 +6,7 @@
 //! sequence the bidirectional one, bit for bit.
 
 use ruvllm_core::gguf::GgufFile;
-use ruvllm_core::runtime::ThreadPool;
+use ruvllm_core::backend::cpu::CpuBackend;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 use ruvllm_core::nn::AttentionMask;
 
@@ -14,7 +14,7 @@ const N: usize = 24;
 
 struct Model {
     model: Transformer,
-    pool: ThreadPool,
+    be: std::cell::RefCell<CpuBackend>,
 }
 
 impl Model {
@@ -23,17 +23,18 @@ impl Model {
         let file = GgufFile::open(path).unwrap();
         let cfg = config_from_gguf(&file).unwrap();
         let model = Transformer::load(&WeightLoader { file: &file }, cfg, 256).unwrap();
-        let pool = ThreadPool::new(2);
-        model.prepare(&pool);
-        Model { model, pool }
+        let mut be = CpuBackend::new(2);
+        model.prepare(&mut be, 512);
+        Model { model, be: std::cell::RefCell::new(be) }
     }
 
     /// Logits of every position of `tokens` under `mask`, in one forward call.
     fn logits(&self, tokens: &[u32], mask: AttentionMask) -> Vec<Vec<f32>> {
-        let mut cache = self.model.new_cache(256, 64);
-        let mut scratch = self.model.new_scratch(64);
+        let mut be = self.be.borrow_mut();
+        let mut cache = self.model.new_cache(&*be, 256, 64);
+        self.model.reserve(&mut *be, 64);
         let mut out = Vec::new();
-        self.model.forward_each_logits(tokens, 0, mask, &mut cache, &mut scratch, &self.pool, &mut |_, l| out.push(l.to_vec())).unwrap();
+        self.model.forward_each_logits(tokens, 0, mask, &mut cache, &mut *be, &mut |_, l| out.push(l.to_vec())).unwrap();
         out
     }
 }

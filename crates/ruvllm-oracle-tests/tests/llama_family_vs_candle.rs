@@ -8,7 +8,7 @@ use candle_transformers::models::{quantized_llama, quantized_qwen2};
 use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::{GgufFile, MetadataValue};
 use ruvllm_core::backend::cpu::{quant, GgmlType};
-use ruvllm_core::runtime::ThreadPool;
+use ruvllm_core::backend::{cpu::CpuBackend, Backend};
 use ruvllm_core::kv::KvType;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 
@@ -100,13 +100,13 @@ fn ours(bytes: &[u8], prompt: &[u32], threads: usize) -> (Vec<f32>, Vec<f32>) {
     let model = Transformer::load(&WeightLoader { file: &file }, cfg, 128).expect("load");
     // candle keeps keys and values in f32: compare with our exact f32 cache (the default f16
     // cache is checked against llama.cpp, which uses f16 too: tests/gemma3_real.rs).
-    let mut cache = model.new_cache_typed(128, prompt.len(), KvType::F32);
-    let mut scratch = model.new_scratch(prompt.len());
-    let pool = ThreadPool::new(threads);
-    model.forward(prompt, 0, &mut cache, &mut scratch, &pool).expect("prefill");
-    let first = scratch.logits.clone();
-    model.forward(&[33], prompt.len(), &mut cache, &mut scratch, &pool).expect("decode");
-    (first, scratch.logits.clone())
+    let mut be = CpuBackend::new(threads);
+    model.reserve(&mut be, prompt.len());
+    let mut cache = model.new_cache_typed(&be, 128, prompt.len(), KvType::F32);
+    model.forward(prompt, 0, &mut cache, &mut be).expect("prefill");
+    let first = be.logits().to_vec();
+    model.forward(&[33], prompt.len(), &mut cache, &mut be).expect("decode");
+    (first, be.logits().to_vec())
 }
 
 /// The same from candle-transformers.

@@ -1,2 +1,186 @@
-//! Backends: where the forward pass's operations run.
+//! Backends: where the forward pass's operations run. A model file describes its graph as calls
+//! on a [`Backend`] over named activation buffers ([`Buf`]) that the backend owns, so it never
+//! holds host slices, a thread pool or kernel choices; the CPU backend ([`cpu::CpuBackend`]) runs
+//! them on this process's kernels and thread pool. Another backend (CUDA) implements the same
+//! trait, keeps the buffers and KV rows in its own memory and uploads the weights in
+//! [`Backend::prepare_weight`]; the model files do not change.
+//!
+//! What the trait speaks in is backend-neutral data: quantized weights as the file holds them
+//! ([`QWeight`]), RoPE tables ([`RopeTable`]), attention masks ([`AttentionMask`]), the KV rows
+//! of one layer ([`LayerCache`], allocated by the backend) and low-rank factor pairs
+//! ([`LowRank`]).
+
 pub mod cpu;
+pub mod kv;
+pub mod mask;
+pub mod rope;
+
+use half::f16;
+
+pub use cpu::matmul::{QWeight, WeightData};
+pub use kv::{KvType, LayerCache};
+pub use mask::AttentionMask;
+pub use rope::{RopeStyle, RopeTable};
+
+/// The activation buffers of a forward pass, each `max_batch` rows of its width
+/// ([`BufWidths`]): a model file names them, the backend holds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buf {
+    /// The residual stream (`d_model` per token).
+    X,
+    /// A normalised copy of `X` (`d_model`).
+    Xn,
+    /// Queries (`n_head × head_dim`).
+    Q,
+    /// Keys (`n_kv_head × head_dim`).
+    K,
+    /// Values (`n_kv_head × head_dim`).
+    V,
+    /// Attention output (`n_head × head_dim`).
+    Attn,
+    /// A block's output projection before the residual add (`d_model`).
+    Proj,
+    /// The feed-forward gate (`ff_dim`).
+    Gate,
+    /// The feed-forward up projection (`ff_dim`).
+    Up,
+}
+
+impl Buf {
+    pub const ALL: [Buf; 9] = [Buf::X, Buf::Xn, Buf::Q, Buf::K, Buf::V, Buf::Attn, Buf::Proj, Buf::Gate, Buf::Up];
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Floats per token of each [`Buf`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufWidths {
+    pub d_model: usize,
+    pub q_dim: usize,
+    pub kv_dim: usize,
+    pub ff_dim: usize,
+    pub vocab_size: usize,
+}
+
+impl BufWidths {
+    pub fn of(&self, b: Buf) -> usize {
+        match b {
+            Buf::X | Buf::Xn | Buf::Proj => self.d_model,
+            Buf::Q | Buf::Attn => self.q_dim,
+            Buf::K | Buf::V => self.kv_dim,
+            Buf::Gate | Buf::Up => self.ff_dim,
+        }
+    }
+}
+
+/// Feed-forward activation of a gated FFN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// GELU (tanh approximation) gate: Gemma.
+    GeluTanh,
+    /// SiLU gate (SwiGLU): Llama, Qwen2, Mistral.
+    Silu,
+}
+
+/// Attention geometry of a layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnShape {
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Scale applied to the scores.
+    pub scale: f32,
+}
+
+/// One low-rank factor pair (a LoRA adapter's projection): `delta = B·(A·x)`, factors in half
+/// precision.
+#[derive(Debug, Clone, Copy)]
+pub struct LowRank<'a> {
+    pub rank: usize,
+    pub d_in: usize,
+    pub d_out: usize,
+    /// `A`, `rank × d_in`, row-major.
+    pub a: &'a [f16],
+    /// `Bᵀ`, `rank × d_out`, row-major (column `j` of `B` is row `j` here).
+    pub bt: &'a [f16],
+}
+
+/// The low-rank deltas of one call: (output index, factors, scale) in the order they are
+/// added, without allocating for up to 24 (8 adapters on 3 fused projections).
+#[derive(Default)]
+pub struct LowRankTerms<'a> {
+    fixed: [Option<(usize, LowRank<'a>, f32)>; 24],
+    len: usize,
+    more: Vec<(usize, LowRank<'a>, f32)>,
+}
+
+impl<'a> LowRankTerms<'a> {
+    pub fn push(&mut self, term: (usize, LowRank<'a>, f32)) {
+        if self.len < self.fixed.len() {
+            self.fixed[self.len] = Some(term);
+            self.len += 1;
+        } else {
+            self.more.push(term);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (usize, LowRank<'a>, f32)> + '_ {
+        self.fixed[..self.len].iter().flatten().copied().chain(self.more.iter().copied())
+    }
+}
+
+/// The operations a forward pass is made of. Row counts `n` are at most
+/// [`max_batch`](Backend::max_batch); buffers hold `n` rows of their width, row-major.
+pub trait Backend {
+    /// A short description for logs and benchmarks (e.g. the CPU kernels' instruction set).
+    fn describe(&self) -> String;
+    /// How many threads the backend's CPU work runs on.
+    fn threads(&self) -> usize;
+    /// Prepares a weight for the products (the CPU packs tiles; a GPU would upload).
+    fn prepare_weight(&mut self, w: &QWeight);
+    /// Sizes the activation buffers for up to `max_batch` tokens of these widths.
+    fn reserve(&mut self, widths: BufWidths, max_batch: usize);
+    /// The most tokens one pass may carry (0 before [`reserve`](Backend::reserve)).
+    fn max_batch(&self) -> usize;
+    /// The KV rows of one layer: `capacity` slots of `row` floats each for keys and values.
+    fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache;
+
+    /// `X[t] = scale · table[tokens[t]]` (token ids checked by the caller).
+    fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>);
+    /// RMSNorm of each `w.len()`-float chunk of the first `n` rows of `src` into `dst`
+    /// (`src == dst`: in place; per-head norms use chunks of `head_dim`).
+    fn rms_norm(&mut self, src: Buf, dst: Buf, w: &[f32], eps: f32, n: usize);
+    /// `dst = W·src` for `n` rows.
+    fn matmul(&mut self, w: &QWeight, src: Buf, dst: Buf, n: usize);
+    /// `dsts[k] = ws[k]·src` for `n` rows, in one pass over `src`.
+    fn matmul_fused(&mut self, ws: &[&QWeight], src: Buf, dsts: &[Buf], n: usize);
+    /// `dst[t] += bias` for `n` rows.
+    fn add_bias(&mut self, dst: Buf, bias: &[f32], n: usize);
+    /// `dsts[k][t] += scale · B·(A·src[t])` for every term `(k, factors, scale)`, in order.
+    fn add_low_rank(&mut self, terms: &LowRankTerms, src: Buf, dsts: &[Buf], n: usize);
+    /// RoPE of every head (`head_dim` floats) of the `n` rows of `buf`, row `t` at `pos0 + t`.
+    fn rope(&mut self, table: &RopeTable, buf: Buf, head_dim: usize, pos0: usize, n: usize);
+    /// Stores the `n` rows of `K` and `V` at positions `pos0..` of `cache`.
+    fn store_kv(&mut self, cache: &mut LayerCache, pos0: usize, n: usize);
+    /// `Attn` for the `n` queries in `Q` at positions `pos0..` over `cache` (positions
+    /// `0..pos0 + n` stored), each seeing what `mask` (within `window`) lets it.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(&mut self, cache: &LayerCache, shape: AttnShape, mask: AttentionMask, window: Option<usize>, pos0: usize, n: usize);
+    /// `dst += src` for `n` rows.
+    fn add(&mut self, dst: Buf, src: Buf, n: usize);
+    /// `Gate = act(Gate) · Up` for `n` rows.
+    fn gated_activation(&mut self, act: Activation, n: usize);
+    /// The LM head for rows `rows` of `X`: final RMSNorm (`norm`, `eps`), `output` product and
+    /// optional soft-capping `cap · tanh(v / cap)`; returns the logits, `rows.len() × vocab`.
+    fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: std::ops::Range<usize>) -> &mut [f32];
+    /// The final RMSNorm of the first `n` rows of `X`, read back as `n × d_model`.
+    fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32];
+    /// The logits of the last [`lm_head`](Backend::lm_head) call, for the sampler to modify.
+    fn logits(&mut self) -> &mut [f32];
+}

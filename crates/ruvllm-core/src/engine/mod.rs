@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::gguf::GgufFile;
-use crate::runtime::ThreadPool;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::Backend;
 use crate::kv::KvCache;
 use crate::models::{self, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
@@ -216,9 +217,9 @@ pub struct Engine {
 struct Worker {
     model: Transformer,
     shared: Arc<Shared>,
-    pool: ThreadPool,
+    /// Where the forward pass runs; owns the activation buffers.
+    backend: Box<dyn Backend + Send>,
     cache: KvCache,
-    scratch: models::transformer::Scratch,
     context: usize,
     /// The adapters of requests that name none.
     default_adapters: AdapterSet,
@@ -319,8 +320,8 @@ impl Engine {
             defaults.push((Arc::new(LoraAdapter::load(p, &cfg, &cfg.architecture)?), *scale));
         }
         let default_adapters = AdapterSet::new(defaults);
-        let pool = ThreadPool::new(threads);
-        model.prepare(&pool);
+        let mut backend = CpuBackend::new(threads);
+        model.prepare(&mut backend, max_batch);
         let info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
         let bos_text = tokenizer.bos_id().and_then(|b| tokenizer.decode(&[b], false).ok()).unwrap_or_default();
         let shared = Arc::new(Shared { file, tokenizer, template, bos_text });
@@ -331,11 +332,10 @@ impl Engine {
             .name("ruvllm-engine".into())
             .spawn(move || {
                 let worker = Worker {
-                    cache: model.new_cache(context, max_batch),
-                    scratch: model.new_scratch(max_batch),
+                    cache: model.new_cache(&backend, context, max_batch),
                     model,
                     shared: worker_shared,
-                    pool,
+                    backend: Box::new(backend),
                     context,
                     default_adapters: worker_adapters,
                 };
@@ -613,12 +613,12 @@ impl Worker {
         Ok(ids)
     }
 
-    /// Evaluates `ids` from position 0 in chunks of the scratch batch (positions 0.. are
+    /// Evaluates `ids` from position 0 in chunks of the backend's batch (positions 0.. are
     /// rewritten: the cache keeps what this evaluates) and calls `each(position, row)` with
     /// every token's logits or final hidden state (`rows`). Between chunks, `cancel` stops it
     /// with `Aborted`, the cache keeping the chunks already evaluated.
     fn evaluate(&mut self, ids: &[u32], cancel: &AtomicBool, rows: Rows, each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
-        let batch = self.scratch.max_batch;
+        let batch = self.backend.max_batch();
         self.cache.tokens.clear();
         for (i, chunk) in ids.chunks(batch).enumerate() {
             if cancel.load(Ordering::Relaxed) {
@@ -627,10 +627,10 @@ impl Worker {
             }
             let pos0 = i * batch;
             let mut at = |t: usize, row: &[f32]| each(pos0 + t, row);
-            let (cache, scratch, pool) = (&mut self.cache, &mut self.scratch, &self.pool);
+            let (cache, be) = (&mut self.cache, &mut *self.backend);
             match rows {
-                Rows::Logits => self.model.forward_each_logits(chunk, pos0, AttentionMask::Causal, cache, scratch, pool, &mut at)?,
-                Rows::Hidden => self.model.forward_each_hidden(chunk, pos0, AttentionMask::Causal, cache, scratch, pool, &mut at)?,
+                Rows::Logits => self.model.forward_each_logits(chunk, pos0, AttentionMask::Causal, cache, be, &mut at)?,
+                Rows::Hidden => self.model.forward_each_hidden(chunk, pos0, AttentionMask::Causal, cache, be, &mut at)?,
             }
         }
         Ok(())
@@ -730,8 +730,7 @@ impl Worker {
         let mut ctx = DecodeContext {
             model: &self.model,
             cache: &mut self.cache,
-            scratch: &mut self.scratch,
-            pool: &self.pool,
+            backend: &mut *self.backend,
             tokenizer: &shared.tokenizer,
             context: self.context,
         };

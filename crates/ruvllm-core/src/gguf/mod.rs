@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::backend::cpu::GgmlType;
+pub use crate::backend::cpu::GgmlType;
 use crate::{Error, Result};
 
 mod reader;

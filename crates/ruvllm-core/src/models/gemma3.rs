@@ -6,7 +6,7 @@
 
 use super::transformer::{Activation, TransformerConfig};
 use crate::gguf::GgufFile;
-use crate::backend::cpu::ops::RopeStyle;
+use crate::backend::RopeStyle;
 use crate::Result;
 
 /// Reads `gemma3.*` metadata.

@@ -5,7 +5,7 @@
 
 use super::transformer::{Activation, TransformerConfig};
 use crate::gguf::GgufFile;
-use crate::backend::cpu::ops::RopeStyle;
+use crate::backend::RopeStyle;
 use crate::Result;
 
 /// Reads `{llama,qwen2,mistral}.*` metadata.

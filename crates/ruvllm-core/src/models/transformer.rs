@@ -3,27 +3,14 @@
 //! loads its tensors by their GGUF names; the forward pass here follows llama.cpp's graphs
 //! (`llm_build_gemma3_iswa`, `llm_build_llama`, `llm_build_qwen2`) so greedy output matches it.
 
-use crate::gguf::{GgufFile, TensorInfo};
-use crate::backend::cpu::matmul::WeightData;
-use crate::backend::cpu::ops::{self, RopeStyle, RopeTable};
-use crate::backend::cpu::{matmul, GgmlType, QWeight};
-use crate::runtime::ThreadPool;
-use crate::backend::cpu::attention;
-use crate::backend::cpu::ops::KvElem;
-use crate::kv::{KvCache, KvRows, KvType, LayerCache};
-use crate::nn::{AttentionMask, Linear, Proj};
-use crate::runtime::SharedMut;
-use crate::{Error, Result};
 use std::sync::Arc;
 
-/// Feed-forward activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// GELU (tanh approximation) gate: Gemma.
-    GeluTanh,
-    /// SiLU gate (SwiGLU): Llama, Qwen2, Mistral.
-    Silu,
-}
+pub use crate::backend::Activation;
+use crate::backend::{AttnShape, Backend, Buf, BufWidths, QWeight, RopeStyle, RopeTable, WeightData};
+use crate::gguf::{GgmlType, GgufFile, TensorInfo};
+use crate::kv::{KvCache, KvType};
+use crate::nn::{AttentionMask, Linear, Proj};
+use crate::{Error, Result};
 
 /// Everything the forward pass needs to know about an architecture instance.
 #[derive(Debug, Clone)]
@@ -174,25 +161,6 @@ impl Layer {
     }
 }
 
-/// Reusable activation buffers for up to `max_batch` tokens: nothing is allocated per token.
-pub struct Scratch {
-    pub max_batch: usize,
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    proj: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    pub logits: Vec<f32>,
-    /// Logits of several tokens at once ([`Transformer::forward_each_logits`]), grown on use.
-    head_logits: Vec<f32>,
-    /// Attention scores of the split decode path ([`Transformer::attention_split`]), grown on use.
-    att_scores: Vec<f32>,
-}
-
 /// A loaded decoder-only transformer.
 pub struct Transformer {
     pub cfg: TransformerConfig,
@@ -203,12 +171,6 @@ pub struct Transformer {
     pub output: QWeight,
     rope: Arc<RopeTable>,
     rope_swa: Arc<RopeTable>,
-}
-
-thread_local! {
-    /// Per-thread attention score row and the key/value row offsets of its positions, grown to
-    /// the longest span seen (no per-token allocation).
-    static SCORES: std::cell::RefCell<(Vec<f32>, Vec<usize>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 impl Transformer {
@@ -234,90 +196,65 @@ impl Transformer {
         Ok(Transformer { cfg, embed, layers, output_norm, output, rope, rope_swa })
     }
 
-    /// Prepares the weights: packs the layer weights and the LM head for the tile GEMM where the
-    /// CPU has one (the file's pages of a tied embedding are then read back only for the rows
-    /// the embedding gathers).
-    pub fn prepare(&self, pool: &ThreadPool) {
+    /// Prepares `be` to run this model on up to `max_batch` tokens per pass: the weights
+    /// (the CPU packs the layer weights and the LM head for its tile GEMM, after which the
+    /// file's pages of a tied embedding are read back only for the rows the embedding gathers)
+    /// and the activation buffers.
+    pub fn prepare(&self, be: &mut dyn Backend, max_batch: usize) {
         for l in &self.layers {
             for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down] {
-                w.weight.prepare(pool);
+                be.prepare_weight(&w.weight);
             }
         }
-        self.output.prepare(pool);
+        be.prepare_weight(&self.output);
+        self.reserve(be, max_batch);
+    }
+
+    /// Sizes `be`'s activation buffers for up to `max_batch` tokens per pass.
+    pub fn reserve(&self, be: &mut dyn Backend, max_batch: usize) {
+        let c = &self.cfg;
+        let widths = BufWidths { d_model: c.d_model, q_dim: c.n_head * c.head_dim, kv_dim: c.n_kv_head * c.head_dim, ff_dim: c.ff_dim, vocab_size: c.vocab_size };
+        be.reserve(widths, max_batch);
     }
 
     /// A KV cache for `context` positions with ring buffers for sliding-window layers, f16.
-    pub fn new_cache(&self, context: usize, max_batch: usize) -> KvCache {
-        self.new_cache_typed(context, max_batch, KvType::F16)
+    pub fn new_cache(&self, be: &dyn Backend, context: usize, max_batch: usize) -> KvCache {
+        self.new_cache_typed(be, context, max_batch, KvType::F16)
     }
 
     /// [`Self::new_cache`] with keys and values stored as `ty`.
-    pub fn new_cache_typed(&self, context: usize, max_batch: usize, ty: KvType) -> KvCache {
-        let caps: Vec<usize> = (0..self.cfg.n_layer)
+    pub fn new_cache_typed(&self, be: &dyn Backend, context: usize, max_batch: usize, ty: KvType) -> KvCache {
+        let row = self.cfg.n_kv_head * self.cfg.head_dim;
+        let layers = (0..self.cfg.n_layer)
             .map(|l| match (self.cfg.sliding_window, self.cfg.swa_layers[l]) {
                 (Some(w), true) => context.min(w + max_batch),
                 _ => context,
             })
+            .map(|cap| be.new_layer_cache(cap, row, ty))
             .collect();
-        KvCache::with_type(&caps, self.cfg.n_kv_head * self.cfg.head_dim, ty)
+        KvCache::from_layers(layers, row)
     }
 
-    pub fn new_scratch(&self, max_batch: usize) -> Scratch {
-        let c = &self.cfg;
-        let (q_dim, kv_dim) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
-        Scratch {
-            max_batch,
-            x: vec![0.0; max_batch * c.d_model],
-            xn: vec![0.0; max_batch * c.d_model],
-            q: vec![0.0; max_batch * q_dim],
-            k: vec![0.0; max_batch * kv_dim],
-            v: vec![0.0; max_batch * kv_dim],
-            attn: vec![0.0; max_batch * q_dim],
-            proj: vec![0.0; max_batch * c.d_model],
-            gate: vec![0.0; max_batch * c.ff_dim],
-            up: vec![0.0; max_batch * c.ff_dim],
-            logits: vec![0.0; c.vocab_size],
-            head_logits: Vec::new(),
-            att_scores: Vec::new(),
-        }
-    }
-
-    /// Runs `tokens` (at most `scratch.max_batch`) at positions `pos0..`, appending their keys
-    /// and values to `cache`, and leaves the logits of the last token in `scratch.logits`.
-    pub fn forward(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, s: &mut Scratch, pool: &ThreadPool) -> Result<()> {
-        self.forward_hidden(tokens, pos0, AttentionMask::Causal, cache, s, pool)?;
-        let d = self.cfg.d_model;
+    /// Runs `tokens` (at most `be.max_batch()`) at positions `pos0..`, appending their keys
+    /// and values to `cache`, and leaves the logits of the last token in `be.logits()`.
+    pub fn forward(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, be: &mut dyn Backend) -> Result<()> {
+        self.forward_hidden(tokens, pos0, AttentionMask::Causal, cache, be)?;
         let n = tokens.len();
-        let (x, xn, logits) = (&s.x, &mut s.xn, &mut s.logits);
-        self.head(&x[(n - 1) * d..n * d], 1, &mut xn[..d], logits, pool);
+        self.head(be, n - 1..n);
         Ok(())
     }
 
     /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(t, logits)` with
     /// the logits of every token `t` of `tokens` in order (the LM head runs on a few tokens at a
-    /// time, so memory stays at a few vocabulary rows). `scratch.logits` is left unspecified.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_each_logits(
-        &self,
-        tokens: &[u32],
-        pos0: usize,
-        mask: AttentionMask,
-        cache: &mut KvCache,
-        s: &mut Scratch,
-        pool: &ThreadPool,
-        each: &mut dyn FnMut(usize, &[f32]),
-    ) -> Result<()> {
+    /// time, so memory stays at a few vocabulary rows). `be.logits()` is left unspecified.
+    pub fn forward_each_logits(&self, tokens: &[u32], pos0: usize, mask: AttentionMask, cache: &mut KvCache, be: &mut dyn Backend, each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
         const HEAD_BATCH: usize = 8;
-        self.forward_hidden(tokens, pos0, mask, cache, s, pool)?;
-        let (d, v, n) = (self.cfg.d_model, self.cfg.vocab_size, tokens.len());
-        if s.head_logits.len() < HEAD_BATCH.min(n) * v {
-            s.head_logits.resize(HEAD_BATCH.min(n) * v, 0.0);
-        }
+        self.forward_hidden(tokens, pos0, mask, cache, be)?;
+        let (v, n) = (self.cfg.vocab_size, tokens.len());
         let mut t0 = 0;
         while t0 < n {
             let m = HEAD_BATCH.min(n - t0);
-            let (x, xn, out) = (&s.x, &mut s.xn, &mut s.head_logits);
-            self.head(&x[t0 * d..(t0 + m) * d], m, &mut xn[..m * d], &mut out[..m * v], pool);
+            let out = self.head(be, t0..t0 + m);
             for i in 0..m {
                 each(t0 + i, &out[i * v..(i + 1) * v]);
             }
@@ -329,68 +266,37 @@ impl Transformer {
     /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(t, h)` with the
     /// final hidden state of every token `t` of `tokens` after the output norm: the vector the
     /// LM head multiplies (and what llama.cpp's embedding mode pools). The LM head does not run.
-    /// `scratch.logits` is left unspecified.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_each_hidden(
-        &self,
-        tokens: &[u32],
-        pos0: usize,
-        mask: AttentionMask,
-        cache: &mut KvCache,
-        s: &mut Scratch,
-        pool: &ThreadPool,
-        each: &mut dyn FnMut(usize, &[f32]),
-    ) -> Result<()> {
-        self.forward_hidden(tokens, pos0, mask, cache, s, pool)?;
+    /// `be.logits()` is left unspecified.
+    pub fn forward_each_hidden(&self, tokens: &[u32], pos0: usize, mask: AttentionMask, cache: &mut KvCache, be: &mut dyn Backend, each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+        self.forward_hidden(tokens, pos0, mask, cache, be)?;
         let (d, n) = (self.cfg.d_model, tokens.len());
-        self.output_norm_rows(&s.x[..n * d], &mut s.xn[..n * d]);
+        let h = be.final_hidden(&self.output_norm, self.cfg.norm_eps, n);
         for t in 0..n {
-            each(t, &s.xn[t * d..(t + 1) * d]);
+            each(t, &h[t * d..(t + 1) * d]);
         }
         Ok(())
     }
 
-    /// The final (output) norm of each hidden row of `x` into `xn`.
-    fn output_norm_rows(&self, x: &[f32], xn: &mut [f32]) {
-        let d = self.cfg.d_model;
-        for (row, out) in x.chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
-            ops::rms_norm(row, &self.output_norm, self.cfg.norm_eps, out);
-        }
+    /// Final norm, LM head and soft-capping for rows `rows` of the hidden state.
+    fn head<'b>(&self, be: &'b mut dyn Backend, rows: std::ops::Range<usize>) -> &'b mut [f32] {
+        be.lm_head(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, rows)
     }
 
-    /// Final norm, LM head and soft-capping for `m` hidden rows `x`.
-    fn head(&self, x: &[f32], m: usize, xn: &mut [f32], logits: &mut [f32], pool: &ThreadPool) {
-        let c = &self.cfg;
-        let d = c.d_model;
-        self.output_norm_rows(&x[..m * d], &mut xn[..m * d]);
-        matmul(pool, &self.output, &xn[..m * d], m, &mut logits[..m * c.vocab_size]);
-        if let Some(cap) = c.final_logit_softcap {
-            logits[..m * c.vocab_size].iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
-        }
-    }
-
-    /// The layers: leaves the final hidden state of every token in `s.x`.
-    fn forward_hidden(&self, tokens: &[u32], pos0: usize, mask: AttentionMask, cache: &mut KvCache, s: &mut Scratch, pool: &ThreadPool) -> Result<()> {
+    /// The layers: leaves the final hidden state of every token in `X`.
+    fn forward_hidden(&self, tokens: &[u32], pos0: usize, mask: AttentionMask, cache: &mut KvCache, be: &mut dyn Backend) -> Result<()> {
         let c = &self.cfg;
         let n = tokens.len();
-        if n == 0 || n > s.max_batch {
-            return Err(Error::Internal(format!("forward called with {n} tokens (max {})", s.max_batch)));
+        if n == 0 || n > be.max_batch() {
+            return Err(Error::Internal(format!("forward called with {n} tokens (max {})", be.max_batch())));
         }
         if pos0 + n > self.rope.max_pos() {
             return Err(Error::ContextOverflow { tokens: pos0 + n, context: self.rope.max_pos() });
         }
-        let d = c.d_model;
-        let (q_dim, kv_dim) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
-        for (t, &tok) in tokens.iter().enumerate() {
-            if tok as usize >= c.vocab_size {
-                return Err(Error::InvalidArg(format!("token id {tok} is outside the vocabulary ({})", c.vocab_size)));
-            }
-            let row = &mut s.x[t * d..(t + 1) * d];
-            self.embed.dequantize_row(tok as usize, row);
-            if let Some(scale) = c.embed_scale {
-                row.iter_mut().for_each(|v| *v *= scale);
-            }
+        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::InvalidArg(format!("token id {tok} is outside the vocabulary ({})", c.vocab_size)));
         }
+        be.embed(&self.embed, tokens, c.embed_scale);
+        let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, scale: c.attn_scale };
         // The request's adapters, which the cached keys and values are computed with; taken out
         // of the cache for the pass (no copy) and put back after it (nothing below returns early).
         let lora = std::mem::take(&mut cache.adapters);
@@ -398,238 +304,37 @@ impl Transformer {
             let swa = c.swa_layers[l];
             let rope = if swa { &self.rope_swa } else { &self.rope };
             // Attention block.
-            for t in 0..n {
-                ops::rms_norm(&s.x[t * d..(t + 1) * d], &layer.attn_norm, c.norm_eps, &mut s.xn[t * d..(t + 1) * d]);
+            be.rms_norm(Buf::X, Buf::Xn, &layer.attn_norm, c.norm_eps, n);
+            Linear::forward_fused(be, [&layer.wq, &layer.wk, &layer.wv], Buf::Xn, [Buf::Q, Buf::K, Buf::V], n, &lora);
+            if let Some(w) = &layer.q_norm {
+                be.rms_norm(Buf::Q, Buf::Q, w, c.norm_eps, n);
             }
-            let xn = &s.xn[..n * d];
-            Linear::forward_fused(pool, [&layer.wq, &layer.wk, &layer.wv], xn, n, &mut [&mut s.q[..n * q_dim], &mut s.k[..n * kv_dim], &mut s.v[..n * kv_dim]], &lora);
-            for t in 0..n {
-                let q = &mut s.q[t * q_dim..(t + 1) * q_dim];
-                let k = &mut s.k[t * kv_dim..(t + 1) * kv_dim];
-                let v = &s.v[t * kv_dim..(t + 1) * kv_dim];
-                if let Some(w) = &layer.q_norm {
-                    ops::rms_norm_chunks_inplace(q, w, c.norm_eps);
-                }
-                if let Some(w) = &layer.k_norm {
-                    ops::rms_norm_chunks_inplace(k, w, c.norm_eps);
-                }
-                rope.apply(q, c.head_dim, pos0 + t);
-                rope.apply(k, c.head_dim, pos0 + t);
-                cache.layers[l].store(pos0 + t, k, v);
+            if let Some(w) = &layer.k_norm {
+                be.rms_norm(Buf::K, Buf::K, w, c.norm_eps, n);
             }
+            be.rope(rope, Buf::Q, c.head_dim, pos0, n);
+            be.rope(rope, Buf::K, c.head_dim, pos0, n);
+            be.store_kv(&mut cache.layers[l], pos0, n);
             let window = if swa { c.sliding_window } else { None };
-            self.attention(&cache.layers[l], n, pos0, Span { mask, window }, s, pool);
-            layer.wo.forward(pool, &s.attn[..n * q_dim], n, &mut s.proj[..n * d], &lora);
-            for t in 0..n {
-                let proj = &mut s.proj[t * d..(t + 1) * d];
-                if let Some(w) = &layer.post_attn_norm {
-                    ops::rms_norm_chunks_inplace(proj, w, c.norm_eps);
-                }
-                ops::add_inplace(&mut s.x[t * d..(t + 1) * d], proj);
+            be.attention(&cache.layers[l], shape, mask, window, pos0, n);
+            layer.wo.forward(be, Buf::Attn, Buf::Proj, n, &lora);
+            if let Some(w) = &layer.post_attn_norm {
+                be.rms_norm(Buf::Proj, Buf::Proj, w, c.norm_eps, n);
             }
+            be.add(Buf::X, Buf::Proj, n);
             // Feed-forward block.
-            for t in 0..n {
-                ops::rms_norm(&s.x[t * d..(t + 1) * d], &layer.ffn_norm, c.norm_eps, &mut s.xn[t * d..(t + 1) * d]);
+            be.rms_norm(Buf::X, Buf::Xn, &layer.ffn_norm, c.norm_eps, n);
+            Linear::forward_fused(be, [&layer.ffn_gate, &layer.ffn_up], Buf::Xn, [Buf::Gate, Buf::Up], n, &lora);
+            be.gated_activation(c.activation, n);
+            layer.ffn_down.forward(be, Buf::Gate, Buf::Proj, n, &lora);
+            if let Some(w) = &layer.post_ffn_norm {
+                be.rms_norm(Buf::Proj, Buf::Proj, w, c.norm_eps, n);
             }
-            let xn = &s.xn[..n * d];
-            let ff = c.ff_dim;
-            Linear::forward_fused(pool, [&layer.ffn_gate, &layer.ffn_up], xn, n, &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]], &lora);
-            match c.activation {
-                Activation::GeluTanh => ops::gelu_tanh_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
-                Activation::Silu => ops::silu_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
-            }
-            layer.ffn_down.forward(pool, &s.gate[..n * ff], n, &mut s.proj[..n * d], &lora);
-            for t in 0..n {
-                let proj = &mut s.proj[t * d..(t + 1) * d];
-                if let Some(w) = &layer.post_ffn_norm {
-                    ops::rms_norm_chunks_inplace(proj, w, c.norm_eps);
-                }
-                ops::add_inplace(&mut s.x[t * d..(t + 1) * d], proj);
-            }
+            be.add(Buf::X, Buf::Proj, n);
         }
         cache.adapters = lora;
         cache.tokens.truncate(pos0);
         cache.tokens.extend_from_slice(tokens);
         Ok(())
     }
-
-    /// Attention of the `n` new queries over the cache, each seeing the positions `span` gives it.
-    fn attention(&self, cache: &LayerCache, n: usize, pos0: usize, span: Span, s: &mut Scratch, pool: &ThreadPool) {
-        match &cache.rows {
-            KvRows::F16 { k, v } => self.attention_rows(cache, k, v, n, pos0, span, s, pool),
-            KvRows::F32 { k, v } => self.attention_rows(cache, k, v, n, pos0, span, s, pool),
-        }
-    }
-
-    /// [`Self::attention`] over key and value rows `kc`, `vc` of the cache's element type.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_rows<T: KvElem>(&self, cache: &LayerCache, kc: &[T], vc: &[T], n: usize, pos0: usize, span: Span, s: &mut Scratch, pool: &ThreadPool) {
-        let c = &self.cfg;
-        let (hd, n_head) = (c.head_dim, c.n_head);
-        let group = n_head / c.n_kv_head;
-        let q_dim = n_head * hd;
-        let kv_row = c.n_kv_head * hd;
-        let attn = SharedMut(s.attn.as_mut_ptr());
-        let q_all = &s.q;
-        let scale = c.attn_scale;
-        // One task per (token, KV head, sub-group of the query heads sharing it): the task
-        // passes over the key and value rows once per four of its heads
-        // (`attention::scores_heads`/`attention::weighted_sum_heads`: per head the operations of
-        // `attention::scores`/`attention::weighted_sum`, identical whatever the grouping).
-        // Sub-groups are as large as keeps every thread busy: decode with one KV head on two
-        // threads runs two tasks of half the heads.
-        let n_kv = c.n_kv_head;
-        // Decode (fewer query/KV-head pairs than threads) over a long span: split the positions
-        // and the value dimensions over the threads instead, so each thread reads its share of
-        // the keys and values rather than all of them.
-        let stored = pos0 + n;
-        if n * n_kv < pool.threads() && span.of(pos0 + n - 1, stored).1 >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
-            return self.attention_split(cache, kc, vc, n, pos0, span, s, pool);
-        }
-        let mut hs = group;
-        while hs > 1 && hs.is_multiple_of(2) && n * n_kv * (group / hs) < pool.threads() {
-            hs /= 2;
-        }
-        let subs = group / hs;
-        let grouped = |i: usize| {
-            let (t, g, sub) = (i / (n_kv * subs), (i / subs) % n_kv, i % subs);
-            let (lo, span) = span.of(pos0 + t, stored);
-            let h0 = g * group + sub * hs;
-            let q = &q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hs) * hd];
-            // SAFETY: task i owns attn[t*q_dim + h0*hd ..][..hs*hd]: disjoint across tasks.
-            let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h0 * hd), hs * hd) };
-            SCORES.with(|cell| {
-                let (buf, offs) = &mut *cell.borrow_mut();
-                if buf.len() < hs * span {
-                    buf.resize(hs * span, 0.0);
-                }
-                // Where each visible position's key and value rows start.
-                offs.clear();
-                offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd));
-                // Up to four heads at a time over the same key and value rows.
-                for (h0, hn) in head_chunks(0, hs) {
-                    let sc = &mut buf[h0 * span..(h0 + hn) * span];
-                    let qs = up_to_four(q[h0 * hd..(h0 + hn) * hd].chunks(hd));
-                    attention::scores_heads(&qs[..hn], kc, offs, scale, &mut up_to_four_mut(sc.chunks_mut(span))[..hn]);
-                    sc.chunks_mut(span).for_each(ops::softmax_inplace);
-                    let ws = up_to_four(sc.chunks(span));
-                    attention::weighted_sum_heads(&ws[..hn], vc, offs, &mut up_to_four_mut(out[h0 * hd..(h0 + hn) * hd].chunks_mut(hd))[..hn]);
-                }
-            });
-        };
-        pool.for_each(n * n_kv * subs, &grouped);
-    }
-
-    /// [`Self::attention`] for few queries over many positions, with the work split so that
-    /// each thread reads a share of the keys and values: (1) scores, positions split over the
-    /// tasks (each task scores its positions for every head of the group, four heads per pass
-    /// over a block of rows); (2) softmax, one task per head; (3) value sums, the head
-    /// dimension split over the tasks. Every score, softmax and output element is computed by
-    /// the same operations in the same order as in `attention`, so the result is identical.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_split<T: KvElem>(&self, cache: &LayerCache, kc: &[T], vc: &[T], n: usize, pos0: usize, span: Span, s: &mut Scratch, pool: &ThreadPool) {
-        let c = &self.cfg;
-        let (hd, n_head, n_kv) = (c.head_dim, c.n_head, c.n_kv_head);
-        let group = n_head / n_kv;
-        let (q_dim, kv_row, scale) = (n_head * hd, n_kv * hd, c.attn_scale);
-        let span_of = |t: usize| span.of(pos0 + t, pos0 + n);
-        let stride = (0..n).map(|t| span_of(t).1).max().unwrap_or(0);
-        // Scores of (token t, head h) at row t * n_head + h.
-        if s.att_scores.len() < n * n_head * stride {
-            s.att_scores.resize(n * n_head * stride, 0.0);
-        }
-        let sc = SharedMut(s.att_scores.as_mut_ptr());
-        let parts = pool.threads();
-        let q_all = &s.q;
-        pool.for_each(parts, &|i| {
-            SCORES.with(|cell| {
-                let offs = &mut cell.borrow_mut().1;
-                for t in 0..n {
-                    let (lo, span) = span_of(t);
-                    let (a, b) = (i * span / parts, (i + 1) * span / parts);
-                    for g in 0..n_kv {
-                        for blk in (a..b).step_by(SPLIT_BLOCK) {
-                            let e = (blk + SPLIT_BLOCK).min(b);
-                            offs.clear();
-                            offs.extend((lo + blk..lo + e).map(|p| cache.slot(p) * kv_row + g * hd));
-                            for (h0, hn) in head_chunks(g * group, (g + 1) * group) {
-                                let qs = up_to_four(q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hn) * hd].chunks(hd));
-                                // SAFETY: task i owns positions a..b of every score row.
-                                let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) }));
-                                attention::scores_heads(&qs[..hn], kc, offs, scale, &mut outs[..hn]);
-                            }
-                        }
-                    }
-                }
-            });
-        });
-        pool.for_each(n * n_head, &|r| {
-            // SAFETY: task r owns score row r.
-            let row = unsafe { std::slice::from_raw_parts_mut(sc.ptr().add(r * stride), span_of(r / n_head).1) };
-            ops::softmax_inplace(row);
-        });
-        let attn = SharedMut(s.attn.as_mut_ptr());
-        let scores = &s.att_scores;
-        let width = hd / parts;
-        pool.for_each(parts, &|i| {
-            let d0 = i * width;
-            SCORES.with(|cell| {
-                let offs = &mut cell.borrow_mut().1;
-                for t in 0..n {
-                    let (lo, span) = span_of(t);
-                    for g in 0..n_kv {
-                        offs.clear();
-                        offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd + d0));
-                        for (h0, hn) in head_chunks(g * group, (g + 1) * group) {
-                            let ws = up_to_four((h0..h0 + hn).map(|h| &scores[(t * n_head + h) * stride..][..span]));
-                            // SAFETY: task i owns columns d0..d0 + width of every head's output.
-                            let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) }));
-                            attention::weighted_sum_heads(&ws[..hn], vc, offs, &mut outs[..hn]);
-                        }
-                    }
-                }
-            });
-        });
-    }
 }
-
-/// What one layer's queries see: the call's mask, within the layer's sliding window.
-#[derive(Clone, Copy)]
-struct Span {
-    mask: AttentionMask,
-    window: Option<usize>,
-}
-
-impl Span {
-    /// (first position, count) for the query at `pos` with `0..stored` in the cache.
-    fn of(self, pos: usize, stored: usize) -> (usize, usize) {
-        self.mask.visible(pos, stored, self.window)
-    }
-}
-
-/// Query heads the attention kernels serve per pass over a KV head's rows
-/// ([`attention::scores_heads`], [`attention::weighted_sum_heads`]).
-const HEADS_AT_ONCE: usize = 4;
-
-/// Heads `lo..hi` as (first head, count) chunks of at most [`HEADS_AT_ONCE`].
-fn head_chunks(lo: usize, hi: usize) -> impl Iterator<Item = (usize, usize)> {
-    (lo..hi).step_by(HEADS_AT_ONCE).map(move |h0| (h0, (hi - h0).min(HEADS_AT_ONCE)))
-}
-
-/// The first four items of `it` (empty slices after it ends), for the multi-head kernels
-/// without allocating.
-fn up_to_four<'a>(mut it: impl Iterator<Item = &'a [f32]>) -> [&'a [f32]; HEADS_AT_ONCE] {
-    std::array::from_fn(|_| it.next().unwrap_or(&[]))
-}
-
-/// [`up_to_four`] for mutable rows.
-fn up_to_four_mut<'a>(mut it: impl Iterator<Item = &'a mut [f32]>) -> [&'a mut [f32]; HEADS_AT_ONCE] {
-    std::array::from_fn(|_| it.next().unwrap_or(&mut []))
-}
-
-/// Shortest span for [`Transformer::attention_split`] (shorter ones keep one task per head
-/// group: the extra pool jobs would cost more than the split saves).
-const SPLIT_MIN_SPAN: usize = 64;
-/// Positions per block in the split score pass (128 key rows of 256 f16: 64 KB, in L2 while
-/// the heads of a group beyond the first four score them again).
-const SPLIT_BLOCK: usize = 128;

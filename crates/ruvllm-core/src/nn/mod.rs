@@ -3,13 +3,10 @@
 //! carries, applied in one place. [`AttentionMask`] says which positions attention sees.
 
 pub mod lora;
-pub mod mask;
 
-use crate::backend::cpu::matmul::{matmul, matmul_fused};
-use crate::backend::cpu::{ops, QWeight};
-use crate::runtime::ThreadPool;
+use crate::backend::{Backend, Buf, QWeight};
+pub use crate::backend::AttentionMask;
 pub use lora::{AdapterSet, LoraAdapter, Proj};
-pub use mask::AttentionMask;
 
 /// `y = W·x + b + Σᵢ sᵢ · Bᵢ(Aᵢ·x)` for one projection of block `layer`. The weight stays in its
 /// quantized form; adapters come with each call, so one model serves any set of them.
@@ -26,29 +23,25 @@ impl Linear {
         Linear { weight, bias, layer, proj }
     }
 
-    /// `y` (`n × rows`) for the `n` rows of `x` (`n × cols`).
-    pub fn forward(&self, pool: &ThreadPool, x: &[f32], n: usize, y: &mut [f32], adapters: &AdapterSet) {
-        matmul(pool, &self.weight, x, n, y);
-        self.add_bias(n, y);
-        adapters.apply(pool, self.layer, [self.proj], x, n, &mut [y]);
-    }
-
-    /// Several projections of the same input in one pass over `x` (the quantized products are
-    /// fused; each projection's bias and adapter deltas are added after its product).
-    pub fn forward_fused<const N: usize>(pool: &ThreadPool, ls: [&Linear; N], x: &[f32], n: usize, ys: &mut [&mut [f32]; N], adapters: &AdapterSet) {
-        matmul_fused(pool, &ls.map(|l| &l.weight), x, n, ys);
-        for (l, y) in ls.iter().zip(ys.iter_mut()) {
-            l.add_bias(n, y);
-        }
-        // One pass over the pool for the adapters of all the projections.
-        adapters.apply(pool, ls[0].layer, ls.map(|l| l.proj), x, n, ys);
-    }
-
-    fn add_bias(&self, n: usize, y: &mut [f32]) {
+    /// `dst` (`n × rows`) for the `n` rows of `src` (`n × cols`).
+    pub fn forward(&self, be: &mut dyn Backend, src: Buf, dst: Buf, n: usize, adapters: &AdapterSet) {
+        be.matmul(&self.weight, src, dst, n);
         if let Some(b) = &self.bias {
-            for row in y[..n * self.weight.rows].chunks_exact_mut(self.weight.rows) {
-                ops::add_inplace(row, b);
+            be.add_bias(dst, b, n);
+        }
+        be.add_low_rank(&adapters.terms(self.layer, [self.proj]), src, &[dst], n);
+    }
+
+    /// Several projections of the same input in one pass over `src` (the quantized products
+    /// are fused; each projection's bias and adapter deltas are added after its product).
+    pub fn forward_fused<const N: usize>(be: &mut dyn Backend, ls: [&Linear; N], src: Buf, dsts: [Buf; N], n: usize, adapters: &AdapterSet) {
+        be.matmul_fused(&ls.map(|l| &l.weight), src, &dsts, n);
+        for (l, &dst) in ls.iter().zip(&dsts) {
+            if let Some(b) = &l.bias {
+                be.add_bias(dst, b, n);
             }
         }
+        // One pass for the adapters of all the projections.
+        be.add_low_rank(&adapters.terms(ls[0].layer, ls.map(|l| l.proj)), src, &dsts, n);
     }
 }

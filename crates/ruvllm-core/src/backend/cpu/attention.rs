@@ -3,7 +3,10 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::arch::x86::vec as simd;
-use super::ops::{axpy, dot, KvElem};
+use super::ops::{self, axpy, dot, KvElem};
+use crate::backend::kv::{KvRows, LayerCache};
+use crate::backend::{AttentionMask, AttnShape};
+use crate::runtime::{SharedMut, ThreadPool};
 
 /// Attention scores over cached keys: `out[j] = dot(q, k[offs[j]..][..q.len()]) * scale`, the
 /// same operations as [`dot`] per key (identical results), several keys at a time so `q` is
@@ -123,6 +126,209 @@ pub fn weighted_sum_heads<T: KvElem>(ws: &[&[f32]], v: &[T], offs: &[usize], out
         weighted_sum(w, v, offs, o);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The attention of a forward pass over the cache, on the thread pool
+// ---------------------------------------------------------------------------------------------
+
+thread_local! {
+    /// Per-thread attention score row and the key/value row offsets of its positions, grown to
+    /// the longest span seen (no per-token allocation).
+    static SCORES: std::cell::RefCell<(Vec<f32>, Vec<usize>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// One attention call: the `n` queries of `q` at positions `pos0..` over `cache` (positions
+/// `0..pos0 + n` stored), each seeing the positions `span` gives it, into `attn`.
+pub struct Call<'a> {
+    pub pool: &'a ThreadPool,
+    pub cache: &'a LayerCache,
+    pub q: &'a [f32],
+    pub attn: &'a mut [f32],
+    /// The split decode path's score rows, grown on use.
+    pub scores: &'a mut Vec<f32>,
+    pub shape: AttnShape,
+    pub span: Span,
+    pub pos0: usize,
+    pub n: usize,
+}
+
+/// Runs one attention call on the cache's element type.
+pub fn run(call: Call) {
+    match &call.cache.rows {
+        KvRows::F16 { k, v } => rows(call, k, v),
+        KvRows::F32 { k, v } => rows(call, k, v),
+    }
+}
+
+/// [`run`] over key and value rows `kc`, `vc` of the cache's element type.
+fn rows<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
+    let (pool, cache, n, pos0, span) = (c.pool, c.cache, c.n, c.pos0, c.span);
+    let (hd, n_head) = (c.shape.head_dim, c.shape.n_head);
+    let group = n_head / c.shape.n_kv_head;
+    let q_dim = n_head * hd;
+    let kv_row = c.shape.n_kv_head * hd;
+    let attn = SharedMut(c.attn.as_mut_ptr());
+    let q_all = c.q;
+    let scale = c.shape.scale;
+    // One task per (token, KV head, sub-group of the query heads sharing it): the task
+    // passes over the key and value rows once per four of its heads
+    // (`scores_heads`/`weighted_sum_heads`: per head the operations of
+    // `scores`/`weighted_sum`, identical whatever the grouping).
+    // Sub-groups are as large as keeps every thread busy: decode with one KV head on two
+    // threads runs two tasks of half the heads.
+    let n_kv = c.shape.n_kv_head;
+    // Decode (fewer query/KV-head pairs than threads) over a long span: split the positions
+    // and the value dimensions over the threads instead, so each thread reads its share of
+    // the keys and values rather than all of them.
+    let stored = pos0 + n;
+    if n * n_kv < pool.threads() && span.of(pos0 + n - 1, stored).1 >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
+        return split(c, kc, vc);
+    }
+    let mut hs = group;
+    while hs > 1 && hs.is_multiple_of(2) && n * n_kv * (group / hs) < pool.threads() {
+        hs /= 2;
+    }
+    let subs = group / hs;
+    let grouped = |i: usize| {
+        let (t, g, sub) = (i / (n_kv * subs), (i / subs) % n_kv, i % subs);
+        let (lo, span) = span.of(pos0 + t, stored);
+        let h0 = g * group + sub * hs;
+        let q = &q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hs) * hd];
+        // SAFETY: task i owns attn[t*q_dim + h0*hd ..][..hs*hd]: disjoint across tasks.
+        let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h0 * hd), hs * hd) };
+        SCORES.with(|cell| {
+            let (buf, offs) = &mut *cell.borrow_mut();
+            if buf.len() < hs * span {
+                buf.resize(hs * span, 0.0);
+            }
+            // Where each visible position's key and value rows start.
+            offs.clear();
+            offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd));
+            // Up to four heads at a time over the same key and value rows.
+            for (h0, hn) in head_chunks(0, hs) {
+                let sc = &mut buf[h0 * span..(h0 + hn) * span];
+                let qs = up_to_four(q[h0 * hd..(h0 + hn) * hd].chunks(hd));
+                scores_heads(&qs[..hn], kc, offs, scale, &mut up_to_four_mut(sc.chunks_mut(span))[..hn]);
+                sc.chunks_mut(span).for_each(ops::softmax_inplace);
+                let ws = up_to_four(sc.chunks(span));
+                weighted_sum_heads(&ws[..hn], vc, offs, &mut up_to_four_mut(out[h0 * hd..(h0 + hn) * hd].chunks_mut(hd))[..hn]);
+            }
+        });
+    };
+    pool.for_each(n * n_kv * subs, &grouped);
+}
+
+/// [`run`] for few queries over many positions, with the work split so that
+/// each thread reads a share of the keys and values: (1) scores, positions split over the
+/// tasks (each task scores its positions for every head of the group, four heads per pass
+/// over a block of rows); (2) softmax, one task per head; (3) value sums, the head
+/// dimension split over the tasks. Every score, softmax and output element is computed by
+/// the same operations in the same order as in `rows`, so the result is identical.
+fn split<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
+    let (pool, cache, n, pos0, span) = (c.pool, c.cache, c.n, c.pos0, c.span);
+    let (hd, n_head, n_kv) = (c.shape.head_dim, c.shape.n_head, c.shape.n_kv_head);
+    let group = n_head / n_kv;
+    let (q_dim, kv_row, scale) = (n_head * hd, n_kv * hd, c.shape.scale);
+    let span_of = |t: usize| span.of(pos0 + t, pos0 + n);
+    let stride = (0..n).map(|t| span_of(t).1).max().unwrap_or(0);
+    // Scores of (token t, head h) at row t * n_head + h.
+    if c.scores.len() < n * n_head * stride {
+        c.scores.resize(n * n_head * stride, 0.0);
+    }
+    let sc = SharedMut(c.scores.as_mut_ptr());
+    let parts = pool.threads();
+    let q_all = c.q;
+    pool.for_each(parts, &|i| {
+        SCORES.with(|cell| {
+            let offs = &mut cell.borrow_mut().1;
+            for t in 0..n {
+                let (lo, span) = span_of(t);
+                let (a, b) = (i * span / parts, (i + 1) * span / parts);
+                for g in 0..n_kv {
+                    for blk in (a..b).step_by(SPLIT_BLOCK) {
+                        let e = (blk + SPLIT_BLOCK).min(b);
+                        offs.clear();
+                        offs.extend((lo + blk..lo + e).map(|p| cache.slot(p) * kv_row + g * hd));
+                        for (h0, hn) in head_chunks(g * group, (g + 1) * group) {
+                            let qs = up_to_four(q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hn) * hd].chunks(hd));
+                            // SAFETY: task i owns positions a..b of every score row.
+                            let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) }));
+                            scores_heads(&qs[..hn], kc, offs, scale, &mut outs[..hn]);
+                        }
+                    }
+                }
+            }
+        });
+    });
+    pool.for_each(n * n_head, &|r| {
+        // SAFETY: task r owns score row r.
+        let row = unsafe { std::slice::from_raw_parts_mut(sc.ptr().add(r * stride), span_of(r / n_head).1) };
+        ops::softmax_inplace(row);
+    });
+    let attn = SharedMut(c.attn.as_mut_ptr());
+    let scores = &*c.scores;
+    let width = hd / parts;
+    pool.for_each(parts, &|i| {
+        let d0 = i * width;
+        SCORES.with(|cell| {
+            let offs = &mut cell.borrow_mut().1;
+            for t in 0..n {
+                let (lo, span) = span_of(t);
+                for g in 0..n_kv {
+                    offs.clear();
+                    offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd + d0));
+                    for (h0, hn) in head_chunks(g * group, (g + 1) * group) {
+                        let ws = up_to_four((h0..h0 + hn).map(|h| &scores[(t * n_head + h) * stride..][..span]));
+                        // SAFETY: task i owns columns d0..d0 + width of every head's output.
+                        let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) }));
+                        weighted_sum_heads(&ws[..hn], vc, offs, &mut outs[..hn]);
+                    }
+                }
+            }
+        });
+    });
+}
+
+/// What one layer's queries see: the call's mask, within the layer's sliding window.
+#[derive(Clone, Copy)]
+pub struct Span {
+    pub mask: AttentionMask,
+    pub window: Option<usize>,
+}
+
+impl Span {
+    /// (first position, count) for the query at `pos` with `0..stored` in the cache.
+    pub fn of(self, pos: usize, stored: usize) -> (usize, usize) {
+        self.mask.visible(pos, stored, self.window)
+    }
+}
+
+/// Query heads the attention kernels serve per pass over a KV head's rows
+/// ([`scores_heads`], [`weighted_sum_heads`]).
+const HEADS_AT_ONCE: usize = 4;
+
+/// Heads `lo..hi` as (first head, count) chunks of at most [`HEADS_AT_ONCE`].
+fn head_chunks(lo: usize, hi: usize) -> impl Iterator<Item = (usize, usize)> {
+    (lo..hi).step_by(HEADS_AT_ONCE).map(move |h0| (h0, (hi - h0).min(HEADS_AT_ONCE)))
+}
+
+/// The first four items of `it` (empty slices after it ends), for the multi-head kernels
+/// without allocating.
+fn up_to_four<'a>(mut it: impl Iterator<Item = &'a [f32]>) -> [&'a [f32]; HEADS_AT_ONCE] {
+    std::array::from_fn(|_| it.next().unwrap_or(&[]))
+}
+
+/// [`up_to_four`] for mutable rows.
+fn up_to_four_mut<'a>(mut it: impl Iterator<Item = &'a mut [f32]>) -> [&'a mut [f32]; HEADS_AT_ONCE] {
+    std::array::from_fn(|_| it.next().unwrap_or(&mut []))
+}
+
+/// Shortest span for [`split`] (shorter ones keep one task per head
+/// group: the extra pool jobs would cost more than the split saves).
+const SPLIT_MIN_SPAN: usize = 64;
+/// Positions per block in the split score pass (128 key rows of 256 f16: 64 KB, in L2 while
+/// the heads of a group beyond the first four score them again).
+const SPLIT_BLOCK: usize = 128;
 
 #[cfg(test)]
 mod tests {

@@ -22,3 +22,224 @@ pub mod quant;
 pub mod vec;
 
 pub use matmul::{matmul, QWeight};
+pub mod low_rank;
+
+use std::ops::Range;
+
+use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, RopeTable};
+use crate::runtime::ThreadPool;
+
+/// The CPU backend: this process's kernels on a thread pool, activation buffers in host memory,
+/// allocated once by [`Backend::reserve`] (nothing is allocated per token).
+pub struct CpuBackend {
+    pool: ThreadPool,
+    widths: BufWidths,
+    max_batch: usize,
+    bufs: [Vec<f32>; 9],
+    /// The last LM head's logits (grown to the most rows asked for at once).
+    logits: Vec<f32>,
+    logits_len: usize,
+    /// Attention scores of the split decode path, grown on use.
+    att_scores: Vec<f32>,
+}
+
+impl CpuBackend {
+    /// A backend on `threads` threads (its own pool).
+    pub fn new(threads: usize) -> Self {
+        Self::with_pool(ThreadPool::new(threads))
+    }
+
+    pub fn with_pool(pool: ThreadPool) -> Self {
+        let widths = BufWidths { d_model: 0, q_dim: 0, kv_dim: 0, ff_dim: 0, vocab_size: 0 };
+        CpuBackend { pool, widths, max_batch: 0, bufs: Default::default(), logits: Vec::new(), logits_len: 0, att_scores: Vec::new() }
+    }
+
+    /// The thread pool the kernels run on.
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
+    /// The first `n` rows of `b`.
+    fn rows(&self, b: Buf, n: usize) -> &[f32] {
+        &self.bufs[b.index()][..n * self.widths.of(b)]
+    }
+
+    /// The first `n` rows of `src` to read and of each of `dsts` to write (`src` not among them).
+    fn split<'s>(bufs: &'s mut [Vec<f32>; 9], widths: BufWidths, src: Buf, dsts: &[Buf], n: usize, out: &mut [&'s mut [f32]; 4]) -> &'s [f32] {
+        assert!(dsts.len() <= out.len() && !dsts.contains(&src), "backend: bad buffer set");
+        let mut input: &[f32] = &[];
+        for (b, v) in Buf::ALL.into_iter().zip(bufs.iter_mut()) {
+            let len = n * widths.of(b);
+            if b == src {
+                input = &v[..len];
+            } else if let Some(k) = dsts.iter().position(|&d| d == b) {
+                out[k] = &mut v[..len];
+            }
+        }
+        input
+    }
+
+    /// `src` read and `dst` written, `n` rows each.
+    fn pair(&mut self, src: Buf, dst: Buf, n: usize) -> (&[f32], &mut [f32]) {
+        let mut out: [&mut [f32]; 4] = Default::default();
+        let x = Self::split(&mut self.bufs, self.widths, src, &[dst], n, &mut out);
+        let [y, ..] = out;
+        (x, y)
+    }
+
+    fn buf_mut(&mut self, b: Buf, n: usize) -> &mut [f32] {
+        let len = n * self.widths.of(b);
+        &mut self.bufs[b.index()][..len]
+    }
+}
+
+impl Backend for CpuBackend {
+    fn describe(&self) -> String {
+        format!("cpu ({}, {} threads)", matmul::isa(), self.pool.threads())
+    }
+
+    fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    fn prepare_weight(&mut self, w: &QWeight) {
+        w.prepare(&self.pool);
+    }
+
+    fn reserve(&mut self, widths: BufWidths, max_batch: usize) {
+        self.widths = widths;
+        self.max_batch = max_batch;
+        for (b, v) in Buf::ALL.into_iter().zip(self.bufs.iter_mut()) {
+            v.clear();
+            v.resize(max_batch * widths.of(b), 0.0);
+        }
+        self.logits.resize(widths.vocab_size, 0.0);
+        self.logits_len = widths.vocab_size;
+    }
+
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache {
+        LayerCache::new(capacity, row, ty)
+    }
+
+    fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>) {
+        let d = self.widths.d_model;
+        let x = self.buf_mut(Buf::X, tokens.len());
+        for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
+            table.dequantize_row(tok as usize, row);
+            if let Some(scale) = scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+    }
+
+    fn rms_norm(&mut self, src: Buf, dst: Buf, w: &[f32], eps: f32, n: usize) {
+        if src == dst {
+            ops::rms_norm_chunks_inplace(self.buf_mut(src, n), w, eps);
+        } else {
+            let (x, y) = self.pair(src, dst, n);
+            for (row, out) in x.chunks_exact(w.len()).zip(y.chunks_exact_mut(w.len())) {
+                ops::rms_norm(row, w, eps, out);
+            }
+        }
+    }
+
+    fn matmul(&mut self, w: &QWeight, src: Buf, dst: Buf, n: usize) {
+        let mut out: [&mut [f32]; 4] = Default::default();
+        let x = Self::split(&mut self.bufs, self.widths, src, &[dst], n, &mut out);
+        matmul::matmul(&self.pool, w, x, n, out[0]);
+    }
+
+    fn matmul_fused(&mut self, ws: &[&QWeight], src: Buf, dsts: &[Buf], n: usize) {
+        let mut out: [&mut [f32]; 4] = Default::default();
+        let x = Self::split(&mut self.bufs, self.widths, src, dsts, n, &mut out);
+        matmul::matmul_fused(&self.pool, ws, x, n, &mut out[..dsts.len()]);
+    }
+
+    fn add_bias(&mut self, dst: Buf, bias: &[f32], n: usize) {
+        for row in self.buf_mut(dst, n).chunks_exact_mut(bias.len()) {
+            ops::add_inplace(row, bias);
+        }
+    }
+
+    fn add_low_rank(&mut self, terms: &LowRankTerms, src: Buf, dsts: &[Buf], n: usize) {
+        if terms.is_empty() {
+            return;
+        }
+        let mut out: [&mut [f32]; 4] = Default::default();
+        let x = Self::split(&mut self.bufs, self.widths, src, dsts, n, &mut out);
+        low_rank::add(&self.pool, terms, x, n, &mut out[..dsts.len()]);
+    }
+
+    fn rope(&mut self, table: &RopeTable, buf: Buf, head_dim: usize, pos0: usize, n: usize) {
+        let w = self.widths.of(buf);
+        for (t, row) in self.buf_mut(buf, n).chunks_exact_mut(w).enumerate() {
+            table.apply(row, head_dim, pos0 + t);
+        }
+    }
+
+    fn store_kv(&mut self, cache: &mut LayerCache, pos0: usize, n: usize) {
+        let kv = self.widths.kv_dim;
+        let (k, v) = (self.rows(Buf::K, n), self.rows(Buf::V, n));
+        for t in 0..n {
+            cache.store(pos0 + t, &k[t * kv..(t + 1) * kv], &v[t * kv..(t + 1) * kv]);
+        }
+    }
+
+    fn attention(&mut self, cache: &LayerCache, shape: AttnShape, mask: AttentionMask, window: Option<usize>, pos0: usize, n: usize) {
+        let mut out: [&mut [f32]; 4] = Default::default();
+        let q = Self::split(&mut self.bufs, self.widths, Buf::Q, &[Buf::Attn], n, &mut out);
+        let [attn, ..] = out;
+        let span = attention::Span { mask, window };
+        attention::run(attention::Call { pool: &self.pool, cache, q, attn, scores: &mut self.att_scores, shape, span, pos0, n });
+    }
+
+    fn add(&mut self, dst: Buf, src: Buf, n: usize) {
+        let w = self.widths.of(dst);
+        let (x, y) = self.pair(src, dst, n);
+        for (a, b) in y.chunks_exact_mut(w).zip(x.chunks_exact(w)) {
+            ops::add_inplace(a, b);
+        }
+    }
+
+    fn gated_activation(&mut self, act: Activation, n: usize) {
+        let (up, gate) = self.pair(Buf::Up, Buf::Gate, n);
+        match act {
+            Activation::GeluTanh => ops::gelu_tanh_mul(gate, up),
+            Activation::Silu => ops::silu_mul(gate, up),
+        }
+    }
+
+    fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: Range<usize>) -> &mut [f32] {
+        let (d, v, m) = (self.widths.d_model, self.widths.vocab_size, rows.len());
+        {
+            let (x, xn) = self.pair(Buf::X, Buf::Xn, rows.end);
+            for (row, out) in x[rows.start * d..].chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
+                ops::rms_norm(row, norm, eps, out);
+            }
+        }
+        if self.logits.len() < m * v {
+            self.logits.resize(m * v, 0.0);
+        }
+        let xn = &self.bufs[Buf::Xn.index()][..m * d];
+        let logits = &mut self.logits[..m * v];
+        matmul::matmul(&self.pool, output, xn, m, logits);
+        if let Some(cap) = softcap {
+            logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+        }
+        self.logits_len = m * v;
+        logits
+    }
+
+    fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32] {
+        self.rms_norm(Buf::X, Buf::Xn, norm, eps, n);
+        self.rows(Buf::Xn, n)
+    }
+
+    fn logits(&mut self) -> &mut [f32] {
+        &mut self.logits[..self.logits_len]
+    }
+}

@@ -1,4 +1,4 @@
-//! f32 elementwise ops of the forward pass: RMSNorm, RoPE, gated activations, softmax, add,
+//! f32 elementwise ops of the forward pass: RMSNorm, gated activations, softmax, add,
 //! dot and axpy. Each dispatches once per call to the x86 SIMD version ([`super::arch`]) where
 //! the CPU has it, else to the portable reference in [`super::vec`].
 
@@ -6,6 +6,7 @@
 use super::arch::x86::vec as simd;
 use super::vec::{dot_generic, gelu_tanh_mul_generic, silu_mul_generic, softmax_generic};
 pub use super::vec::{exp_approx, gelu_tanh, silu, KvElem};
+pub use crate::backend::rope::{RopeStyle, RopeTable};
 
 /// `out = x / rms(x) * w`, with rms over the whole slice.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -26,74 +27,6 @@ pub fn rms_norm_chunks_inplace(x: &mut [f32], w: &[f32], eps: f32) {
         let scale = 1.0 / (ss + eps).sqrt();
         for (v, &g) in chunk.iter_mut().zip(w) {
             *v = *v * scale * g;
-        }
-    }
-}
-
-/// Which dimensions RoPE rotates together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Adjacent pairs (2i, 2i+1): llama.cpp's `LLAMA_ROPE_TYPE_NORM` (Llama, Mistral; their
-    /// GGUF conversion permutes Q/K so this matches the checkpoint).
-    Interleaved,
-    /// Halves (i, i + d/2): `LLAMA_ROPE_TYPE_NEOX` (Gemma 3, Qwen2).
-    Neox,
-}
-
-/// Precomputed cos/sin for positions `0..max_pos`, shared by every layer that uses the same base.
-pub struct RopeTable {
-    pub rot_dim: usize,
-    pub style: RopeStyle,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-}
-
-impl RopeTable {
-    /// `rot_dim` rotated dimensions per head (even), frequencies `base^(-2i/rot_dim)` divided by
-    /// `freq_scale_inv` (linear scaling factor, 1.0 for none).
-    pub fn new(rot_dim: usize, base: f32, linear_factor: f32, max_pos: usize, style: RopeStyle) -> Self {
-        let half = rot_dim / 2;
-        let mut cos = Vec::with_capacity(max_pos * half);
-        let mut sin = Vec::with_capacity(max_pos * half);
-        let inv: Vec<f32> = (0..half)
-            .map(|i| 1.0 / base.powf(2.0 * i as f32 / rot_dim as f32) / linear_factor)
-            .collect();
-        for p in 0..max_pos {
-            for &f in &inv {
-                let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
-            }
-        }
-        RopeTable { rot_dim, style, cos, sin }
-    }
-
-    pub fn max_pos(&self) -> usize {
-        self.cos.len() / (self.rot_dim / 2).max(1)
-    }
-
-    /// Rotates every head (chunks of `head_dim`) of one token's vector at position `pos`.
-    pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
-        let half = self.rot_dim / 2;
-        let cos = &self.cos[pos * half..(pos + 1) * half];
-        let sin = &self.sin[pos * half..(pos + 1) * half];
-        for head in x.chunks_exact_mut(head_dim) {
-            match self.style {
-                RopeStyle::Interleaved => {
-                    for i in 0..half {
-                        let (a, b) = (head[2 * i], head[2 * i + 1]);
-                        head[2 * i] = a * cos[i] - b * sin[i];
-                        head[2 * i + 1] = a * sin[i] + b * cos[i];
-                    }
-                }
-                RopeStyle::Neox => {
-                    for i in 0..half {
-                        let (a, b) = (head[i], head[i + half]);
-                        head[i] = a * cos[i] - b * sin[i];
-                        head[i + half] = a * sin[i] + b * cos[i];
-                    }
-                }
-            }
         }
     }
 }

@@ -24,13 +24,13 @@ impl DecodeStrategy for Autoregressive {
         // Prefill.
         let t_prefill = Instant::now();
         let n_past = req.reusable;
-        let batch = ctx.scratch.max_batch;
+        let batch = ctx.backend.max_batch();
         for (i, chunk) in ids[n_past..].chunks(batch).enumerate() {
             if req.cancel.load(Ordering::Relaxed) {
                 ctx.cache.tokens.truncate(n_past + i * batch);
                 return Ok(Decoded::aborted());
             }
-            ctx.model.forward(chunk, n_past + i * batch, ctx.cache, ctx.scratch, ctx.pool)?;
+            ctx.model.forward(chunk, n_past + i * batch, ctx.cache, ctx.backend)?;
         }
         let prefill_s = t_prefill.elapsed().as_secs_f64();
         let prefill_tokens = ids.len() - n_past;
@@ -51,7 +51,7 @@ impl DecodeStrategy for Autoregressive {
                 reason = FinishReason::Abort;
                 break;
             }
-            let next = sampler.sample(&mut ctx.scratch.logits, &history);
+            let next = sampler.sample(ctx.backend.logits(), &history);
             if ttft.is_none() {
                 ttft = Some(req.start.elapsed().as_secs_f64() * 1000.0);
             }
@@ -77,7 +77,7 @@ impl DecodeStrategy for Autoregressive {
                 break;
             }
             let pos = history.len() - 1;
-            ctx.model.forward(&[next], pos, ctx.cache, ctx.scratch, ctx.pool)?;
+            ctx.model.forward(&[next], pos, ctx.cache, ctx.backend)?;
         }
         if !stopped_by_string {
             // Flush held-back text (an incomplete character, or a suffix that could have begun

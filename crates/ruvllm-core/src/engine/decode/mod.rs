@@ -11,23 +11,22 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use super::{FinishReason, GenerateParams, Sink};
-use crate::runtime::ThreadPool;
+use crate::backend::Backend;
 use crate::kv::KvCache;
-use crate::models::transformer::Scratch;
 use crate::models::Transformer;
 use crate::tokenizer::Tokenizer;
 use crate::Result;
 
 pub use autoregressive::Autoregressive;
 
-/// What a strategy works with: the worker's model, cache, buffers and thread pool.
+/// What a strategy works with: the worker's model, cache and backend.
 pub struct DecodeContext<'a> {
     pub model: &'a Transformer,
     /// Holds the positions of earlier requests (`DecodeRequest::reusable` of them match this
     /// prompt) and the adapter set the request runs with.
     pub cache: &'a mut KvCache,
-    pub scratch: &'a mut Scratch,
-    pub pool: &'a ThreadPool,
+    /// Runs the forward pass; holds the logits of the last one.
+    pub backend: &'a mut dyn Backend,
     pub tokenizer: &'a Tokenizer,
     /// Positions the cache holds.
     pub context: usize,

@@ -1,0 +1,72 @@
+//! The storage of one layer's cached keys and values, which the attention kernels read.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use crate::runtime::mem::HugeVec;
+
+/// Element type of the cached keys and values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    /// IEEE half precision, rounded to nearest even on store: llama.cpp's default cache type,
+    /// half the memory and attention traffic of f32.
+    #[default]
+    F16,
+    /// Exact f32 (the reference: tests against f32 implementations use it).
+    F32,
+}
+
+/// The key and value rows of one layer, of one [`KvType`], on huge pages (runtime::mem):
+/// decode's attention streams them every token.
+pub enum KvRows {
+    F16 { k: HugeVec<f16>, v: HugeVec<f16> },
+    F32 { k: HugeVec<f32>, v: HugeVec<f32> },
+}
+
+/// Keys and values of one layer.
+pub struct LayerCache {
+    /// Number of slots; position `p` lives in slot `p % capacity`.
+    pub capacity: usize,
+    pub rows: KvRows,
+}
+
+impl LayerCache {
+    /// `capacity` slots of `row` floats (keys and values each), stored as `ty`, zeroed.
+    pub fn new(capacity: usize, row: usize, ty: KvType) -> Self {
+        let n = capacity * row;
+        let rows = match ty {
+            KvType::F16 => KvRows::F16 { k: HugeVec::zeros(n), v: HugeVec::zeros(n) },
+            KvType::F32 => KvRows::F32 { k: HugeVec::zeros(n), v: HugeVec::zeros(n) },
+        };
+        LayerCache { capacity, rows }
+    }
+
+    /// Bytes held by the keys and values.
+    pub fn bytes(&self) -> usize {
+        match &self.rows {
+            KvRows::F16 { k, v } => (k.len() + v.len()) * 2,
+            KvRows::F32 { k, v } => (k.len() + v.len()) * 4,
+        }
+    }
+
+    #[inline]
+    pub fn slot(&self, pos: usize) -> usize {
+        pos % self.capacity
+    }
+
+    /// Stores the key and value rows of position `pos`.
+    pub fn store(&mut self, pos: usize, k_row: &[f32], v_row: &[f32]) {
+        let row = k_row.len();
+        let s = self.slot(pos) * row;
+        match &mut self.rows {
+            KvRows::F16 { k, v } => {
+                k[s..s + row].convert_from_f32_slice(k_row);
+                v[s..s + row].convert_from_f32_slice(v_row);
+            }
+            KvRows::F32 { k, v } => {
+                k[s..s + row].copy_from_slice(k_row);
+                v[s..s + row].copy_from_slice(v_row);
+            }
+        }
+    }
+}
