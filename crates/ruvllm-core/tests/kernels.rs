@@ -389,6 +389,8 @@ fn check_tile_gemm<A: Default + Clone>(
             for ti in 0..p.tiles() {
                 let r0 = ti * 16;
                 let nrows = (rows - r0).min(16);
+                // SAFETY: `simd` is this CPU's tile kernel (checked by the caller); `ys` holds
+                // `n × rows` floats and the tile `nrows` rows.
                 unsafe {
                     simd(p.kind, p.tile(ti), nb, &act, n, ys.as_mut_ptr().add(r0), rows, nrows);
                     model(p.kind, p.tile(ti), nb, &act, n, yr.as_mut_ptr().add(r0), rows, nrows);

@@ -5,7 +5,7 @@
 //! Why: decode reads ~250 MB of weights per token, one pass, front to back. On 4 KiB pages that
 //! is ~60,000 page walks per token and the hardware prefetchers stop at every page boundary;
 //! on 2 MiB pages both go away. Measured on Gemma 3 270M, 2 threads, 64 decoded tokens,
-//! alternating runs: 11.5 -> 9.6 ms per token (BENCHMARKS.md, "Decode, stop 10").
+//! alternating runs: 11.5 -> 9.6 ms per token.
 //!
 //! Small buffers (one layer's packed weight is 0.1-2 MB) share 32 MiB chunks ([`HugeBuf::new`]
 //! hands out 4 KiB-aligned slices of the current chunk), so they land on huge pages too. A chunk

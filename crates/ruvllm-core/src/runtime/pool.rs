@@ -177,6 +177,8 @@ impl ThreadPool {
             }
             st = sh.state.load(Ordering::Acquire);
         }
+        // SAFETY: every worker has deregistered (count 0) and new ones see CLOSED, so no one
+        // reads the slot; we hold the submit lock.
         unsafe { *sh.job.get() = None };
         drop(guard);
         if let Some(p) = payload {
@@ -246,6 +248,7 @@ fn worker_loop(sh: &Shared) {
                 if i >= n {
                     break;
                 }
+                // SAFETY: as above, `job` stays alive until we deregister.
                 if catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(i) })).is_err() {
                     sh.panicked.store(true, Ordering::Relaxed);
                 }

@@ -352,12 +352,16 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             if simd::avx2() && hd.is_multiple_of(16) {
                 let mut got = vec![f32::NAN; span];
+                // SAFETY: the features were checked just above; every row is inside the cache and
+                // every output as long as the call writes.
                 unsafe { simd::scores(q, k, &offs, 0.37, &mut got) };
                 assert_eq!(got, want, "avx2 scores {ty} hd={hd} span={span}");
             }
             #[cfg(target_arch = "x86_64")]
             if simd::avx512() && hd.is_multiple_of(16) {
                 let mut got = vec![f32::NAN; span];
+                // SAFETY: the features were checked just above; every row is inside the cache and
+                // every output as long as the call writes.
                 unsafe { simd::scores512(q, k, &offs, 0.37, &mut got) };
                 assert_eq!(got, want, "avx512 scores {ty} hd={hd} span={span}");
             }
@@ -372,12 +376,16 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             if simd::avx2() && hd.is_multiple_of(8) {
                 let mut got = vec![f32::NAN; hd];
+                // SAFETY: the features were checked just above; every row is inside the cache and
+                // every output as long as the call writes.
                 unsafe { simd::weighted_sum(w, v, &offs, &mut got) };
                 assert_eq!(got, want, "avx2 weighted_sum {ty} hd={hd} span={span}");
             }
             #[cfg(target_arch = "x86_64")]
             if simd::avx512() && hd == 256 {
                 let mut got = vec![f32::NAN; hd];
+                // SAFETY: the features were checked just above; every row is inside the cache and
+                // every output as long as the call writes.
                 unsafe { simd::weighted_sum256(w, v, &offs, &mut got) };
                 assert_eq!(got, want, "avx512 weighted_sum {ty} hd={hd} span={span}");
             }
@@ -404,6 +412,8 @@ mod tests {
                         let mut got = vec![vec![f32::NAN; span]; heads];
                         let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|x| x.as_mut_slice()).collect();
                         for (q4, o4) in qs.chunks(4).zip(outs.chunks_mut(4)) {
+                            // SAFETY: the features were checked just above; every row is inside the cache and
+                            // every output as long as the call writes.
                             unsafe { simd::scores_heads_dispatch(q4, k, &offs, 0.37, o4, wide) };
                         }
                         assert_eq!(got, want, "scores_heads wide={wide} {ty} hd={hd} span={span} heads={heads}");
@@ -429,6 +439,8 @@ mod tests {
                             let mut got = vec![vec![f32::NAN; width]; heads];
                             let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|x| x.as_mut_slice()).collect();
                             for (w4, o4) in ws.chunks(4).zip(outs.chunks_mut(4)) {
+                                // SAFETY: the features were checked just above; every row is inside the cache and
+                                // every output as long as the call writes.
                                 unsafe { simd::weighted_sum_heads_dispatch(w4, v, &sub, o4, wide) };
                             }
                             assert_eq!(got, want, "weighted_sum_heads wide={wide} {ty} hd={hd} span={span} heads={heads} cols {c0}+{width}");

@@ -9,7 +9,8 @@ use crate::runtime::{SharedMut, ThreadPool};
 pub const MAX_OUTS: usize = 4;
 
 impl LowRank<'_> {
-    /// `h[t] = A·x[t]` (`n × rank`) for the `n` rows of `x`.
+    /// `h[t] = A·x[t]` (`n × rank`) for the `n` rows of `x` (the model `add` splits over tasks).
+    #[cfg(test)]
     fn down(&self, x: &[f32], n: usize, h: &mut [f32]) {
         for t in 0..n {
             let xt = &x[t * self.d_in..(t + 1) * self.d_in];
@@ -107,11 +108,23 @@ pub fn add(pool: &ThreadPool, terms: &LowRankTerms, x: &[f32], n: usize, ys: &mu
         heap.resize(total, 0.0);
         &mut heap
     };
-    let mut at = 0;
-    for (_, pair, _) in terms.iter() {
-        pair.down(x, n, &mut hs[at..at + n * pair.rank]);
-        at += n * pair.rank;
-    }
+    // Every `A·x` first, its dot products split over the tasks (each entry is one `dot_elem`,
+    // as in `down`, so the split does not change it).
+    let hp = SharedMut(hs.as_mut_ptr());
+    pool.for_each(parts, &|i| {
+        let (e0, e1) = (i * total / parts, (i + 1) * total / parts);
+        let mut at = 0;
+        for (_, pair, _) in terms.iter() {
+            let len = n * pair.rank;
+            for e in e0.max(at)..e1.min(at + len) {
+                let (t, j) = ((e - at) / pair.rank, (e - at) % pair.rank);
+                let v = ops::dot_elem(&x[t * pair.d_in..(t + 1) * pair.d_in], &pair.a[j * pair.d_in..(j + 1) * pair.d_in]);
+                // SAFETY: task i alone writes entries e0..e1 of `hs`, which outlives the pass.
+                unsafe { *hp.ptr().add(e) = v };
+            }
+            at += len;
+        }
+    });
     let hs: &[f32] = hs;
     pool.for_each(parts, &|i| {
         let mut at = 0;
