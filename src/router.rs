@@ -14,13 +14,6 @@ use ruvllm_router as rr;
 use crate::error::{sync_call, CodedError, Res};
 use crate::task::spawn;
 
-fn coded(e: rr::Error) -> CodedError {
-  match e {
-    rr::Error::InvalidArg(m) => CodedError::invalid_type(m),
-    other => CodedError::new(other.code(), other.to_string()),
-  }
-}
-
 fn to_f32_arrays(vs: Vec<Vec<f32>>) -> Vec<Float32Array> {
   vs.into_iter().map(Float32Array::new).collect()
 }
@@ -63,16 +56,16 @@ fn texts_arg(env: &Env, v: &Unknown) -> Res<Vec<String>> {
 fn load_embedder(dir: Option<String>) -> Res<Arc<dyn rr::Embedder>> {
   match dir {
     Some(d) => load_embedder_with(Some(d), rr::Adapter::Off),
-    None => rr::router_default_embedder().map_err(coded),
+    None => Ok(rr::router_default_embedder()?),
   }
 }
 
 /// Loads the embedder in `dir` (or the default model) with or without the routing adapter.
 fn load_embedder_with(dir: Option<String>, adapter: rr::Adapter) -> Res<Arc<dyn rr::Embedder>> {
   match (dir, adapter) {
-    (Some(d), _) => Ok(Arc::new(rr::BertEmbedder::load(&d, rr::BertOptions { adapter, ..rr::BertOptions::default() }).map_err(coded)?)),
-    (None, rr::Adapter::Routing) => rr::routing_embedder().map_err(coded),
-    (None, rr::Adapter::Off) => rr::default_embedder().map_err(coded),
+    (Some(d), _) => Ok(Arc::new(rr::BertEmbedder::load(&d, rr::BertOptions { adapter, ..rr::BertOptions::default() })?)),
+    (None, rr::Adapter::Routing) => Ok(rr::routing_embedder()?),
+    (None, rr::Adapter::Off) => Ok(rr::default_embedder()?),
   }
 }
 
@@ -106,12 +99,12 @@ pub fn embed<'env>(env: &'env Env, texts: Unknown) -> napi::Result<PromiseRaw<'e
     env,
     texts,
     move |texts| {
-      let e = rr::default_embedder().map_err(coded)?;
+      let e = rr::default_embedder()?;
       let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
       if refs.is_empty() {
         return Ok(Vec::new());
       }
-      e.embed(&refs).map_err(coded)
+      Ok(e.embed(&refs)?)
     },
     |_, v| Ok(to_f32_arrays(v)),
   )
@@ -156,7 +149,7 @@ pub(crate) fn embed_promise<'env>(env: &'env Env, inner: Res<Arc<dyn rr::Embedde
       if refs.is_empty() {
         return Ok(Vec::new());
       }
-      inner.embed(&refs).map_err(coded)
+      Ok(inner.embed(&refs)?)
     },
     |_, v| Ok(to_f32_arrays(v)),
   )
@@ -319,9 +312,9 @@ fn with_router<T>(shared: &Shared, f: impl FnOnce(&mut rr::Router) -> Res<T>) ->
     };
     let specs = match agents.take() {
       Some(a) => a,
-      None => rr::catalogue::default_agent_specs().map_err(coded)?,
+      None => rr::catalogue::default_agent_specs()?,
     };
-    *g = State::Ready(rr::Router::new(specs, emb).map_err(coded)?);
+    *g = State::Ready(rr::Router::new(specs, emb)?);
   }
   match &mut *g {
     State::Ready(r) => f(r),
@@ -429,7 +422,7 @@ impl Router {
           Some(e) => e,
           None => load_embedder(dir)?,
         };
-        rr::Router::load(&PathBuf::from(path), emb, Default::default()).map_err(coded)
+        Ok(rr::Router::load(&PathBuf::from(path), emb, Default::default())?)
       },
       |_, r| Ok(Router { shared: Arc::new(Mutex::new(State::Ready(r))) }),
     )
@@ -446,8 +439,8 @@ impl Router {
         // Build (first use) and embed outside the timed part only for the build.
         let emb = with_router(&shared, |r| Ok(r.embedder().clone()))?;
         let t = std::time::Instant::now();
-        let v = emb.embed(&[&task]).map_err(coded)?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
-        let route = with_router(&shared, |r| r.route_vector(&task, &v).map_err(coded))?;
+        let v = emb.embed(&[&task])?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
+        let route = with_router(&shared, |r| Ok(r.route_vector(&task, &v)?))?;
         Ok((route, t.elapsed().as_secs_f64() * 1e3))
       },
       |_, (r, ms)| {
@@ -486,7 +479,7 @@ impl Router {
       parsed,
       move |items| {
         with_router(&shared, |r| {
-          let n = r.add_examples(&items).map_err(coded)?;
+          let n = r.add_examples(&items)?;
           r.fit();
           Ok(n as u32)
         })
@@ -513,10 +506,10 @@ impl Router {
       parsed,
       move |(task, agent, success)| {
         let emb = with_router(&shared, |r| Ok(r.embedder().clone()))?;
-        let v = emb.embed(&[&task]).map_err(coded)?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
+        let v = emb.embed(&[&task])?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
         with_router(&shared, |r| {
-          let a = r.agent_index(&agent).map_err(coded)?;
-          r.feedback_vector(&task, &v, a, success).map_err(coded)
+          let a = r.agent_index(&agent)?;
+          Ok(r.feedback_vector(&task, &v, a, success)?)
         })
       },
       |_, eff| {
@@ -536,7 +529,7 @@ impl Router {
   #[napi(ts_args_type = "path: string", ts_return_type = "Promise<void>")]
   pub fn save<'env>(&self, env: &'env Env, path: Unknown) -> napi::Result<PromiseRaw<'env, ()>> {
     let shared = self.shared.clone();
-    spawn(env, string_arg(env, &path, "path"), move |path| with_router(&shared, |r| r.save(&PathBuf::from(&path)).map_err(coded)), |_, ()| Ok(()))
+    spawn(env, string_arg(env, &path, "path"), move |path| with_router(&shared, |r| Ok(r.save(&PathBuf::from(&path))?)), |_, ()| Ok(()))
   }
 
   /// Counts: `{ agents, patterns, indexed }` (`indexed`: patterns in the HNSW graph; 0 while
@@ -564,7 +557,7 @@ impl Router {
 fn state_path(p: Option<String>) -> Res<PathBuf> {
   match p {
     Some(p) => Ok(PathBuf::from(p)),
-    None => rr::hooks::state_path().map_err(coded),
+    None => Ok(rr::hooks::state_path()?),
   }
 }
 
@@ -595,9 +588,9 @@ pub fn hooks_pre_task<'env>(env: &'env Env, description: Unknown, state: Unknown
     parsed,
     move |(d, s)| {
       let path = state_path(s)?;
-      let emb = rr::router_default_embedder().map_err(coded)?;
-      let out = rr::hooks::pre_task(&d, emb, &path).map_err(coded)?;
-      serde_json::to_value(out).map_err(|e| CodedError::internal(e.to_string()))
+      let emb = rr::router_default_embedder()?;
+      let out = rr::hooks::pre_task(&d, emb, &path)?;
+      Ok(serde_json::to_value(out)?)
     },
     |_, v| Ok(v),
   )
@@ -627,9 +620,9 @@ pub fn hooks_post_task<'env>(
     parsed,
     move |(t, a, s, st)| {
       let path = state_path(st)?;
-      let emb = rr::router_default_embedder().map_err(coded)?;
-      let out = rr::hooks::post_task(&t, &a, s, emb, &path).map_err(coded)?;
-      serde_json::to_value(out).map_err(|e| CodedError::internal(e.to_string()))
+      let emb = rr::router_default_embedder()?;
+      let out = rr::hooks::post_task(&t, &a, s, emb, &path)?;
+      Ok(serde_json::to_value(out)?)
     },
     |_, v| Ok(v),
   )
@@ -676,9 +669,9 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
     move |(opts, custom)| {
       let emb = match custom {
         Some(e) => e,
-        None => rr::router_default_embedder().map_err(coded)?,
+        None => rr::router_default_embedder()?,
       };
-      let report = rr::bench::run(emb, &opts, &mut |m| eprintln!("… {m}")).map_err(coded)?;
+      let report = rr::bench::run(emb, &opts, &mut |m| eprintln!("… {m}"))?;
       Ok(serde_json::json!({ "markdown": report.to_markdown(), "report": report }))
     },
     |_, v| Ok(v),
@@ -689,7 +682,7 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
 #[napi(catch_unwind, ts_return_type = "Array<{ name: string; description: string; examples: string[] }>")]
 pub fn router_agents(env: Env) -> napi::Result<serde_json::Value> {
   sync_call(&env, || {
-    let specs = rr::catalogue::default_agent_specs().map_err(coded)?;
-    serde_json::to_value(specs).map_err(|e| CodedError::internal(e.to_string()))
+    let specs = rr::catalogue::default_agent_specs()?;
+    Ok(serde_json::to_value(specs)?)
   })
 }

@@ -17,16 +17,14 @@ use tokio::sync::Notify;
 use crate::error::{CodedError, Res};
 use crate::options::Val;
 
-/// Cancellation state of one request, shared by the engine (the flag), the abort listener and
-/// the task awaiting the request's events.
+/// Cancellation state of one request, shared by the engine (the flag, which closing the engine
+/// sets too), the abort listener and the task awaiting the request's events.
 #[derive(Default)]
 pub struct CancelState {
   /// The engine's cancel flag: checked before prefill and every token.
   pub flag: Arc<AtomicBool>,
   /// Set when the cancel came from the user's AbortSignal (the request then rejects with AbortError).
   by_signal: AtomicBool,
-  /// Set when the cancel came from `llm.close()` (the request then fails with ERR_CLOSED).
-  by_close: AtomicBool,
   /// Wakes the awaiting task at once, even while the engine is busy with other requests.
   pub notify: Notify,
 }
@@ -42,17 +40,6 @@ impl CancelState {
     self.by_signal.store(true, Ordering::SeqCst);
     self.cancel();
     self.notify.notify_one();
-  }
-
-  /// Stops the request because its model is being closed.
-  pub fn close(&self) {
-    self.by_close.store(true, Ordering::SeqCst);
-    self.cancel();
-    self.notify.notify_one();
-  }
-
-  pub fn closed(&self) -> bool {
-    self.by_close.load(Ordering::SeqCst)
   }
 
   pub fn aborted(&self) -> bool {
