@@ -149,6 +149,14 @@ impl From<ruvllm_router::Error> for CodedError {
   }
 }
 
+/// A failed napi call (making a function, reading a value whose type was checked): our bug or
+/// the runtime's, not the caller's.
+impl From<napi::Error> for CodedError {
+  fn from(err: napi::Error) -> Self {
+    CodedError::internal(err.reason)
+  }
+}
+
 /// A value that did not turn into JSON on its way to JavaScript: our bug, not the caller's.
 impl From<serde_json::Error> for CodedError {
   fn from(err: serde_json::Error) -> Self {

@@ -168,9 +168,7 @@ impl Llm {
     let started = guard(|| {
       let p = self.prepare(env, &prompt, &options, false)?;
       let on_token = match p.on_token {
-        Some(v) => Some(
-          unsafe { TokenCallback::from_napi_value(v.env, v.raw) }.map_err(|e| CodedError::internal(e.reason))?,
-        ),
+        Some(v) => Some(unsafe { TokenCallback::from_napi_value(v.env, v.raw) }?),
         None => None,
       };
       let req = Request::submit(&self.engine, p.prompt, p.params, p.adapters, p.cancel, p.hook)?;

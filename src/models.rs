@@ -11,7 +11,7 @@ use napi_derive::napi;
 
 use ruvllm_models as hub;
 
-use crate::error::{guard, sync_call, CodedError, Res};
+use crate::error::{guard, sync_call, Res};
 use crate::options::{self, FetchOptions, Val};
 use crate::signal::{attach, CancelState, SignalHook};
 use crate::task::spawn;
@@ -215,11 +215,11 @@ impl JsOpts {
     pub(crate) fn new(env: &Env, o: FetchOptions) -> Res<JsOpts> {
         // SAFETY (both): on the JS thread with its env; `options` checked that each value is a function.
         let progress = match o.on_progress {
-            Some(v) => Some(Arc::new(unsafe { ProgressTsfn::from_napi_value(env.raw(), v.raw) }.map_err(|e| CodedError::internal(e.reason))?)),
+            Some(v) => Some(Arc::new(unsafe { ProgressTsfn::from_napi_value(env.raw(), v.raw) }?)),
             None => None,
         };
         let notice = match o.on_notice {
-            Some(v) => Some(Arc::new(unsafe { NoticeTsfn::from_napi_value(env.raw(), v.raw) }.map_err(|e| CodedError::internal(e.reason))?)),
+            Some(v) => Some(Arc::new(unsafe { NoticeTsfn::from_napi_value(env.raw(), v.raw) }?)),
             None => None,
         };
         let cancel = Arc::new(CancelState::default());

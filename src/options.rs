@@ -15,7 +15,7 @@ use ruvllm_core::sampling::SamplingParams;
 use crate::error::{CodedError, Res};
 
 /// Largest integer a JS number holds exactly.
-const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
+pub const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
@@ -50,7 +50,7 @@ impl Val {
   }
 
   pub fn get<T: FromNapiValue>(&self) -> Res<T> {
-    unsafe { T::from_napi_value(self.env, self.raw) }.map_err(|e| CodedError::internal(e.reason))
+    Ok(unsafe { T::from_napi_value(self.env, self.raw) }?)
   }
 
   /// `obj[key]` (undefined when missing).
@@ -169,13 +169,25 @@ fn number(v: &Val, key: &str, expect: &str) -> Res<f64> {
 
 /// An integer option in `min..=max`.
 pub fn int_in(bag: Option<Val>, key: &str, min: f64, max: f64) -> Res<Option<f64>> {
+  field(bag, key)?.map(|v| int_value(&v, key, min, max)).transpose()
+}
+
+/// An array option of integers in `min..=max`, each named `key[i]` in the messages.
+pub fn int_list(bag: Option<Val>, key: &str, min: f64, max: f64) -> Res<Option<Vec<f64>>> {
   let Some(v) = field(bag, key)? else { return Ok(None) };
+  if !v.is_array() {
+    return Err(CodedError::invalid_type(format!("{key} must be an array of integers, got {}", type_name(&v))));
+  }
+  (0..v.len()?).map(|i| int_value(&v.index(i)?, &format!("{key}[{i}]"), min, max)).collect::<Res<Vec<_>>>().map(Some)
+}
+
+fn int_value(v: &Val, key: &str, min: f64, max: f64) -> Res<f64> {
   let expect = if max >= MAX_SAFE_INTEGER { format!("an integer >= {min}") } else { format!("an integer in {min}..={max}") };
-  let n = number(&v, key, &expect)?;
+  let n = number(v, key, &expect)?;
   if !n.is_finite() || n.fract() != 0.0 || n < min || n > max {
     return Err(CodedError::out_of_range(format!("{key} must be {expect}, got {n}")));
   }
-  Ok(Some(n))
+  Ok(n)
 }
 
 /// A finite number option for which `ok` holds (`expect` says what that is).

@@ -12,6 +12,7 @@ use napi_derive::napi;
 use ruvllm_router as rr;
 
 use crate::error::{sync_call, CodedError, Res};
+use crate::options::{self, Val};
 use crate::task::spawn;
 
 fn to_f32_arrays(vs: Vec<Vec<f32>>) -> Vec<Float32Array> {
@@ -29,11 +30,11 @@ fn json_arg(env: &Env, v: &Unknown, what: &str) -> Res<serde_json::Value> {
 }
 
 fn string_arg(env: &Env, v: &Unknown, what: &str) -> Res<String> {
-  match json_arg(env, v, what)? {
-    serde_json::Value::String(s) if !s.trim().is_empty() => Ok(s),
-    serde_json::Value::String(_) => Err(CodedError::out_of_range(format!("{what} must not be empty"))),
-    _ => Err(CodedError::invalid_type(format!("{what} must be a string"))),
+  let s = options::string(&Val::new(env, v), what)?;
+  if s.trim().is_empty() {
+    return Err(CodedError::out_of_range(format!("{what} must not be empty")));
   }
+  Ok(s)
 }
 
 fn texts_arg(env: &Env, v: &Unknown) -> Res<Vec<String>> {
@@ -69,22 +70,11 @@ fn load_embedder_with(dir: Option<String>, adapter: rr::Adapter) -> Res<Arc<dyn 
   }
 }
 
-/// `{ adapter?: boolean }` of `Embedder.load`.
+/// `{ adapter?: boolean }` of `Embedder.load` (null, as for `dir`, is no options).
 fn adapter_option(env: &Env, v: &Unknown) -> Res<rr::Adapter> {
-  match json_arg(env, v, "options")? {
-    serde_json::Value::Null => Ok(rr::Adapter::Off),
-    serde_json::Value::Object(m) => {
-      if let Some(k) = m.keys().find(|k| k.as_str() != "adapter") {
-        return Err(CodedError::invalid_type(format!("options.{k} is not an option of Embedder.load (only adapter)")));
-      }
-      match m.get("adapter") {
-        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => Ok(rr::Adapter::Off),
-        Some(serde_json::Value::Bool(true)) => Ok(rr::Adapter::Routing),
-        Some(_) => Err(CodedError::invalid_type("options.adapter must be a boolean")),
-      }
-    }
-    _ => Err(CodedError::invalid_type("options must be an object like { adapter: true }")),
-  }
+  let v = Val::new(env, v);
+  let bag = if v.ty()? == ValueType::Null { None } else { options::option_bag(Some(v), "Embedder.load", &["adapter"])? };
+  Ok(if options::boolean(bag, "adapter")?.unwrap_or(false) { rr::Adapter::Routing } else { rr::Adapter::Off })
 }
 
 /// Embeds texts with the default sentence-embedding model (all-MiniLM-L6-v2 from
@@ -562,10 +552,10 @@ fn state_path(p: Option<String>) -> Res<PathBuf> {
 }
 
 fn opt_string(env: &Env, v: &Unknown, what: &str) -> Res<Option<String>> {
-  match json_arg(env, v, what)? {
-    serde_json::Value::Null => Ok(None),
-    serde_json::Value::String(s) => Ok(Some(s)),
-    _ => Err(CodedError::invalid_type(format!("{what} must be a string"))),
+  let v = Val::new(env, v);
+  match v.ty()? {
+    ValueType::Undefined | ValueType::Null => Ok(None),
+    _ => options::string(&v, what).map(Some),
   }
 }
 
@@ -645,21 +635,14 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
       .map_err(|_| CodedError::invalid_type("embedder must be an Embedder")),
     Some(_) => Err(CodedError::invalid_type("embedder must be an Embedder")),
   };
-  let parsed = custom.and_then(|c| json_arg(env, &options, "options").map(|o| (c, o))).and_then(|(custom, o)| {
+  let parsed = custom.and_then(|custom| {
+    let bag = options::option_bag(Some(Val::new(env, &options)), "benchRouting", &["sizes", "halvings"])?;
     let mut opts = rr::bench::BenchOptions::default();
-    if let Some(s) = o.get("sizes") {
-      opts.scale_sizes = s
-        .as_array()
-        .ok_or_else(|| CodedError::invalid_type("options.sizes must be an array of numbers"))?
-        .iter()
-        .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| CodedError::invalid_type("options.sizes must be numbers")))
-        .collect::<Res<Vec<_>>>()?;
+    if let Some(sizes) = options::int_list(bag, "sizes", 0.0, options::MAX_SAFE_INTEGER)? {
+      opts.scale_sizes = sizes.into_iter().map(|n| n as usize).collect();
     }
-    if let Some(h) = o.get("halvings") {
-      opts.halvings = h
-        .as_u64()
-        .filter(|&n| n <= 1000)
-        .ok_or_else(|| CodedError::invalid_type("options.halvings must be a whole number from 0 to 1000"))? as usize;
+    if let Some(h) = options::int_in(bag, "halvings", 0.0, 1000.0)? {
+      opts.halvings = h as usize;
     }
     Ok((opts, custom))
   });
