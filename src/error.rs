@@ -2,9 +2,11 @@
 //!
 //! Every error that reaches JavaScript is an `Error` (or `TypeError` / `RangeError` for bad
 //! arguments) with a stable `code` property; `ABORT_ERR` errors are named `AbortError`, as the
-//! DOM's `AbortSignal` errors are. Core errors keep their own `code()`; a panic anywhere becomes
-//! `ERR_INTERNAL`. `CodedError` is plain data (`Send`), so it can be made on any thread; it turns
-//! into a JS object only on the JS thread (`into_napi`), where the `Env` is.
+//! DOM's `AbortSignal` errors are. Each crate's error enum converts here (`From`, so call sites
+//! use `?`) keeping its own `code()`, and the JS class follows from the code alone: the same
+//! code is the same class whichever crate or method it comes from. A panic anywhere becomes
+//! `ERR_INTERNAL`. `CodedError` is plain data (`Send`), so it can be made on any thread; it
+//! turns into a JS object only on the JS thread (`into_napi`), where the `Env` is.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -71,16 +73,17 @@ impl CodedError {
     Self::new(ERR_INTERNAL, message)
   }
 
-  pub fn from_core(err: &ruvllm_core::Error) -> Self {
-    match err {
-      ruvllm_core::Error::Closed => Self::closed(),
-      ruvllm_core::Error::Aborted => Self::aborted(None),
-      other => Self::new(other.code(), other.to_string()),
-    }
+  /// A crate's error by its stable code. A crate's `ERR_INVALID_ARG` is a value of the right
+  /// type that the crate refused (the binding has checked the types before calling it), so it is
+  /// a `RangeError`; every other code is a plain `Error` (`ABORT_ERR` gets its name in
+  /// `to_js_value`).
+  fn from_code(code: &'static str, message: String) -> Self {
+    let kind = if code == ERR_INVALID_ARG { Kind::RangeError } else { Kind::Error };
+    CodedError { kind, ..Self::new(code, message) }
   }
 
   pub fn from_panic(payload: Box<dyn std::any::Any + Send>) -> Self {
-    Self::from_core(&ruvllm_core::Error::from_panic(payload))
+    Self::from(ruvllm_core::Error::from_panic(payload))
   }
 
   pub fn is_abort(&self) -> bool {
@@ -123,7 +126,41 @@ impl CodedError {
 
 impl From<ruvllm_core::Error> for CodedError {
   fn from(err: ruvllm_core::Error) -> Self {
-    CodedError::from_core(&err)
+    match err {
+      ruvllm_core::Error::Closed => CodedError::closed(),
+      ruvllm_core::Error::Aborted => CodedError::aborted(None),
+      other => CodedError::from_code(other.code(), other.to_string()),
+    }
+  }
+}
+
+impl From<ruvllm_models::HubError> for CodedError {
+  fn from(err: ruvllm_models::HubError) -> Self {
+    match err {
+      ruvllm_models::HubError::Aborted => CodedError::aborted(None),
+      other => CodedError::from_code(other.code(), other.to_string()),
+    }
+  }
+}
+
+impl From<ruvllm_router::Error> for CodedError {
+  fn from(err: ruvllm_router::Error) -> Self {
+    CodedError::from_code(err.code(), err.to_string())
+  }
+}
+
+/// A failed napi call (making a function, reading a value whose type was checked): our bug or
+/// the runtime's, not the caller's.
+impl From<napi::Error> for CodedError {
+  fn from(err: napi::Error) -> Self {
+    CodedError::internal(err.reason)
+  }
+}
+
+/// A value that did not turn into JSON on its way to JavaScript: our bug, not the caller's.
+impl From<serde_json::Error> for CodedError {
+  fn from(err: serde_json::Error) -> Self {
+    CodedError::internal(err.to_string())
   }
 }
 

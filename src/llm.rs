@@ -2,8 +2,7 @@
 //! tokenize, inspect, close. Work runs on the engine's own thread or tokio's blocking pool;
 //! the JS thread only validates, submits and awaits.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use napi::bindgen_prelude::{FromNapiValue, Promise, PromiseRaw, Unknown};
 use napi::threadsafe_function::{ThreadsafeFunction, UnknownReturnValue};
@@ -15,6 +14,7 @@ use ruvllm_core::nn::AdapterSet;
 
 use crate::adapter::{self, Adapter};
 use crate::error::{guard, sync_call, CodedError, Res};
+use crate::models::JsOpts;
 use crate::options::{self, Val};
 use crate::request::{Request, Step};
 use crate::signal::{self, CancelState, SignalHook};
@@ -28,9 +28,6 @@ pub struct Llm {
   engine: Arc<Engine>,
   info: CoreModelInfo,
   default_seed: Option<u64>,
-  closed: Arc<AtomicBool>,
-  /// Requests started on this model and maybe still running: `close()` stops them.
-  active: Arc<Mutex<Vec<Weak<CancelState>>>>,
 }
 
 /// What the user's `onToken` returned: a value, or a promise to wait for.
@@ -83,28 +80,19 @@ impl Llm {
     let parsed = guard(|| {
       let p = options::path_or_id(Some(Val::new(env, &path_or_id)))?;
       let o = options::load_options(Some(Val::new(env, &options)))?;
-      // The model manager's options (download, source, onProgress, onNotice, signal).
-      let fetch = crate::models::fetch_options(env, &options)?;
+      let fetch = JsOpts::new(env, options::load_fetch_options(Some(Val::new(env, &options)))?)?;
       Ok((p, o, fetch))
     });
     spawn(
       env,
       parsed,
       |(path_or_id, opts, fetch)| {
-        // A path, a known id (found in the cache, the pip package's folder or a flat file in
-        // $RUVLLM_MODELS_DIR, else downloaded), or hf:owner/repo/file.gguf.
-        let path = crate::models::resolve_model(&path_or_id, &fetch)?;
+        let path = fetch.resolve(&path_or_id)?;
         drop(fetch);
         let default_seed = opts.seed;
         let engine = Engine::load(&path, opts)?;
         let info = engine.info().clone();
-        Ok(Llm {
-          engine: Arc::new(engine),
-          info,
-          default_seed,
-          closed: Arc::new(AtomicBool::new(false)),
-          active: Arc::new(Mutex::new(Vec::new())),
-        })
+        Ok(Llm { engine: Arc::new(engine), info, default_seed })
       },
       |_, llm| Ok(llm),
     )
@@ -136,7 +124,7 @@ impl Llm {
   /// Whether `close()` has been called.
   #[napi(getter)]
   pub fn closed(&self) -> bool {
-    self.closed.load(Ordering::SeqCst)
+    self.engine.is_closed()
   }
 
   /// All GGUF metadata key/values of the file (token lists included), as plain JSON values.
@@ -180,9 +168,7 @@ impl Llm {
     let started = guard(|| {
       let p = self.prepare(env, &prompt, &options, false)?;
       let on_token = match p.on_token {
-        Some(v) => Some(
-          unsafe { TokenCallback::from_napi_value(v.env, v.raw) }.map_err(|e| CodedError::internal(e.reason))?,
-        ),
+        Some(v) => Some(unsafe { TokenCallback::from_napi_value(v.env, v.raw) }?),
         None => None,
       };
       let req = Request::submit(&self.engine, p.prompt, p.params, p.adapters, p.cancel, p.hook)?;
@@ -208,7 +194,7 @@ impl Llm {
   #[napi(catch_unwind, ts_args_type = "prompt: string | ChatMessage[] | number[], options?: GenerateOptions")]
   pub fn stream(&self, env: &Env, prompt: Unknown, options: Unknown) -> napi::Result<TokenStream> {
     match guard(|| self.prepare(env, &prompt, &options, true)) {
-      Ok(p) => Ok(TokenStream::pending(self.engine.clone(), self.closed.clone(), p.prompt, p.params, p.adapters, p.cancel, p.hook)),
+      Ok(p) => Ok(TokenStream::pending(self.engine.clone(), p.prompt, p.params, p.adapters, p.cancel, p.hook)),
       Err(e) if e.is_abort() => Ok(TokenStream::failed(e)),
       Err(e) => Err(e.into_napi(env)),
     }
@@ -229,11 +215,6 @@ impl Llm {
       let (chat_template, signal, adapters) = options::score_options(Some(Val::new(env, &options)))?;
       let adapters = adapter::request_adapters(env, adapters, self.owner())?;
       let cancel = Arc::new(CancelState::default());
-      {
-        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-        active.retain(|c| c.strong_count() > 0);
-        active.push(Arc::downgrade(&cancel));
-      }
       let hook = match signal {
         Some(s) => Some(signal::attach(env, s, cancel.clone())?),
         None => None,
@@ -260,9 +241,6 @@ impl Llm {
       };
       if let Some(h) = hook.as_mut() {
         h.detach();
-      }
-      if cancel.closed() {
-        return Err(CodedError::closed());
       }
       if cancel.aborted() {
         cancel.cancel();
@@ -318,13 +296,9 @@ impl Llm {
   /// `ERR_CLOSED`, and so does every later call. Safe to call more than once.
   #[napi(ts_return_type = "Promise<void>")]
   pub fn close<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, ()>> {
-    self.closed.store(true, Ordering::SeqCst);
-    // The engine lets a running request finish; ours stop now, failing with ERR_CLOSED.
-    for c in self.active.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-      if let Some(c) = c.upgrade() {
-        c.close();
-      }
-    }
+    // Now, on the JS thread, so that `closed` and every later call see it before the promise
+    // settles; the wait for the engine's thread runs off it.
+    self.engine.stop();
     let engine = self.engine.clone();
     spawn(env, Ok(()), move |()| Ok(engine.close()), |_, ()| Ok(()))
   }
@@ -343,7 +317,7 @@ impl Llm {
   }
 
   fn check_open(&self) -> Res<()> {
-    if self.closed.load(Ordering::SeqCst) || self.engine.is_closed() {
+    if self.engine.is_closed() {
       return Err(CodedError::closed());
     }
     Ok(())
@@ -359,11 +333,6 @@ impl Llm {
       return Err(CodedError::invalid_type("onToken is an option of generate(); with stream(), iterate the chunks instead"));
     }
     let cancel = Arc::new(CancelState::default());
-    {
-      let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-      active.retain(|c| c.strong_count() > 0);
-      active.push(Arc::downgrade(&cancel));
-    }
     let hook = match hooks.signal {
       Some(s) => Some(signal::attach(env, s, cancel.clone())?),
       None => None,

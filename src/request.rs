@@ -8,7 +8,7 @@ use ruvllm_core::engine::{Completion, Engine, Event, FinishReason, GenerateParam
 use ruvllm_core::nn::AdapterSet;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::error::{guard, CodedError, Partial};
+use crate::error::{guard, CodedError, Partial, ERR_CLOSED};
 use crate::signal::{CancelState, SignalHook};
 
 /// What `next()` yields.
@@ -43,7 +43,7 @@ impl Request {
       let _ = tx.send(ev);
     });
     let req = GenerateRequest { prompt, params, adapters, cancel: cancel.flag.clone(), sink };
-    guard(|| engine.submit(req).map_err(CodedError::from))?;
+    guard(|| Ok(engine.submit(req)?))?;
     Ok(Request { rx, cancel, hook, partial: Partial::default(), finished: false })
   }
 
@@ -62,11 +62,6 @@ impl Request {
     }
   }
 
-  fn closed_error(&mut self) -> Step {
-    self.finish();
-    Step::Failed(CodedError::closed())
-  }
-
   fn abort_error(&mut self) -> Step {
     self.cancel.cancel();
     self.finish();
@@ -79,9 +74,6 @@ impl Request {
       return Step::Failed(CodedError::internal("the request has already finished"));
     }
     loop {
-      if self.cancel.closed() {
-        return self.closed_error();
-      }
       if self.cancel.aborted() {
         return self.abort_error();
       }
@@ -92,9 +84,6 @@ impl Request {
       };
       match ev {
         Some(Event::Token { id, text }) => {
-          if self.cancel.closed() {
-            return self.closed_error();
-          }
           if self.cancel.aborted() {
             return self.abort_error();
           }
@@ -103,9 +92,6 @@ impl Request {
           return Step::Token { id, text };
         }
         Some(Event::Done(c)) => {
-          if self.cancel.closed() {
-            return self.closed_error();
-          }
           if c.finish_reason == FinishReason::Abort || self.cancel.aborted() {
             self.partial = Partial { text: c.text, tokens: c.tokens };
             return self.abort_error();
@@ -114,11 +100,9 @@ impl Request {
           return Step::Done(c);
         }
         Some(Event::Error(e)) => {
-          let err = CodedError::from_core(&e);
-          if self.cancel.closed() {
-            return self.closed_error();
-          }
-          if err.is_abort() || self.cancel.aborted() {
+          let err = CodedError::from(e);
+          // Closing the engine wins over an abort that raced it, as the engine decided.
+          if err.code != ERR_CLOSED && (err.is_abort() || self.cancel.aborted()) {
             return self.abort_error();
           }
           self.finish();

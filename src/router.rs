@@ -12,14 +12,8 @@ use napi_derive::napi;
 use ruvllm_router as rr;
 
 use crate::error::{sync_call, CodedError, Res};
+use crate::options::{self, Val};
 use crate::task::spawn;
-
-fn coded(e: rr::Error) -> CodedError {
-  match e {
-    rr::Error::InvalidArg(m) => CodedError::invalid_type(m),
-    other => CodedError::new(other.code(), other.to_string()),
-  }
-}
 
 fn to_f32_arrays(vs: Vec<Vec<f32>>) -> Vec<Float32Array> {
   vs.into_iter().map(Float32Array::new).collect()
@@ -36,11 +30,11 @@ fn json_arg(env: &Env, v: &Unknown, what: &str) -> Res<serde_json::Value> {
 }
 
 fn string_arg(env: &Env, v: &Unknown, what: &str) -> Res<String> {
-  match json_arg(env, v, what)? {
-    serde_json::Value::String(s) if !s.trim().is_empty() => Ok(s),
-    serde_json::Value::String(_) => Err(CodedError::out_of_range(format!("{what} must not be empty"))),
-    _ => Err(CodedError::invalid_type(format!("{what} must be a string"))),
+  let s = options::string(&Val::new(env, v), what)?;
+  if s.trim().is_empty() {
+    return Err(CodedError::out_of_range(format!("{what} must not be empty")));
   }
+  Ok(s)
 }
 
 fn texts_arg(env: &Env, v: &Unknown) -> Res<Vec<String>> {
@@ -63,35 +57,24 @@ fn texts_arg(env: &Env, v: &Unknown) -> Res<Vec<String>> {
 fn load_embedder(dir: Option<String>) -> Res<Arc<dyn rr::Embedder>> {
   match dir {
     Some(d) => load_embedder_with(Some(d), rr::Adapter::Off),
-    None => rr::router_default_embedder().map_err(coded),
+    None => Ok(rr::router_default_embedder()?),
   }
 }
 
 /// Loads the embedder in `dir` (or the default model) with or without the routing adapter.
 fn load_embedder_with(dir: Option<String>, adapter: rr::Adapter) -> Res<Arc<dyn rr::Embedder>> {
   match (dir, adapter) {
-    (Some(d), _) => Ok(Arc::new(rr::BertEmbedder::load(&d, rr::BertOptions { adapter, ..rr::BertOptions::default() }).map_err(coded)?)),
-    (None, rr::Adapter::Routing) => rr::routing_embedder().map_err(coded),
-    (None, rr::Adapter::Off) => rr::default_embedder().map_err(coded),
+    (Some(d), _) => Ok(Arc::new(rr::BertEmbedder::load(&d, rr::BertOptions { adapter, ..rr::BertOptions::default() })?)),
+    (None, rr::Adapter::Routing) => Ok(rr::routing_embedder()?),
+    (None, rr::Adapter::Off) => Ok(rr::default_embedder()?),
   }
 }
 
-/// `{ adapter?: boolean }` of `Embedder.load`.
+/// `{ adapter?: boolean }` of `Embedder.load` (null, as for `dir`, is no options).
 fn adapter_option(env: &Env, v: &Unknown) -> Res<rr::Adapter> {
-  match json_arg(env, v, "options")? {
-    serde_json::Value::Null => Ok(rr::Adapter::Off),
-    serde_json::Value::Object(m) => {
-      if let Some(k) = m.keys().find(|k| k.as_str() != "adapter") {
-        return Err(CodedError::invalid_type(format!("options.{k} is not an option of Embedder.load (only adapter)")));
-      }
-      match m.get("adapter") {
-        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => Ok(rr::Adapter::Off),
-        Some(serde_json::Value::Bool(true)) => Ok(rr::Adapter::Routing),
-        Some(_) => Err(CodedError::invalid_type("options.adapter must be a boolean")),
-      }
-    }
-    _ => Err(CodedError::invalid_type("options must be an object like { adapter: true }")),
-  }
+  let v = Val::new(env, v);
+  let bag = if v.ty()? == ValueType::Null { None } else { options::option_bag(Some(v), "Embedder.load", &["adapter"])? };
+  Ok(if options::boolean(bag, "adapter")?.unwrap_or(false) { rr::Adapter::Routing } else { rr::Adapter::Off })
 }
 
 /// Embeds texts with the default sentence-embedding model (all-MiniLM-L6-v2 from
@@ -106,12 +89,12 @@ pub fn embed<'env>(env: &'env Env, texts: Unknown) -> napi::Result<PromiseRaw<'e
     env,
     texts,
     move |texts| {
-      let e = rr::default_embedder().map_err(coded)?;
+      let e = rr::default_embedder()?;
       let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
       if refs.is_empty() {
         return Ok(Vec::new());
       }
-      e.embed(&refs).map_err(coded)
+      Ok(e.embed(&refs)?)
     },
     |_, v| Ok(to_f32_arrays(v)),
   )
@@ -156,7 +139,7 @@ pub(crate) fn embed_promise<'env>(env: &'env Env, inner: Res<Arc<dyn rr::Embedde
       if refs.is_empty() {
         return Ok(Vec::new());
       }
-      inner.embed(&refs).map_err(coded)
+      Ok(inner.embed(&refs)?)
     },
     |_, v| Ok(to_f32_arrays(v)),
   )
@@ -319,9 +302,9 @@ fn with_router<T>(shared: &Shared, f: impl FnOnce(&mut rr::Router) -> Res<T>) ->
     };
     let specs = match agents.take() {
       Some(a) => a,
-      None => rr::catalogue::default_agent_specs().map_err(coded)?,
+      None => rr::catalogue::default_agent_specs()?,
     };
-    *g = State::Ready(rr::Router::new(specs, emb).map_err(coded)?);
+    *g = State::Ready(rr::Router::new(specs, emb)?);
   }
   match &mut *g {
     State::Ready(r) => f(r),
@@ -429,7 +412,7 @@ impl Router {
           Some(e) => e,
           None => load_embedder(dir)?,
         };
-        rr::Router::load(&PathBuf::from(path), emb, Default::default()).map_err(coded)
+        Ok(rr::Router::load(&PathBuf::from(path), emb, Default::default())?)
       },
       |_, r| Ok(Router { shared: Arc::new(Mutex::new(State::Ready(r))) }),
     )
@@ -446,8 +429,8 @@ impl Router {
         // Build (first use) and embed outside the timed part only for the build.
         let emb = with_router(&shared, |r| Ok(r.embedder().clone()))?;
         let t = std::time::Instant::now();
-        let v = emb.embed(&[&task]).map_err(coded)?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
-        let route = with_router(&shared, |r| r.route_vector(&task, &v).map_err(coded))?;
+        let v = emb.embed(&[&task])?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
+        let route = with_router(&shared, |r| Ok(r.route_vector(&task, &v)?))?;
         Ok((route, t.elapsed().as_secs_f64() * 1e3))
       },
       |_, (r, ms)| {
@@ -486,7 +469,7 @@ impl Router {
       parsed,
       move |items| {
         with_router(&shared, |r| {
-          let n = r.add_examples(&items).map_err(coded)?;
+          let n = r.add_examples(&items)?;
           r.fit();
           Ok(n as u32)
         })
@@ -513,10 +496,10 @@ impl Router {
       parsed,
       move |(task, agent, success)| {
         let emb = with_router(&shared, |r| Ok(r.embedder().clone()))?;
-        let v = emb.embed(&[&task]).map_err(coded)?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
+        let v = emb.embed(&[&task])?.pop().ok_or_else(|| CodedError::internal("no embedding"))?;
         with_router(&shared, |r| {
-          let a = r.agent_index(&agent).map_err(coded)?;
-          r.feedback_vector(&task, &v, a, success).map_err(coded)
+          let a = r.agent_index(&agent)?;
+          Ok(r.feedback_vector(&task, &v, a, success)?)
         })
       },
       |_, eff| {
@@ -536,7 +519,7 @@ impl Router {
   #[napi(ts_args_type = "path: string", ts_return_type = "Promise<void>")]
   pub fn save<'env>(&self, env: &'env Env, path: Unknown) -> napi::Result<PromiseRaw<'env, ()>> {
     let shared = self.shared.clone();
-    spawn(env, string_arg(env, &path, "path"), move |path| with_router(&shared, |r| r.save(&PathBuf::from(&path)).map_err(coded)), |_, ()| Ok(()))
+    spawn(env, string_arg(env, &path, "path"), move |path| with_router(&shared, |r| Ok(r.save(&PathBuf::from(&path))?)), |_, ()| Ok(()))
   }
 
   /// Counts: `{ agents, patterns, indexed }` (`indexed`: patterns in the HNSW graph; 0 while
@@ -564,15 +547,15 @@ impl Router {
 fn state_path(p: Option<String>) -> Res<PathBuf> {
   match p {
     Some(p) => Ok(PathBuf::from(p)),
-    None => rr::hooks::state_path().map_err(coded),
+    None => Ok(rr::hooks::state_path()?),
   }
 }
 
 fn opt_string(env: &Env, v: &Unknown, what: &str) -> Res<Option<String>> {
-  match json_arg(env, v, what)? {
-    serde_json::Value::Null => Ok(None),
-    serde_json::Value::String(s) => Ok(Some(s)),
-    _ => Err(CodedError::invalid_type(format!("{what} must be a string"))),
+  let v = Val::new(env, v);
+  match v.ty()? {
+    ValueType::Undefined | ValueType::Null => Ok(None),
+    _ => options::string(&v, what).map(Some),
   }
 }
 
@@ -595,9 +578,9 @@ pub fn hooks_pre_task<'env>(env: &'env Env, description: Unknown, state: Unknown
     parsed,
     move |(d, s)| {
       let path = state_path(s)?;
-      let emb = rr::router_default_embedder().map_err(coded)?;
-      let out = rr::hooks::pre_task(&d, emb, &path).map_err(coded)?;
-      serde_json::to_value(out).map_err(|e| CodedError::internal(e.to_string()))
+      let emb = rr::router_default_embedder()?;
+      let out = rr::hooks::pre_task(&d, emb, &path)?;
+      Ok(serde_json::to_value(out)?)
     },
     |_, v| Ok(v),
   )
@@ -627,9 +610,9 @@ pub fn hooks_post_task<'env>(
     parsed,
     move |(t, a, s, st)| {
       let path = state_path(st)?;
-      let emb = rr::router_default_embedder().map_err(coded)?;
-      let out = rr::hooks::post_task(&t, &a, s, emb, &path).map_err(coded)?;
-      serde_json::to_value(out).map_err(|e| CodedError::internal(e.to_string()))
+      let emb = rr::router_default_embedder()?;
+      let out = rr::hooks::post_task(&t, &a, s, emb, &path)?;
+      Ok(serde_json::to_value(out)?)
     },
     |_, v| Ok(v),
   )
@@ -652,21 +635,14 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
       .map_err(|_| CodedError::invalid_type("embedder must be an Embedder")),
     Some(_) => Err(CodedError::invalid_type("embedder must be an Embedder")),
   };
-  let parsed = custom.and_then(|c| json_arg(env, &options, "options").map(|o| (c, o))).and_then(|(custom, o)| {
+  let parsed = custom.and_then(|custom| {
+    let bag = options::option_bag(Some(Val::new(env, &options)), "benchRouting", &["sizes", "halvings"])?;
     let mut opts = rr::bench::BenchOptions::default();
-    if let Some(s) = o.get("sizes") {
-      opts.scale_sizes = s
-        .as_array()
-        .ok_or_else(|| CodedError::invalid_type("options.sizes must be an array of numbers"))?
-        .iter()
-        .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| CodedError::invalid_type("options.sizes must be numbers")))
-        .collect::<Res<Vec<_>>>()?;
+    if let Some(sizes) = options::int_list(bag, "sizes", 0.0, options::MAX_SAFE_INTEGER)? {
+      opts.scale_sizes = sizes.into_iter().map(|n| n as usize).collect();
     }
-    if let Some(h) = o.get("halvings") {
-      opts.halvings = h
-        .as_u64()
-        .filter(|&n| n <= 1000)
-        .ok_or_else(|| CodedError::invalid_type("options.halvings must be a whole number from 0 to 1000"))? as usize;
+    if let Some(h) = options::int_in(bag, "halvings", 0.0, 1000.0)? {
+      opts.halvings = h as usize;
     }
     Ok((opts, custom))
   });
@@ -676,9 +652,9 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
     move |(opts, custom)| {
       let emb = match custom {
         Some(e) => e,
-        None => rr::router_default_embedder().map_err(coded)?,
+        None => rr::router_default_embedder()?,
       };
-      let report = rr::bench::run(emb, &opts, &mut |m| eprintln!("… {m}")).map_err(coded)?;
+      let report = rr::bench::run(emb, &opts, &mut |m| eprintln!("… {m}"))?;
       Ok(serde_json::json!({ "markdown": report.to_markdown(), "report": report }))
     },
     |_, v| Ok(v),
@@ -689,7 +665,7 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
 #[napi(catch_unwind, ts_return_type = "Array<{ name: string; description: string; examples: string[] }>")]
 pub fn router_agents(env: Env) -> napi::Result<serde_json::Value> {
   sync_call(&env, || {
-    let specs = rr::catalogue::default_agent_specs().map_err(coded)?;
-    serde_json::to_value(specs).map_err(|e| CodedError::internal(e.to_string()))
+    let specs = rr::catalogue::default_agent_specs()?;
+    Ok(serde_json::to_value(specs)?)
   })
 }

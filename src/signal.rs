@@ -17,16 +17,14 @@ use tokio::sync::Notify;
 use crate::error::{CodedError, Res};
 use crate::options::Val;
 
-/// Cancellation state of one request, shared by the engine (the flag), the abort listener and
-/// the task awaiting the request's events.
+/// Cancellation state of one request, shared by the engine (the flag, which closing the engine
+/// sets too), the abort listener and the task awaiting the request's events.
 #[derive(Default)]
 pub struct CancelState {
   /// The engine's cancel flag: checked before prefill and every token.
   pub flag: Arc<AtomicBool>,
   /// Set when the cancel came from the user's AbortSignal (the request then rejects with AbortError).
   by_signal: AtomicBool,
-  /// Set when the cancel came from `llm.close()` (the request then fails with ERR_CLOSED).
-  by_close: AtomicBool,
   /// Wakes the awaiting task at once, even while the engine is busy with other requests.
   pub notify: Notify,
 }
@@ -42,17 +40,6 @@ impl CancelState {
     self.by_signal.store(true, Ordering::SeqCst);
     self.cancel();
     self.notify.notify_one();
-  }
-
-  /// Stops the request because its model is being closed.
-  pub fn close(&self) {
-    self.by_close.store(true, Ordering::SeqCst);
-    self.cancel();
-    self.notify.notify_one();
-  }
-
-  pub fn closed(&self) -> bool {
-    self.by_close.load(Ordering::SeqCst)
   }
 
   pub fn aborted(&self) -> bool {
@@ -103,17 +90,15 @@ pub fn attach(env: &Env, signal: Val, state: Arc<CancelState>) -> Res<SignalHook
   }
   let raw_env = env.raw();
   let listener_state = state.clone();
-  let listener: Function<(), ()> = env
-    .create_function_from_closure("ruvllmAbortListener", move |_ctx| {
-      listener_state.abort();
-      Ok(())
-    })
-    .map_err(|e| CodedError::internal(e.reason))?;
-  let listener_raw = unsafe { ToNapiValue::to_napi_value(raw_env, listener) }.map_err(|e| CodedError::internal(e.reason))?;
-  let abort_str = unsafe { ToNapiValue::to_napi_value(raw_env, "abort") }.map_err(|e| CodedError::internal(e.reason))?;
-  let mut once = napi::bindgen_prelude::Object::new(env).map_err(|e| CodedError::internal(e.reason))?;
-  once.set("once", true).map_err(|e| CodedError::internal(e.reason))?;
-  let once_raw = unsafe { ToNapiValue::to_napi_value(raw_env, once) }.map_err(|e| CodedError::internal(e.reason))?;
+  let listener: Function<(), ()> = env.create_function_from_closure("ruvllmAbortListener", move |_ctx| {
+    listener_state.abort();
+    Ok(())
+  })?;
+  let listener_raw = unsafe { ToNapiValue::to_napi_value(raw_env, listener) }?;
+  let abort_str = unsafe { ToNapiValue::to_napi_value(raw_env, "abort") }?;
+  let mut once = napi::bindgen_prelude::Object::new(env)?;
+  once.set("once", true)?;
+  let once_raw = unsafe { ToNapiValue::to_napi_value(raw_env, once) }?;
 
   let add = signal.prop("addEventListener")?;
   call(raw_env, signal.raw, add.raw, &[abort_str, listener_raw, once_raw])?;
@@ -122,6 +107,6 @@ pub fn attach(env: &Env, signal: Val, state: Arc<CancelState>) -> Res<SignalHook
   let remove = signal.prop("removeEventListener")?;
   let bind = remove.prop("bind")?;
   let bound = call(raw_env, remove.raw, bind.raw, &[signal.raw, abort_str, listener_raw])?;
-  let remover = unsafe { Remover::from_napi_value(raw_env, bound) }.map_err(|e| CodedError::internal(e.reason))?;
+  let remover = unsafe { Remover::from_napi_value(raw_env, bound) }?;
   Ok(SignalHook { remover: Some(remover) })
 }

@@ -3,7 +3,6 @@
 //! `return()` (what `break` calls) cancels it, and so does dropping the stream.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use napi::bindgen_prelude::AsyncGenerator;
@@ -27,7 +26,6 @@ type TokenChunk = OrError<crate::types::TokenChunk>;
 enum State {
   Pending {
     engine: Arc<Engine>,
-    closed: Arc<AtomicBool>,
     prompt: Prompt,
     params: GenerateParams,
     adapters: Option<AdapterSet>,
@@ -49,14 +47,13 @@ pub struct TokenStream {
 impl TokenStream {
   pub(crate) fn pending(
     engine: Arc<Engine>,
-    closed: Arc<AtomicBool>,
     prompt: Prompt,
     params: GenerateParams,
     adapters: Option<AdapterSet>,
     cancel: Arc<CancelState>,
     hook: Option<SignalHook>,
   ) -> Self {
-    TokenStream { state: Arc::new(Mutex::new(State::Pending { engine, closed, prompt, params, adapters, hook })), cancel }
+    TokenStream { state: Arc::new(Mutex::new(State::Pending { engine, prompt, params, adapters, hook })), cancel }
   }
 
   pub(crate) fn failed(err: CodedError) -> Self {
@@ -93,8 +90,8 @@ impl AsyncGenerator for TokenStream {
       let mut st = state.lock().await;
       loop {
         match std::mem::replace(&mut *st, State::Finished(None)) {
-          State::Pending { engine, closed, prompt, params, adapters, hook } => {
-            *st = if closed.load(Ordering::SeqCst) {
+          State::Pending { engine, prompt, params, adapters, hook } => {
+            *st = if engine.is_closed() {
               State::Failed(CodedError::closed())
             } else if cancel.aborted() {
               State::Failed(CodedError::aborted(None))

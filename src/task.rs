@@ -1,7 +1,7 @@
 //! The one way the binding runs work off the JS thread: on tokio's blocking pool (never the
 //! JS thread, never libuv's pool, which fs/dns/zlib need), with panics caught, settling a
-//! promise on the JS thread. Downloads run on a thread of their own (`hub.rs`), and generation
-//! on the engine's thread.
+//! promise on the JS thread. Loads, downloads, embedding and routing go through it; generation
+//! runs on the engine's own thread instead.
 
 use napi::bindgen_prelude::{PromiseRaw, ToNapiValue};
 use napi::Env;

@@ -299,6 +299,24 @@ fn resolve_paths_ids_and_download_false() {
 }
 
 #[test]
+fn resolve_downloads_a_missing_model_once_then_finds_it_in_the_cache() {
+    let (srv, _d, cfg, data, _sha) = setup(20_000);
+    let id = "hf:org/tiny-GGUF/tiny-q4.gguf";
+    let no_dl = ResolveOptions { download: false, ..Default::default() };
+    assert_eq!(ruvllm_models::resolve(&cfg, id, &no_dl).unwrap_err().code(), "ERR_MODEL_NOT_FOUND");
+    assert!(srv.gets("/resolve/").is_empty(), "download: false must not fetch");
+    // A cancelled resolve is an abort, not a failure to find the model.
+    let cancelled = ResolveOptions { download: true, download_options: DownloadOptions::default().with_cancel(Arc::new(AtomicBool::new(true))) };
+    assert_eq!(ruvllm_models::resolve(&cfg, id, &cancelled).unwrap_err().code(), "ABORT_ERR");
+    let path = ruvllm_models::resolve(&cfg, id, &ResolveOptions::default()).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), data);
+    let n_get = srv.gets("/resolve/").len();
+    assert_eq!(ruvllm_models::resolve(&cfg, id, &no_dl).unwrap(), path);
+    assert_eq!(ruvllm_models::resolve(&cfg, id, &ResolveOptions::default()).unwrap(), path);
+    assert_eq!(srv.gets("/resolve/").len(), n_get, "a cached model is not fetched again");
+}
+
+#[test]
 fn import_validates_and_registers() {
     let (_srv, d, cfg, _data, _sha) = setup(10);
     let bad = d.path().join("bad.gguf");

@@ -1,14 +1,16 @@
 //! The generation engine: one worker thread owns the model and its KV cache; requests arrive on
 //! a channel, tokens stream back through each request's sink. Cancellation is a flag checked
-//! every token. A panic inside the worker is caught and reported as `Error::Internal`. How a
-//! completion's tokens are produced is a [`decode::DecodeStrategy`] (today: autoregressive).
+//! every token; closing the engine sets every submitted request's flag, so whatever is queued or
+//! running ends with `Error::Closed` within a token, whoever the caller is (a binding, a server).
+//! A panic inside the worker is caught and reported as `Error::Internal`. How a completion's
+//! tokens are produced is a [`decode::DecodeStrategy`] (today: autoregressive).
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -112,7 +114,7 @@ pub struct Completion {
 }
 
 /// What a request's sink receives, in order: zero or more `Token`, then exactly one `Done` or
-/// `Error`.
+/// `Error` (`Error::Closed` when the engine was closed before the request finished).
 #[derive(Debug)]
 pub enum Event {
     Token { id: u32, text: String },
@@ -127,7 +129,8 @@ pub struct GenerateRequest {
     pub params: GenerateParams,
     /// The LoRA adapters for this request; `None`: the ones given at load.
     pub adapters: Option<AdapterSet>,
-    /// Set to true to stop the request; checked before prefill and every token.
+    /// Set to true to stop the request; checked before prefill and every token. Closing the
+    /// engine sets it too.
     pub cancel: Arc<AtomicBool>,
     pub sink: Sink,
 }
@@ -211,6 +214,12 @@ pub struct Engine {
     shared: Mutex<Option<Arc<Shared>>>,
     tx: Mutex<Option<Sender<Command>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// Set by [`Engine::stop`]; the worker then answers every request it has not finished with
+    /// `Closed`.
+    closing: Arc<AtomicBool>,
+    /// The cancel flags of submitted requests that may still be queued or running, for `stop`
+    /// to set.
+    in_flight: Mutex<Vec<Weak<AtomicBool>>>,
 }
 
 /// The model and everything the worker thread owns.
@@ -223,6 +232,8 @@ struct Worker {
     context: usize,
     /// The adapters of requests that name none.
     default_adapters: AdapterSet,
+    /// The engine's `closing` flag.
+    closing: Arc<AtomicBool>,
 }
 
 static REQUEST_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -328,6 +339,8 @@ impl Engine {
         let (tx, rx) = channel();
         let worker_shared = shared.clone();
         let worker_adapters = default_adapters.clone();
+        let closing = Arc::new(AtomicBool::new(false));
+        let worker_closing = closing.clone();
         let handle = std::thread::Builder::new()
             .name("ruvllm-engine".into())
             .spawn(move || {
@@ -338,11 +351,21 @@ impl Engine {
                     backend: Box::new(backend),
                     context,
                     default_adapters: worker_adapters,
+                    closing: worker_closing,
                 };
                 worker.run(rx, opts.seed)
             })
             .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine { info, cfg, default_adapters, shared: Mutex::new(Some(shared)), tx: Mutex::new(Some(tx)), worker: Mutex::new(Some(handle)) })
+        Ok(Engine {
+            info,
+            cfg,
+            default_adapters,
+            shared: Mutex::new(Some(shared)),
+            tx: Mutex::new(Some(tx)),
+            worker: Mutex::new(Some(handle)),
+            closing,
+            in_flight: Mutex::new(Vec::new()),
+        })
     }
 
     /// Loads and validates a LoRA adapter for this model (a LoRA GGUF, or a PEFT
@@ -386,11 +409,23 @@ impl Engine {
         self.shared()?.render_chat(messages, template)
     }
 
+    /// Queues a command whose cancel flag is `cancel`, for `stop` to set. A command sent while
+    /// `stop` runs is still answered: the worker sees `closing` before running it.
+    fn send(&self, cancel: &Arc<AtomicBool>, cmd: Command) -> Result<()> {
+        let tx = lock(&self.tx);
+        let tx = tx.as_ref().filter(|_| !self.is_closed()).ok_or(Error::Closed)?;
+        {
+            let mut in_flight = lock(&self.in_flight);
+            in_flight.retain(|c| c.strong_count() > 0);
+            in_flight.push(Arc::downgrade(cancel));
+        }
+        tx.send(cmd).map_err(|_| Error::Closed)
+    }
+
     /// Queues a request. `Closed` is returned here; everything after goes to the sink.
     pub fn submit(&self, req: GenerateRequest) -> Result<()> {
-        let tx = lock(&self.tx);
-        let tx = tx.as_ref().ok_or(Error::Closed)?;
-        tx.send(Command::Generate(req)).map_err(|_| Error::Closed)
+        let cancel = req.cancel.clone();
+        self.send(&cancel, Command::Generate(req))
     }
 
     /// Runs a generation and waits for it (tokens are not streamed; no cancellation): for Rust
@@ -417,16 +452,14 @@ impl Engine {
 
     /// Queues a scoring request; its result goes to `req.reply` (`Closed` is returned here).
     pub fn submit_score(&self, req: ScoreRequest) -> Result<()> {
-        let tx = lock(&self.tx);
-        let tx = tx.as_ref().ok_or(Error::Closed)?;
-        tx.send(Command::Score(req)).map_err(|_| Error::Closed)
+        let cancel = req.cancel.clone();
+        self.send(&cancel, Command::Score(req))
     }
 
     /// Queues an embedding request; its result goes to `req.reply` (`Closed` is returned here).
     pub fn submit_embed(&self, req: EmbedRequest) -> Result<()> {
-        let tx = lock(&self.tx);
-        let tx = tx.as_ref().ok_or(Error::Closed)?;
-        tx.send(Command::Embed(req)).map_err(|_| Error::Closed)
+        let cancel = req.cancel.clone();
+        self.send(&cancel, Command::Embed(req))
     }
 
     /// Embeds `texts` and waits (see [`EmbedRequest`]); no cancellation.
@@ -444,20 +477,33 @@ impl Engine {
         rx.recv().map_err(|_| Error::Closed)?
     }
 
-    /// Stops the worker (the running request finishes its current token and ends as aborted is
-    /// not guaranteed: it completes; queued requests fail with `Closed`) and frees the model.
-    pub fn close(&self) {
+    /// Starts closing without waiting: takes no more requests and cancels every queued and
+    /// running one; each ends with `Closed` (the running one within a token). [`Self::close`]
+    /// also waits for the worker and frees the model. Safe to call more than once.
+    pub fn stop(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        for c in lock(&self.in_flight).drain(..) {
+            if let Some(c) = c.upgrade() {
+                c.store(true, Ordering::SeqCst);
+            }
+        }
         if let Some(tx) = lock(&self.tx).take() {
             let _ = tx.send(Command::Close);
         }
+    }
+
+    /// [`Self::stop`], then waits for the worker to answer what was queued and frees the model.
+    pub fn close(&self) {
+        self.stop();
         if let Some(handle) = lock(&self.worker).take() {
             let _ = handle.join();
         }
         lock(&self.shared).take();
     }
 
+    /// True from the first `stop` or `close` on.
     pub fn is_closed(&self) -> bool {
-        lock(&self.tx).is_none()
+        self.closing.load(Ordering::SeqCst)
     }
 }
 
@@ -483,6 +529,22 @@ impl Shared {
                 )),
             },
         }
+    }
+}
+
+/// Answers a command the closing engine will not run with `Closed`.
+fn refuse(cmd: Command) {
+    match cmd {
+        Command::Generate(mut req) => {
+            let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(Event::Error(Error::Closed))));
+        }
+        Command::Score(req) => {
+            let _ = catch_unwind(AssertUnwindSafe(|| (req.reply)(Err(Error::Closed))));
+        }
+        Command::Embed(req) => {
+            let _ = catch_unwind(AssertUnwindSafe(|| (req.reply)(Err(Error::Closed))));
+        }
+        Command::Close => {}
     }
 }
 
@@ -512,6 +574,10 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 impl Worker {
     fn run(mut self, rx: Receiver<Command>, default_seed: Option<u64>) {
         while let Ok(cmd) = rx.recv() {
+            if self.closing.load(Ordering::SeqCst) && !matches!(cmd, Command::Close) {
+                refuse(cmd);
+                continue;
+            }
             let mut req = match cmd {
                 Command::Close => break,
                 Command::Generate(req) => req,
@@ -536,6 +602,7 @@ impl Worker {
             self.use_adapters(req.adapters.take());
             let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(&mut req)));
             let event = match outcome {
+                Ok(Ok(done)) if done.finish_reason == FinishReason::Abort && self.closing.load(Ordering::SeqCst) => Event::Error(Error::Closed),
                 Ok(Ok(done)) => Event::Done(done),
                 Ok(Err(e)) => Event::Error(e),
                 Err(panic) => {
@@ -548,18 +615,7 @@ impl Worker {
         }
         // Fail whatever is still queued.
         while let Ok(cmd) = rx.try_recv() {
-            match cmd {
-                Command::Generate(mut req) => {
-                    let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(Event::Error(Error::Closed))));
-                }
-                Command::Score(req) => {
-                    let _ = catch_unwind(AssertUnwindSafe(|| (req.reply)(Err(Error::Closed))));
-                }
-                Command::Embed(req) => {
-                    let _ = catch_unwind(AssertUnwindSafe(|| (req.reply)(Err(Error::Closed))));
-                }
-                Command::Close => {}
-            }
+            refuse(cmd);
         }
     }
 
@@ -640,10 +696,14 @@ impl Worker {
     /// forgotten) and hands the result to `reply`, whose own panic is caught too.
     fn answer<T>(&mut self, work: impl FnOnce(&mut Self) -> Result<T>, reply: impl FnOnce(Result<T>)) {
         let outcome = catch_unwind(AssertUnwindSafe(|| work(self)));
-        let result = outcome.unwrap_or_else(|panic| {
-            self.cache.tokens.clear();
-            Err(Error::from_panic(panic))
-        });
+        let result = match outcome {
+            Ok(Err(Error::Aborted)) if self.closing.load(Ordering::SeqCst) => Err(Error::Closed),
+            Ok(r) => r,
+            Err(panic) => {
+                self.cache.tokens.clear();
+                Err(Error::from_panic(panic))
+            }
+        };
         let _ = catch_unwind(AssertUnwindSafe(|| reply(result)));
     }
 
