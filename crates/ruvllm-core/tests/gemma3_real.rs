@@ -242,7 +242,7 @@ fn hidden_states_are_what_the_lm_head_multiplies() {
     // 0.17 of the spread; the head's GEMM rounds activations to 8 bits). A pre-norm
     // state, a shifted token or a wrong row fails this.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::backend::{cpu::CpuBackend, Backend};
+    use ruvllm_core::backend::cpu::CpuBackend;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     assert!(file.tensor("output.weight").is_none(), "the test assumes tied embeddings");
@@ -306,7 +306,7 @@ fn embed_pools_normalises_and_rejects_overlong_texts() {
     }
     // The pooled vector is the normalised mean of the per-token states.
     use ruvllm_core::gguf::GgufFile;
-    use ruvllm_core::backend::{cpu::CpuBackend, Backend};
+    use ruvllm_core::backend::cpu::CpuBackend;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();

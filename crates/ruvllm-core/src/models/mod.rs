@@ -43,13 +43,13 @@ fn validate(file: &GgufFile, c: &TransformerConfig) -> Result<()> {
     if dims.iter().any(|&v| v == 0 || v > 1 << 20) {
         return bad(format!("implausible model dimensions {dims:?}"));
     }
-    if c.n_head % c.n_kv_head != 0 {
+    if !c.n_head.is_multiple_of(c.n_kv_head) {
         return bad(format!("head_count {} is not a multiple of head_count_kv {}", c.n_head, c.n_kv_head));
     }
-    if c.rope_dim > c.head_dim || c.rope_dim % 2 != 0 {
+    if c.rope_dim > c.head_dim || !c.rope_dim.is_multiple_of(2) {
         return bad(format!("rope dimension {} does not fit head dimension {}", c.rope_dim, c.head_dim));
     }
-    if !(c.norm_eps.is_finite() && c.norm_eps >= 0.0) || !(c.rope_base.is_finite() && c.rope_base > 0.0) {
+    if !(c.norm_eps.is_finite() && c.norm_eps >= 0.0 && c.rope_base.is_finite() && c.rope_base > 0.0) {
         return bad("invalid norm epsilon or RoPE base".into());
     }
     Ok(())

@@ -34,7 +34,7 @@ pub fn exp_approx(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 5e-1;
     let y = p * r * r + r + 1.0;
     // 2^n by building the exponent (n in -126..=128; split to keep both factors finite).
     let ni = n as i32;
@@ -48,7 +48,7 @@ pub fn exp_approx(x: f32) -> f32 {
 /// `0.5·x·(1 + tanh(u)) = x / (1 + e^(-2u))`, with `u = √(2/π)·x·(1 + 0.044715·x²)`.
 #[inline(always)]
 fn gelu_tanh_exp(x: f32) -> f32 {
-    const TWO_SQRT_2_OVER_PI: f32 = 1.595_769_1;
+    const TWO_SQRT_2_OVER_PI: f32 = 1.595_769;
     x / (1.0 + exp_approx(-TWO_SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)))
 }
 

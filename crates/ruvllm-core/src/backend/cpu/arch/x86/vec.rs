@@ -1,6 +1,11 @@
 //! AVX2 + FMA (and AVX-512F where noted) versions of the elementwise ops and attention kernels,
 //! chosen at run time by `ops` and `attention` (the crate is built for baseline x86-64).
-//! Only called after the feature checks here said yes.
+//!
+//! Safety contract of every `unsafe fn` here (upheld by `ops` and `attention`): the CPU has the
+//! features its `target_feature` names ([`avx2`] / [`avx512`] said yes), and every row an offset
+//! points at lies inside its slice, every output as long as the call writes.
+
+#![allow(clippy::missing_safety_doc)]
 
 use std::arch::x86_64::*;
 
