@@ -300,7 +300,10 @@ impl Llm {
     // settles; the wait for the engine's thread runs off it.
     self.engine.stop();
     let engine = self.engine.clone();
-    spawn(env, Ok(()), move |()| Ok(engine.close()), |_, ()| Ok(()))
+    spawn(env, Ok(()), move |()| {
+      engine.close();
+      Ok(())
+    }, |_, ()| Ok(()))
   }
 }
 
