@@ -159,11 +159,15 @@ pub(crate) fn request_adapters(env: &Env, v: Option<Val>, owner: usize) -> Res<O
       return Err(bad());
     }
     // An Adapter, or { adapter, scale }.
+    // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+    // and returns an error for anything else.
     let (inst, scale) = match unsafe { ClassInstance::<Adapter>::from_napi_value(env.raw(), e.raw) } {
       Ok(a) => (a, None),
       Err(_) => {
         let bag = options::option_bag(Some(e), &key, &["adapter", "scale"])?.ok_or_else(bad)?;
         let a = bag.prop("adapter")?;
+        // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+        // and returns an error for anything else.
         let inst = unsafe { ClassInstance::<Adapter>::from_napi_value(env.raw(), a.raw) }.map_err(|_| bad())?;
         (inst, scale_of(bag, &key)?)
       }

@@ -93,6 +93,7 @@ impl CodedError {
   /// Builds the JS error object. Call on the JS thread only.
   pub fn to_js_value(&self, env: &Env) -> napi::Result<sys::napi_value> {
     let base = napi::Error::new(self.code, self.message.clone());
+    // SAFETY: `env` is the JS thread's env (this is only called there).
     let raw = unsafe {
       match self.kind {
         Kind::Error => JsError::from(base).into_value(env.raw()),
@@ -118,6 +119,7 @@ impl CodedError {
   /// a throw or a promise rejection hands JavaScript exactly that object. JS thread only.
   pub fn into_napi(self, env: &Env) -> napi::Error {
     match self.to_js_value(env) {
+      // SAFETY: `raw` is the error object just created on this env.
       Ok(raw) => napi::Error::from(unsafe { Unknown::from_raw_unchecked(env.raw(), raw) }),
       Err(e) => e,
     }
@@ -185,6 +187,7 @@ pub enum OrError<T> {
 impl<T: ToNapiValue> ToNapiValue for OrError<T> {
   unsafe fn to_napi_value(env: sys::napi_env, val: Self) -> napi::Result<sys::napi_value> {
     match val {
+      // SAFETY: napi calls this with the live env of the JS thread.
       OrError::Value(v) => unsafe { T::to_napi_value(env, v) },
       OrError::Error(e) => Err(e.into_napi(&Env::from_raw(env))),
     }

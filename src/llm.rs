@@ -39,6 +39,8 @@ pub enum CallbackReturn {
 impl FromNapiValue for CallbackReturn {
   unsafe fn from_napi_value(env: sys::napi_env, v: sys::napi_value) -> napi::Result<Self> {
     let mut is_promise = false;
+    // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+    // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
     unsafe { sys::napi_is_promise(env, v, &mut is_promise) };
     if is_promise {
       Ok(CallbackReturn::Pending(unsafe { Promise::from_napi_value(env, v) }?))
@@ -168,6 +170,8 @@ impl Llm {
     let started = guard(|| {
       let p = self.prepare(env, &prompt, &options, false)?;
       let on_token = match p.on_token {
+        // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+        // and returns an error for anything else.
         Some(v) => Some(unsafe { TokenCallback::from_napi_value(v.env, v.raw) }?),
         None => None,
       };

@@ -219,6 +219,8 @@ impl JsOpts {
             None => None,
         };
         let notice = match o.on_notice {
+            // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+            // and returns an error for anything else.
             Some(v) => Some(Arc::new(unsafe { NoticeTsfn::from_napi_value(env.raw(), v.raw) }?)),
             None => None,
         };

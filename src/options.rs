@@ -36,6 +36,8 @@ impl Val {
 
   pub fn ty(&self) -> Res<ValueType> {
     let mut t = 0;
+    // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+    // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
     let status = unsafe { sys::napi_typeof(self.env, self.raw, &mut t) };
     if status != sys::Status::napi_ok {
       return Err(CodedError::internal("napi_typeof failed"));
@@ -45,11 +47,15 @@ impl Val {
 
   pub fn is_array(&self) -> bool {
     let mut b = false;
+    // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+    // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
     unsafe { sys::napi_is_array(self.env, self.raw, &mut b) };
     b
   }
 
   pub fn get<T: FromNapiValue>(&self) -> Res<T> {
+    // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+    // and returns an error for anything else.
     Ok(unsafe { T::from_napi_value(self.env, self.raw) }?)
   }
 
@@ -57,6 +63,8 @@ impl Val {
   pub fn prop(&self, key: &str) -> Res<Val> {
     let key_c = std::ffi::CString::new(key).map_err(|_| CodedError::internal("bad key"))?;
     let mut out = ptr::null_mut();
+    // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+    // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
     let status = unsafe { sys::napi_get_named_property(self.env, self.raw, key_c.as_ptr(), &mut out) };
     if status != sys::Status::napi_ok {
       clear_exception(self.env);
@@ -68,6 +76,8 @@ impl Val {
   /// Own enumerable string keys.
   pub fn keys(&self) -> Res<Vec<String>> {
     let mut names = ptr::null_mut();
+    // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+    // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
     let status = unsafe { sys::napi_get_property_names(self.env, self.raw, &mut names) };
     if status != sys::Status::napi_ok {
       clear_exception(self.env);
@@ -79,6 +89,8 @@ impl Val {
 
   pub fn len(&self) -> Res<u32> {
     let mut n = 0u32;
+    // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+    // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
     let status = unsafe { sys::napi_get_array_length(self.env, self.raw, &mut n) };
     if status != sys::Status::napi_ok {
       return Err(CodedError::internal("napi_get_array_length failed"));
@@ -88,6 +100,8 @@ impl Val {
 
   pub fn index(&self, i: u32) -> Res<Val> {
     let mut out = ptr::null_mut();
+    // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+    // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
     let status = unsafe { sys::napi_get_element(self.env, self.raw, i, &mut out) };
     if status != sys::Status::napi_ok {
       clear_exception(self.env);
@@ -103,9 +117,13 @@ impl Val {
 
 fn clear_exception(env: sys::napi_env) {
   let mut pending = false;
+  // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+  // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
   unsafe { sys::napi_is_exception_pending(env, &mut pending) };
   if pending {
     let mut e = ptr::null_mut();
+    // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+    // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
     unsafe { sys::napi_get_and_clear_last_exception(env, &mut e) };
   }
 }

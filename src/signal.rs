@@ -70,12 +70,18 @@ impl Drop for SignalHook {
 
 fn call(env: sys::napi_env, this: sys::napi_value, f: sys::napi_value, args: &[sys::napi_value]) -> Res<sys::napi_value> {
   let mut out = ptr::null_mut();
+  // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+  // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
   let status = unsafe { sys::napi_call_function(env, this, f, args.len(), args.as_ptr(), &mut out) };
   if status != sys::Status::napi_ok {
     let mut pending = false;
+    // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+    // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
     unsafe { sys::napi_is_exception_pending(env, &mut pending) };
     if pending {
       let mut e = ptr::null_mut();
+      // SAFETY: `env` and the values are the live napi_env and handles of the current call on the
+      // JS thread (a `Val` never outlives the call it was read in); out-pointers are locals.
       unsafe { sys::napi_get_and_clear_last_exception(env, &mut e) };
     }
     return Err(CodedError::invalid_type("signal must be an AbortSignal (its addEventListener/removeEventListener failed)"));
@@ -94,10 +100,12 @@ pub fn attach(env: &Env, signal: Val, state: Arc<CancelState>) -> Res<SignalHook
     listener_state.abort();
     Ok(())
   })?;
+  // SAFETY: `raw_env` is this call's env, on the JS thread; the values are created here.
   let listener_raw = unsafe { ToNapiValue::to_napi_value(raw_env, listener) }?;
   let abort_str = unsafe { ToNapiValue::to_napi_value(raw_env, "abort") }?;
   let mut once = napi::bindgen_prelude::Object::new(env)?;
   once.set("once", true)?;
+  // SAFETY: as above.
   let once_raw = unsafe { ToNapiValue::to_napi_value(raw_env, once) }?;
 
   let add = signal.prop("addEventListener")?;
@@ -107,6 +115,8 @@ pub fn attach(env: &Env, signal: Val, state: Arc<CancelState>) -> Res<SignalHook
   let remove = signal.prop("removeEventListener")?;
   let bind = remove.prop("bind")?;
   let bound = call(raw_env, remove.raw, bind.raw, &[signal.raw, abort_str, listener_raw])?;
+  // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+  // and returns an error for anything else.
   let remover = unsafe { Remover::from_napi_value(raw_env, bound) }?;
   Ok(SignalHook { remover: Some(remover) })
 }
