@@ -14,8 +14,8 @@ use ruvllm_router as rr;
 use crate::error::{sync_call, CodedError, Res};
 use crate::task::spawn;
 
-fn coded(e: rr::Error) -> CodedError {
-  match e {
+fn coded(e: impl Into<rr::Error>) -> CodedError {
+  match e.into() {
     rr::Error::InvalidArg(m) => CodedError::invalid_type(m),
     other => CodedError::new(other.code(), other.to_string()),
   }
@@ -133,15 +133,15 @@ impl rr::Embedder for LlmEmbedder {
   fn dim(&self) -> usize {
     self.dim
   }
-  fn embed(&self, texts: &[&str]) -> rr::Result<Vec<Vec<f32>>> {
-    self.engine.embed_blocking(texts).map_err(|e| rr::Error::Backend { code: e.code(), message: e.to_string() })
+  fn embed(&self, texts: &[&str]) -> ruvllm_embed::Result<Vec<Vec<f32>>> {
+    self.engine.embed_blocking(texts).map_err(|e| ruvllm_embed::Error::Backend { code: e.code(), message: e.to_string() })
   }
 }
 
 pub(crate) fn llm_embedder(engine: Arc<ruvllm_core::engine::Engine>, info: &ruvllm_core::engine::ModelInfo) -> Arc<dyn rr::Embedder> {
   let path = std::path::Path::new(&info.path);
   let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-  let id = format!("llm-mean:{file}:{}", rr::embed::fingerprint(path));
+  let id = format!("llm-mean:{file}:{}", ruvllm_embed::fingerprint(path));
   Arc::new(LlmEmbedder { engine, id, dim: info.embedding_length })
 }
 

@@ -12,7 +12,7 @@
 //! its true agents as examples (`--learning ref`: that alone).
 use std::sync::Arc;
 
-use ruvllm_router::embed::cosine;
+use ruvllm_embed::cosine;
 use ruvllm_router::index::IndexConfig;
 use ruvllm_router::bench::learn_and_measure;
 use ruvllm_router::catalogue::TestTask;

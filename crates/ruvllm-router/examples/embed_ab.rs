@@ -20,7 +20,7 @@ fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
 
 fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(10);
-    let dir = ruvllm_router::embed::discover_model_dir().unwrap_or_else(|e| {
+    let dir = ruvllm_embed::discover_model_dir().unwrap_or_else(|e| {
         eprintln!("error [{}]: {e}", e.code());
         std::process::exit(1);
     });
@@ -35,7 +35,7 @@ fn main() {
             let a = models[0].1.embed(&[t]).expect("embed").pop().expect("one");
             let b = models[m].1.embed(&[t]).expect("embed").pop().expect("one");
             max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(max_diff, f32::max);
-            let c = ruvllm_router::embed::cosine(&a, &b);
+            let c = ruvllm_embed::cosine(&a, &b);
             min_cos = min_cos.min(c);
             sum_cos += c as f64;
         }

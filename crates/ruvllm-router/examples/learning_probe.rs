@@ -32,7 +32,7 @@ fn main() {
         let mut ranks = Vec::new();
         for (i, t) in tests.iter().enumerate() {
             let rel = ruvllm_router::bench::related(&tests, i).unwrap();
-            let mut other: Vec<(f32, usize)> = (0..tests.len()).filter(|&j| half[j] != half[i]).map(|j| (ruvllm_router::embed::cosine(&tv[i], &tv[j]), j)).collect();
+            let mut other: Vec<(f32, usize)> = (0..tests.len()).filter(|&j| half[j] != half[i]).map(|j| (ruvllm_embed::cosine(&tv[i], &tv[j]), j)).collect();
             other.sort_by(|a, b| b.0.total_cmp(&a.0));
             let rank = other.iter().position(|o| o.1 == rel).unwrap();
             ranks.push(rank);

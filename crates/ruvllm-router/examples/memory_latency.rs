@@ -30,7 +30,7 @@ fn main() {
     };
     for i in 0..n {
         let (text, agent, v) = &base[i % base.len()];
-        let v: Vec<f32> = ruvllm_router::embed::l2_normalized(v.iter().map(|x| x + 0.2 * noise()).collect());
+        let v: Vec<f32> = ruvllm_embed::l2_normalized(v.iter().map(|x| x + 0.2 * noise()).collect());
         r.feedback_vector(text, &v, *agent, i % 2 == 0).expect("feedback");
     }
     r.set_params(on.clone());

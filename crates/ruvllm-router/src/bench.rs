@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::catalogue::{self, TestTask};
-use crate::embed::{cosine, Embedder};
+use ruvllm_embed::{cosine, Embedder};
 use crate::error::{Error, Result};
 use crate::index::IndexConfig;
 use crate::keyword::KeywordRouter;
@@ -580,7 +580,7 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
         for j in 0..n.saturating_sub(base) {
             let src = (rng.next() as usize) % base;
             let v: Vec<f32> = r.index().vector(src).iter().map(|x| x + 0.06 * rng.gauss()).collect();
-            extra.push((format!("synthetic {j}"), r.patterns()[src].agent, crate::embed::l2_normalized(v), Source::Synthetic));
+            extra.push((format!("synthetic {j}"), r.patterns()[src].agent, ruvllm_embed::l2_normalized(v), Source::Synthetic));
         }
         let t = Instant::now();
         r.add_embedded(extra)?;
