@@ -653,7 +653,7 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
     Some(_) => Err(CodedError::invalid_type("embedder must be an Embedder")),
   };
   let parsed = custom.and_then(|c| json_arg(env, &options, "options").map(|o| (c, o))).and_then(|(custom, o)| {
-    let mut opts = rr::bench::BenchOptions::default();
+    let mut opts = ruvllm_eval::bench::BenchOptions::default();
     if let Some(s) = o.get("sizes") {
       opts.scale_sizes = s
         .as_array()
@@ -678,7 +678,7 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
         Some(e) => e,
         None => rr::router_default_embedder().map_err(coded)?,
       };
-      let report = rr::bench::run(emb, &opts, &mut |m| eprintln!("… {m}")).map_err(coded)?;
+      let report = ruvllm_eval::bench::run(emb, &opts, &mut |m| eprintln!("… {m}")).map_err(coded)?;
       Ok(serde_json::json!({ "markdown": report.to_markdown(), "report": report }))
     },
     |_, v| Ok(v),

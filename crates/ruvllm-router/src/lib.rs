@@ -1,11 +1,11 @@
 //! ruvllm agent router: a nearest-pattern index (exact SIMD scan, HNSW through
 //! `instant-distance` above a threshold), a learning k-NN + centroid router with calibrated
-//! confidence, the Claude Flow agent catalogue, hook state persistence, and the routing benchmark.
+//! confidence, the Claude Flow agent catalogue, and hook state persistence. The routing benchmark
+//! is `ruvllm-eval`'s.
 //!
 //! Texts are embedded by any [`Embedder`] (`ruvllm-embed`: all-MiniLM-L6-v2 by default, or the
 //! mean-pooled hidden states of a loaded LLM).
 
-pub mod bench;
 pub mod catalogue;
 pub mod error;
 pub mod hooks;

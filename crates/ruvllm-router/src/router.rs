@@ -260,7 +260,7 @@ enum MemoryItem {
 /// Outcomes (nearest first) that vote per route.
 const MEMORY_K: usize = 16;
 /// The memory scans the most recent this-many outcomes: full, it costs ~12 µs more per
-/// route (14.7 vs 2.2 µs p50, `examples/memory_latency`); older outcomes act through the head.
+/// route (14.7 vs 2.2 µs p50, `ruvllm-eval`'s `examples/memory_latency`); older outcomes act through the head.
 const MEMORY_MAX: usize = 512;
 
 /// A failed outcome kept for the head: `agent` was wrong for `text`.

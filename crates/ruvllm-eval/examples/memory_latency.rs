@@ -1,4 +1,4 @@
-//! `cargo run --release -p ruvllm-router --example memory_latency [-- outcomes rounds]`
+//! `cargo run --release -p ruvllm-eval --example memory_latency [-- outcomes rounds]`
 //!
 //! Route latency (no embedding) with the outcome memory holding `outcomes` stored outcomes
 //! (default 1000: catalogue example vectors with noise, alternating successes and failures),

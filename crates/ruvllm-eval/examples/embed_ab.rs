@@ -1,4 +1,4 @@
-//! `cargo run --release -p ruvllm-router --example embed_ab [-- rounds]`
+//! `cargo run --release -p ruvllm-eval --example embed_ab [-- rounds]`
 //!
 //! A/B of the embedder's weight formats in one process, one thread: f32, f16 and bf16 panels
 //! (bf16 loads as f16 on a CPU without AVX512-BF16), over the 104 held-out test tasks
@@ -10,7 +10,7 @@
 //!
 //! Also prints how far the f16 and bf16 embeddings are from the f32 ones (max |difference| of a
 //! coordinate of the unit vectors, and the cosine between them).
-use ruvllm_router::{BertEmbedder, BertOptions, Embedder, WeightFormat};
+use ruvllm_embed::{BertEmbedder, BertOptions, Embedder, WeightFormat};
 
 fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -26,7 +26,7 @@ fn main() {
     });
     let load = |weights| BertEmbedder::load(&dir, BertOptions { weights, threads_batch: 1, ..BertOptions::default() }).expect("load");
     let models = [("f32", load(WeightFormat::F32)), ("f16", load(WeightFormat::F16)), ("bf16", load(WeightFormat::Bf16))];
-    let tests: serde_json::Value = serde_json::from_str(include_str!("../data/test.json")).expect("test.json");
+    let tests: serde_json::Value = serde_json::from_str(include_str!("../../ruvllm-router/data/test.json")).expect("test.json");
     let tasks: Vec<String> = tests["tests"].as_array().expect("tests").iter().map(|t| t["text"].as_str().expect("text").to_string()).collect();
 
     for m in 1..models.len() {
