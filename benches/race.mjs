@@ -5,7 +5,7 @@
 // the ratio ours / llama.cpp. Usage:
 //   npm run bench -- [--model PATH] [--rounds 3] [--threads 1,2] [--prompts 128,512] [--new 128] [--ppl 512] [--json out.json]
 // Also measured in the same run: the decode floor (streaming-read bandwidth with our thread pool
-// and the bytes a token reads: crates/ruvllm-core/examples/membw.rs, built with cargo) and the
+// and the bytes a token reads: crates/ruvllm-eval/examples/membw.rs, built with cargo) and the
 // perplexity of the first --ppl tokens of Hamlet (benches/text.mjs) from ruvllm (run-time
 // dispatched kernels), ruvllm with RUVLLM_FORCE_SCALAR=1 (the scalar reference kernels) and
 // llama.cpp. node-llama-cpp is a benchmark-only dependency: `npm install --prefix benches`
@@ -94,7 +94,7 @@ console.log(`CPU: ${cpu} × ${cpus().length} (${flags.join(' ')}); model ${value
 // every round, next to the decode it is compared with, and the median round is the floor (the
 // best round is reported too).
 const root = join(here, '..')
-execFileSync('cargo', ['build', '--quiet', '--release', '-p', 'ruvllm-core', '--example', 'membw'], { cwd: root, stdio: 'inherit' })
+execFileSync('cargo', ['build', '--quiet', '--release', '-p', 'ruvllm-eval', '--example', 'membw'], { cwd: root, stdio: 'inherit' })
 const membw = (threads) => JSON.parse(execFileSync(join(root, 'target', 'release', 'examples', 'membw'), [values.model, String(threads)], { encoding: 'utf8' }).trim().split('\n').pop())
 
 const results = []

@@ -145,6 +145,12 @@ impl From<ruvllm_models::HubError> for CodedError {
   }
 }
 
+impl From<ruvllm_embed::Error> for CodedError {
+  fn from(err: ruvllm_embed::Error) -> Self {
+    CodedError::from_code(err.code(), err.to_string())
+  }
+}
+
 impl From<ruvllm_router::Error> for CodedError {
   fn from(err: ruvllm_router::Error) -> Self {
     CodedError::from_code(err.code(), err.to_string())

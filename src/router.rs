@@ -9,6 +9,7 @@ use napi::bindgen_prelude::{ClassInstance, Float32Array, FromNapiValue, Object, 
 use napi::{Env, JsValue, ValueType};
 use napi_derive::napi;
 
+use ruvllm_embed as emb;
 use ruvllm_router as rr;
 
 use crate::error::{sync_call, CodedError, Res};
@@ -54,27 +55,27 @@ fn texts_arg(env: &Env, v: &Unknown) -> Res<Vec<String>> {
 
 /// A router's embedder: the model in `dir` (as published), or the routers' default one
 /// (`RUVLLM_EMBEDDER_ADAPTER=routing` adds the routing adapter).
-fn load_embedder(dir: Option<String>) -> Res<Arc<dyn rr::Embedder>> {
+fn load_embedder(dir: Option<String>) -> Res<Arc<dyn emb::Embedder>> {
   match dir {
-    Some(d) => load_embedder_with(Some(d), rr::Adapter::Off),
-    None => Ok(rr::router_default_embedder()?),
+    Some(d) => load_embedder_with(Some(d), emb::Adapter::Off),
+    None => Ok(emb::router_default_embedder()?),
   }
 }
 
 /// Loads the embedder in `dir` (or the default model) with or without the routing adapter.
-fn load_embedder_with(dir: Option<String>, adapter: rr::Adapter) -> Res<Arc<dyn rr::Embedder>> {
+fn load_embedder_with(dir: Option<String>, adapter: emb::Adapter) -> Res<Arc<dyn emb::Embedder>> {
   match (dir, adapter) {
-    (Some(d), _) => Ok(Arc::new(rr::BertEmbedder::load(&d, rr::BertOptions { adapter, ..rr::BertOptions::default() })?)),
-    (None, rr::Adapter::Routing) => Ok(rr::routing_embedder()?),
-    (None, rr::Adapter::Off) => Ok(rr::default_embedder()?),
+    (Some(d), _) => Ok(Arc::new(emb::BertEmbedder::load(&d, emb::BertOptions { adapter, ..emb::BertOptions::default() })?)),
+    (None, emb::Adapter::Routing) => Ok(emb::routing_embedder()?),
+    (None, emb::Adapter::Off) => Ok(emb::default_embedder()?),
   }
 }
 
 /// `{ adapter?: boolean }` of `Embedder.load` (null, as for `dir`, is no options).
-fn adapter_option(env: &Env, v: &Unknown) -> Res<rr::Adapter> {
+fn adapter_option(env: &Env, v: &Unknown) -> Res<emb::Adapter> {
   let v = Val::new(env, v);
   let bag = if v.ty()? == ValueType::Null { None } else { options::option_bag(Some(v), "Embedder.load", &["adapter"])? };
-  Ok(if options::boolean(bag, "adapter")?.unwrap_or(false) { rr::Adapter::Routing } else { rr::Adapter::Off })
+  Ok(if options::boolean(bag, "adapter")?.unwrap_or(false) { emb::Adapter::Routing } else { emb::Adapter::Off })
 }
 
 /// Embeds texts with the default sentence-embedding model (all-MiniLM-L6-v2 from
@@ -89,7 +90,7 @@ pub fn embed<'env>(env: &'env Env, texts: Unknown) -> napi::Result<PromiseRaw<'e
     env,
     texts,
     move |texts| {
-      let e = rr::default_embedder()?;
+      let e = emb::default_embedder()?;
       let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
       if refs.is_empty() {
         return Ok(Vec::new());
@@ -109,27 +110,27 @@ struct LlmEmbedder {
   dim: usize,
 }
 
-impl rr::Embedder for LlmEmbedder {
+impl emb::Embedder for LlmEmbedder {
   fn id(&self) -> &str {
     &self.id
   }
   fn dim(&self) -> usize {
     self.dim
   }
-  fn embed(&self, texts: &[&str]) -> rr::Result<Vec<Vec<f32>>> {
-    self.engine.embed_blocking(texts).map_err(|e| rr::Error::Backend { code: e.code(), message: e.to_string() })
+  fn embed(&self, texts: &[&str]) -> ruvllm_embed::Result<Vec<Vec<f32>>> {
+    self.engine.embed_blocking(texts).map_err(|e| ruvllm_embed::Error::Backend { code: e.code(), message: e.to_string() })
   }
 }
 
-pub(crate) fn llm_embedder(engine: Arc<ruvllm_core::engine::Engine>, info: &ruvllm_core::engine::ModelInfo) -> Arc<dyn rr::Embedder> {
+pub(crate) fn llm_embedder(engine: Arc<ruvllm_core::engine::Engine>, info: &ruvllm_core::engine::ModelInfo) -> Arc<dyn emb::Embedder> {
   let path = std::path::Path::new(&info.path);
   let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-  let id = format!("llm-mean:{file}:{}", rr::embed::fingerprint(path));
+  let id = format!("llm-mean:{file}:{}", ruvllm_embed::fingerprint(path));
   Arc::new(LlmEmbedder { engine, id, dim: info.embedding_length })
 }
 
 /// Validates `texts` on the JS thread, embeds them with `inner` on the blocking pool.
-pub(crate) fn embed_promise<'env>(env: &'env Env, inner: Res<Arc<dyn rr::Embedder>>, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
+pub(crate) fn embed_promise<'env>(env: &'env Env, inner: Res<Arc<dyn emb::Embedder>>, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
   let checked = inner.and_then(|e| texts_arg(env, &texts).map(|t| (e, t)));
   spawn(
     env,
@@ -152,7 +153,7 @@ pub(crate) fn embed_promise<'env>(env: &'env Env, inner: Res<Arc<dyn rr::Embedde
 /// `new Router({ embedder })` to share one loaded model between routers.
 #[napi]
 pub struct Embedder {
-  inner: Arc<dyn rr::Embedder>,
+  inner: Arc<dyn emb::Embedder>,
 }
 
 #[napi]
@@ -287,7 +288,7 @@ pub struct RouterExample {
 
 enum State {
   /// Built on first use, off the JS thread.
-  Pending { agents: Option<Vec<rr::AgentSpec>>, embedder: Option<Arc<dyn rr::Embedder>>, dir: Option<String> },
+  Pending { agents: Option<Vec<rr::AgentSpec>>, embedder: Option<Arc<dyn emb::Embedder>>, dir: Option<String> },
   Ready(rr::Router),
 }
 
@@ -313,7 +314,7 @@ fn with_router<T>(shared: &Shared, f: impl FnOnce(&mut rr::Router) -> Res<T>) ->
 }
 
 /// Parses `{ agents?, embedder? }`.
-fn router_options(env: &Env, options: &Unknown) -> Res<(Option<Vec<rr::AgentSpec>>, Option<Arc<dyn rr::Embedder>>, Option<String>)> {
+fn router_options(env: &Env, options: &Unknown) -> Res<(Option<Vec<rr::AgentSpec>>, Option<Arc<dyn emb::Embedder>>, Option<String>)> {
   let ty = options.get_type().map_err(|e| CodedError::invalid_type(e.to_string()))?;
   if matches!(ty, ValueType::Undefined | ValueType::Null) {
     return Ok((None, None, None));
@@ -578,7 +579,7 @@ pub fn hooks_pre_task<'env>(env: &'env Env, description: Unknown, state: Unknown
     parsed,
     move |(d, s)| {
       let path = state_path(s)?;
-      let emb = rr::router_default_embedder()?;
+      let emb = emb::router_default_embedder()?;
       let out = rr::hooks::pre_task(&d, emb, &path)?;
       Ok(serde_json::to_value(out)?)
     },
@@ -610,7 +611,7 @@ pub fn hooks_post_task<'env>(
     parsed,
     move |(t, a, s, st)| {
       let path = state_path(st)?;
-      let emb = rr::router_default_embedder()?;
+      let emb = emb::router_default_embedder()?;
       let out = rr::hooks::post_task(&t, &a, s, emb, &path)?;
       Ok(serde_json::to_value(out)?)
     },
@@ -628,7 +629,7 @@ pub fn hooks_post_task<'env>(
   ts_return_type = "Promise<{ markdown: string; report: Record<string, unknown> }>"
 )]
 pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Unknown>) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
-  let custom: Res<Option<Arc<dyn rr::Embedder>>> = match embedder.map(|e| (e.get_type(), e)) {
+  let custom: Res<Option<Arc<dyn emb::Embedder>>> = match embedder.map(|e| (e.get_type(), e)) {
     None | Some((Ok(ValueType::Undefined), _)) | Some((Ok(ValueType::Null), _)) => Ok(None),
     Some((Ok(ValueType::Object), e)) => unsafe { ClassInstance::<Embedder>::from_napi_value(env.raw(), e.raw()) }
       .map(|inst| Some(inst.inner.clone()))
@@ -637,7 +638,7 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
   };
   let parsed = custom.and_then(|custom| {
     let bag = options::option_bag(Some(Val::new(env, &options)), "benchRouting", &["sizes", "halvings"])?;
-    let mut opts = rr::bench::BenchOptions::default();
+    let mut opts = ruvllm_eval::bench::BenchOptions::default();
     if let Some(sizes) = options::int_list(bag, "sizes", 0.0, options::MAX_SAFE_INTEGER)? {
       opts.scale_sizes = sizes.into_iter().map(|n| n as usize).collect();
     }
@@ -652,9 +653,9 @@ pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Un
     move |(opts, custom)| {
       let emb = match custom {
         Some(e) => e,
-        None => rr::router_default_embedder()?,
+        None => emb::router_default_embedder()?,
       };
-      let report = rr::bench::run(emb, &opts, &mut |m| eprintln!("… {m}"))?;
+      let report = ruvllm_eval::bench::run(emb, &opts, &mut |m| eprintln!("… {m}"))?;
       Ok(serde_json::json!({ "markdown": report.to_markdown(), "report": report }))
     },
     |_, v| Ok(v),

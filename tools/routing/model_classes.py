@@ -12,7 +12,7 @@ For each model class, trained on embeddings only (no word features, no outcome m
     with the benchmark's halves.
 A class that makes more of an example than the router would gain here where the router does not.
 
-    cargo build --release -p ruvllm-router --example dump_catalogue
+    cargo build --release -p ruvllm-eval --example dump_catalogue
     ./target/release/examples/dump_catalogue > /tmp/cat.jsonl
     ./target/release/examples/dump_catalogue --test > /tmp/test.jsonl
     /tmp/tvenv/bin/python tools/routing/model_classes.py /tmp/cat.jsonl /tmp/test.jsonl

@@ -21,7 +21,7 @@ Not needed to run ruvllm or its CI; only to re-make the shipped adapter (about 7
 2 cores):
     apt-get install fortunes fortunes-min
     python3 -m venv /tmp/tvenv && /tmp/tvenv/bin/pip install torch safetensors tokenizers numpy
-    /tmp/tvenv/bin/python tools/routing/train_adapter.py --out crates/ruvllm-router/data/minilm-routing-adapter.safetensors
+    /tmp/tvenv/bin/python tools/routing/train_adapter.py --out crates/ruvllm-embed/data/minilm-routing-adapter.safetensors
     /tmp/tvenv/bin/python tools/routing/train_adapter.py --cv 5 --folds 2   # model selection on the catalogue
 
 How the defaults were chosen (--cv 5 --folds 2: adapter trained on 4/5 of the catalogue; k-NN

@@ -1,27 +1,15 @@
 //! Errors of the router crate. Each variant has a stable `code()` that the binding hands to
-//! JavaScript as `err.code`.
+//! JavaScript as `err.code`; an embedder's error keeps the code it has in `ruvllm-embed`.
 
 use std::path::PathBuf;
 
-/// Everything that can go wrong in embedding, routing, persistence and hooks.
+/// Everything that can go wrong in routing, persistence and hooks, and in the embedder they use.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// No embedding model was found (neither `RUVLLM_EMBEDDER` nor the pip package).
-    #[error("{0}")]
-    EmbedderNotFound(String),
-    /// The model files exist but could not be loaded (bad safetensors, bad config, ...).
-    #[error("cannot load the embedding model from {path}: {reason}")]
-    EmbedderLoad { path: PathBuf, reason: String },
-    /// Tokenizer failure on an input.
-    #[error("tokenizer error: {0}")]
-    Tokenizer(String),
-    /// A tensor operation failed while embedding.
-    #[error("embedding failed: {0}")]
-    Embed(String),
-    /// An embedder backed by something else (a loaded LLM) failed with that component's own
-    /// stable code (`ERR_CLOSED`, `ERR_CONTEXT_OVERFLOW`, ...), kept as it is.
-    #[error("{message}")]
-    Backend { code: &'static str, message: String },
+    /// The embedder failed (not found, not loadable, an input it cannot embed, its backend's
+    /// error).
+    #[error(transparent)]
+    Embedder(ruvllm_embed::Error),
     /// A bad argument from the caller (unknown agent, empty text, bad option).
     #[error("{0}")]
     InvalidArg(String),
@@ -49,9 +37,7 @@ impl Error {
     /// Stable code for JavaScript (`err.code`).
     pub fn code(&self) -> &'static str {
         match self {
-            Error::EmbedderNotFound(_) => "ERR_EMBEDDER_NOT_FOUND",
-            Error::EmbedderLoad { .. } => "ERR_EMBEDDER_LOAD",
-            Error::Tokenizer(_) | Error::Embed(_) => "ERR_EMBED",
+            Error::Embedder(e) => e.code(),
             Error::InvalidArg(_) => "ERR_INVALID_ARG",
             Error::Empty(_) => "ERR_ROUTER_EMPTY",
             Error::BadState { .. } => "ERR_ROUTER_STATE",
@@ -59,7 +45,6 @@ impl Error {
             Error::Io { .. } => "ERR_IO",
             Error::LockTimeout(_) => "ERR_LOCK_TIMEOUT",
             Error::Internal(_) => "ERR_INTERNAL",
-            Error::Backend { code, .. } => code,
         }
     }
 
@@ -80,9 +65,14 @@ impl Error {
     }
 }
 
-impl From<candle_core::Error> for Error {
-    fn from(e: candle_core::Error) -> Self {
-        Error::Embed(e.to_string())
+/// A file error stays `Io` whichever crate hit it (the router saves through
+/// `ruvllm_embed::files`); anything else is the embedder's.
+impl From<ruvllm_embed::Error> for Error {
+    fn from(e: ruvllm_embed::Error) -> Self {
+        match e {
+            ruvllm_embed::Error::Io { op, path, source } => Error::Io { op, path, source },
+            other => Error::Embedder(other),
+        }
     }
 }
 

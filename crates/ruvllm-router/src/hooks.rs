@@ -14,24 +14,15 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::embed::Embedder;
+use ruvllm_embed::files::{env_path, user_dir};
+use ruvllm_embed::Embedder;
+
 use crate::error::{Error, Result};
 use crate::index::IndexConfig;
 use crate::router::{AgentScore, FeedbackEffect, Router};
 
 /// Env var overriding the state file path.
 pub const ENV_STATE: &str = "RUVLLM_ROUTER_STATE";
-
-/// A non-empty environment variable as a path.
-fn env_path(k: &str) -> Option<PathBuf> {
-    std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from)
-}
-
-/// A per-user base directory: `$<xdg>`, else `$HOME/<home_dir>` (`$USERPROFILE/<home_dir>` on
-/// systems without HOME), with `ruvllm/` appended.
-pub(crate) fn user_dir(xdg: &str, home_dir: &str) -> Option<PathBuf> {
-    env_path(xdg).or_else(|| env_path("HOME").or_else(|| env_path("USERPROFILE")).map(|h| h.join(home_dir))).map(|b| b.join("ruvllm"))
-}
 
 /// Where the hook state lives.
 pub fn state_path() -> Result<PathBuf> {
@@ -188,7 +179,7 @@ pub fn post_task(task: &str, agent: &str, success: bool, embedder: Arc<dyn Embed
         return Err(Error::InvalidArg("--task must not be empty".into()));
     }
     // Embed before taking the lock, so the lock is held for milliseconds only.
-    let v = embedder.embed(&[task])?.pop().ok_or_else(|| Error::Embed("embedder returned nothing".into()))?;
+    let v = embedder.embed(&[task])?.pop().ok_or_else(|| ruvllm_embed::Error::Embed("embedder returned nothing".into()))?;
     let _guard = lock_state(path, LOCK_TIMEOUT)?;
     let (mut router, warning) = load_or_create(path, embedder, true)?;
     let a = router.agent_index(agent)?;

@@ -235,7 +235,7 @@ mod tests {
                 (*seed % 10_000) as f32 / 5_000.0 - 1.0
             })
             .collect();
-        crate::embed::l2_normalized(v)
+        ruvllm_embed::l2_normalized(v)
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! (word, agent) besides its embedding weights, so words that the embedding blurs ("README",
 //! "epic", "flaky") can still count.
 //!
-//! Why: on 5-fold cross-validation over the catalogue only (`examples/catalogue_cv.rs`) the
+//! Why: on 5-fold cross-validation over the catalogue only (`ruvllm-eval`'s `examples/catalogue_cv.rs`) the
 //! embedding-only head scores ~85.7 %, the hybrid head ~92.3 % (unigrams; word bigrams,
 //! stemming and character 4-grams were no better). `ALPHA` was chosen by that cross-validation,
 //! never on the held-out split.

@@ -1,15 +1,12 @@
-//! ruvllm agent router (issue 5): sentence embeddings (all-MiniLM-L6-v2 on our own f32 BERT forward),
-//! a nearest-pattern index (exact SIMD scan, HNSW through `instant-distance` above a threshold),
-//! a learning k-NN + centroid router with calibrated confidence, the Claude Flow agent catalogue,
-//! hook state persistence, and the routing benchmark.
+//! ruvllm agent router: a nearest-pattern index (exact SIMD scan, HNSW through
+//! `instant-distance` above a threshold), a learning k-NN + centroid router with calibrated
+//! confidence, the Claude Flow agent catalogue, and hook state persistence. The routing benchmark
+//! is `ruvllm-eval`'s.
 //!
-//! An LLM-hidden-state embedder plugs in by implementing [`embed::Embedder`] (mean-pool the
-//! final hidden states of a loaded LLM over the prompt's tokens, then L2-normalise).
+//! Texts are embedded by any [`Embedder`] (`ruvllm-embed`: all-MiniLM-L6-v2 by default, or the
+//! mean-pooled hidden states of a loaded LLM).
 
-pub mod bench;
-mod bert;
 pub mod catalogue;
-pub mod embed;
 pub mod error;
 pub mod hooks;
 pub mod index;
@@ -19,6 +16,7 @@ pub mod linear;
 pub mod router;
 pub mod simd;
 
-pub use embed::{default_embedder, router_default_embedder, routing_embedder, Adapter, BertEmbedder, BertOptions, Embedder, WeightFormat};
+/// The embedder API a router is built with, so that a caller of the router names one crate.
+pub use ruvllm_embed::{default_embedder, router_default_embedder, routing_embedder, Adapter, BertEmbedder, BertOptions, Embedder, WeightFormat};
 pub use error::{Error, Result};
 pub use router::{AgentScore, AgentSpec, FeedbackEffect, Params, Route, Router};

@@ -7,7 +7,7 @@
 //! (`-log(1 - p(label))`), which pushes that agent down for this task and tasks like it without
 //! saying who should have had it.
 //!
-//! Why: on 5-fold cross-validation over the catalogue only (`examples/catalogue_cv.rs`), nearest
+//! Why: on 5-fold cross-validation over the catalogue only (`ruvllm-eval`'s `examples/catalogue_cv.rs`), nearest
 //! centroids score ~79 %, this head on the embedding alone ~85.7 %, with the lexical features
 //! ~92 %; the router combines head and centroids with weights fitted on out-of-fold scores.
 //! Hyper-parameters (`LAMBDA`, `SCALE`, iterations, `lexical::ALPHA`) were chosen by that

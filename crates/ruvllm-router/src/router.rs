@@ -45,7 +45,9 @@ use std::sync::Arc;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::embed::Embedder;
+use ruvllm_embed::files::write_atomic;
+use ruvllm_embed::Embedder;
+
 use crate::error::{Error, Result};
 use crate::index::{IndexConfig, VectorIndex};
 use crate::lexical::{Lexicon, Sparse};
@@ -258,7 +260,7 @@ enum MemoryItem {
 /// Outcomes (nearest first) that vote per route.
 const MEMORY_K: usize = 16;
 /// The memory scans the most recent this-many outcomes: full, it costs ~12 µs more per
-/// route (14.7 vs 2.2 µs p50, `examples/memory_latency`); older outcomes act through the head.
+/// route (14.7 vs 2.2 µs p50, `ruvllm-eval`'s `examples/memory_latency`); older outcomes act through the head.
 const MEMORY_MAX: usize = 512;
 
 /// A failed outcome kept for the head: `agent` was wrong for `text`.
@@ -313,27 +315,6 @@ fn decode_vec(s: &str, dim: usize) -> Option<Vec<f32>> {
         return None;
     }
     Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-}
-
-/// Writes `bytes` to `path` atomically: a temp file in the same directory, fsync, rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io("creating directory", dir, e))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "router".into());
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    let tmp = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-        f.write_all(bytes).map_err(|e| Error::io("writing", &tmp, e))?;
-        f.sync_all().map_err(|e| Error::io("syncing", &tmp, e))?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming into", path, e))
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
 }
 
 /// Per agent, from the neighbours `nn` (best first): the k-NN vote share (weights times
@@ -513,7 +494,7 @@ impl Router {
     }
 
     fn renorm_centroid(&mut self, a: usize) {
-        self.centroid[a] = crate::embed::l2_normalized(self.centroid_sum[a].clone());
+        self.centroid[a] = ruvllm_embed::l2_normalized(self.centroid_sum[a].clone());
     }
 
     fn set_weight(&mut self, id: usize, w: f32) {
@@ -569,7 +550,7 @@ impl Router {
         if task.trim().is_empty() {
             return Err(Error::InvalidArg("the task text must not be empty".into()));
         }
-        self.embedder.embed(&[task])?.pop().ok_or_else(|| Error::Embed("embedder returned nothing".into()))
+        self.embedder.embed(&[task])?.pop().ok_or_else(|| ruvllm_embed::Error::Embed("embedder returned nothing".into()).into())
     }
 
     /// Routes a task text (embeds it, then `route_vector`).
@@ -825,7 +806,7 @@ impl Router {
                 .map(|a| {
                     if a == label {
                         let c: Vec<f32> = self.centroid_sum[a].iter().zip(&v).map(|(s, x)| s - w * x).collect();
-                        dot(&v, &crate::embed::l2_normalized(c))
+                        dot(&v, &ruvllm_embed::l2_normalized(c))
                     } else {
                         dot(&v, &self.centroid[a])
                     }
@@ -897,7 +878,7 @@ impl Router {
 
     /// Saves atomically (temp file + rename).
     pub fn save(&self, path: &Path) -> Result<()> {
-        write_atomic(path, self.to_json()?.as_bytes())
+        Ok(write_atomic(path, self.to_json()?.as_bytes())?)
     }
 
     /// Loads a saved router. If it was saved with another embedder, its pattern texts are

@@ -1,4 +1,4 @@
-//! `cargo run --release -p ruvllm-router --example memory_latency [-- outcomes rounds]`
+//! `cargo run --release -p ruvllm-eval --example memory_latency [-- outcomes rounds]`
 //!
 //! Route latency (no embedding) with the outcome memory holding `outcomes` stored outcomes
 //! (default 1000: catalogue example vectors with noise, alternating successes and failures),
@@ -30,7 +30,7 @@ fn main() {
     };
     for i in 0..n {
         let (text, agent, v) = &base[i % base.len()];
-        let v: Vec<f32> = ruvllm_router::embed::l2_normalized(v.iter().map(|x| x + 0.2 * noise()).collect());
+        let v: Vec<f32> = ruvllm_embed::l2_normalized(v.iter().map(|x| x + 0.2 * noise()).collect());
         r.feedback_vector(text, &v, *agent, i % 2 == 0).expect("feedback");
     }
     r.set_params(on.clone());

@@ -2,7 +2,7 @@
 //! kernel) against a plain streaming read of the same bytes, and every layer weight as decode
 //! runs it (one token, packed tile GEMM where the CPU has one), grouped by type and shape.
 //! Rounds alternate; medians.
-//! `cargo run --release -p ruvllm-core --example decode_bw -- MODEL.gguf [threads]`
+//! `cargo run --release -p ruvllm-eval --example decode_bw -- MODEL.gguf [threads]`
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;

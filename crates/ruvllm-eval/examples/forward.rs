@@ -1,5 +1,5 @@
 //! Times prefill and decode of the forward pass alone (no tokenizer, no sampling), for
-//! profiling: `cargo run --release -p ruvllm-core --example forward -- MODEL.gguf [threads] [prompt] [reps]`.
+//! profiling: `cargo run --release -p ruvllm-eval --example forward -- MODEL.gguf [threads] [prompt] [reps]`.
 use std::time::Instant;
 
 use ruvllm_core::gguf::GgufFile;

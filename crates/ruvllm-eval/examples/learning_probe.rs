@@ -1,4 +1,4 @@
-//! `cargo run --release -p ruvllm-router --example learning_probe [-- "<task prefix>" ...]`
+//! `cargo run --release -p ruvllm-eval --example learning_probe [-- "<task prefix>" ...]`
 //!
 //! Diagnostic for the benchmark's learning experiment, not a benchmark and never used to choose
 //! a parameter (it reads the held-out split).
@@ -22,7 +22,7 @@ fn main() {
     let specs = catalogue::default_agent_specs().unwrap();
     let tests = catalogue::test_split().unwrap();
     let agents: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
-    let half = ruvllm_router::bench::halves(&tests, &agents);
+    let half = ruvllm_eval::bench::halves(&tests, &agents);
     let build = || Router::with_config(specs.clone(), emb.clone(), Params::default(), IndexConfig { background: false, ..Default::default() }).unwrap();
     let tv = emb.embed(&tests.iter().map(|t| t.text.as_str()).collect::<Vec<_>>()).unwrap();
     if watch.is_empty() {
@@ -31,8 +31,8 @@ fn main() {
         let mut same_nn = 0;
         let mut ranks = Vec::new();
         for (i, t) in tests.iter().enumerate() {
-            let rel = ruvllm_router::bench::related(&tests, i).unwrap();
-            let mut other: Vec<(f32, usize)> = (0..tests.len()).filter(|&j| half[j] != half[i]).map(|j| (ruvllm_router::embed::cosine(&tv[i], &tv[j]), j)).collect();
+            let rel = ruvllm_eval::bench::related(&tests, i).unwrap();
+            let mut other: Vec<(f32, usize)> = (0..tests.len()).filter(|&j| half[j] != half[i]).map(|j| (ruvllm_embed::cosine(&tv[i], &tv[j]), j)).collect();
             other.sort_by(|a, b| b.0.total_cmp(&a.0));
             let rank = other.iter().position(|o| o.1 == rel).unwrap();
             ranks.push(rank);

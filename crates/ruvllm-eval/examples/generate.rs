@@ -1,6 +1,6 @@
 //! Greedy generation through the engine (its own thread, sampling, detokenizing), as the Node
 //! binding drives it but without Node: decode speed of the whole engine next to `forward`.
-//! `cargo run --release -p ruvllm-core --example generate -- MODEL.gguf [threads] [prompt tokens] [new tokens]`
+//! `cargo run --release -p ruvllm-eval --example generate -- MODEL.gguf [threads] [prompt tokens] [new tokens]`
 use ruvllm_core::engine::{Engine, GenerateParams, LoadOptions, Prompt};
 use ruvllm_core::sampling::SamplingParams;
 

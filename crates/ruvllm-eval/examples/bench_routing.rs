@@ -1,9 +1,9 @@
-//! `cargo run --release -p ruvllm-router --example bench_routing [-- --json] [--sizes 5000,50000] [--halvings N]`
+//! `cargo run --release -p ruvllm-eval --example bench_routing [-- --json] [--sizes 5000,50000] [--halvings N]`
 //! The same benchmark as `npx ruvllm bench routing`, without Node.
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let json = args.iter().any(|a| a == "--json");
-    let mut opts = ruvllm_router::bench::BenchOptions::default();
+    let mut opts = ruvllm_eval::bench::BenchOptions::default();
     if let Some(i) = args.iter().position(|a| a == "--sizes") {
         if let Some(v) = args.get(i + 1) {
             opts.scale_sizes = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
@@ -22,7 +22,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    match ruvllm_router::bench::run(emb, &opts, &mut |m| eprintln!("… {m}")) {
+    match ruvllm_eval::bench::run(emb, &opts, &mut |m| eprintln!("… {m}")) {
         Ok(r) if json => println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default()),
         Ok(r) => println!("{}", r.to_markdown()),
         Err(e) => {

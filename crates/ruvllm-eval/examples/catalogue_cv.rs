@@ -1,4 +1,4 @@
-//! `cargo run --release -p ruvllm-router --example catalogue_cv [-- --leak | --learning "1,1,0.9;2,1,0.9"]`
+//! `cargo run --release -p ruvllm-eval --example catalogue_cv [-- --leak | --learning "1,1,0.9;2,1,0.9"]`
 //!
 //! Tuning aid that never touches the held-out test split for scoring: k-fold cross-validation
 //! over the catalogue's own examples (descriptions always kept), for the default scoring
@@ -12,9 +12,9 @@
 //! its true agents as examples (`--learning ref`: that alone).
 use std::sync::Arc;
 
-use ruvllm_router::embed::cosine;
+use ruvllm_embed::cosine;
 use ruvllm_router::index::IndexConfig;
-use ruvllm_router::bench::learn_and_measure;
+use ruvllm_eval::bench::learn_and_measure;
 use ruvllm_router::catalogue::TestTask;
 use ruvllm_router::{catalogue, AgentSpec, Params, Router};
 

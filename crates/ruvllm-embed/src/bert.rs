@@ -18,7 +18,7 @@
 //! (BENCHMARKS.md, routing).
 //!
 //! Numerics follow Hugging Face `BertModel` (absolute positions, token type 0, post-LN, exact
-//! erf GELU, LayerNorm eps from the config); `tests/router.rs` checks the pooled output against
+//! erf GELU, LayerNorm eps from the config); `tests/embedder.rs` checks the pooled output against
 //! candle's `BertModel` on the same weights.
 
 use std::collections::HashMap;

@@ -1,10 +1,10 @@
-//! `cargo run --release -p ruvllm-router --example embed_latency [-- "<text>" [iterations]]`
+//! `cargo run --release -p ruvllm-eval --example embed_latency [-- "<text>" [iterations]]`
 //! Latency of embedding one text on one thread (the target: < 5 ms).
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let text = args.get(1).cloned().unwrap_or_else(|| "Fix the crash when opening the settings screen".into());
     let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(200);
-    let emb = match ruvllm_router::default_embedder() {
+    let emb = match ruvllm_embed::default_embedder() {
         Ok(e) => e,
         Err(e) => {
             eprintln!("error [{}]: {e}", e.code());

@@ -10,12 +10,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::catalogue::{self, TestTask};
-use crate::embed::{cosine, Embedder};
-use crate::error::{Error, Result};
-use crate::index::IndexConfig;
-use crate::keyword::KeywordRouter;
-use crate::router::{Params, Router, Source};
+use ruvllm_embed::{cosine, Embedder};
+use ruvllm_router::catalogue::{self, TestTask};
+use ruvllm_router::index::IndexConfig;
+use ruvllm_router::keyword::KeywordRouter;
+use ruvllm_router::router::{Params, Router, Source};
+use ruvllm_router::{Error, Result};
 
 /// Benchmark options.
 #[derive(Debug, Clone)]
@@ -523,7 +523,7 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
     let mut halvings = Vec::new();
     if opts.halvings > 0 {
         // Independent halvings, one router copy per thread; the results do not depend on the
-        // thread count (tests/router.rs).
+        // thread count (tests/bench.rs).
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8).min(opts.halvings);
         progress(&format!("learning over {} random halvings on {threads} threads (about {} min)", opts.halvings, (opts.halvings * 100).div_ceil(60 * threads)));
         for &scope in scopes {
@@ -580,7 +580,7 @@ pub fn run(embedder: Arc<dyn Embedder>, opts: &BenchOptions, progress: &mut dyn 
         for j in 0..n.saturating_sub(base) {
             let src = (rng.next() as usize) % base;
             let v: Vec<f32> = r.index().vector(src).iter().map(|x| x + 0.06 * rng.gauss()).collect();
-            extra.push((format!("synthetic {j}"), r.patterns()[src].agent, crate::embed::l2_normalized(v), Source::Synthetic));
+            extra.push((format!("synthetic {j}"), r.patterns()[src].agent, ruvllm_embed::l2_normalized(v), Source::Synthetic));
         }
         let t = Instant::now();
         r.add_embedded(extra)?;

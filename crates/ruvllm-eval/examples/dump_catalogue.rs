@@ -1,5 +1,5 @@
-//! `cargo run --release -p ruvllm-router --example dump_catalogue > cat.jsonl`
-//! `cargo run --release -p ruvllm-router --example dump_catalogue -- --test > test.jsonl`
+//! `cargo run --release -p ruvllm-eval --example dump_catalogue > cat.jsonl`
+//! `cargo run --release -p ruvllm-eval --example dump_catalogue -- --test > test.jsonl`
 //!
 //! Writes the catalogue (descriptions and examples) with embeddings as JSON lines
 //! `{agent, name, source, text, v}`, for offline cross-validation experiments. With `--test`,
@@ -15,7 +15,7 @@ fn main() {
     if std::env::args().any(|a| a == "--test") {
         let tests = ruvllm_router::catalogue::test_split().expect("test split");
         let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
-        let half = ruvllm_router::bench::halves(&tests, &names);
+        let half = ruvllm_eval::bench::halves(&tests, &names);
         let vs = emb.embed(&tests.iter().map(|t| t.text.as_str()).collect::<Vec<_>>()).expect("embed");
         for ((t, v), h) in tests.iter().zip(vs).zip(half) {
             let ai = names.iter().position(|n| n == &t.agent).expect("test agent in catalogue");
