@@ -1,4 +1,4 @@
-//! Agent routing for Claude Flow (issue 5): `embed`, the `Embedder` and `Router` classes, the
+//! Agent routing for Claude Flow: `embed`, the `Embedder` and `Router` classes, the
 //! hook commands and the routing benchmark. Wrappers only; the logic lives in `ruvllm-router`.
 //! Embedding and routing run on tokio's blocking pool; the JS thread validates and awaits.
 
@@ -187,6 +187,8 @@ impl Embedder {
       if model.get_type().ok() != Some(ValueType::Object) {
         return Err(CodedError::invalid_type("model must be an LLM (from LLM.load)"));
       }
+      // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+      // and returns an error for anything else.
       let llm = unsafe { ClassInstance::<crate::llm::Llm>::from_napi_value(env.raw(), model.raw()) }
         .map_err(|_| CodedError::invalid_type("model must be an LLM (from LLM.load)"))?;
       let (engine, info) = llm.engine_and_info()?;
@@ -289,7 +291,7 @@ pub struct RouterExample {
 enum State {
   /// Built on first use, off the JS thread.
   Pending { agents: Option<Vec<rr::AgentSpec>>, embedder: Option<Arc<dyn emb::Embedder>>, dir: Option<String> },
-  Ready(rr::Router),
+  Ready(Box<rr::Router>),
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -305,7 +307,7 @@ fn with_router<T>(shared: &Shared, f: impl FnOnce(&mut rr::Router) -> Res<T>) ->
       Some(a) => a,
       None => rr::catalogue::default_agent_specs()?,
     };
-    *g = State::Ready(rr::Router::new(specs, emb)?);
+    *g = State::Ready(Box::new(rr::Router::new(specs, emb)?));
   }
   match &mut *g {
     State::Ready(r) => f(r),
@@ -314,7 +316,10 @@ fn with_router<T>(shared: &Shared, f: impl FnOnce(&mut rr::Router) -> Res<T>) ->
 }
 
 /// Parses `{ agents?, embedder? }`.
-fn router_options(env: &Env, options: &Unknown) -> Res<(Option<Vec<rr::AgentSpec>>, Option<Arc<dyn emb::Embedder>>, Option<String>)> {
+/// A router's `{ agents?, embedder? }`: the agents, an embedder object or an embedder folder.
+type ParsedRouterOptions = (Option<Vec<rr::AgentSpec>>, Option<Arc<dyn emb::Embedder>>, Option<String>);
+
+fn router_options(env: &Env, options: &Unknown) -> Res<ParsedRouterOptions> {
   let ty = options.get_type().map_err(|e| CodedError::invalid_type(e.to_string()))?;
   if matches!(ty, ValueType::Undefined | ValueType::Null) {
     return Ok((None, None, None));
@@ -322,6 +327,8 @@ fn router_options(env: &Env, options: &Unknown) -> Res<(Option<Vec<rr::AgentSpec
   if ty != ValueType::Object {
     return Err(CodedError::invalid_type("options must be an object"));
   }
+  // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+  // and returns an error for anything else.
   let obj = unsafe { Object::from_napi_value(env.raw(), options.raw()) }.map_err(|e| CodedError::invalid_type(e.to_string()))?;
   let mut embedder = None;
   let mut dir = None;
@@ -330,6 +337,8 @@ fn router_options(env: &Env, options: &Unknown) -> Res<(Option<Vec<rr::AgentSpec
       Ok(ValueType::Undefined) | Ok(ValueType::Null) => {}
       Ok(ValueType::String) => dir = Some(string_arg(env, &e, "options.embedder")?),
       Ok(ValueType::Object) => {
+        // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+        // and returns an error for anything else.
         let inst = unsafe { ClassInstance::<Embedder>::from_napi_value(env.raw(), e.raw()) }
           .map_err(|_| CodedError::invalid_type("options.embedder must be an Embedder or a model directory"))?;
         embedder = Some(inst.inner.clone());
@@ -415,7 +424,7 @@ impl Router {
         };
         Ok(rr::Router::load(&PathBuf::from(path), emb, Default::default())?)
       },
-      |_, r| Ok(Router { shared: Arc::new(Mutex::new(State::Ready(r))) }),
+      |_, r| Ok(Router { shared: Arc::new(Mutex::new(State::Ready(Box::new(r)))) }),
     )
   }
 
@@ -631,6 +640,8 @@ pub fn hooks_post_task<'env>(
 pub fn bench_routing<'env>(env: &'env Env, options: Unknown, embedder: Option<Unknown>) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
   let custom: Res<Option<Arc<dyn emb::Embedder>>> = match embedder.map(|e| (e.get_type(), e)) {
     None | Some((Ok(ValueType::Undefined), _)) | Some((Ok(ValueType::Null), _)) => Ok(None),
+    // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+    // and returns an error for anything else.
     Some((Ok(ValueType::Object), e)) => unsafe { ClassInstance::<Embedder>::from_napi_value(env.raw(), e.raw()) }
       .map(|inst| Some(inst.inner.clone()))
       .map_err(|_| CodedError::invalid_type("embedder must be an Embedder")),

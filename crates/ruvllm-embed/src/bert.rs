@@ -518,7 +518,7 @@ fn exp_f32(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 5e-1;
     let y = p * r * r + r + 1.0;
     y * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
@@ -636,7 +636,7 @@ impl Bert {
                 return Err(bad(format!("position_embedding_type '{p}' is not supported")));
             }
         }
-        if cfg.num_attention_heads == 0 || cfg.hidden_size % cfg.num_attention_heads != 0 {
+        if cfg.num_attention_heads == 0 || !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
             return Err(bad("hidden_size is not a multiple of num_attention_heads".into()));
         }
         let map: HashMap<String, Tensor> = candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(e.to_string()))?;

@@ -59,8 +59,8 @@ impl LinearHead {
 
     fn logits_into(&self, q: &[f32], lex: &[(u32, f32)], z: &mut [f32]) {
         let (d, na) = (self.dim, self.agents);
-        for a in 0..na {
-            z[a] = dot(&self.w[a * (d + 1)..a * (d + 1) + d], q) + self.w[a * (d + 1) + d];
+        for (a, za) in z.iter_mut().enumerate().take(na) {
+            *za = dot(&self.w[a * (d + 1)..a * (d + 1) + d], q) + self.w[a * (d + 1) + d];
         }
         for &(j, v) in lex {
             if let Some(u) = self.lex.get(j as usize * na..(j as usize + 1) * na) {

@@ -349,6 +349,9 @@ fn softmax(logits: &[f32]) -> Vec<f32> {
     e.into_iter().map(|x| x / s).collect()
 }
 
+/// One training row of the head: (embedding, agent, weight, is a negative).
+type HeadRow<'a> = (&'a [f32], usize, f32, bool);
+
 impl Router {
     /// An empty router over `agents` (their examples and descriptions are embedded and stored).
     pub fn new(agents: Vec<AgentSpec>, embedder: Arc<dyn Embedder>) -> Result<Self> {
@@ -708,7 +711,7 @@ impl Router {
     /// negative (weighted by `negative_weight`), with their lexical features. With `skip_fold =
     /// (f, k)`, patterns `i` with `i % k == f` (other than descriptions) and all negatives are
     /// left out.
-    fn head_rows(&self, skip_fold: Option<(usize, usize)>) -> (Vec<Sparse>, Vec<(&[f32], usize, f32, bool)>) {
+    fn head_rows(&self, skip_fold: Option<(usize, usize)>) -> (Vec<Sparse>, Vec<HeadRow<'_>>) {
         let mut lex = Vec::new();
         let mut rows = Vec::new();
         for (i, p) in self.patterns.iter().enumerate() {
