@@ -48,12 +48,7 @@ impl Adapter {
   }
 
   fn get(&self) -> Res<Arc<LoraAdapter>> {
-    self
-      .inner
-      .lock()
-      .unwrap_or_else(|e| e.into_inner())
-      .clone()
-      .ok_or_else(|| CodedError::invalid_type(format!("adapter {} was unloaded", self.id)))
+    self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or_else(|| CodedError::invalid_type(format!("adapter {} was unloaded", self.id)))
   }
 }
 
@@ -129,7 +124,8 @@ pub(crate) fn load_adapters(v: Option<Val>) -> Res<Vec<(PathBuf, f32)>> {
     match e.ty()? {
       ValueType::String => out.push((PathBuf::from(e.get::<String>()?), 1.0)),
       ValueType::Object if !e.is_array() => {
-        let bag = options::option_bag(Some(e), &key, &["path", "scale"])?.ok_or_else(|| CodedError::invalid_type(format!("{key} must be {{ path, scale? }}")))?;
+        let bag =
+          options::option_bag(Some(e), &key, &["path", "scale"])?.ok_or_else(|| CodedError::invalid_type(format!("{key} must be {{ path, scale? }}")))?;
         let path = options::string(&bag.prop("path")?, &format!("{key}.path"))?;
         if path.is_empty() {
           return Err(CodedError::out_of_range(format!("{key}.path must not be empty")));

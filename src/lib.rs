@@ -10,8 +10,8 @@
 
 mod adapter;
 mod error;
-mod models;
 mod llm;
+mod models;
 mod options;
 mod request;
 mod router;

@@ -18,8 +18,8 @@ use crate::models::JsOpts;
 use crate::options::{self, Val};
 use crate::request::{Request, Step};
 use crate::signal::{self, CancelState, SignalHook};
-use crate::task::spawn;
 use crate::stream::TokenStream;
+use crate::task::spawn;
 use crate::types::{Completion, ModelInfo, ScoreResult, TokenChunk};
 
 /// A loaded model. Create one with `LLM.load`; free it with `close()`.
@@ -208,10 +208,7 @@ impl Llm {
   /// the model gives each token after the ones before it, and the perplexity. Evaluates the whole
   /// prompt in one pass (it must fit the context: else `ERR_CONTEXT_OVERFLOW`). Options:
   /// `{ chatTemplate?, signal? }`; an aborted signal rejects with an `AbortError`.
-  #[napi(
-    ts_args_type = "prompt: string | ChatMessage[] | number[], options?: ScoreOptions",
-    ts_return_type = "Promise<ScoreResult>"
-  )]
+  #[napi(ts_args_type = "prompt: string | ChatMessage[] | number[], options?: ScoreOptions", ts_return_type = "Promise<ScoreResult>")]
   pub fn score<'env>(&self, env: &'env Env, prompt: Unknown, options: Unknown) -> napi::Result<PromiseRaw<'env, ScoreResult>> {
     let started = guard(|| {
       self.check_open()?;
@@ -304,10 +301,15 @@ impl Llm {
     // settles; the wait for the engine's thread runs off it.
     self.engine.stop();
     let engine = self.engine.clone();
-    spawn(env, Ok(()), move |()| {
-      engine.close();
-      Ok(())
-    }, |_, ()| Ok(()))
+    spawn(
+      env,
+      Ok(()),
+      move |()| {
+        engine.close();
+        Ok(())
+      },
+      |_, ()| Ok(()),
+    )
   }
 }
 
@@ -333,8 +335,7 @@ impl Llm {
   fn prepare(&self, env: &Env, prompt: &Unknown, options: &Unknown, for_stream: bool) -> Res<Prepared> {
     self.check_open()?;
     let prompt = options::prompt(Some(Val::new(env, prompt)), self.info.vocab_size)?;
-    let (params, hooks) =
-      options::generate_options(Some(Val::new(env, options)), self.info.context_length, self.default_seed)?;
+    let (params, hooks) = options::generate_options(Some(Val::new(env, options)), self.info.context_length, self.default_seed)?;
     let adapters = adapter::request_adapters(env, hooks.adapters, self.owner())?;
     if for_stream && hooks.on_token.is_some() {
       return Err(CodedError::invalid_type("onToken is an option of generate(); with stream(), iterate the chunks instead"));

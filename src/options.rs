@@ -152,10 +152,7 @@ pub fn option_bag(v: Option<Val>, what: &str, allowed: &[&str]) -> Res<Option<Va
     ValueType::Object if !v.is_array() => {
       for k in v.keys()? {
         if !allowed.contains(&k.as_str()) {
-          return Err(CodedError::invalid_type(format!(
-            "unknown option '{k}' for {what} (known options: {})",
-            allowed.join(", ")
-          )));
+          return Err(CodedError::invalid_type(format!("unknown option '{k}' for {what} (known options: {})", allowed.join(", "))));
         }
       }
       Ok(Some(v))
@@ -457,17 +454,7 @@ pub fn generate_options(v: Option<Val>, context: usize, default_seed: Option<u64
   let chat_template = chat_template_opt(bag)?;
   let signal = signal(bag)?;
   let on_token = function(bag, "onToken")?;
-  let sampling = SamplingParams {
-    temperature,
-    top_k,
-    top_p,
-    min_p,
-    repeat_penalty,
-    presence_penalty,
-    frequency_penalty,
-    repeat_last_n,
-    seed,
-  };
+  let sampling = SamplingParams { temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, repeat_last_n, seed };
   let adapters = field(bag, "adapters")?;
   Ok((GenerateParams { max_tokens, sampling, stop, chat_template }, JsHooks { signal, on_token, adapters }))
 }

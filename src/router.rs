@@ -23,9 +23,7 @@ fn to_f32_arrays(vs: Vec<Vec<f32>>) -> Vec<Float32Array> {
 fn json_arg(env: &Env, v: &Unknown, what: &str) -> Res<serde_json::Value> {
   match v.get_type() {
     Ok(ValueType::Undefined) | Ok(ValueType::Null) => Ok(serde_json::Value::Null),
-    Ok(_) => env
-      .from_js_value::<serde_json::Value, _>(*v)
-      .map_err(|e| CodedError::invalid_type(format!("{what}: {e}"))),
+    Ok(_) => env.from_js_value::<serde_json::Value, _>(*v).map_err(|e| CodedError::invalid_type(format!("{what}: {e}"))),
     Err(e) => Err(CodedError::invalid_type(format!("{what}: {e}"))),
   }
 }
@@ -290,7 +288,11 @@ pub struct RouterExample {
 
 enum State {
   /// Built on first use, off the JS thread.
-  Pending { agents: Option<Vec<rr::AgentSpec>>, embedder: Option<Arc<dyn emb::Embedder>>, dir: Option<String> },
+  Pending {
+    agents: Option<Vec<rr::AgentSpec>>,
+    embedder: Option<Arc<dyn emb::Embedder>>,
+    dir: Option<String>,
+  },
   Ready(Box<rr::Router>),
 }
 

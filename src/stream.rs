@@ -9,8 +9,8 @@ use napi::bindgen_prelude::AsyncGenerator;
 use napi_derive::napi;
 use tokio::sync::Mutex;
 
-use ruvllm_core::nn::AdapterSet;
 use ruvllm_core::engine::{Engine, GenerateParams, Prompt};
+use ruvllm_core::nn::AdapterSet;
 
 use crate::error::{CodedError, OrError};
 use crate::request::{Request, Step};
@@ -24,13 +24,7 @@ use crate::types::Completion;
 type TokenChunk = OrError<crate::types::TokenChunk>;
 
 enum State {
-  Pending {
-    engine: Arc<Engine>,
-    prompt: Prompt,
-    params: GenerateParams,
-    adapters: Option<AdapterSet>,
-    hook: Option<SignalHook>,
-  },
+  Pending { engine: Arc<Engine>, prompt: Prompt, params: GenerateParams, adapters: Option<AdapterSet>, hook: Option<SignalHook> },
   Running(Request),
   Failed(CodedError),
   Finished(Option<Box<ruvllm_core::engine::Completion>>),

@@ -24,11 +24,7 @@ where
 {
   let fut = async move {
     let args = args?;
-    tokio::task::spawn_blocking(move || guard(|| work(args)))
-      .await
-      .unwrap_or_else(|e| Err(CodedError::internal(format!("worker stopped: {e}"))))
+    tokio::task::spawn_blocking(move || guard(|| work(args))).await.unwrap_or_else(|e| Err(CodedError::internal(format!("worker stopped: {e}"))))
   };
-  env.spawn_future_with_callback(async move { Ok(fut.await) }, move |env, r: Res<T>| {
-    r.and_then(|v| guard(|| map(env, v))).map_err(|e| e.into_napi(env))
-  })
+  env.spawn_future_with_callback(async move { Ok(fut.await) }, move |env, r: Res<T>| r.and_then(|v| guard(|| map(env, v))).map_err(|e| e.into_napi(env)))
 }

@@ -246,11 +246,7 @@ impl From<ruvllm_core::engine::Completion> for Completion {
       tokens: c.tokens,
       finish_reason: c.finish_reason.as_str().to_string(),
       usage: Usage { prompt_tokens: clamp_u32(c.prompt_tokens), completion_tokens: clamp_u32(c.completion_tokens) },
-      timings: Timings {
-        ttft_ms: c.ttft_ms,
-        prefill_tokens_per_second: c.prefill_tokens_per_second,
-        decode_tokens_per_second: c.decode_tokens_per_second,
-      },
+      timings: Timings { ttft_ms: c.ttft_ms, prefill_tokens_per_second: c.prefill_tokens_per_second, decode_tokens_per_second: c.decode_tokens_per_second },
     }
   }
 }

@@ -54,13 +54,9 @@ fn matmuls(c: &mut Criterion) {
             }
             for threads in [1usize, 2] {
                 let pool = ThreadPool::new(threads);
-                g.bench_function(BenchmarkId::new(format!("n{n}/dispatched"), threads), |b| {
-                    b.iter(|| matmul(&pool, &w, black_box(&x), n, &mut y))
-                });
+                g.bench_function(BenchmarkId::new(format!("n{n}/dispatched"), threads), |b| b.iter(|| matmul(&pool, &w, black_box(&x), n, &mut y)));
                 if threads == 1 {
-                    g.bench_function(BenchmarkId::new(format!("n{n}/scalar"), threads), |b| {
-                        b.iter(|| matmul_scalar(&pool, &w, black_box(&x), n, &mut y))
-                    });
+                    g.bench_function(BenchmarkId::new(format!("n{n}/scalar"), threads), |b| b.iter(|| matmul_scalar(&pool, &w, black_box(&x), n, &mut y)));
                 }
             }
         }

@@ -37,10 +37,7 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate")
-            .field("bos_token", &self.bos_token)
-            .field("eos_token", &self.eos_token)
-            .finish_non_exhaustive()
+        f.debug_struct("ChatTemplate").field("bos_token", &self.bos_token).field("eos_token", &self.eos_token).finish_non_exhaustive()
     }
 }
 
@@ -82,8 +79,7 @@ impl ChatTemplate {
     /// `bos_token` / `eos_token` are the texts of the tokenizer's BOS and EOS tokens.
     pub fn from_gguf(file: &crate::gguf::GgufFile, tok: &crate::tokenizer::Tokenizer) -> Result<Option<Self>> {
         let Some(value) = file.get("tokenizer.chat_template") else { return Ok(None) };
-        let source =
-            value.as_str().ok_or_else(|| Error::gguf(file.path.clone(), "tokenizer.chat_template is not a string"))?;
+        let source = value.as_str().ok_or_else(|| Error::gguf(file.path.clone(), "tokenizer.chat_template is not a string"))?;
         let text = |id: Option<u32>| id.and_then(|id| tok.token_text(id)).unwrap_or("").to_string();
         Self::new(source, &text(tok.bos_id()), &text(tok.eos_id())).map(Some)
     }
@@ -108,15 +104,9 @@ impl ChatTemplate {
 }
 
 /// Prints values as Jinja2 does under Python: `True`/`False`/`None`; everything else as minijinja.
-fn python_formatter(
-    out: &mut minijinja::Output,
-    state: &minijinja::State,
-    value: &Value,
-) -> std::result::Result<(), minijinja::Error> {
+fn python_formatter(out: &mut minijinja::Output, state: &minijinja::State, value: &Value) -> std::result::Result<(), minijinja::Error> {
     match value.kind() {
-        ValueKind::Bool => {
-            out.write_str(if value.is_true() { "True" } else { "False" }).map_err(minijinja::Error::from)
-        }
+        ValueKind::Bool => out.write_str(if value.is_true() { "True" } else { "False" }).map_err(minijinja::Error::from),
         ValueKind::None => out.write_str("None").map_err(minijinja::Error::from),
         _ => minijinja::escape_formatter(out, state, value),
     }
@@ -162,10 +152,7 @@ fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja
             } else if let Some(s) = v.as_str() {
                 Some(s.to_string())
             } else {
-                return Err(minijinja::Error::new(
-                    ErrorKind::InvalidOperation,
-                    "tojson: indent must be a number or a string",
-                ));
+                return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: indent must be a number or a string"));
             }
         }
     };
@@ -175,12 +162,7 @@ fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja
             let b = v.get_item(&Value::from(1))?;
             match (a.as_str(), b.as_str()) {
                 (Some(a), Some(b)) => (a.to_string(), b.to_string()),
-                _ => {
-                    return Err(minijinja::Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be two strings",
-                    ))
-                }
+                _ => return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings")),
             }
         }
         _ => (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string()),
@@ -190,14 +172,7 @@ fn tojson(value: &Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja
     Ok(Value::from(out))
 }
 
-fn write_json(
-    out: &mut String,
-    value: &Value,
-    indent: Option<&str>,
-    item_sep: &str,
-    key_sep: &str,
-    depth: usize,
-) -> std::result::Result<(), minijinja::Error> {
+fn write_json(out: &mut String, value: &Value, indent: Option<&str>, item_sep: &str, key_sep: &str, depth: usize) -> std::result::Result<(), minijinja::Error> {
     if depth > 128 {
         return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: value nested too deeply"));
     }
@@ -277,27 +252,13 @@ fn write_json(
 /// `strftime_now(format)`: the current UTC time formatted with the common `strftime` codes
 /// (`%Y %y %m %d %e %H %I %M %S %p %b %B %a %A %j %%`), as Llama 3.1 templates use it.
 fn strftime_now(format: String) -> String {
-    let secs =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     format_time(secs, &format)
 }
 
 /// Formats seconds since the Unix epoch (UTC).
 fn format_time(secs: i64, format: &str) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
+    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
     const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);

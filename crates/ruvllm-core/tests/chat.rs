@@ -145,7 +145,8 @@ const PYCOMPAT: &str = r##"{% for m in messages %}
 
 const EXPECTED_GEMMA3: &str = "<bos><start_of_turn>user\nYou are a helpful assistant.\n\nHello<end_of_turn>\n<start_of_turn>model\nHi there!<end_of_turn>\n<start_of_turn>user\nHow are you?<end_of_turn>\n<start_of_turn>model\n";
 
-const EXPECTED_GEMMA3_NOSYS_NOGEN: &str = "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\nHi there!<end_of_turn>\n<start_of_turn>user\nHow are you?<end_of_turn>\n";
+const EXPECTED_GEMMA3_NOSYS_NOGEN: &str =
+    "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\nHi there!<end_of_turn>\n<start_of_turn>user\nHow are you?<end_of_turn>\n";
 
 const EXPECTED_LLAMA3: &str = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHi there!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHow are you?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
 
@@ -187,9 +188,7 @@ fn check(source: &str, bos: &str, eos: &str, with_system: &str, without_system_n
 fn gemma3_template() {
     check(GEMMA3, "<bos>", "<eos>", EXPECTED_GEMMA3, EXPECTED_GEMMA3_NOSYS_NOGEN);
     // The system message is folded into the first user turn.
-    assert!(
-        EXPECTED_GEMMA3.starts_with("<bos><start_of_turn>user\nYou are a helpful assistant.\n\nHello<end_of_turn>\n")
-    );
+    assert!(EXPECTED_GEMMA3.starts_with("<bos><start_of_turn>user\nYou are a helpful assistant.\n\nHello<end_of_turn>\n"));
     assert!(EXPECTED_GEMMA3.ends_with("<start_of_turn>model\n"));
 }
 
@@ -223,8 +222,7 @@ fn python_compatibility() {
     ];
     assert_eq!(t.render(&msgs, false).unwrap(), EXPECTED_PYCOMPAT_CUSTOM);
     // Booleans and none print as Python does.
-    let t = ChatTemplate::new("{{ add_generation_prompt }} {{ none }} {{ 1 == 1 }} {{ messages | length }}", "", "")
-        .unwrap();
+    let t = ChatTemplate::new("{{ add_generation_prompt }} {{ none }} {{ 1 == 1 }} {{ messages | length }}", "", "").unwrap();
     assert_eq!(t.render(&[], false).unwrap(), "False None True 0");
 }
 
@@ -265,18 +263,9 @@ fn gguf_with(template: Option<MetadataValue>) -> GgufFile {
     let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", MetadataValue::String("gemma3".into()));
     w.add_metadata("tokenizer.ggml.model", MetadataValue::String("llama".into()));
-    w.add_metadata(
-        "tokenizer.ggml.tokens",
-        MetadataValue::Array(tokens.iter().map(|t| MetadataValue::String(t.to_string())).collect()),
-    );
-    w.add_metadata(
-        "tokenizer.ggml.scores",
-        MetadataValue::Array(tokens.iter().map(|_| MetadataValue::F32(0.0)).collect()),
-    );
-    w.add_metadata(
-        "tokenizer.ggml.token_type",
-        MetadataValue::Array(types.iter().map(|&t| MetadataValue::I32(t)).collect()),
-    );
+    w.add_metadata("tokenizer.ggml.tokens", MetadataValue::Array(tokens.iter().map(|t| MetadataValue::String(t.to_string())).collect()));
+    w.add_metadata("tokenizer.ggml.scores", MetadataValue::Array(tokens.iter().map(|_| MetadataValue::F32(0.0)).collect()));
+    w.add_metadata("tokenizer.ggml.token_type", MetadataValue::Array(types.iter().map(|&t| MetadataValue::I32(t)).collect()));
     w.add_metadata("tokenizer.ggml.bos_token_id", MetadataValue::U32(1));
     w.add_metadata("tokenizer.ggml.eos_token_id", MetadataValue::U32(2));
     if let Some(t) = template {
@@ -354,13 +343,7 @@ const RECENT_CONSTRUCTS: &str = r##"{%- set ns = namespace(last_user=-1) %}
 #[test]
 fn recent_template_constructs() {
     let t = ChatTemplate::new(RECENT_CONSTRUCTS, "", "").unwrap();
-    let msgs = vec![
-        ChatMessage::new("user", "hello world"),
-        ChatMessage::new("assistant", "<think>\nhmm\n</think>\n\nanswer"),
-        ChatMessage::new("user", "now what?"),
-    ];
-    assert_eq!(
-        t.render(&msgs, false).unwrap(),
-        "0|user|Hell0 w0rld|2|61|assistant|hmm|answer|False2|user|N0w what?|1|2"
-    );
+    let msgs =
+        vec![ChatMessage::new("user", "hello world"), ChatMessage::new("assistant", "<think>\nhmm\n</think>\n\nanswer"), ChatMessage::new("user", "now what?")];
+    assert_eq!(t.render(&msgs, false).unwrap(), "0|user|Hell0 w0rld|2|61|assistant|hmm|answer|False2|user|N0w what?|1|2");
 }

@@ -21,16 +21,86 @@ use ruvllm_core::sampling::SamplingParams;
 
 /// (prompt, llama.cpp prompt tokens incl. BOS, llama.cpp greedy continuation: 32 tokens)
 const REFERENCE: &[(&str, &[u32], &[u32])] = &[
-    ("The capital of France is Paris. The capital of Germany is", &[2, 818, 5279, 529, 7001, 563, 9079, 236761, 669, 5279, 529, 9405, 563], &[15687, 236761, 669, 5279, 529, 506, 3640, 4184, 563, 7693, 236764, 622, 236761, 236780, 236761, 108, 818, 5279, 529, 506, 3640, 15305, 563, 5860, 236761, 108, 818, 5279, 529, 506, 3640, 4184]),
-    ("def fibonacci(n):", &[2, 2063, 10779, 78113, 236769, 236749, 1473], &[107, 140, 584, 538, 1251, 236743, 236771, 236787, 107, 144, 2060, 236743, 236771, 107, 140, 36208, 538, 1251, 236743, 236770, 236787, 107, 144, 2060, 236743, 236770, 107, 140, 36208, 538, 1251, 236743]),
-    ("The quick brown fox", &[2, 818, 3823, 8864, 37423], &[38167, 1024, 506, 31770, 4799, 236761, 108, 818, 31770, 4799, 563, 496, 4799, 600, 563, 31770, 236761, 108, 818, 31770, 4799, 563, 496, 4799, 600, 563, 31770, 236761, 108, 818, 31770, 4799]),
-    ("1, 2, 3, 4, 5,", &[2, 236770, 236764, 236743, 236778, 236764, 236743, 236800, 236764, 236743, 236812, 236764, 236743, 236810, 236764], &[236743, 236825, 236764, 236743, 236832, 236764, 236743, 236828, 236764, 236743, 236819, 236764, 236743, 236770, 236771, 236764, 236743, 236770, 236770, 236764, 236743, 236770, 236778, 236764, 236743, 236770, 236800, 236764, 236743, 236770, 236812, 236764]),
-    ("The capital of France is", &[2, 818, 5279, 529, 7001, 563], &[506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 7488, 3207, 528, 7001, 236761, 1030, 563, 506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 7488, 3207, 528]),
-    ("Water boils at a temperature of", &[2, 17390, 104264, 657, 496, 4022, 529], &[236743, 236770, 236771, 236771, 10674, 57356, 236761, 108, 818, 31476, 1523, 529, 1813, 563, 236743, 236770, 236771, 236771, 10674, 57356, 236761, 108, 818, 31476, 1523, 529, 1813, 563, 236743, 236770, 236771, 236771]),
-    ("Monday, Tuesday, Wednesday,", &[2, 49381, 236764, 9863, 236764, 10119, 236764], &[9853, 236764, 7672, 236764, 8224, 236764, 8174, 236764, 532, 8492, 236764, 9863, 236764, 10119, 236764, 9853, 236764, 7672, 236764, 8224, 236764, 8174, 236764, 532, 8492, 236764, 9863, 236764, 10119, 236764, 9853, 236764]),
-    ("The chemical symbol for gold is", &[2, 818, 7395, 5404, 573, 5122, 563], &[16107, 236761, 108, 818, 6581, 573, 5122, 563, 16107, 236761, 108, 818, 6581, 573, 5122, 563, 16107, 236761, 108, 818, 6581, 573, 5122, 563, 16107, 236761, 108, 818, 6581, 573, 5122, 563]),
-    ("<html>\n<head>\n<title>", &[2, 217, 107, 236820, 2834, 236813, 107, 236820, 3250, 236813], &[107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813]),
-    ("Twinkle, twinkle, little star,", &[2, 30379, 56568, 236764, 211560, 236764, 2268, 4381, 236764], &[255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999]),
+    (
+        "The capital of France is Paris. The capital of Germany is",
+        &[2, 818, 5279, 529, 7001, 563, 9079, 236761, 669, 5279, 529, 9405, 563],
+        &[
+            15687, 236761, 669, 5279, 529, 506, 3640, 4184, 563, 7693, 236764, 622, 236761, 236780, 236761, 108, 818, 5279, 529, 506, 3640, 15305, 563, 5860,
+            236761, 108, 818, 5279, 529, 506, 3640, 4184,
+        ],
+    ),
+    (
+        "def fibonacci(n):",
+        &[2, 2063, 10779, 78113, 236769, 236749, 1473],
+        &[
+            107, 140, 584, 538, 1251, 236743, 236771, 236787, 107, 144, 2060, 236743, 236771, 107, 140, 36208, 538, 1251, 236743, 236770, 236787, 107, 144,
+            2060, 236743, 236770, 107, 140, 36208, 538, 1251, 236743,
+        ],
+    ),
+    (
+        "The quick brown fox",
+        &[2, 818, 3823, 8864, 37423],
+        &[
+            38167, 1024, 506, 31770, 4799, 236761, 108, 818, 31770, 4799, 563, 496, 4799, 600, 563, 31770, 236761, 108, 818, 31770, 4799, 563, 496, 4799, 600,
+            563, 31770, 236761, 108, 818, 31770, 4799,
+        ],
+    ),
+    (
+        "1, 2, 3, 4, 5,",
+        &[2, 236770, 236764, 236743, 236778, 236764, 236743, 236800, 236764, 236743, 236812, 236764, 236743, 236810, 236764],
+        &[
+            236743, 236825, 236764, 236743, 236832, 236764, 236743, 236828, 236764, 236743, 236819, 236764, 236743, 236770, 236771, 236764, 236743, 236770,
+            236770, 236764, 236743, 236770, 236778, 236764, 236743, 236770, 236800, 236764, 236743, 236770, 236812, 236764,
+        ],
+    ),
+    (
+        "The capital of France is",
+        &[2, 818, 5279, 529, 7001, 563],
+        &[
+            506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 7488, 3207, 528, 7001, 236761, 1030, 563, 506, 5279, 529, 506, 2891, 529, 7001,
+            236761, 1030, 563, 506, 7488, 3207, 528,
+        ],
+    ),
+    (
+        "Water boils at a temperature of",
+        &[2, 17390, 104264, 657, 496, 4022, 529],
+        &[
+            236743, 236770, 236771, 236771, 10674, 57356, 236761, 108, 818, 31476, 1523, 529, 1813, 563, 236743, 236770, 236771, 236771, 10674, 57356, 236761,
+            108, 818, 31476, 1523, 529, 1813, 563, 236743, 236770, 236771, 236771,
+        ],
+    ),
+    (
+        "Monday, Tuesday, Wednesday,",
+        &[2, 49381, 236764, 9863, 236764, 10119, 236764],
+        &[
+            9853, 236764, 7672, 236764, 8224, 236764, 8174, 236764, 532, 8492, 236764, 9863, 236764, 10119, 236764, 9853, 236764, 7672, 236764, 8224, 236764,
+            8174, 236764, 532, 8492, 236764, 9863, 236764, 10119, 236764, 9853, 236764,
+        ],
+    ),
+    (
+        "The chemical symbol for gold is",
+        &[2, 818, 7395, 5404, 573, 5122, 563],
+        &[
+            16107, 236761, 108, 818, 6581, 573, 5122, 563, 16107, 236761, 108, 818, 6581, 573, 5122, 563, 16107, 236761, 108, 818, 6581, 573, 5122, 563, 16107,
+            236761, 108, 818, 6581, 573, 5122, 563,
+        ],
+    ),
+    (
+        "<html>\n<head>\n<title>",
+        &[2, 217, 107, 236820, 2834, 236813, 107, 236820, 3250, 236813],
+        &[
+            107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813,
+            107, 236820, 236758, 236813, 107, 236820, 236758, 236813, 107, 236820, 236758, 236813,
+        ],
+    ),
+    (
+        "Twinkle, twinkle, little star,",
+        &[2, 30379, 56568, 236764, 211560, 236764, 2268, 4381, 236764],
+        &[
+            255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999,
+            255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999, 255999,
+        ],
+    ),
 ];
 
 fn model_path() -> PathBuf {
@@ -100,12 +170,7 @@ fn llama_cpp_greedy_tokens_are_our_top_choices() {
         REFERENCE[0].2.len(),
         REFERENCE.len()
     );
-    assert!(
-        worst.0 <= MAX_GAP_NATS,
-        "llama.cpp's greedy token falls {:.3} nats below our top token at {} (limit {MAX_GAP_NATS})",
-        worst.0,
-        worst.1
-    );
+    assert!(worst.0 <= MAX_GAP_NATS, "llama.cpp's greedy token falls {:.3} nats below our top token at {} (limit {MAX_GAP_NATS})", worst.0, worst.1);
     assert!(agree * 100 >= steps * 90, "llama.cpp's greedy token is our top token at only {agree}/{steps} steps");
 }
 
@@ -175,8 +240,8 @@ fn decode_path_matches_prefill_path() {
     // The last position's logits computed by a 300-token prefill (tile GEMM, grouped attention)
     // and by a 299-token prefill followed by one decode step (per-row kernels, per-head
     // attention) agree to float rounding and pick the same token.
-    use ruvllm_core::gguf::GgufFile;
     use ruvllm_core::backend::{cpu::CpuBackend, Backend};
+    use ruvllm_core::gguf::GgufFile;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
@@ -206,8 +271,8 @@ fn decode_logits_do_not_depend_on_the_thread_count() {
     // One thread runs attention one task per head group; two threads split a long span's
     // positions and value dimensions over the threads (`attention_split`). Every operation is
     // the same, so the logits must be bit-identical, before and after the split threshold.
-    use ruvllm_core::gguf::GgufFile;
     use ruvllm_core::backend::{cpu::CpuBackend, Backend};
+    use ruvllm_core::gguf::GgufFile;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
@@ -241,8 +306,8 @@ fn hidden_states_are_what_the_lm_head_multiplies() {
     // differences under a quarter of the logits' spread (measured: correlation >= 0.998, at most
     // 0.17 of the spread; the head's GEMM rounds activations to 8 bits). A pre-norm
     // state, a shifted token or a wrong row fails this.
-    use ruvllm_core::gguf::GgufFile;
     use ruvllm_core::backend::cpu::CpuBackend;
+    use ruvllm_core::gguf::GgufFile;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     assert!(file.tensor("output.weight").is_none(), "the test assumes tied embeddings");
@@ -305,8 +370,8 @@ fn embed_pools_normalises_and_rejects_overlong_texts() {
         assert!(diff < 1e-6, "{t:?}: batch vs single {diff}");
     }
     // The pooled vector is the normalised mean of the per-token states.
-    use ruvllm_core::gguf::GgufFile;
     use ruvllm_core::backend::cpu::CpuBackend;
+    use ruvllm_core::gguf::GgufFile;
     use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
     let file = GgufFile::open(model_path()).unwrap();
     let cfg = config_from_gguf(&file).unwrap();

@@ -1,8 +1,8 @@
 //! GGUF reader/writer: round trips, every kind of corrupt input, and the real model.
 
+use ruvllm_core::backend::cpu::GgmlType;
 use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::{GgufFile, MetadataValue as V};
-use ruvllm_core::backend::cpu::GgmlType;
 use ruvllm_core::Error;
 
 /// A small valid file: a few metadata entries and two tensors.

@@ -9,9 +9,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use ruvllm_core::backend::cpu::gemm;
 use ruvllm_core::backend::cpu::matmul::{matmul_fused, matmul_scalar, WeightData};
 use ruvllm_core::backend::cpu::quant::{dequantize, quantize, quantize_act_q8, quantize_act_q8k, BlockQ8, BlockQ8K};
-use ruvllm_core::backend::cpu::gemm;
 use ruvllm_core::backend::cpu::{dispatch, matmul, GgmlType, QWeight};
 use ruvllm_core::runtime::ThreadPool;
 
@@ -198,11 +198,7 @@ fn check_against_reference(ty: GgmlType, deq: &[f32], rows: usize, cols: usize, 
             let abs_sum: f64 = wr.iter().zip(xt).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
             let bound: f64 = wr.iter().zip(&step).map(|(a, s)| (*a as f64).abs() * *s as f64).sum::<f64>() + abs_sum * 2e-3 + 1e-6;
             let got = y[t * rows + r] as f64;
-            assert!(
-                (got - exact).abs() <= bound,
-                "{} {rows}x{cols} n={n} t={t} r={r}: got {got}, expected {exact} (bound {bound})",
-                ty.name()
-            );
+            assert!((got - exact).abs() <= bound, "{} {rows}x{cols} n={n} t={t} r={r}: got {got}, expected {exact} (bound {bound})", ty.name());
             l2_err += (got - exact).powi(2);
             l2_ref += exact.powi(2);
         }
@@ -263,11 +259,7 @@ fn simd_equals_scalar() {
                         let xt = &x[t * cols..(t + 1) * cols];
                         let abs_sum: f32 = wr.iter().zip(xt).map(|(p, q)| (p * q).abs()).sum();
                         let (va, vb) = (a[t * rows + r], b[t * rows + r]);
-                        assert!(
-                            (va - vb).abs() <= 1e-5 * abs_sum + 1e-7,
-                            "{} {rows}x{cols} n={n} t={t} r={r}: simd {va} scalar {vb}",
-                            ty.name()
-                        );
+                        assert!((va - vb).abs() <= 1e-5 * abs_sum + 1e-7, "{} {rows}x{cols} n={n} t={t} r={r}: simd {va} scalar {vb}", ty.name());
                     }
                 }
             }
@@ -283,7 +275,13 @@ fn dot_kernels_simd_equal_scalar_on_extreme_values() {
         let (rows, cols) = (4, 512);
         let mut w = vec![0f32; rows * cols];
         for (i, v) in w.iter_mut().enumerate() {
-            *v = if i % 3 == 0 { -1.0 } else if i % 3 == 1 { 1.0 } else { 0.999 };
+            *v = if i % 3 == 0 {
+                -1.0
+            } else if i % 3 == 1 {
+                1.0
+            } else {
+                0.999
+            };
         }
         let bytes = quantize(ty, &w);
         let qw = QWeight::new(ty, rows, cols, WeightData::Owned(Arc::new(bytes))).unwrap();
@@ -534,9 +532,7 @@ fn thread_pool_propagates_panics_and_survives() {
 
 #[test]
 fn qweight_validation() {
-    let ok = |ty: GgmlType, rows: usize, cols: usize, len: usize| {
-        QWeight::new(ty, rows, cols, WeightData::Owned(Arc::new(vec![0u8; len])))
-    };
+    let ok = |ty: GgmlType, rows: usize, cols: usize, len: usize| QWeight::new(ty, rows, cols, WeightData::Owned(Arc::new(vec![0u8; len])));
     assert!(ok(GgmlType::Q8_0, 2, 64, 2 * 2 * 34).is_ok());
     assert!(ok(GgmlType::Q8_0, 2, 64, 2 * 2 * 34 - 1).is_err());
     assert!(ok(GgmlType::Q8_0, 2, 64, 2 * 2 * 34 + 1).is_err());
@@ -549,7 +545,7 @@ fn qweight_validation() {
     assert!(ok(GgmlType::Q2_K, 1, 256, 84).is_err()); // unsupported
     assert!(ok(GgmlType::Q8_K, 1, 256, 292).is_err()); // activation-only format
     assert!(ok(GgmlType::F32, usize::MAX, 2, 0).is_err()); // overflow
-    // Mapped ranges must lie inside the storage.
+                                                           // Mapped ranges must lie inside the storage.
     let storage = Arc::new(ruvllm_core::gguf::Storage::Owned(vec![0u8; 100]));
     let mapped = |offset, len| WeightData::Mapped { storage: storage.clone(), offset, len };
     assert!(QWeight::new(GgmlType::Q8_0, 1, 32, mapped(10, 34)).is_ok());
@@ -630,11 +626,8 @@ fn xcheck_python_dumps() {
         let (kind, id, n, name) = (f[0], f[1].parse::<u32>().unwrap(), f[2].parse::<usize>().unwrap(), f[3]);
         let ty = GgmlType::from_id(id).unwrap();
         let raw = std::fs::read(dir.join(format!("{name}.raw"))).unwrap();
-        let f32s: Vec<f32> = std::fs::read(dir.join(format!("{name}.f32")))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let f32s: Vec<f32> =
+            std::fs::read(dir.join(format!("{name}.f32"))).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         match kind {
             "deq" => {
                 let mut y = vec![0f32; n];
@@ -698,7 +691,8 @@ fn decode_like_weights() -> Vec<QWeight> {
         ws.push(make(GgmlType::Q4_K, 640, 1024)); // attn_output
         ws.push(make(GgmlType::Q5_0, 2048, 640)); // ffn_gate
         ws.push(make(GgmlType::Q5_0, 2048, 640)); // ffn_up
-        ws.push(make(if l % 2 == 0 { GgmlType::Q6_K } else { GgmlType::Q4_K }, 640, 2048)); // ffn_down
+        ws.push(make(if l % 2 == 0 { GgmlType::Q6_K } else { GgmlType::Q4_K }, 640, 2048));
+        // ffn_down
     }
     ws.push(make(GgmlType::Q8_0, 262144, 640)); // output (tied embedding)
     ws
@@ -766,12 +760,7 @@ fn throughput() {
             body_bytes as f64 / body_s / 1e9
         );
     }
-    for (ty, rows, cols) in [
-        (GgmlType::Q5_0, 2048, 640),
-        (GgmlType::Q8_0, 2048, 640),
-        (GgmlType::Q4_K, 640, 2048),
-        (GgmlType::Q6_K, 640, 2048),
-    ] {
+    for (ty, rows, cols) in [(GgmlType::Q5_0, 2048, 640), (GgmlType::Q8_0, 2048, 640), (GgmlType::Q4_K, 640, 2048), (GgmlType::Q6_K, 640, 2048)] {
         let n = 64;
         let (_, us) = bench_one(ty, rows, cols, 2, n);
         let gflops = 2.0 * (rows * cols * n) as f64 / (us * 1e3);

@@ -91,10 +91,8 @@ fn write_peft(dir: &Path, alpha: f32, rank: usize, f: &Factors) -> PathBuf {
         tensors.push((format!("{base}.lora_A.weight"), vec![rank, i], bytes(a)));
         tensors.push((format!("{base}.lora_B.weight"), vec![o, rank], bytes(b)));
     }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(n, s, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap()))
-        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        tensors.iter().map(|(n, s, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap())).collect();
     let path = dir.join("adapter_model.safetensors");
     safetensors::serialize_to_file(views, None, &path).unwrap();
     path

@@ -5,8 +5,8 @@
 //! while changing the last block. A block of 1 is the causal mask and a block covering the whole
 //! sequence the bidirectional one, bit for bit.
 
-use ruvllm_core::gguf::GgufFile;
 use ruvllm_core::backend::cpu::CpuBackend;
+use ruvllm_core::gguf::GgufFile;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 use ruvllm_core::nn::AttentionMask;
 

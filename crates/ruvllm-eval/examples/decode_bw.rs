@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use ruvllm_core::gguf::GgufFile;
 use ruvllm_core::backend::cpu::matmul::WeightData;
 use ruvllm_core::backend::cpu::{matmul, QWeight};
+use ruvllm_core::gguf::GgufFile;
 use ruvllm_core::runtime::ThreadPool;
 
 /// Sums `b` as u64 words on the pool (a streaming read).

@@ -67,11 +67,7 @@ fn main() {
         }
         for (m, (name, _)) in models.iter().enumerate() {
             let (p50, p99) = quantiles(times[m].clone());
-            println!(
-                "{}: {name}: p50 {p50:.2} ms, p99 {p99:.2} ms ({} samples, {rounds} rounds)",
-                if cold { "cold" } else { "warm" },
-                times[m].len()
-            );
+            println!("{}: {name}: p50 {p50:.2} ms, p99 {p99:.2} ms ({} samples, {rounds} rounds)", if cold { "cold" } else { "warm" }, times[m].len());
         }
     }
     std::hint::black_box(&evict);

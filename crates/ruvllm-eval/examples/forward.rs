@@ -2,8 +2,8 @@
 //! profiling: `cargo run --release -p ruvllm-eval --example forward -- MODEL.gguf [threads] [prompt] [reps]`.
 use std::time::Instant;
 
-use ruvllm_core::gguf::GgufFile;
 use ruvllm_core::backend::{cpu::CpuBackend, Backend};
+use ruvllm_core::gguf::GgufFile;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 
 fn main() {
@@ -40,7 +40,16 @@ fn main() {
             let bits = be.logits().iter().fold(0u64, |h, v| h.wrapping_mul(0x100000001b3) ^ v.to_bits() as u64);
             println!("last decoded token's logits fingerprint {bits:016x}");
         }
-        let huge = std::fs::read_to_string("/proc/self/smaps_rollup").ok().and_then(|t| t.lines().find(|l| l.starts_with("AnonHugePages")).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())).unwrap_or_default();
-        println!("rep {r}: huge pages {huge} kB; prefill {prompt} tokens {:.1} ms ({:.1} tok/s); decode {:.2} ms/token ({:.1} tok/s)", pre * 1e3, prompt as f64 / pre, dec * 1e3, 1.0 / dec);
+        let huge = std::fs::read_to_string("/proc/self/smaps_rollup")
+            .ok()
+            .and_then(|t| t.lines().find(|l| l.starts_with("AnonHugePages")).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string()))
+            .unwrap_or_default();
+        println!(
+            "rep {r}: huge pages {huge} kB; prefill {prompt} tokens {:.1} ms ({:.1} tok/s); decode {:.2} ms/token ({:.1} tok/s)",
+            pre * 1e3,
+            prompt as f64 / pre,
+            dec * 1e3,
+            1.0 / dec
+        );
     }
 }

@@ -10,7 +10,8 @@ fn main() {
     let threads: usize = args.get(2).map_or(2, |s| s.parse().expect("threads"));
     let prompt: u32 = args.get(3).map_or(128, |s| s.parse().expect("prompt tokens"));
     let new: usize = args.get(4).map_or(128, |s| s.parse().expect("new tokens"));
-    let engine = Engine::load(std::path::Path::new(path), LoadOptions { context_size: Some(1024), threads: Some(threads), seed: None, ..Default::default() }).expect("load");
+    let engine = Engine::load(std::path::Path::new(path), LoadOptions { context_size: Some(1024), threads: Some(threads), seed: None, ..Default::default() })
+        .expect("load");
     let ids: Vec<u32> = (0..prompt).map(|i| 2 + (i * 7919) % 20000).collect();
     let params = GenerateParams { max_tokens: new, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None };
     let c = engine.generate_blocking(Prompt::Tokens(ids), params).expect("generate");

@@ -55,7 +55,14 @@ fn main() {
             }
             println!("reference {name}: router as built {}/{n}, with the fed half as labelled catalogue examples (head retrained) {}/{n}", right[0], right[1]);
         }
-        println!("relative rank among other half: median {} ; rank0 {} ; <3 {} ; nearest other-half task same agent {}/{}", ranks[ranks.len() / 2], ranks.iter().filter(|&&r| r == 0).count(), ranks.iter().filter(|&&r| r < 3).count(), same_nn, tests.len());
+        println!(
+            "relative rank among other half: median {} ; rank0 {} ; <3 {} ; nearest other-half task same agent {}/{}",
+            ranks[ranks.len() / 2],
+            ranks.iter().filter(|&&r| r == 0).count(),
+            ranks.iter().filter(|&&r| r < 3).count(),
+            same_nn,
+            tests.len()
+        );
         return;
     }
     let w: Vec<usize> = watch

@@ -14,12 +14,7 @@ fn main() {
     let threads: usize = args.get(2).map_or(2, |s| s.parse().expect("threads"));
     let file = GgufFile::open(path).expect("model");
     let untied = file.tensor("output.weight").is_some();
-    let bytes_per_token: u64 = file
-        .tensors
-        .iter()
-        .filter(|t| !(untied && t.name == "token_embd.weight"))
-        .map(|t| t.size)
-        .sum();
+    let bytes_per_token: u64 = file.tensors.iter().filter(|t| !(untied && t.name == "token_embd.weight")).map(|t| t.size).sum();
 
     // 1 GiB of u64s (far beyond any cache), written first so pages are resident; on huge pages
     // like the weights decode reads (runtime::mem), unless MEMBW_SMALL_PAGES is set.

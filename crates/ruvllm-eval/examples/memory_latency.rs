@@ -58,5 +58,10 @@ fn main() {
         v[v.len() / 2]
     };
     let (a, b) = (med(&mut p50[0]), med(&mut p50[1]));
-    println!("{} stored outcomes, {} patterns; route p50 (median of {rounds} alternating rounds): memory on {a:.1} µs, off {b:.1} µs, ratio {:.2}", n, r.patterns().len(), a / b);
+    println!(
+        "{} stored outcomes, {} patterns; route p50 (median of {rounds} alternating rounds): memory on {a:.1} µs, off {b:.1} µs, ratio {:.2}",
+        n,
+        r.patterns().len(),
+        a / b
+    );
 }

@@ -315,7 +315,14 @@ pub struct LearningOutcome {
 /// plus, after a failure, success with the right agent; "labelled examples": the reference, the
 /// fed tasks added with their true agents as examples), and measures the tasks `measured(i)`
 /// selects before and after.
-pub fn learn_and_measure(router: &Router, tests: &[TestTask], vecs: &[Vec<f32>], fed: &dyn Fn(usize) -> bool, measured: &dyn Fn(usize) -> bool, variant: &str) -> Result<LearningOutcome> {
+pub fn learn_and_measure(
+    router: &Router,
+    tests: &[TestTask],
+    vecs: &[Vec<f32>],
+    fed: &dyn Fn(usize) -> bool,
+    measured: &dyn Fn(usize) -> bool,
+    variant: &str,
+) -> Result<LearningOutcome> {
     let mut r = clone_router(router, IndexConfig { background: false, ..Default::default() })?;
     let routes = |r: &mut Router| -> Result<Vec<(usize, String)>> {
         let mut out = Vec::new();
@@ -333,9 +340,8 @@ pub fn learn_and_measure(router: &Router, tests: &[TestTask], vecs: &[Vec<f32>],
             // The reference: the fed tasks with their true agents added as catalogue examples
             // (head retrained), as if every outcome had been reported with the right agent and
             // no failure.
-            let items: Vec<(String, usize, Vec<f32>, Source)> = fed_tasks
-                .map(|(i, t)| Ok((t.text.clone(), r.agent_index(&t.agent)?, vecs[i].clone(), Source::Example)))
-                .collect::<Result<_>>()?;
+            let items: Vec<(String, usize, Vec<f32>, Source)> =
+                fed_tasks.map(|(i, t)| Ok((t.text.clone(), r.agent_index(&t.agent)?, vecs[i].clone(), Source::Example))).collect::<Result<_>>()?;
             calls = r.add_embedded(items)?;
         }
         "outcomes" | "outcomes+retry" => {
@@ -364,7 +370,15 @@ pub fn learn_and_measure(router: &Router, tests: &[TestTask], vecs: &[Vec<f32>],
 /// The learning protocol (`outcomes+retry` and the `labelled examples` reference, both
 /// directions) over the random halvings `seeds` (`shuffled_halves`), on `threads` threads, each
 /// with its own copy of `router`. `first_round`: the follow-ups left out of both halves.
-pub fn learning_over_halvings(router: &Router, tests: &[TestTask], vecs: &[Vec<f32>], agents: &[String], seeds: std::ops::Range<u64>, first_round: bool, threads: usize) -> Result<Vec<HalvingRun>> {
+pub fn learning_over_halvings(
+    router: &Router,
+    tests: &[TestTask],
+    vecs: &[Vec<f32>],
+    agents: &[String],
+    seeds: std::ops::Range<u64>,
+    first_round: bool,
+    threads: usize,
+) -> Result<Vec<HalvingRun>> {
     let json = router.to_json()?;
     let emb = router.embedder().clone();
     let seeds: Vec<u64> = seeds.collect();
@@ -788,7 +802,10 @@ impl BenchReport {
                 pct(l.after_correct, l.total)
             );
         }
-        let _ = writeln!(s, "\nTasks whose routing the feedback changed (`outcomes+retry`, all tasks):\n\n| fed | task | true | before | after |\n|---|---|---|---|---|");
+        let _ = writeln!(
+            s,
+            "\nTasks whose routing the feedback changed (`outcomes+retry`, all tasks):\n\n| fed | task | true | before | after |\n|---|---|---|---|---|"
+        );
         for l in self.learning.iter().filter(|l| l.variant == "outcomes+retry" && l.scope == "all tasks") {
             for (t, a, b, x) in &l.changed {
                 let _ = writeln!(s, "| {} | {t} | {a} | {b} | {x} |", l.fed);
@@ -806,11 +823,15 @@ impl BenchReport {
                     continue;
                 }
                 let before = runs.iter().map(|h| h.before as f64).sum::<f64>() / runs.len() as f64;
-                for (variant, after) in [("outcomes+retry", &(|h: &HalvingRun| h.outcomes_retry) as &dyn Fn(&HalvingRun) -> usize), ("labelled examples", &|h: &HalvingRun| h.labelled)] {
+                for (variant, after) in [
+                    ("outcomes+retry", &(|h: &HalvingRun| h.outcomes_retry) as &dyn Fn(&HalvingRun) -> usize),
+                    ("labelled examples", &|h: &HalvingRun| h.labelled),
+                ] {
                     let directed: Vec<f64> = runs.iter().map(|h| after(h) as f64 - h.before as f64).collect();
                     let mut seeds: Vec<u64> = runs.iter().map(|h| h.seed).collect();
                     seeds.dedup();
-                    let summed: Vec<f64> = seeds.iter().map(|&sd| runs.iter().filter(|h| h.seed == sd).map(|h| after(h) as f64 - h.before as f64).sum()).collect();
+                    let summed: Vec<f64> =
+                        seeds.iter().map(|&sd| runs.iter().filter(|h| h.seed == sd).map(|h| after(h) as f64 - h.before as f64).sum()).collect();
                     let (dm, dse, dc) = change_stats(&directed);
                     let (hm, hse, hc) = change_stats(&summed);
                     let _ = writeln!(
@@ -826,7 +847,15 @@ impl BenchReport {
             "\n### One correction at a time\n\nEach held-out task the router gets wrong, alone, on a fresh copy of the router: post-task failure with the routed agent, then success with the right agent; then the task and its related task (its follow-up, or the task it follows) are routed again. Outcome memory on (default) and off, same run.\n\n| outcome memory | corrected tasks | routed right afterwards | related tasks right before | after |\n|---|---|---|---|---|"
         );
         for c in &self.corrections {
-            let _ = writeln!(s, "| {} | {} | {} | {} | {} |", c.memory, c.tasks, pct(c.fixed, c.tasks), pct(c.related_before, c.related), pct(c.related_after, c.related));
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                c.memory,
+                c.tasks,
+                pct(c.fixed, c.tasks),
+                pct(c.related_before, c.related),
+                pct(c.related_after, c.related)
+            );
         }
         let _ = writeln!(
             s,

@@ -51,10 +51,7 @@ impl Config {
                 let d = PathBuf::from(d);
                 (d.clone(), d.join(".ruvllm"))
             }
-            None => (
-                var("HF_HUB_CACHE").map(PathBuf::from).unwrap_or_else(|| hf_home.join("hub")),
-                xdg_cache.join("ruvllm"),
-            ),
+            None => (var("HF_HUB_CACHE").map(PathBuf::from).unwrap_or_else(|| hf_home.join("hub")), xdg_cache.join("ruvllm")),
         };
         let token = var("HF_TOKEN").or_else(|| var("HUGGING_FACE_HUB_TOKEN")).or_else(|| {
             let p = var("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| hf_home.join("token"));

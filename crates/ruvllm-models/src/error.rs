@@ -60,15 +60,13 @@ impl HubError {
 
     /// Errors after which trying another source makes sense.
     pub fn is_source_failure(&self) -> bool {
-        !matches!(self, HubError::Aborted | HubError::InvalidArg(_) | HubError::DiskFull(_))
-            && self.code() != "ERR_DISK_FULL"
+        !matches!(self, HubError::Aborted | HubError::InvalidArg(_) | HubError::DiskFull(_)) && self.code() != "ERR_DISK_FULL"
     }
 }
 
 fn is_disk_full(e: &std::io::Error) -> bool {
     // ENOSPC (28) / EDQUOT (122 on Linux, 69 on macOS); ERROR_DISK_FULL (112) on Windows.
-    matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
-        || matches!(e.raw_os_error(), Some(28))
+    matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded) || matches!(e.raw_os_error(), Some(28))
 }
 
 /// Extension to attach a path to I/O errors.

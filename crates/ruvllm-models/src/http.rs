@@ -75,15 +75,7 @@ impl Meter {
         Meter {
             samples: VecDeque::new(),
             last_emit: None,
-            base: Progress {
-                phase: "download",
-                source,
-                file: file.to_string(),
-                downloaded: 0,
-                total,
-                bytes_per_sec: 0.0,
-                eta_secs: None,
-            },
+            base: Progress { phase: "download", source, file: file.to_string(), downloaded: 0, total, bytes_per_sec: 0.0, eta_secs: None },
         }
     }
 
@@ -100,11 +92,8 @@ impl Meter {
                 self.base.bytes_per_sec = downloaded.saturating_sub(b0) as f64 / dt;
             }
         }
-        self.base.eta_secs = if self.base.bytes_per_sec > 0.0 {
-            Some(self.base.total.saturating_sub(downloaded) as f64 / self.base.bytes_per_sec)
-        } else {
-            None
-        };
+        self.base.eta_secs =
+            if self.base.bytes_per_sec > 0.0 { Some(self.base.total.saturating_sub(downloaded) as f64 / self.base.bytes_per_sec) } else { None };
         let due = self.last_emit.is_none_or(|t| now.duration_since(t) >= Duration::from_millis(100));
         if force || due {
             self.last_emit = Some(now);
@@ -156,22 +145,13 @@ pub(crate) struct StatusContext<'a> {
 
 pub(crate) fn status_error(status: u16, x_error_code: Option<&str>, ctx: &StatusContext) -> HubError {
     match (status, x_error_code) {
-        (_, Some("RepoNotFound")) => HubError::NotFound(format!(
-            "{}: repository not found at {} (if it is private, {})",
-            ctx.what,
-            origin(ctx.url),
-            ctx.auth_hint
-        )),
-        (_, Some("GatedRepo")) => HubError::AuthRequired(format!(
-            "{} is gated: accept its license on the Hub, then {}",
-            ctx.what, ctx.auth_hint
-        )),
-        (401 | 403, _) => HubError::AuthRequired(format!(
-            "{}: access denied (HTTP {status}) by {}; a token is needed: {}",
-            ctx.what,
-            origin(ctx.url),
-            ctx.auth_hint
-        )),
+        (_, Some("RepoNotFound")) => {
+            HubError::NotFound(format!("{}: repository not found at {} (if it is private, {})", ctx.what, origin(ctx.url), ctx.auth_hint))
+        }
+        (_, Some("GatedRepo")) => HubError::AuthRequired(format!("{} is gated: accept its license on the Hub, then {}", ctx.what, ctx.auth_hint)),
+        (401 | 403, _) => {
+            HubError::AuthRequired(format!("{}: access denied (HTTP {status}) by {}; a token is needed: {}", ctx.what, origin(ctx.url), ctx.auth_hint))
+        }
         (404, Some("RevisionNotFound")) => HubError::NotFound(format!("{}: revision not found ({})", ctx.what, ctx.url)),
         (404, _) => HubError::NotFound(format!("{}: not found (HTTP 404 from {})", ctx.what, ctx.url)),
         (416, _) => HubError::Network(format!("{}: server refused the byte range (HTTP 416 from {})", ctx.what, ctx.url)),
@@ -432,10 +412,7 @@ pub(crate) fn fetch_verified(f: &Fetch, meter: &mut Meter, base_done: u64, hooks
                     }
                 };
                 if have + n as u64 > f.size {
-                    return Err(HubError::ChecksumMismatch(format!(
-                        "{}: the server sent more than the {} bytes it announced",
-                        f.ctx.what, f.size
-                    )));
+                    return Err(HubError::ChecksumMismatch(format!("{}: the server sent more than the {} bytes it announced", f.ctx.what, f.size)));
                 }
                 file.write_all(&buf[..n]).at(&part)?;
                 hasher.update(&buf[..n]);
@@ -443,12 +420,7 @@ pub(crate) fn fetch_verified(f: &Fetch, meter: &mut Meter, base_done: u64, hooks
                 meter.update(hooks, base_done + have, false);
             }
             if have < f.size {
-                return Err(HubError::Network(format!(
-                    "connection to {} closed early at {} of {}",
-                    origin(f.url),
-                    human_bytes(have),
-                    human_bytes(f.size)
-                )));
+                return Err(HubError::Network(format!("connection to {} closed early at {} of {}", origin(f.url), human_bytes(have), human_bytes(f.size))));
             }
             Ok(())
         })();
@@ -484,10 +456,7 @@ pub(crate) fn fetch_verified(f: &Fetch, meter: &mut Meter, base_done: u64, hooks
     if let Some(want) = f.sha256 {
         if !digest.eq_ignore_ascii_case(want) {
             let _ = std::fs::remove_file(&part);
-            return Err(HubError::ChecksumMismatch(format!(
-                "{}: SHA-256 mismatch (expected {want}, got {digest}); the download was discarded",
-                f.ctx.what
-            )));
+            return Err(HubError::ChecksumMismatch(format!("{}: SHA-256 mismatch (expected {want}, got {digest}); the download was discarded", f.ctx.what)));
         }
     }
     std::fs::rename(&part, f.dest).at(f.dest)?;
@@ -513,10 +482,6 @@ pub(crate) fn get_text(url: &str, ctx: &StatusContext, accept: &str) -> Result<S
         return Err(status_error(status, xec.as_deref(), ctx));
     }
     let mut s = String::new();
-    resp.into_body()
-        .into_reader()
-        .take(64 << 20)
-        .read_to_string(&mut s)
-        .map_err(|e| HubError::Network(format!("reading {url}: {e}")))?;
+    resp.into_body().into_reader().take(64 << 20).read_to_string(&mut s).map_err(|e| HubError::Network(format!("reading {url}: {e}")))?;
     Ok(s)
 }

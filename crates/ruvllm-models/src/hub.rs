@@ -68,9 +68,7 @@ pub fn metadata(cfg: &Config, m: &ModelRef) -> Result<HubMeta> {
         if let Some(t) = &cfg.token {
             req = req.header("Authorization", &format!("Bearer {t}"));
         }
-        let resp = req.call().map_err(|e| {
-            HubError::Network(format!("could not reach the Hugging Face Hub at {} ({e})", http::origin(&url)))
-        })?;
+        let resp = req.call().map_err(|e| HubError::Network(format!("could not reach the Hugging Face Hub at {} ({e})", http::origin(&url))))?;
         let status = resp.status().as_u16();
         let hint = auth_hint(cfg);
         let ctx = StatusContext { what: &what, url: &url, auth_hint: &hint };
@@ -93,20 +91,12 @@ pub fn metadata(cfg: &Config, m: &ModelRef) -> Result<HubMeta> {
     Err(HubError::Network(format!("{what}: too many redirects from {}", cfg.endpoint)))
 }
 
-fn meta_from(
-    resp: &ureq::http::Response<ureq::Body>,
-    _status: u16,
-    what: &str,
-    url: &str,
-    location: Option<String>,
-) -> Result<HubMeta> {
+fn meta_from(resp: &ureq::http::Response<ureq::Body>, _status: u16, what: &str, url: &str, location: Option<String>) -> Result<HubMeta> {
     let etag = header(resp, "x-linked-etag")
         .or_else(|| header(resp, "etag"))
         .map(|e| clean_etag(&e))
         .filter(|e| !e.is_empty())
-        .ok_or_else(|| {
-            HubError::Network(format!("{what}: {} sent no ETag; is HF_ENDPOINT a Hugging Face Hub (or a mirror of one)?", http::origin(url)))
-        })?;
+        .ok_or_else(|| HubError::Network(format!("{what}: {} sent no ETag; is HF_ENDPOINT a Hugging Face Hub (or a mirror of one)?", http::origin(url))))?;
     let size = header(resp, "x-linked-size")
         .or_else(|| if location.is_none() { header(resp, "content-length") } else { None })
         .and_then(|s| s.parse::<u64>().ok())
@@ -148,10 +138,7 @@ pub fn download(cfg: &Config, m: &ModelRef, hooks: &Hooks) -> Result<PathBuf> {
         (Some(pin), _) => Some(pin.to_ascii_lowercase()),
         (None, true) => Some(meta.etag.to_ascii_lowercase()),
         (None, false) => {
-            hooks.notice(&format!(
-                "{}/{}: no SHA-256 known for this file (not an LFS file); checking its size only",
-                m.repo, m.file
-            ));
+            hooks.notice(&format!("{}/{}: no SHA-256 known for this file (not an LFS file); checking its size only", m.repo, m.file));
             None
         }
     };

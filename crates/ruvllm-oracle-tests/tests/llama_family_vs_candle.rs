@@ -5,10 +5,10 @@
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2};
-use ruvllm_core::gguf::writer::GgufWriter;
-use ruvllm_core::gguf::{GgufFile, MetadataValue};
 use ruvllm_core::backend::cpu::{quant, GgmlType};
 use ruvllm_core::backend::{cpu::CpuBackend, Backend};
+use ruvllm_core::gguf::writer::GgufWriter;
+use ruvllm_core::gguf::{GgufFile, MetadataValue};
 use ruvllm_core::kv::KvType;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 
@@ -192,11 +192,7 @@ fn compare(arch: &str, ty: GgmlType, rel_tol: f32, (a1, a2): (Vec<f32>, Vec<f32>
         let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
         let diff = a.iter().zip(b.iter()).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         assert!(scale > 0.1, "{arch} {ty:?}: degenerate logits");
-        assert!(
-            diff <= rel_tol * scale,
-            "{arch} {} {step}: max |ours - candle| = {diff} > {rel_tol} × max|logit| {scale}",
-            ty.name()
-        );
+        assert!(diff <= rel_tol * scale, "{arch} {} {step}: max |ours - candle| = {diff} > {rel_tol} × max|logit| {scale}", ty.name());
         assert_eq!(argmax(a), argmax(b), "{arch} {} {step}: argmax differs", ty.name());
     }
 }

@@ -66,10 +66,7 @@ pub fn claude_flow_agents() -> Result<Vec<CatalogueAgent>> {
 
 /// The catalogue as router agent specs (description + examples).
 pub fn default_agent_specs() -> Result<Vec<AgentSpec>> {
-    Ok(claude_flow_agents()?
-        .into_iter()
-        .map(|a| AgentSpec { name: a.name, description: a.description, examples: a.examples })
-        .collect())
+    Ok(claude_flow_agents()?.into_iter().map(|a| AgentSpec { name: a.name, description: a.description, examples: a.examples }).collect())
 }
 
 /// The held-out test split: first-round tasks, then one follow-up per first-round task.

@@ -29,8 +29,8 @@ pub fn state_path() -> Result<PathBuf> {
     if let Some(p) = env_path(ENV_STATE) {
         return Ok(p);
     }
-    let dir = user_dir("XDG_CONFIG_HOME", ".config")
-        .ok_or_else(|| Error::InvalidArg(format!("no config directory: set XDG_CONFIG_HOME, HOME or {ENV_STATE}")))?;
+    let dir =
+        user_dir("XDG_CONFIG_HOME", ".config").ok_or_else(|| Error::InvalidArg(format!("no config directory: set XDG_CONFIG_HOME, HOME or {ENV_STATE}")))?;
     Ok(dir.join("router-state.json"))
 }
 
@@ -51,12 +51,7 @@ pub fn lock_state(state: &Path, timeout: Duration) -> Result<StateLock> {
     if let Some(dir) = lock_path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("creating directory", dir, e))?;
     }
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| Error::io("opening", &lock_path, e))?;
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| Error::io("opening", &lock_path, e))?;
     let start = Instant::now();
     loop {
         match file.try_lock() {

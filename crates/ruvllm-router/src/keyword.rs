@@ -11,11 +11,7 @@ pub struct KeywordRouter {
 }
 
 fn words(s: &str) -> Vec<String> {
-    s.to_lowercase()
-        .split(|c: char| !(c.is_alphanumeric() || c == '/' || c == '-'))
-        .filter(|w| !w.is_empty())
-        .map(String::from)
-        .collect()
+    s.to_lowercase().split(|c: char| !(c.is_alphanumeric() || c == '/' || c == '-')).filter(|w| !w.is_empty()).map(String::from).collect()
 }
 
 impl KeywordRouter {

@@ -19,17 +19,13 @@ use std::collections::HashMap;
 pub const ALPHA: f32 = 1.5;
 
 const STOP: &[&str] = &[
-    "a", "an", "the", "to", "of", "for", "and", "or", "in", "on", "at", "by", "with", "from", "is", "are", "be", "it", "this", "that", "our",
-    "we", "my", "your", "as", "into",
+    "a", "an", "the", "to", "of", "for", "and", "or", "in", "on", "at", "by", "with", "from", "is", "are", "be", "it", "this", "that", "our", "we", "my",
+    "your", "as", "into",
 ];
 
 /// Lower-cased alphanumeric words of `text` without stop words.
 pub fn words(text: &str) -> Vec<String> {
-    text.to_lowercase()
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty() && !STOP.contains(w))
-        .map(String::from)
-        .collect()
+    text.to_lowercase().split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty() && !STOP.contains(w)).map(String::from).collect()
 }
 
 /// A sparse feature vector: `(word id, value)`.

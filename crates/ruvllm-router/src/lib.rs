@@ -16,7 +16,7 @@ pub mod linear;
 pub mod router;
 pub mod simd;
 
-/// The embedder API a router is built with, so that a caller of the router names one crate.
-pub use ruvllm_embed::{default_embedder, router_default_embedder, routing_embedder, Adapter, BertEmbedder, BertOptions, Embedder, WeightFormat};
 pub use error::{Error, Result};
 pub use router::{AgentScore, AgentSpec, FeedbackEffect, Params, Route, Router};
+/// The embedder API a router is built with, so that a caller of the router names one crate.
+pub use ruvllm_embed::{default_embedder, router_default_embedder, routing_embedder, Adapter, BertEmbedder, BertOptions, Embedder, WeightFormat};

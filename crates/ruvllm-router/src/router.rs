@@ -445,10 +445,7 @@ impl Router {
     /// Index of agent `name`.
     pub fn agent_index(&self, name: &str) -> Result<usize> {
         self.agents.iter().position(|a| a.name == name).ok_or_else(|| {
-            Error::InvalidArg(format!(
-                "unknown agent '{name}'; known agents: {}",
-                self.agents.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ")
-            ))
+            Error::InvalidArg(format!("unknown agent '{name}'; known agents: {}", self.agents.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ")))
         })
     }
 
@@ -537,10 +534,7 @@ impl Router {
             }
         }
         let learn = items.iter().any(|x| x.3 != Source::Synthetic);
-        let batch = items
-            .into_iter()
-            .map(|(text, agent, v, source)| (Pattern { text, agent, weight: 1.0, successes: 0, failures: 0, source }, v))
-            .collect();
+        let batch = items.into_iter().map(|(text, agent, v, source)| (Pattern { text, agent, weight: 1.0, successes: 0, failures: 0, source }, v)).collect();
         self.push_many(batch);
         if learn {
             self.retrain_head();
@@ -583,9 +577,7 @@ impl Router {
         let (share, nearest) = neighbour_features(&self.patterns, &nn, na, self.params.tau);
         let mut logits = vec![0.0f32; na];
         for a in 0..na {
-            logits[a] = self.params.beta_knn * share[a]
-                + self.params.beta_nearest * nearest[a]
-                + self.params.beta_centroid * dot(q, &self.centroid[a]);
+            logits[a] = self.params.beta_knn * share[a] + self.params.beta_nearest * nearest[a] + self.params.beta_centroid * dot(q, &self.centroid[a]);
         }
         if self.params.beta_linear > 0.0 && self.head.is_trained() {
             let lex = self.lexicon.features(task);
@@ -639,11 +631,7 @@ impl Router {
         Ok(Route {
             agent: self.agents[top].name.clone(),
             confidence: probs[top],
-            alternatives: order[1..]
-                .iter()
-                .take(3)
-                .map(|&a| AgentScore { agent: self.agents[a].name.clone(), score: probs[a] })
-                .collect(),
+            alternatives: order[1..].iter().take(3).map(|&a| AgentScore { agent: self.agents[a].name.clone(), score: probs[a] }).collect(),
         })
     }
 
@@ -688,11 +676,7 @@ impl Router {
             self.memory_items.push(MemoryItem::Failure(self.negatives.len() - 1));
             // Near-identical patterns of the agent count the failure; from the
             // `failures_to_penalise`-th on, their weight drops.
-            let near: Vec<usize> = nn
-                .iter()
-                .filter(|&&(id, s)| self.patterns[id].agent == a && s >= self.params.failure_cos)
-                .map(|&(id, _)| id)
-                .collect();
+            let near: Vec<usize> = nn.iter().filter(|&&(id, s)| self.patterns[id].agent == a && s >= self.params.failure_cos).map(|&(id, _)| id).collect();
             let mut hit = Vec::new();
             for &id in &near {
                 self.patterns[id].failures += 1;
@@ -716,7 +700,11 @@ impl Router {
         let mut rows = Vec::new();
         for (i, p) in self.patterns.iter().enumerate() {
             let outcome = p.source == Source::Feedback;
-            if p.source != Source::Synthetic && p.weight > 0.0 && (!outcome || self.params.outcomes_in_head) && skip_fold.is_none_or(|(f, k)| p.source == Source::Description || i % k != f) {
+            if p.source != Source::Synthetic
+                && p.weight > 0.0
+                && (!outcome || self.params.outcomes_in_head)
+                && skip_fold.is_none_or(|(f, k)| p.source == Source::Description || i % k != f)
+            {
                 lex.push(self.lexicon.features(&p.text));
                 rows.push((self.index.vector(i), p.agent, p.weight, false));
             }
@@ -746,8 +734,7 @@ impl Router {
         for r in rows.iter_mut().filter(|r| !r.3) {
             r.2 *= mean / per_agent[r.1];
         }
-        let rows: Vec<Row> =
-            rows.iter().zip(&lex).map(|(&(x, label, weight, negative), l)| Row { x, lex: l, label, weight, negative }).collect();
+        let rows: Vec<Row> = rows.iter().zip(&lex).map(|(&(x, label, weight, negative), l)| Row { x, lex: l, label, weight, negative }).collect();
         LinearHead::train(&rows, self.agents.len(), self.embedder.dim(), self.lexicon.len())
     }
 
@@ -798,11 +785,8 @@ impl Router {
                 continue;
             }
             let v = self.index.vector(i).to_vec();
-            let nn: Vec<(usize, f32)> = if self.params.knn_features {
-                self.index.search(&v, k + 1).into_iter().filter(|&(id, _)| id != i).take(k).collect()
-            } else {
-                Vec::new()
-            };
+            let nn: Vec<(usize, f32)> =
+                if self.params.knn_features { self.index.search(&v, k + 1).into_iter().filter(|&(id, _)| id != i).take(k).collect() } else { Vec::new() };
             let label = self.patterns[i].agent;
             let w = self.patterns[i].weight;
             let cent: Vec<f32> = (0..na)
@@ -867,12 +851,7 @@ impl Router {
             agents: self.agents.clone(),
             params: self.params.clone(),
             head: self.head.clone(),
-            patterns: self
-                .patterns
-                .iter()
-                .enumerate()
-                .map(|(i, p)| SavedPattern { p: p.clone(), v: encode_vec(self.index.vector(i)) })
-                .collect(),
+            patterns: self.patterns.iter().enumerate().map(|(i, p)| SavedPattern { p: p.clone(), v: encode_vec(self.index.vector(i)) }).collect(),
             negatives: self.negatives.iter().map(|n| Negative { v: encode_vec(&n.vec), vec: Vec::new(), ..n.clone() }).collect(),
             memory: self.memory_items.clone(),
         };

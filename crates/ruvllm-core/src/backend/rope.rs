@@ -25,9 +25,7 @@ impl RopeTable {
         let half = rot_dim / 2;
         let mut cos = Vec::with_capacity(max_pos * half);
         let mut sin = Vec::with_capacity(max_pos * half);
-        let inv: Vec<f32> = (0..half)
-            .map(|i| 1.0 / base.powf(2.0 * i as f32 / rot_dim as f32) / linear_factor)
-            .collect();
+        let inv: Vec<f32> = (0..half).map(|i| 1.0 / base.powf(2.0 * i as f32 / rot_dim as f32) / linear_factor).collect();
         for p in 0..max_pos {
             for &f in &inv {
                 let a = p as f32 * f;

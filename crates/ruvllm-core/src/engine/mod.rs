@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::chat::{ChatMessage, ChatTemplate};
-use crate::gguf::GgufFile;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
+use crate::chat::{ChatMessage, ChatTemplate};
+use crate::gguf::GgufFile;
 use crate::kv::KvCache;
 use crate::models::{self, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
@@ -273,15 +273,10 @@ fn model_info(file: &GgufFile, cfg: &models::TransformerConfig, context: usize, 
         *tensor_types.entry(t.dtype.name().to_string()).or_insert(0) += 1;
         params += t.n_elements();
     }
-    let quantization = file
-        .get("general.file_type")
-        .and_then(|v| v.as_u64())
-        .and_then(file_type_name)
-        .map(str::to_string)
-        .unwrap_or_else(|| {
-            // No file type: name the most common weight type.
-            tensor_types.iter().filter(|(k, _)| k.as_str() != "F32").max_by_key(|(_, n)| **n).map(|(k, _)| k.clone()).unwrap_or_else(|| "F32".into())
-        });
+    let quantization = file.get("general.file_type").and_then(|v| v.as_u64()).and_then(file_type_name).map(str::to_string).unwrap_or_else(|| {
+        // No file type: name the most common weight type.
+        tensor_types.iter().filter(|(k, _)| k.as_str() != "F32").max_by_key(|(_, n)| **n).map(|(k, _)| k.clone()).unwrap_or_else(|| "F32".into())
+    });
     ModelInfo {
         path: file.path.display().to_string(),
         name: file.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string(),
@@ -724,20 +719,9 @@ impl Worker {
                 top_logprobs.push(top_lp);
             }
         })?;
-        let perplexity = if logprobs.is_empty() {
-            f64::NAN
-        } else {
-            (-logprobs.iter().sum::<f64>() / logprobs.len() as f64).exp()
-        };
+        let perplexity = if logprobs.is_empty() { f64::NAN } else { (-logprobs.iter().sum::<f64>() / logprobs.len() as f64).exp() };
         let secs = start.elapsed().as_secs_f64();
-        Ok(Score {
-            tokens_per_second: if secs > 0.0 { ids.len() as f64 / secs } else { 0.0 },
-            tokens: ids,
-            logprobs,
-            top_tokens,
-            top_logprobs,
-            perplexity,
-        })
+        Ok(Score { tokens_per_second: if secs > 0.0 { ids.len() as f64 / secs } else { 0.0 }, tokens: ids, logprobs, top_tokens, top_logprobs, perplexity })
     }
 
     /// Mean-pooled, L2-normalised final hidden states of each text (BOS added), evaluated from
@@ -787,13 +771,8 @@ impl Worker {
             return Ok(c);
         }
         let n_past = self.reusable_prefix(&ids);
-        let mut ctx = DecodeContext {
-            model: &self.model,
-            cache: &mut self.cache,
-            backend: &mut *self.backend,
-            tokenizer: &shared.tokenizer,
-            context: self.context,
-        };
+        let mut ctx =
+            DecodeContext { model: &self.model, cache: &mut self.cache, backend: &mut *self.backend, tokenizer: &shared.tokenizer, context: self.context };
         let request = DecodeRequest { prompt: &ids, reusable: n_past, params: &req.params, cancel: &req.cancel, sink: &mut req.sink, start };
         let d = Autoregressive.decode(&mut ctx, request)?;
         c.completion_tokens = d.tokens.len();

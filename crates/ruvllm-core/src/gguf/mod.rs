@@ -142,7 +142,9 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    pub fn n_elements(&self) -> u64 { self.dims.iter().product() }
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
 }
 
 /// Bytes of the file, memory-mapped (or owned, for files built in memory by tests).
@@ -224,9 +226,13 @@ impl GgufFile {
         })
     }
 
-    pub fn get(&self, key: &str) -> Option<&MetadataValue> { self.metadata.get(key) }
+    pub fn get(&self, key: &str) -> Option<&MetadataValue> {
+        self.metadata.get(key)
+    }
     /// `general.architecture`.
-    pub fn architecture(&self) -> Option<&str> { self.get("general.architecture").and_then(|v| v.as_str()) }
+    pub fn architecture(&self) -> Option<&str> {
+        self.get("general.architecture").and_then(|v| v.as_str())
+    }
     /// Typed getters: missing key or wrong type -> `Error::GgufInvalid` naming the key.
     pub fn get_u64(&self, key: &str) -> Result<u64> {
         self.typed(key, "an unsigned integer", MetadataValue::as_u64)
@@ -243,21 +249,9 @@ impl GgufFile {
     }
 
     /// Looks `key` up and converts it, with an error naming the key when missing or mistyped.
-    fn typed<'a, T>(
-        &'a self,
-        key: &str,
-        expected: &str,
-        convert: impl FnOnce(&'a MetadataValue) -> Option<T>,
-    ) -> Result<T> {
-        let value = self
-            .get(key)
-            .ok_or_else(|| Error::gguf(&self.path, format!("missing metadata key '{key}'")))?;
-        convert(value).ok_or_else(|| {
-            Error::gguf(
-                &self.path,
-                format!("metadata key '{key}' has type {}, expected {expected}", value.type_name()),
-            )
-        })
+    fn typed<'a, T>(&'a self, key: &str, expected: &str, convert: impl FnOnce(&'a MetadataValue) -> Option<T>) -> Result<T> {
+        let value = self.get(key).ok_or_else(|| Error::gguf(&self.path, format!("missing metadata key '{key}'")))?;
+        convert(value).ok_or_else(|| Error::gguf(&self.path, format!("metadata key '{key}' has type {}, expected {expected}", value.type_name())))
     }
 
     /// The tensor named `name`.
@@ -276,7 +270,9 @@ impl GgufFile {
         }
     }
     /// Shared handle to the whole file's bytes, so weights can borrow them without copying.
-    pub fn storage(&self) -> Arc<Storage> { self.storage.clone() }
+    pub fn storage(&self) -> Arc<Storage> {
+        self.storage.clone()
+    }
     /// All metadata as a JSON object.
     pub fn metadata_json(&self) -> serde_json::Value {
         let map = self.metadata.iter().map(|(k, v)| (k.clone(), v.to_json())).collect();

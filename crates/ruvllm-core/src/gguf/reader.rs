@@ -82,8 +82,7 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Header, String> {
     let metadata = read_metadata(&mut cur, kv_count)?;
     let raw = read_tensor_infos(&mut cur, tensor_count)?;
     let alignment = alignment_of(&metadata)?;
-    let data_offset = align_up(cur.pos as u64, alignment)
-        .ok_or_else(|| "the data section offset overflows".to_string())?;
+    let data_offset = align_up(cur.pos as u64, alignment).ok_or_else(|| "the data section offset overflows".to_string())?;
     let tensors = validate_tensors(raw, data_offset, alignment, bytes.len() as u64)?;
     Ok(Header { version, metadata, tensors, alignment, data_offset })
 }
@@ -142,12 +141,9 @@ fn read_counts(cur: &mut Cursor<'_>) -> Result<(u64, u64), String> {
              entry needs at least {MIN_KV_BYTES}"
         ));
     }
-    let needed = u128::from(tensor_count) * u128::from(MIN_TENSOR_BYTES)
-        + u128::from(kv_count) * u128::from(MIN_KV_BYTES);
+    let needed = u128::from(tensor_count) * u128::from(MIN_TENSOR_BYTES) + u128::from(kv_count) * u128::from(MIN_KV_BYTES);
     if needed > u128::from(left) {
-        return Err(format!(
-            "{tensor_count} tensors and {kv_count} metadata entries cannot fit in a file of {file} bytes"
-        ));
+        return Err(format!("{tensor_count} tensors and {kv_count} metadata entries cannot fit in a file of {file} bytes"));
     }
     Ok((tensor_count, kv_count))
 }
@@ -202,52 +198,35 @@ fn alignment_of(metadata: &BTreeMap<String, MetadataValue>) -> Result<u64, Strin
     match metadata.get(ALIGNMENT_KEY) {
         None => Ok(DEFAULT_ALIGNMENT),
         Some(MetadataValue::U32(a)) if a.is_power_of_two() => Ok(u64::from(*a)),
-        Some(MetadataValue::U32(a)) => {
-            Err(format!("{ALIGNMENT_KEY} is {a}, which is not a power of two"))
-        }
-        Some(other) => {
-            Err(format!("{ALIGNMENT_KEY} must be a u32, but it is {}", other.type_name()))
-        }
+        Some(MetadataValue::U32(a)) => Err(format!("{ALIGNMENT_KEY} is {a}, which is not a power of two")),
+        Some(other) => Err(format!("{ALIGNMENT_KEY} must be a u32, but it is {}", other.type_name())),
     }
 }
 
 /// Validates every tensor against the file and rejects duplicate names.
-fn validate_tensors(
-    raw: Vec<RawTensor>,
-    data_offset: u64,
-    alignment: u64,
-    file_len: u64,
-) -> Result<Vec<TensorInfo>, String> {
+fn validate_tensors(raw: Vec<RawTensor>, data_offset: u64, alignment: u64, file_len: u64) -> Result<Vec<TensorInfo>, String> {
     let mut seen = HashSet::with_capacity(raw.len());
     for t in &raw {
         if !seen.insert(t.name.as_str()) {
             return Err(format!("duplicate tensor name '{}'", t.name));
         }
     }
-    raw.into_iter()
-        .map(|t| validate_tensor(t, data_offset, alignment, file_len))
-        .collect()
+    raw.into_iter().map(|t| validate_tensor(t, data_offset, alignment, file_len)).collect()
 }
 
 /// Checks one tensor's dims, type, size and placement.
 fn validate_tensor(t: RawTensor, data_offset: u64, alignment: u64, file_len: u64) -> Result<TensorInfo, String> {
     let name = &t.name;
     let n_elements = element_count(name, &t.dims)?;
-    let dtype = GgmlType::from_id(t.type_id)
-        .ok_or_else(|| format!("tensor '{name}' has unknown ggml type id {}", t.type_id))?;
+    let dtype = GgmlType::from_id(t.type_id).ok_or_else(|| format!("tensor '{name}' has unknown ggml type id {}", t.type_id))?;
     let size = byte_size(name, &t.dims, n_elements, dtype)?;
     if !t.offset.is_multiple_of(alignment) {
-        return Err(format!(
-            "tensor '{name}' offset {} is not a multiple of the alignment {alignment}",
-            t.offset
-        ));
+        return Err(format!("tensor '{name}' offset {} is not a multiple of the alignment {alignment}", t.offset));
     }
     let offset = data_offset.checked_add(t.offset);
     let end = offset.and_then(|o| o.checked_add(size));
     match (offset, end) {
-        (Some(offset), Some(end)) if end <= file_len => {
-            Ok(TensorInfo { name: t.name, dims: t.dims, dtype, offset, size })
-        }
+        (Some(offset), Some(end)) if end <= file_len => Ok(TensorInfo { name: t.name, dims: t.dims, dtype, offset, size }),
         _ => Err(format!(
             "tensor '{name}' data (offset {}, {size} bytes) extends past the end of the file ({file_len} bytes)",
             u128::from(data_offset) + u128::from(t.offset)
@@ -262,10 +241,7 @@ fn element_count(name: &str, dims: &[u64]) -> Result<u64, String> {
         if d == 0 {
             return Err(format!("tensor '{name}' dimension {i} is 0 (dims {dims:?})"));
         }
-        n = n
-            .checked_mul(d)
-            .filter(|&n| n <= i64::MAX as u64)
-            .ok_or_else(|| format!("tensor '{name}' element count overflows (dims {dims:?})"))?;
+        n = n.checked_mul(d).filter(|&n| n <= i64::MAX as u64).ok_or_else(|| format!("tensor '{name}' element count overflows (dims {dims:?})"))?;
     }
     Ok(n)
 }
@@ -275,14 +251,9 @@ fn byte_size(name: &str, dims: &[u64], n_elements: u64, dtype: GgmlType) -> Resu
     let block = dtype.block_size() as u64;
     let row = dims.first().copied().unwrap_or(1);
     if !row.is_multiple_of(block) {
-        return Err(format!(
-            "tensor '{name}' row length {row} is not a multiple of the {} block size {block}",
-            dtype.name()
-        ));
+        return Err(format!("tensor '{name}' row length {row} is not a multiple of the {} block size {block}", dtype.name()));
     }
-    dtype
-        .bytes_for(n_elements)
-        .ok_or_else(|| format!("tensor '{name}' byte size overflows (dims {dims:?}, type {})", dtype.name()))
+    dtype.bytes_for(n_elements).ok_or_else(|| format!("tensor '{name}' byte size overflows (dims {dims:?}, type {})", dtype.name()))
 }
 
 /// Rounds `n` up to a multiple of `align` (a power of two).
@@ -309,11 +280,7 @@ impl<'a> Cursor<'a> {
     /// The next `n` bytes; `what` names the field for the error message.
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
         if n > self.remaining() {
-            return Err(format!(
-                "the file is truncated: {what} needs {n} bytes at offset {}, but the file ends at {}",
-                self.pos,
-                self.bytes.len()
-            ));
+            return Err(format!("the file is truncated: {what} needs {n} bytes at offset {}, but the file ends at {}", self.pos, self.bytes.len()));
         }
         let out = &self.bytes[self.pos..self.pos + n];
         self.pos += n;
@@ -339,15 +306,10 @@ impl<'a> Cursor<'a> {
         let at = self.pos;
         let len = self.u64(what)?;
         if len > self.remaining() as u64 {
-            return Err(format!(
-                "{what} at offset {at} has length {len}, more than the {} bytes left in the file",
-                self.remaining()
-            ));
+            return Err(format!("{what} at offset {at} has length {len}, more than the {} bytes left in the file", self.remaining()));
         }
         let raw = self.take(len as usize, what)?;
-        std::str::from_utf8(raw)
-            .map(str::to_owned)
-            .map_err(|e| format!("{what} at offset {at} is not valid UTF-8 ({e})"))
+        std::str::from_utf8(raw).map(str::to_owned).map_err(|e| format!("{what} at offset {at} is not valid UTF-8 ({e})"))
     }
 
     /// One value of type `ty`; `depth` is the current array nesting.
@@ -390,8 +352,7 @@ impl<'a> Cursor<'a> {
         let at = self.pos;
         let elem = self.u32("an array element type")?;
         let len = self.u64("an array length")?;
-        let min = min_encoded_size(elem)
-            .ok_or_else(|| format!("array at offset {at} has unknown element type {elem}"))?;
+        let min = min_encoded_size(elem).ok_or_else(|| format!("array at offset {at} has unknown element type {elem}"))?;
         if len > self.remaining() as u64 / min {
             return Err(format!(
                 "array at offset {at} claims {len} elements of type {elem}, which cannot fit in the {} bytes left in the file",

@@ -22,7 +22,9 @@ pub struct GgufWriter {
 
 impl GgufWriter {
     /// An empty writer with the default alignment.
-    pub fn new() -> Self { Self { alignment: 32, ..Default::default() } }
+    pub fn new() -> Self {
+        Self { alignment: 32, ..Default::default() }
+    }
 
     /// Adds a metadata entry (written in insertion order; duplicates are written as given, which
     /// lets tests build invalid files).

@@ -5,8 +5,8 @@
 //! Graph as llama.cpp's `llm_build_gemma3_iswa`.
 
 use super::transformer::{Activation, TransformerConfig};
-use crate::gguf::GgufFile;
 use crate::backend::RopeStyle;
+use crate::gguf::GgufFile;
 use crate::Result;
 
 /// Reads `gemma3.*` metadata.

@@ -4,8 +4,8 @@
 //! LM head. Graphs as llama.cpp's `llm_build_llama` / `llm_build_qwen2`.
 
 use super::transformer::{Activation, TransformerConfig};
-use crate::gguf::GgufFile;
 use crate::backend::RopeStyle;
+use crate::gguf::GgufFile;
 use crate::Result;
 
 /// Reads `{llama,qwen2,mistral}.*` metadata.

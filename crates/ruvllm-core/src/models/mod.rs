@@ -16,9 +16,7 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &["gemma3", "llama", "mistral", "qw
 /// Reads the config of a supported architecture, validating it.
 pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
     let arch = file.get_str("general.architecture")?;
-    let embd = file
-        .tensor("token_embd.weight")
-        .ok_or_else(|| Error::gguf(&file.path, "missing tensor 'token_embd.weight'"))?;
+    let embd = file.tensor("token_embd.weight").ok_or_else(|| Error::gguf(&file.path, "missing tensor 'token_embd.weight'"))?;
     let vocab = match embd.dims.as_slice() {
         [_, v] => *v as usize,
         d => return Err(Error::gguf(&file.path, format!("tensor 'token_embd.weight' has shape {d:?}, expected 2-D"))),
@@ -27,10 +25,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
         "gemma3" => gemma3::config(file, vocab)?,
         "llama" | "mistral" | "qwen2" => llama::config(file, arch, vocab)?,
         other => {
-            return Err(Error::unsupported(
-                &file.path,
-                format!("architecture '{other}' is not supported (supported: {})", SUPPORTED_ARCHITECTURES.join(", ")),
-            ))
+            return Err(Error::unsupported(&file.path, format!("architecture '{other}' is not supported (supported: {})", SUPPORTED_ARCHITECTURES.join(", "))))
         }
     };
     validate(file, &cfg)?;

@@ -71,9 +71,7 @@ pub struct WeightLoader<'a> {
 
 impl<'a> WeightLoader<'a> {
     fn info(&self, name: &str) -> Result<&'a TensorInfo> {
-        self.file
-            .tensor(name)
-            .ok_or_else(|| Error::gguf(&self.file.path, format!("missing tensor '{name}'")))
+        self.file.tensor(name).ok_or_else(|| Error::gguf(&self.file.path, format!("missing tensor '{name}'")))
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -84,22 +82,12 @@ impl<'a> WeightLoader<'a> {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QWeight> {
         let info = self.info(name)?;
         if info.dims != [cols as u64, rows as u64] {
-            return Err(Error::gguf(
-                &self.file.path,
-                format!("tensor '{name}' has shape {:?}, expected [{cols}, {rows}]", info.dims),
-            ));
+            return Err(Error::gguf(&self.file.path, format!("tensor '{name}' has shape {:?}, expected [{cols}, {rows}]", info.dims)));
         }
         if !info.dtype.is_supported_weight() {
-            return Err(Error::unsupported(
-                &self.file.path,
-                format!("tensor '{name}' has type {}, which ruvllm cannot run yet", info.dtype.name()),
-            ));
+            return Err(Error::unsupported(&self.file.path, format!("tensor '{name}' has type {}, which ruvllm cannot run yet", info.dtype.name())));
         }
-        let data = WeightData::Mapped {
-            storage: self.file.storage(),
-            offset: info.offset as usize,
-            len: info.size as usize,
-        };
+        let data = WeightData::Mapped { storage: self.file.storage(), offset: info.offset as usize, len: info.size as usize };
         QWeight::new(info.dtype, rows, cols, data).map_err(|m| Error::gguf(&self.file.path, format!("tensor '{name}': {m}")))
     }
 
@@ -107,16 +95,10 @@ impl<'a> WeightLoader<'a> {
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let info = self.info(name)?;
         if info.dims != [len as u64] {
-            return Err(Error::gguf(
-                &self.file.path,
-                format!("tensor '{name}' has shape {:?}, expected [{len}]", info.dims),
-            ));
+            return Err(Error::gguf(&self.file.path, format!("tensor '{name}' has shape {:?}, expected [{len}]", info.dims)));
         }
         if !matches!(info.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            return Err(Error::unsupported(
-                &self.file.path,
-                format!("1-D tensor '{name}' has type {}; expected F32, F16 or BF16", info.dtype.name()),
-            ));
+            return Err(Error::unsupported(&self.file.path, format!("1-D tensor '{name}' has type {}; expected F32, F16 or BF16", info.dtype.name())));
         }
         let mut out = vec![0.0; len];
         crate::backend::cpu::quant::dequantize(info.dtype, self.file.tensor_bytes(info), &mut out);
@@ -213,7 +195,8 @@ impl Transformer {
     /// Sizes `be`'s activation buffers for up to `max_batch` tokens per pass.
     pub fn reserve(&self, be: &mut dyn Backend, max_batch: usize) {
         let c = &self.cfg;
-        let widths = BufWidths { d_model: c.d_model, q_dim: c.n_head * c.head_dim, kv_dim: c.n_kv_head * c.head_dim, ff_dim: c.ff_dim, vocab_size: c.vocab_size };
+        let widths =
+            BufWidths { d_model: c.d_model, q_dim: c.n_head * c.head_dim, kv_dim: c.n_kv_head * c.head_dim, ff_dim: c.ff_dim, vocab_size: c.vocab_size };
         be.reserve(widths, max_batch);
     }
 
@@ -247,7 +230,15 @@ impl Transformer {
     /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(t, logits)` with
     /// the logits of every token `t` of `tokens` in order (the LM head runs on a few tokens at a
     /// time, so memory stays at a few vocabulary rows). `be.logits()` is left unspecified.
-    pub fn forward_each_logits(&self, tokens: &[u32], pos0: usize, mask: AttentionMask, cache: &mut KvCache, be: &mut dyn Backend, each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+    pub fn forward_each_logits(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        mask: AttentionMask,
+        cache: &mut KvCache,
+        be: &mut dyn Backend,
+        each: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
         const HEAD_BATCH: usize = 8;
         self.forward_hidden(tokens, pos0, mask, cache, be)?;
         let (v, n) = (self.cfg.vocab_size, tokens.len());
@@ -267,7 +258,15 @@ impl Transformer {
     /// final hidden state of every token `t` of `tokens` after the output norm: the vector the
     /// LM head multiplies (and what llama.cpp's embedding mode pools). The LM head does not run.
     /// `be.logits()` is left unspecified.
-    pub fn forward_each_hidden(&self, tokens: &[u32], pos0: usize, mask: AttentionMask, cache: &mut KvCache, be: &mut dyn Backend, each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+    pub fn forward_each_hidden(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        mask: AttentionMask,
+        cache: &mut KvCache,
+        be: &mut dyn Backend,
+        each: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
         self.forward_hidden(tokens, pos0, mask, cache, be)?;
         let (d, n) = (self.cfg.d_model, tokens.len());
         let h = be.final_hidden(&self.output_norm, self.cfg.norm_eps, n);

@@ -19,9 +19,9 @@ use std::sync::Arc;
 
 use half::f16;
 
-use crate::gguf::{GgufFile, TensorInfo};
 use crate::backend::cpu::GgmlType;
 use crate::backend::{LowRank, LowRankTerms};
+use crate::gguf::{GgufFile, TensorInfo};
 use crate::models::TransformerConfig;
 use crate::{Error, Result};
 
@@ -153,13 +153,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 impl LoraAdapter {
     /// Builds an adapter from factors (`pairs[(layer, proj)]`), validating their shapes against
     /// `cfg`. `path` only names it in messages.
-    pub fn from_pairs(
-        path: &Path,
-        format: AdapterFormat,
-        cfg: &TransformerConfig,
-        base_scale: f32,
-        pairs: Vec<(usize, Proj, LoraPair)>,
-    ) -> Result<Self> {
+    pub fn from_pairs(path: &Path, format: AdapterFormat, cfg: &TransformerConfig, base_scale: f32, pairs: Vec<(usize, Proj, LoraPair)>) -> Result<Self> {
         let bad = |m: String| Error::adapter(path, m);
         if pairs.is_empty() {
             return Err(bad("it changes no projection of the model".into()));
@@ -176,12 +170,7 @@ impl LoraAdapter {
                 return Err(bad(format!("layer {l} {}: rank 0", p.gguf_name())));
             }
             if (pair.d_out, pair.d_in) != (out, inp) || pair.a.len() != pair.rank * inp || pair.bt.len() != pair.rank * out {
-                return Err(bad(format!(
-                    "layer {l} {}: factors for a {}×{} projection, the model's is {out}×{inp}",
-                    p.gguf_name(),
-                    pair.d_out,
-                    pair.d_in
-                )));
+                return Err(bad(format!("layer {l} {}: factors for a {}×{} projection, the model's is {out}×{inp}", p.gguf_name(), pair.d_out, pair.d_in)));
             }
             if !pair.a.iter().chain(&pair.bt).all(|v| v.is_finite()) {
                 return Err(bad(format!("layer {l} {}: values that are not finite or lie beyond half precision (±65504)", p.gguf_name())));
@@ -199,15 +188,7 @@ impl LoraAdapter {
         if !base_scale.is_finite() {
             return Err(bad(format!("scale {base_scale} is not finite")));
         }
-        Ok(LoraAdapter {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            path: path.to_path_buf(),
-            format,
-            rank,
-            base_scale,
-            targets,
-            layers,
-        })
+        Ok(LoraAdapter { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), path: path.to_path_buf(), format, rank, base_scale, targets, layers })
     }
 
     /// Loads an adapter file for a model of `cfg` (architecture `arch`): a LoRA GGUF, a PEFT
@@ -224,9 +205,7 @@ impl LoraAdapter {
         }
         let mut magic = [0u8; 4];
         use std::io::Read;
-        std::fs::File::open(path)
-            .and_then(|mut f| f.read_exact(&mut magic))
-            .map_err(|e| Error::adapter(path, format!("cannot read it: {e}")))?;
+        std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).map_err(|e| Error::adapter(path, format!("cannot read it: {e}")))?;
         if &magic == b"GGUF" {
             Self::load_gguf(path, cfg, arch)
         } else {
@@ -270,7 +249,11 @@ impl LoraAdapter {
             let (l, p) = parse_gguf_target(base, cfg.n_layer).ok_or_else(|| {
                 bad(format!("tensor '{}' matches no projection of the model (blk.N.attn_q/k/v/output.weight, blk.N.ffn_gate/up/down.weight)", t.name))
             })?;
-            if is_a { a_of.insert((l, p), t) } else { b_of.insert((l, p), t) };
+            if is_a {
+                a_of.insert((l, p), t)
+            } else {
+                b_of.insert((l, p), t)
+            };
         }
         // The largest rank is the adapter's: `alpha / max rank` is its scale, and a tensor of a
         // smaller rank has its B scaled up to keep llama.cpp's `alpha / (its own rank)`.
@@ -340,7 +323,11 @@ impl LoraAdapter {
             })?;
             let shape: Vec<usize> = view.shape().to_vec();
             let data = st_f32(&view).map_err(|m| bad(format!("tensor '{name}': {m}")))?;
-            if is_a { a_of.insert((l, p), (name, shape, data)) } else { b_of.insert((l, p), (name, shape, data)) };
+            if is_a {
+                a_of.insert((l, p), (name, shape, data))
+            } else {
+                b_of.insert((l, p), (name, shape, data))
+            };
         }
         let mut pairs = Vec::new();
         for ((l, p), (a_name, a_shape, a)) in a_of {

@@ -4,8 +4,8 @@
 
 pub mod lora;
 
-use crate::backend::{Backend, Buf, QWeight};
 pub use crate::backend::AttentionMask;
+use crate::backend::{Backend, Buf, QWeight};
 pub use lora::{AdapterSet, LoraAdapter, Proj};
 
 /// `y = W·x + b + Σᵢ sᵢ · Bᵢ(Aᵢ·x)` for one projection of block `layer`. The weight stays in its

@@ -92,7 +92,6 @@ impl HugeBuf {
         let ptr = heap.as_mut_ptr() as *mut u8;
         HugeBuf { _chunk: None, _heap: heap, ptr, len }
     }
-
 }
 
 impl std::ops::Deref for HugeBuf {

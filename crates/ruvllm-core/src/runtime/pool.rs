@@ -32,7 +32,6 @@ impl<T> SharedMut<T> {
     }
 }
 
-
 /// How long an idle worker spins (checking for new work) before it parks. Decode issues a
 /// matmul every few microseconds, so workers stay hot within a token; between requests they
 /// sleep.
@@ -273,4 +272,3 @@ impl Drop for ThreadPool {
         }
     }
 }
-

@@ -44,9 +44,7 @@ pub(crate) fn sentencepiece_merges(tokens: &[String], scores: &[f32], vocab: &Vo
     let score = |id: u32| scores.get(id as usize).copied().unwrap_or(0.0);
     // A piece listed twice contributes its merges once (for the id the vocabulary keeps).
     let has_duplicates = vocab.len() < tokens.len();
-    let mut order: Vec<u32> = (0..tokens.len() as u32)
-        .filter(|&id| !has_duplicates || vocab.get(tokens[id as usize].as_str()) == Some(&id))
-        .collect();
+    let mut order: Vec<u32> = (0..tokens.len() as u32).filter(|&id| !has_duplicates || vocab.get(tokens[id as usize].as_str()) == Some(&id)).collect();
     order.par_sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
     // Independent per piece: split the work across threads; `collect` keeps the order.
     order
@@ -113,11 +111,8 @@ pub(crate) fn build_hf(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
             }
             norms.push(Replace::new(" ", "\u{2581}").map_err(|e| tk_err("normalizer", e))?.into());
             tok.with_normalizer(Some(NormalizerSequence::new(norms))).map_err(|e| tk_err("normalizer", e))?;
-            let mut decoders: Vec<DecoderWrapper> = vec![
-                Replace::new("\u{2581}", " ").map_err(|e| tk_err("decoder", e))?.into(),
-                ByteFallback::new().into(),
-                Fuse::new().into(),
-            ];
+            let mut decoders: Vec<DecoderWrapper> =
+                vec![Replace::new("\u{2581}", " ").map_err(|e| tk_err("decoder", e))?.into(), ByteFallback::new().into(), Fuse::new().into()];
             if spec.add_space_prefix {
                 decoders.push(Strip::new(' ', 1, 0).into());
             }

@@ -100,9 +100,7 @@ impl Tokenizer {
         if !spec.token_types.is_empty() && spec.token_types.len() != n {
             return Err(Error::Tokenizer(format!("{} token types for {n} tokens", spec.token_types.len())));
         }
-        for (what, id) in
-            [("bos", spec.bos), ("eos", spec.eos), ("eot", spec.eot), ("eom", spec.eom), ("unk", spec.unk)]
-        {
+        for (what, id) in [("bos", spec.bos), ("eos", spec.eos), ("eot", spec.eot), ("eom", spec.eom), ("unk", spec.unk)] {
             if let Some(id) = id {
                 if id as usize >= n {
                     return Err(Error::Tokenizer(format!("{what} token id {id} is outside the vocabulary of {n}")));
@@ -152,8 +150,7 @@ impl Tokenizer {
             match fragment {
                 Fragment::Token(id) => out.push(id),
                 Fragment::Text(t) => {
-                    let enc =
-                        self.hf.encode_fast(t, false).map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
+                    let enc = self.hf.encode_fast(t, false).map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
                     out.extend_from_slice(enc.get_ids());
                 }
             }
@@ -239,10 +236,7 @@ impl Tokenizer {
     fn piece_into(&self, id: u32, special: bool, first: bool, out: &mut Vec<u8>) -> Result<()> {
         let idx = id as usize;
         let (Some(text), Some(ty)) = (self.tokens.get(idx), self.types.get(idx)) else {
-            return Err(Error::Tokenizer(format!(
-                "token id {id} is outside the vocabulary of {} tokens",
-                self.tokens.len()
-            )));
+            return Err(Error::Tokenizer(format!("token id {id} is outside the vocabulary of {} tokens", self.tokens.len())));
         };
         let start = out.len();
         match ty {

@@ -66,11 +66,12 @@ impl PreTokenizer {
     pub fn from_name(name: &str) -> Option<Self> {
         Some(match name {
             "default" => PreTokenizer::Default,
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
-            | "dbrx" | "smaug-bpe" | "chatglm-bpe" => PreTokenizer::Llama3,
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "dbrx" | "smaug-bpe" | "chatglm-bpe" => {
+                PreTokenizer::Llama3
+            }
             "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "hunyuan" | "kormo" => PreTokenizer::Qwen2,
-            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "mpt" | "olmo"
-            | "jais" | "trillion" | "roberta-bpe" | "jina-v1-en" | "jina-v2-code" => PreTokenizer::Gpt2,
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "mpt" | "olmo" | "jais" | "trillion" | "roberta-bpe"
+            | "jina-v1-en" | "jina-v2-code" => PreTokenizer::Gpt2,
             _ => return None,
         })
     }
@@ -152,12 +153,7 @@ impl TokenizerSpec {
     }
 
     /// A byte-level BPE spec (no special ids, no BOS).
-    pub fn byte_level(
-        tokens: Vec<String>,
-        merges: Vec<String>,
-        token_types: Vec<TokenType>,
-        pre: PreTokenizer,
-    ) -> Self {
+    pub fn byte_level(tokens: Vec<String>, merges: Vec<String>, token_types: Vec<TokenType>, pre: PreTokenizer) -> Self {
         TokenizerSpec {
             kind: TokenizerKind::ByteLevelBpe,
             pre,
@@ -194,8 +190,7 @@ impl TokenizerSpec {
             Some(v) => Some(v.as_str().ok_or_else(|| bad("tokenizer.ggml.pre is not a string".into()))?),
         };
 
-        let tokens_arr = array(file, "tokenizer.ggml.tokens")?
-            .ok_or_else(|| bad("missing metadata key tokenizer.ggml.tokens".into()))?;
+        let tokens_arr = array(file, "tokenizer.ggml.tokens")?.ok_or_else(|| bad("missing metadata key tokenizer.ggml.tokens".into()))?;
         if tokens_arr.is_empty() {
             return Err(bad("tokenizer.ggml.tokens is empty".into()));
         }
@@ -218,9 +213,7 @@ impl TokenizerSpec {
                 }
                 let mut out = Vec::with_capacity(n);
                 for (i, v) in arr[..n].iter().enumerate() {
-                    out.push(
-                        v.as_f64().ok_or_else(|| bad(format!("tokenizer.ggml.scores[{i}] is not a number")))? as f32
-                    );
+                    out.push(v.as_f64().ok_or_else(|| bad(format!("tokenizer.ggml.scores[{i}] is not a number")))? as f32);
                 }
                 out
             }
@@ -233,8 +226,7 @@ impl TokenizerSpec {
                 }
                 let mut out = Vec::with_capacity(n);
                 for (i, v) in arr[..n].iter().enumerate() {
-                    let code =
-                        v.as_i64().ok_or_else(|| bad(format!("tokenizer.ggml.token_type[{i}] is not an integer")))?;
+                    let code = v.as_i64().ok_or_else(|| bad(format!("tokenizer.ggml.token_type[{i}] is not an integer")))?;
                     out.push(TokenType::from_code(code));
                 }
                 out
@@ -246,51 +238,33 @@ impl TokenizerSpec {
             "gpt2" => {
                 let pre = match pre_name {
                     None => PreTokenizer::Default,
-                    Some(name) => PreTokenizer::from_name(name).ok_or_else(|| {
-                        Error::unsupported(
-                            path.clone(),
-                            format!("unknown pre-tokenizer type tokenizer.ggml.pre = '{name}'"),
-                        )
-                    })?,
+                    Some(name) => PreTokenizer::from_name(name)
+                        .ok_or_else(|| Error::unsupported(path.clone(), format!("unknown pre-tokenizer type tokenizer.ggml.pre = '{name}'")))?,
                 };
-                let merges_arr = array(file, "tokenizer.ggml.merges")?.ok_or_else(|| {
-                    bad("missing metadata key tokenizer.ggml.merges (required by the gpt2 tokenizer)".into())
-                })?;
+                let merges_arr = array(file, "tokenizer.ggml.merges")?
+                    .ok_or_else(|| bad("missing metadata key tokenizer.ggml.merges (required by the gpt2 tokenizer)".into()))?;
                 let mut merges = Vec::with_capacity(merges_arr.len());
                 for (i, v) in merges_arr.iter().enumerate() {
-                    merges.push(
-                        v.as_str()
-                            .ok_or_else(|| bad(format!("tokenizer.ggml.merges[{i}] is not a string")))?
-                            .to_string(),
-                    );
+                    merges.push(v.as_str().ok_or_else(|| bad(format!("tokenizer.ggml.merges[{i}] is not a string")))?.to_string());
                 }
                 let mut spec = TokenizerSpec::byte_level(tokens, merges, token_types, pre);
                 spec.scores = scores;
                 spec
             }
-            other => {
-                return Err(Error::unsupported(
-                    path,
-                    format!("tokenizer.ggml.model = '{other}' is not supported (only 'llama' and 'gpt2')"),
-                ))
-            }
+            other => return Err(Error::unsupported(path, format!("tokenizer.ggml.model = '{other}' is not supported (only 'llama' and 'gpt2')"))),
         };
 
         let id = |key: &str| -> Result<Option<Option<u32>>> {
             match file.get(key) {
                 None => Ok(None),
                 Some(v) => {
-                    let raw =
-                        v.as_i64().ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not an integer")))?;
+                    let raw = v.as_i64().ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not an integer")))?;
                     // A negative id (-1) means "none", as llama.cpp writes it.
                     if raw < 0 {
                         return Ok(Some(None));
                     }
                     if raw as u64 >= n as u64 {
-                        return Err(Error::gguf(
-                            file.path.clone(),
-                            format!("{key} = {raw} is outside the vocabulary of {n} tokens"),
-                        ));
+                        return Err(Error::gguf(file.path.clone(), format!("{key} = {raw} is outside the vocabulary of {n} tokens")));
                     }
                     Ok(Some(Some(raw as u32)))
                 }
@@ -301,10 +275,7 @@ impl TokenizerSpec {
                 None => Ok(None),
                 Some(v) => match v {
                     MetadataValue::Bool(b) => Ok(Some(*b)),
-                    other => other
-                        .as_u64()
-                        .map(|x| Some(x != 0))
-                        .ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not a boolean"))),
+                    other => other.as_u64().map(|x| Some(x != 0)).ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not a boolean"))),
                 },
             }
         };
@@ -351,8 +322,6 @@ impl TokenizerSpec {
 fn array<'a>(file: &'a GgufFile, key: &str) -> Result<Option<&'a [MetadataValue]>> {
     match file.get(key) {
         None => Ok(None),
-        Some(v) => {
-            v.as_array().map(Some).ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not an array")))
-        }
+        Some(v) => v.as_array().map(Some).ok_or_else(|| Error::gguf(file.path.clone(), format!("{key} is not an array"))),
     }
 }

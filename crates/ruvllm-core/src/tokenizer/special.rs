@@ -27,10 +27,7 @@ pub(crate) struct SpecialMatcher {
 impl SpecialMatcher {
     pub(crate) fn new(tokens: &[String], types: &[TokenType]) -> Result<Self> {
         let mut ids: Vec<u32> = (0..tokens.len() as u32)
-            .filter(|&id| {
-                matches!(types[id as usize], TokenType::Control | TokenType::UserDefined | TokenType::Unknown)
-                    && !tokens[id as usize].is_empty()
-            })
+            .filter(|&id| matches!(types[id as usize], TokenType::Control | TokenType::UserDefined | TokenType::Unknown) && !tokens[id as usize].is_empty())
             .collect();
         ids.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()).then(a.cmp(&b)));
         let mut seen = std::collections::HashSet::new();
@@ -42,8 +39,7 @@ impl SpecialMatcher {
             .match_kind(MatchKind::Standard)
             .build(ids.iter().map(|&id| tokens[id as usize].as_bytes()))
             .map_err(|e| Error::Tokenizer(format!("building the special-token matcher: {e}")))?;
-        let patterns =
-            ids.iter().map(|&id| (id, matches!(types[id as usize], TokenType::Control | TokenType::Unknown))).collect();
+        let patterns = ids.iter().map(|&id| (id, matches!(types[id as usize], TokenType::Control | TokenType::Unknown))).collect();
         Ok(SpecialMatcher { ac: Some(ac), patterns })
     }
 

@@ -87,10 +87,7 @@ impl Server {
 
     pub fn add_hub_file(&self, repo: &str, file: &str, data: Vec<u8>, commit: &str) -> String {
         let sha = sha256_hex(&data);
-        self.state.lock().unwrap().hub.insert(
-            format!("{repo}/{file}"),
-            HubFile { data: Arc::new(data), sha256: sha.clone(), commit: commit.to_string() },
-        );
+        self.state.lock().unwrap().hub.insert(format!("{repo}/{file}"), HubFile { data: Arc::new(data), sha256: sha.clone(), commit: commit.to_string() });
         sha
     }
 
@@ -153,12 +150,7 @@ fn handle(mut conn: TcpStream, st: &Arc<Mutex<State>>, base: &str) -> std::io::R
     let head = method == "HEAD";
     let (fail_all, token, corrupt_at, throttle, ignore_range) = {
         let mut s = st.lock().unwrap();
-        s.log.push(Logged {
-            method: method.clone(),
-            path: path.clone(),
-            range: headers.get("range").cloned(),
-            auth: headers.get("authorization").cloned(),
-        });
+        s.log.push(Logged { method: method.clone(), path: path.clone(), range: headers.get("range").cloned(), auth: headers.get("authorization").cloned() });
         let b = &s.behaviour;
         (b.fail_all, b.token.clone(), b.corrupt_at, b.throttle, b.ignore_range)
     };

@@ -252,7 +252,9 @@ fn split<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
                         for (h0, hn) in head_chunks(g * group, (g + 1) * group) {
                             let qs = up_to_four(q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hn) * hd].chunks(hd));
                             // SAFETY: task i owns positions a..b of every score row.
-                            let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) }));
+                            let mut outs = up_to_four_mut(
+                                (h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) }),
+                            );
                             scores_heads(&qs[..hn], kc, offs, scale, &mut outs[..hn]);
                         }
                     }
@@ -280,7 +282,8 @@ fn split<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
                     for (h0, hn) in head_chunks(g * group, (g + 1) * group) {
                         let ws = up_to_four((h0..h0 + hn).map(|h| &scores[(t * n_head + h) * stride..][..span]));
                         // SAFETY: task i owns columns d0..d0 + width of every head's output.
-                        let mut outs = up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) }));
+                        let mut outs =
+                            up_to_four_mut((h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h * hd + d0), width) }));
                         weighted_sum_heads(&ws[..hn], vc, offs, &mut outs[..hn]);
                     }
                 }
@@ -481,5 +484,4 @@ mod tests {
         let mut out = [0f32; 1];
         scores(&[1.0; 16], &[0.0f32; 20], &[8], 1.0, &mut out);
     }
-
 }

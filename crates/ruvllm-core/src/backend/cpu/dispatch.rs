@@ -4,10 +4,10 @@
 
 use std::sync::OnceLock;
 
-use super::dot::{Kernels, SCALAR};
-use super::gemm::{GemmFn, GemmKFn};
 #[cfg(target_arch = "x86_64")]
 use super::arch::x86;
+use super::dot::{Kernels, SCALAR};
+use super::gemm::{GemmFn, GemmKFn};
 
 /// The best kernels for this CPU, detected once.
 pub fn kernels() -> &'static Kernels {

@@ -390,4 +390,3 @@ pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K
         }
     }
 }
-

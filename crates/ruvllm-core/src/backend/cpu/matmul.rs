@@ -12,10 +12,10 @@ use std::sync::{Arc, OnceLock};
 use super::dispatch::kernels;
 use super::dot::{self, DotKernel, Kernels};
 use super::gemm;
-use crate::runtime::mem::HugeBuf;
 use super::quant::{self, BlockQ8, BlockQ8K, QK, QK_K};
 use super::GgmlType;
 use crate::gguf::Storage;
+use crate::runtime::mem::HugeBuf;
 use crate::runtime::{SharedMut, ThreadPool};
 
 /// Where a weight's bytes live: a range of the memory-mapped file (no copy), owned bytes, or a
@@ -58,11 +58,7 @@ impl QWeight {
             WeightData::Mapped { storage, offset, len } => {
                 let end = offset.checked_add(*len).ok_or_else(|| "weight range overflows".to_string())?;
                 if end > storage.len() {
-                    return Err(format!(
-                        "{} weight {rows}×{cols}: bytes {offset}..{end} lie outside the {}-byte file",
-                        ty.name(),
-                        storage.len()
-                    ));
+                    return Err(format!("{} weight {rows}×{cols}: bytes {offset}..{end} lie outside the {}-byte file", ty.name(), storage.len()));
                 }
                 *len
             }
@@ -182,11 +178,7 @@ thread_local! {
 
 /// Runs `f` with a scratch slice of `len` blocks from the thread's reusable buffer (a fresh one
 /// if that is already in use, e.g. a nested call).
-fn with_scratch<T: Default + Clone, R>(
-    key: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
-    len: usize,
-    f: impl FnOnce(&mut [T]) -> R,
-) -> R {
+fn with_scratch<T: Default + Clone, R>(key: &'static std::thread::LocalKey<RefCell<Vec<T>>>, len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
     key.with(|cell| match cell.try_borrow_mut() {
         Ok(mut v) => {
             if v.len() < len {
@@ -236,9 +228,7 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
     let x = &x[..n * cols];
     let y = &mut y[..n * rows];
     // `QWeight::new` only accepts supported types.
-    let Some(kernel) = k.for_type(w.ty) else {
-        panic!("matmul: unsupported weight type {}", w.ty.name())
-    };
+    let Some(kernel) = k.for_type(w.ty) else { panic!("matmul: unsupported weight type {}", w.ty.name()) };
     match kernel {
         DotKernel::Q8(f) => {
             let nb = cols / QK;
@@ -384,11 +374,7 @@ fn split(threads: usize, units: usize, n: usize, min_units: usize, align: usize,
     let rows_per = units.div_ceil(row_tasks).next_multiple_of(align).min(units);
     let row_tasks = units.div_ceil(rows_per);
     // Few chunks but many tokens (and more than one thread): split tokens too.
-    let tok_tasks = if threads > 1 && n > 1 && row_tasks < threads * 2 {
-        (threads * 2).div_ceil(row_tasks).min(n.div_ceil(tok_align))
-    } else {
-        1
-    };
+    let tok_tasks = if threads > 1 && n > 1 && row_tasks < threads * 2 { (threads * 2).div_ceil(row_tasks).min(n.div_ceil(tok_align)) } else { 1 };
     let toks_per = n.div_ceil(tok_tasks).next_multiple_of(tok_align);
     let tok_tasks = n.div_ceil(toks_per);
     Split { row_tasks, rows_per, tok_tasks, toks_per }

@@ -42,7 +42,11 @@ pub fn exp_approx(x: f32) -> f32 {
     let b = ni - a;
     let pa = f32::from_bits(((a + 127) as u32) << 23);
     let pb = f32::from_bits(((b + 127) as u32) << 23);
-    if under { 0.0 } else { y * pa * pb }
+    if under {
+        0.0
+    } else {
+        y * pa * pb
+    }
 }
 
 /// `0.5·x·(1 + tanh(u)) = x / (1 + e^(-2u))`, with `u = √(2/π)·x·(1 + 0.044715·x²)`.

@@ -65,15 +65,7 @@ pub struct Decoded {
 impl Decoded {
     /// A request stopped before producing anything.
     pub fn aborted() -> Self {
-        Decoded {
-            tokens: Vec::new(),
-            text: String::new(),
-            finish_reason: FinishReason::Abort,
-            ttft_ms: 0.0,
-            prefill_tokens: 0,
-            prefill_s: 0.0,
-            decode_s: 0.0,
-        }
+        Decoded { tokens: Vec::new(), text: String::new(), finish_reason: FinishReason::Abort, ttft_ms: 0.0, prefill_tokens: 0, prefill_s: 0.0, decode_s: 0.0 }
     }
 }
 

@@ -34,7 +34,18 @@ type Tokens<A> = unsafe fn(*const u8, usize, *const A, *mut f32, usize, __mmask1
 /// Checks the lengths, then runs `four` on the tokens four at a time and `one` on the rest.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn groups<A>(four: Tokens<A>, one: Tokens<A>, kind: PackKind, tile: &[u8], nb: usize, act: &[A], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
+unsafe fn groups<A>(
+    four: Tokens<A>,
+    one: Tokens<A>,
+    kind: PackKind,
+    tile: &[u8],
+    nb: usize,
+    act: &[A],
+    ntok: usize,
+    y: *mut f32,
+    ystride: usize,
+    nrows: usize,
+) {
     assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
     let mask: __mmask16 = if nrows == TILE_ROWS { 0xFFFF } else { (1u16 << nrows) - 1 };
     let (p, a) = (tile.as_ptr(), act.as_ptr());
