@@ -1,0 +1,493 @@
+"""Masked-diffusion conversion of Gemma 3 270M with LoRA adapters: TALoRA (three timestep
+buckets, rank r each) against one LoRA of rank 3r, trained in lockstep on the same batches,
+masks and t. Runs on the GPU machine; see README.md.
+
+  python training/train.py --phase smoke   # a few steps of everything (checks the code paths)
+  python training/train.py --phase a       # self-distillation + training chunk 1 (+ quick eval, export)
+  python training/train.py --phase b       # training chunk 2 (resumed) + full eval, probe, export, check
+
+Everything it makes goes to $OUT (results.json with the log, adapters, distill.bin); the resumable checkpoint
+(f32 factors + Adam moments) stays in $WORK (default /tmp/rv) while the machine is warm, and the
+exported GGUFs in $OUT are themselves a checkpoint (--resume-gguf DIR).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import export  # noqa: E402
+from gemma import MASK_ID, PROJS, Adapter, Gemma, load_base  # noqa: E402
+
+T0 = time.time()
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.environ.get("OUT", "/tmp/rv-out")
+WORK = os.environ.get("WORK", "/tmp/rv")
+BUCKETS = [(0.0, 0.3), (0.3, 0.6), (0.6, 1.0)]
+EPS_T = 1e-3
+SUPPRESS = [0, 2, 3, MASK_ID, 105, 106]  # pad, bos, unk, mask, start/end_of_turn: never committed
+LOG = []
+
+
+def log(*a):
+    s = " ".join(str(x) for x in a)
+    print(f"[{time.time() - T0:7.1f}s] {s}", flush=True)
+    LOG.append(s)
+
+
+def bucket_of(t):
+    return 0 if t < 0.3 else (1 if t < 0.6 else 2)
+
+
+# ---------------------------------------------------------------- self-distillation
+@torch.no_grad()
+def sample_ar(model, prompts, seq, temp, seed, batch=512):
+    """Continue each prompt (token list, BOS first) with the AR model (causal, KV cache) to
+    exactly `seq` tokens; special tokens never sampled."""
+    dev = model.E.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    out = []
+    for s0 in range(0, len(prompts), batch):
+        ps = prompts[s0:s0 + batch]
+        B = len(ps)
+        lens = torch.tensor([len(p) for p in ps], device=dev)
+        P = int(lens.max())
+        G = seq - int(lens.min())
+        T = P + G
+        pads = P - lens
+        ids = torch.zeros(B, P, dtype=torch.long, device=dev)
+        for i, p in enumerate(ps):
+            ids[i, P - len(p):] = torch.tensor(p, device=dev)
+        ar = torch.arange(T, device=dev)
+        valid = ar[None, :] >= pads[:, None]
+        pos = (ar[None, :] - pads[:, None]).clamp(min=0)
+        cfg = model.cfg
+        caches = [(torch.zeros(B, cfg.n_kv, T, cfg.head_dim, dtype=torch.bfloat16, device=dev),
+                   torch.zeros(B, cfg.n_kv, T, cfg.head_dim, dtype=torch.bfloat16, device=dev)) for _ in range(cfg.n_layer)]
+        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+        am = (valid[:, None, None, :P] & causal[None, None]) | torch.eye(P, dtype=torch.bool, device=dev)[None, None]
+        h = model.hidden(ids, pos=pos[:, :P], attn_mask=am, caches=caches, start=0)
+        toks = []
+        last = h[:, -1]
+        for s in range(G):
+            lg = model.logits(last) / temp
+            lg[:, SUPPRESS + [1]] = -float("inf")
+            nxt = torch.multinomial(torch.softmax(lg, -1), 1, generator=g)  # (B, 1)
+            toks.append(nxt)
+            if s == G - 1:
+                break
+            at = P + s
+            h = model.hidden(nxt, pos=pos[:, at:at + 1], attn_mask=valid[:, None, None, :at + 1], caches=caches, start=at)
+            last = h[:, -1]
+        gen = torch.cat(toks, 1).cpu()
+        for i, p in enumerate(ps):
+            out.append(list(p) + gen[i, :seq - len(p)].tolist())
+    return torch.tensor(out, dtype=torch.long)
+
+
+# ---------------------------------------------------------------- loss
+def make_noise(ids, bucket, gen, prefix_prob=0.5, t=None):
+    """Mask pattern for one batch: t per sequence (stratified within the bucket), optional
+    unmasked prefix; BOS (position 0) never masked."""
+    B, L = ids.shape
+    dev = ids.device
+    lo, hi = BUCKETS[bucket] if bucket is not None else (0.0, 1.0)
+    lo = max(lo, EPS_T)
+    if t is None:
+        u = torch.rand(B, generator=gen, device=dev)
+        perm = torch.randperm(B, generator=gen, device=dev)
+        t = lo + (hi - lo) * (perm.float() + u) / B
+    pos = torch.arange(L, device=dev)
+    has_prefix = torch.rand(B, generator=gen, device=dev) < prefix_prob
+    plen = (torch.rand(B, generator=gen, device=dev) * 0.5 * (L - 1)).long() * has_prefix
+    maskable = (pos[None, :] >= 1) & (pos[None, :] > plen[:, None])
+    mask = (torch.rand(B, L, generator=gen, device=dev) < t[:, None]) & maskable
+    return t, mask, maskable
+
+
+def diffusion_loss(model, adapter, ids, t, mask, maskable, train=True):
+    noisy = torch.where(mask, torch.full_like(ids, MASK_ID), ids)
+    h = model.hidden(noisy, adapter, train=train)
+    b, j = mask.nonzero(as_tuple=True)
+    logits = model.logits(h[b, j - 1])  # the AR shift: position j-1 predicts token j
+    ce = F.cross_entropy(logits, ids[b, j], reduction="none")
+    w = 1.0 / t[b]
+    return (ce * w).sum() / maskable.sum(), ce.detach()
+
+
+# ---------------------------------------------------------------- evaluation
+@torch.no_grad()
+def elbo(model, adapters, data, K=8, seed=1234, bs=16):
+    """Diffusion NELBO per token (nats) on `data` (N, L): for each sequence, K stratified
+    t_k = (k + u)/K; the bound is mean_k (1/t_k) sum_{masked j} -log p(x_j | x_t).
+    adapters: one Adapter, a list of three (TALoRA, chosen by t), or None (the base)."""
+    dev = data.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    N, L = data.shape
+    u = torch.rand(N, generator=g, device=dev)
+    total = 0.0
+    per_k = [0.0] * K
+    for k in range(K):
+        t_all = ((k + u) / K).clamp(min=EPS_T)
+        for s in range(0, N, bs):
+            ids = data[s:s + bs]
+            t = t_all[s:s + bs]
+            _, mask, maskable = make_noise(ids, None, g, prefix_prob=0.0, t=t)
+            if isinstance(adapters, list):
+                bks = torch.tensor([bucket_of(float(x)) for x in t], device=dev)
+                groups = [(bk, bks == bk) for bk in range(3) if bool((bks == bk).any())]
+            else:
+                groups = [(None, torch.ones(len(t), dtype=torch.bool, device=dev))]
+            for bk, sel in groups:
+                ad = adapters[bk] if bk is not None else adapters
+                noisy = torch.where(mask[sel], torch.full_like(ids[sel], MASK_ID), ids[sel])
+                h = model.hidden(noisy, ad)
+                b, j = mask[sel].nonzero(as_tuple=True)
+                ce = F.cross_entropy(model.logits(h[b, j - 1]), ids[sel][b, j], reduction="none")
+                v = float((ce / t[sel][b]).sum())
+                total += v
+                per_k[k] += v
+    n_tok = N * (L - 1)
+    return total / K / n_tok, [x / (N * (L - 1)) for x in per_k]
+
+
+@torch.no_grad()
+def ar_nll(model, data, bs=8):
+    tot = 0.0
+    for s in range(0, len(data), bs):
+        ids = data[s:s + bs]
+        h = model.hidden(ids, None, is_causal=True)
+        lg = model.logits(h[:, :-1].reshape(-1, h.shape[-1]))
+        tot += float(F.cross_entropy(lg, ids[:, 1:].reshape(-1), reduction="sum"))
+    return tot / (len(data) * (data.shape[1] - 1))
+
+
+@torch.no_grad()
+def ar_greedy(model, prompt, n):
+    ids = torch.tensor([prompt], device=model.E.device)
+    out = []
+    for _ in range(n):
+        h = model.hidden(ids, None, is_causal=True)
+        nxt = int(model.logits(h[:, -1]).argmax(-1))
+        out.append(nxt)
+        ids = torch.cat([ids, torch.tensor([[nxt]], device=ids.device)], 1)
+    return out
+
+
+@torch.no_grad()
+def diffuse(model, adapters, prompt, n_gen):
+    """Greedy masked-diffusion decoding, one commit a step (the most confident masked position).
+    TALoRA picks its adapter by the answer's current mask ratio."""
+    dev = model.E.device
+    x = torch.tensor([prompt + [MASK_ID] * n_gen], device=dev)
+    P = len(prompt)
+    order = []
+    for _ in range(n_gen):
+        masked = (x[0] == MASK_ID).nonzero().flatten()
+        ratio = len(masked) / n_gen
+        ad = adapters[bucket_of(ratio)] if isinstance(adapters, list) else adapters
+        h = model.hidden(x, ad)
+        lg = model.logits(h[0, masked - 1])
+        lg[:, SUPPRESS] = -float("inf")
+        p = torch.softmax(lg, -1)
+        conf, tok = p.max(-1)
+        i = int(conf.argmax())
+        x[0, masked[i]] = tok[i]
+        order.append(int(masked[i]) - P)
+    return x[0, P:].tolist(), order
+
+
+# ---------------------------------------------------------------- checkpoints / export
+def save_ckpt(path, st):
+    tmp = path + ".tmp"
+    torch.save(st, tmp)
+    os.replace(tmp, path)
+
+
+def export_all(talora, single, outdir, tag=""):
+    os.makedirs(outdir, exist_ok=True)
+    files = []
+    for bk, ad in enumerate(talora):
+        p = os.path.join(outdir, f"talora-t{bk}.gguf")
+        export.write_adapter(p, ad.factors(), ad.rank, ad.alpha, ad.mask_row.detach().float().cpu().numpy(), *BUCKETS[bk])
+        files.append(p)
+    p = os.path.join(WORK, "lora.gguf")
+    export.write_adapter(p, single.factors(), single.rank, single.alpha, single.mask_row.detach().float().cpu().numpy(), 0.0, 1.0)
+    data = open(p, "rb").read()
+    half = (len(data) + 1) // 2
+    for k in range(2):  # a file back from the device is at most 16 MB
+        with open(os.path.join(outdir, f"lora.gguf.part{k}"), "wb") as f:
+            f.write(data[k * half:(k + 1) * half])
+    files.append(p)
+    log("exported", [os.path.basename(f) + f" {os.path.getsize(f) / 1e6:.1f} MB" for f in files])
+    return files
+
+
+def load_gguf_into(ad, path):
+    _, factors, mask_row = export.read_adapter(path)
+    n = len(PROJS)
+    with torch.no_grad():
+        for k in range(len(ad.A)):
+            A, B = factors[(k // n, PROJS[k % n])]
+            ad.A[k].copy_(torch.from_numpy(A))
+            ad.B[k].copy_(torch.from_numpy(B))
+        ad.mask_row.copy_(torch.from_numpy(mask_row))
+
+
+@torch.no_grad()
+def check_export(model, ad, path, data, seed=7):
+    """(base + LoRA) logits from the exported f16 factors vs the trained f32 ones."""
+    dev = model.E.device
+    re = Adapter(model.cfg, ad.rank, ad.alpha, ad.mask_row, 0).to(dev)
+    load_gguf_into(re, path)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    ids = data[:4]
+    meta, _, _ = export.read_adapter(path)
+    tmid = torch.full((len(ids),), (meta["ruvllm.diffusion.t_min"] + meta["ruvllm.diffusion.t_max"]) / 2, device=dev)
+    _, mask, _ = make_noise(ids, None, g, prefix_prob=0.0, t=tmid)
+    noisy = torch.where(mask, torch.full_like(ids, MASK_ID), ids)
+    b, j = mask.nonzero(as_tuple=True)
+    b, j = b[:64], j[:64]
+    la = model.logits(model.hidden(noisy, ad)[b, j - 1])
+    lb = model.logits(model.hidden(noisy, re)[b, j - 1])
+    l0 = model.logits(model.hidden(noisy, None)[b, j - 1])
+    r = {"positions": int(len(b)), "max_abs_diff": float((la - lb).abs().max()),
+         "rel_diff": float((la - lb).norm() / la.norm()),
+         "adapter_effect_rel": float((la - l0).norm() / la.norm()),
+         "top1_agree": float((la.argmax(-1) == lb.argmax(-1)).float().mean())}
+    r["ok"] = r["rel_diff"] < 0.02 and r["top1_agree"] >= 0.95 and r["rel_diff"] < 0.1 * r["adapter_effect_rel"]
+    return r
+
+
+# ---------------------------------------------------------------- main
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--phase", choices=["smoke", "a", "b"], required=True)
+    ap.add_argument("--gguf", default=os.path.join(WORK, "base.gguf"))
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--train-seconds", type=float, default=420)
+    ap.add_argument("--total-seconds", type=float, default=780, help="LR schedule length (both chunks)")
+    ap.add_argument("--eval-seqs", type=int, default=0, help="0: all held-out sequences")
+    ap.add_argument("--distill-rounds", type=int, default=2)
+    ap.add_argument("--compile", type=int, default=1)
+    ap.add_argument("--resume-gguf", default="")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    smoke = a.phase == "smoke"
+    os.makedirs(OUT, exist_ok=True)
+    os.makedirs(WORK, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dev = torch.device("cuda")
+    log("phase", a.phase, torch.cuda.get_device_name(), "torch", torch.__version__)
+
+    cfg, w = load_base(a.gguf, dev, cache_path=os.path.join(WORK, "base_dequant.pt"))
+    model = Gemma(cfg, w)
+    log("base loaded", cfg.n_layer, "layers")
+    data_dir = os.environ.get("DATA") or (os.path.join(WORK, "data") if os.path.exists(os.path.join(WORK, "data", "train.bin")) else os.path.join(HERE, "data"))
+    L = 512
+    train = torch.from_numpy(np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint32).astype(np.int64)).view(-1, L)
+    held = torch.from_numpy(np.fromfile(os.path.join(data_dir, "heldout.bin"), dtype=np.uint32).astype(np.int64)).view(-1, L).to(dev)
+    prompts = json.load(open(os.path.join(data_dir, "prompts.json")))
+    results = {"phase": a.phase, "device": torch.cuda.get_device_name()}
+
+    # The AR model rebuilt here must match the runtime's greedy output (from `llm.generate`, temperature 0).
+    ref = {"The capital of France is Paris. The capital of Germany is": [15687, 236761, 669, 5279, 529, 11702, 563, 13706],
+           "Once upon a time, in a small village by the sea,": [993, 11742, 496, 2523, 529, 2390, 236761, 2195]}
+    if a.phase != "b":
+        match = []
+        for p_text, p_ids in [(prompts[0], ref["The capital of France is Paris. The capital of Germany is"]),
+                              (prompts[1], ref["Once upon a time, in a small village by the sea,"])]:
+            got = ar_greedy(model, p_text, 8)
+            match.append(sum(int(x == y) for x, y in zip(got, p_ids)))
+            log("AR greedy", got, "runtime", p_ids)
+        results["ar_greedy_match_of_8"] = match
+
+    # self-distillation (phase a; the smoke test a little of it)
+    dpath = os.path.join(WORK, "distill.bin")
+    if a.phase in ("smoke", "a"):
+        t1 = time.time()
+        ps = prompts[1:33] if smoke else prompts[1:]  # prompts[0] is the probe: never distilled
+        rounds = 1 if smoke else a.distill_rounds
+        seq = 64 if smoke else L
+        d = torch.cat([sample_ar(model, ps, seq, 0.9, 100 + r) for r in range(rounds)])
+        torch.cuda.synchronize()
+        log(f"self-distillation: {d.shape[0]} sequences x {seq} tokens in {time.time() - t1:.1f}s")
+        log("sample:", d[0, :48].tolist())
+        results["distill"] = {"sequences": int(d.shape[0]), "tokens": int(d.numel()), "seconds": time.time() - t1,
+                              "temperature": 0.9, "prompts": len(ps), "rounds": rounds}
+        if not smoke:
+            d.numpy().astype(np.uint32).tofile(dpath)
+            d.numpy().astype(np.uint32).tofile(os.path.join(OUT, "distill.bin"))
+    if os.path.exists(dpath) and not smoke:
+        d = torch.from_numpy(np.fromfile(dpath, dtype=np.uint32).astype(np.int64)).view(-1, L)
+        train = torch.cat([train, d])
+        log("train set", train.shape[0], "sequences incl.", d.shape[0], "self-distilled")
+    train = train.to(dev)
+
+    # adapters + optimizers
+    r = a.rank
+    mrow = w["mask_row_f32"]
+    talora = [Adapter(cfg, r, 2.0 * r, mrow, seed=10 + k).to(dev) for k in range(3)]
+    single = Adapter(cfg, 3 * r, 2.0 * 3 * r, mrow, seed=20).to(dev)
+    n_t = sum(p.numel() for ad in talora for p in ad.parameters())
+    n_s = sum(p.numel() for p in single.parameters())
+    log(f"params: TALoRA 3 x rank {r} = {n_t:,}; single rank {3 * r} = {n_s:,}")
+    mk = lambda ad: torch.optim.AdamW(ad.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
+    opt_t = [mk(ad) for ad in talora]
+    opt_s = mk(single)
+    st = {"step": 0, "train_seconds": 0.0, "tokens": 0, "masked_tokens": 0, "history": []}
+    ck = os.path.join(WORK, "ckpt.pt")
+    if a.phase == "b":
+        if os.path.exists(ck):
+            c = torch.load(ck, map_location=dev)
+            for k in range(3):
+                talora[k].load_state_dict(c["talora"][k])
+                opt_t[k].load_state_dict(c["opt_t"][k])
+            single.load_state_dict(c["single"])
+            opt_s.load_state_dict(c["opt_s"])
+            st = c["state"]
+            log("resumed from", ck, "step", st["step"])
+        elif a.resume_gguf:
+            for k in range(3):
+                load_gguf_into(talora[k], os.path.join(a.resume_gguf, f"talora-t{k}.gguf"))
+            lp = os.path.join(a.resume_gguf, "lora.gguf")
+            if not os.path.exists(lp):
+                lp = os.path.join(WORK, "lora-resume.gguf")
+                with open(lp, "wb") as f:
+                    for k in range(2):
+                        f.write(open(os.path.join(a.resume_gguf, f"lora.gguf.part{k}"), "rb").read())
+            load_gguf_into(single, lp)
+            st = json.load(open(os.path.join(a.resume_gguf, "results.json")))["state"]
+            log("resumed from GGUFs in", a.resume_gguf, "(fresh Adam moments) step", st["step"])
+        else:
+            raise SystemExit("phase b needs a checkpoint")
+    if a.compile:
+        model.compile()
+
+    # ------------------------------------------------------------ training (lockstep)
+    budget = 25.0 if smoke else a.train_seconds
+    max_steps = 6 if smoke else 10 ** 9
+    B = a.batch
+    t_start = time.time()
+    steps0 = st["step"]
+    torch.cuda.synchronize()
+    acc = {"t": [], "s": []}
+    while True:
+        el = time.time() - t_start
+        if el >= budget or st["step"] - steps0 >= max_steps:
+            break
+        step = st["step"]
+        prog = min(1.0, (st["train_seconds"] + el) / a.total_seconds)
+        warm = min(1.0, (step + 1) / 30)
+        lr = a.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * prog)))
+        g = torch.Generator(device=dev).manual_seed(a.seed * 1_000_003 + step)
+        idx = torch.randint(0, train.shape[0], (B,), generator=g, device=dev)
+        ids = train[idx]
+        bk = step % 3
+        t, mask, maskable = make_noise(ids, bk, g)
+        for ad, opt, key in ((talora[bk], opt_t[bk], "t"), (single, opt_s, "s")):
+            for pg in opt.param_groups:
+                pg["lr"] = lr
+            try:
+                loss, _ = diffusion_loss(model, ad, ids, t, mask, maskable)
+                loss.backward()
+            except Exception as e:  # torch.compile trouble: fall back to eager
+                if model.layer_train is model.layer:
+                    raise
+                log("compiled step failed, eager from now on:", repr(e)[:300])
+                model.layer_train = model.layer
+                opt.zero_grad(set_to_none=True)
+                loss, _ = diffusion_loss(model, ad, ids, t, mask, maskable)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(ad.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            acc[key].append(loss.detach())
+        st["step"] += 1
+        st["tokens"] += ids.numel()
+        st["masked_tokens"] += int(mask.sum())
+        if st["step"] % 30 == 0 or st["step"] - steps0 <= 3:
+            lt = float(torch.stack(acc["t"]).mean())
+            ls = float(torch.stack(acc["s"]).mean())
+            acc = {"t": [], "s": []}
+            el = time.time() - t_start
+            tps = (st["step"] - steps0) * ids.numel() / el
+            st["history"].append([st["step"], round(lt, 4), round(ls, 4)])
+            log(f"step {st['step']:5d} lr {lr:.2e} loss TALoRA {lt:.3f} single {ls:.3f} | {tps:,.0f} tok/s per model, {el:.0f}s")
+    torch.cuda.synchronize()
+    st["train_seconds"] += time.time() - t_start
+    log(f"trained {st['step'] - steps0} steps this chunk, {st['step']} in all, {st['tokens']:,} tokens per model")
+    if not smoke:
+        save_ckpt(ck, {"talora": [ad.state_dict() for ad in talora], "single": single.state_dict(),
+                       "opt_t": [o.state_dict() for o in opt_t], "opt_s": opt_s.state_dict(), "state": st})
+        log("checkpoint", ck)
+    results["training"] = {k: st[k] for k in ("step", "train_seconds", "tokens", "masked_tokens")}
+    results["training"].update({"rank_talora": r, "rank_single": 3 * r, "alpha_over_rank": 2.0, "lr": a.lr,
+                                "batch": B, "seq": L, "params_talora": n_t, "params_single": n_s,
+                                "train_sequences": int(train.shape[0]), "history": st["history"]})
+    results["tokens_trained_per_model"] = st["tokens"]
+
+    # ------------------------------------------------------------ export (before eval: a crash there loses nothing)
+    files = export_all(talora, single, OUT)
+    results["state"] = st
+
+    # ------------------------------------------------------------ evaluation
+    n_eval = 4 if smoke else (a.eval_seqs or held.shape[0])
+    K = 2 if smoke else 8
+    ev = held[:n_eval]
+    t1 = time.time()
+    nll_ar = ar_nll(model, ev)
+    e_t, pk_t = elbo(model, talora, ev, K=K)
+    e_s, pk_s = elbo(model, single, ev, K=K)
+    res_eval = {"heldout_sequences": n_eval, "tokens": n_eval * (L - 1), "K": K,
+                "ar_ppl": math.exp(nll_ar), "elbo_ppl_talora": math.exp(e_t), "elbo_ppl_single": math.exp(e_s),
+                "ar_nll": nll_ar, "elbo_nll_talora": e_t, "elbo_nll_single": e_s,
+                "per_stratum_nll_talora": pk_t, "per_stratum_nll_single": pk_s}
+    if a.phase == "b":
+        e_0, _ = elbo(model, None, ev, K=K)
+        res_eval["elbo_ppl_base_untrained"] = math.exp(e_0)
+    res_eval["seconds"] = time.time() - t1
+    results["eval"] = res_eval
+    log(f"eval on {n_eval} held-out x {L - 1} tokens: AR ppl {math.exp(nll_ar):.2f} | ELBO ppl TALoRA {math.exp(e_t):.2f} single {math.exp(e_s):.2f} ({time.time() - t1:.0f}s)")
+
+    # probe + samples (token ids; detokenized here afterwards)
+    probe = prompts[0]
+    results["probe"] = {"prompt_ids": probe}
+    for name, ads in (("talora", talora), ("single", single)):
+        toks, order = diffuse(model, ads, probe, 4)
+        results["probe"][name] = {"ids": toks, "order": order, "berlin_first": toks[0] == 15687}
+        log(f"probe {name}: {toks} commit order {order} -> {'Berlin' if toks[0] == 15687 else 'NOT Berlin'}")
+    if not smoke:
+        results["samples"] = {}
+        for pi in (1, 4, 16):
+            for name, ads in (("talora", talora), ("single", single)):
+                toks, order = diffuse(model, ads, prompts[pi], 32)
+                results["samples"][f"{pi}-{name}"] = {"prompt_ids": prompts[pi], "ids": toks, "order": order}
+
+    # sanity: the exported f16 factors reproduce the trained adapter's logits
+    chk = {}
+    for k in range(3) if a.phase != "a" else [1]:
+        chk[f"talora-t{k}"] = check_export(model, talora[k], files[k], held)
+    chk["lora"] = check_export(model, single, files[3], held)
+    results["export_check"] = chk
+    log("export check", json.dumps(chk))
+    results["wall_seconds"] = time.time() - T0
+    results["log"] = LOG
+    json.dump(results, open(os.path.join(OUT, "results.json"), "w"), indent=1)
+    # summary table last
+    print("\n| phase | steps | tokens/model | AR ppl | ELBO TALoRA | ELBO single | probe T/S | export ok | wall s |")
+    print(f"| {a.phase} | {st['step']} | {st['tokens']:,} | {math.exp(nll_ar):.2f} | {math.exp(e_t):.2f} | {math.exp(e_s):.2f} | "
+          f"{results['probe']['talora']['berlin_first']}/{results['probe']['single']['berlin_first']} | "
+          f"{all(v['ok'] for v in chk.values())} | {time.time() - T0:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
