@@ -188,6 +188,8 @@ pub fn sync_call<T>(env: &Env, f: impl FnOnce() -> Res<T>) -> napi::Result<T> {
 pub enum OrError<T> {
   Value(T),
   Error(CodedError),
+  /// What a user callback threw, handed back as it was.
+  Thrown(napi::Error),
 }
 
 impl<T: ToNapiValue> ToNapiValue for OrError<T> {
@@ -196,6 +198,7 @@ impl<T: ToNapiValue> ToNapiValue for OrError<T> {
       // SAFETY: napi calls this with the live env of the JS thread.
       OrError::Value(v) => unsafe { T::to_napi_value(env, v) },
       OrError::Error(e) => Err(e.into_napi(&Env::from_raw(env))),
+      OrError::Thrown(e) => Err(e),
     }
   }
 }

@@ -16,7 +16,7 @@ use crate::adapter::{self, Adapter};
 use crate::error::{guard, sync_call, CodedError, Res};
 use crate::models::JsOpts;
 use crate::options::{self, Val};
-use crate::request::{Request, Step};
+use crate::request::{Request, Step, StepCallback};
 use crate::signal::{self, CancelState, SignalHook};
 use crate::stream::TokenStream;
 use crate::task::spawn;
@@ -31,7 +31,7 @@ pub struct Llm {
 }
 
 /// What the user's `onToken` returned: a value, or a promise to wait for.
-pub enum CallbackReturn {
+pub(crate) enum CallbackReturn {
   Value,
   Pending(Promise<UnknownReturnValue>),
 }
@@ -66,6 +66,7 @@ pub(crate) struct Prepared {
   pub cancel: Arc<CancelState>,
   pub hook: Option<SignalHook>,
   on_token: Option<Val>,
+  pub on_step: Option<StepCallback>,
 }
 
 #[napi]
@@ -88,8 +89,24 @@ impl Llm {
     spawn(
       env,
       parsed,
-      |(path_or_id, opts, fetch)| {
-        let path = fetch.resolve(&path_or_id)?;
+      |(path_or_id, mut opts, fetch)| {
+        let path = match ruvllm_models::diffusion::known_manifest(&path_or_id) {
+          // A diffusion model: its base through the model manager, its adapters from the manifest.
+          Some(manifest) => {
+            if !opts.diffusion.is_empty() {
+              return Err(CodedError::invalid_type(format!(
+                "'{path_or_id}' brings its own diffusion adapters; give diffusion.adapter with a base model instead"
+              )));
+            }
+            let m = ruvllm_models::diffusion::read_manifest(&manifest)?;
+            opts.diffusion = m.adapters;
+            fetch.resolve(&m.base)?
+          }
+          None => {
+            opts.diffusion = ruvllm_models::diffusion::adapter_files(&opts.diffusion)?;
+            fetch.resolve(&path_or_id)?
+          }
+        };
         drop(fetch);
         let default_seed = opts.seed;
         let engine = Engine::load(&path, opts)?;
@@ -175,7 +192,7 @@ impl Llm {
         Some(v) => Some(unsafe { TokenCallback::from_napi_value(v.env, v.raw) }?),
         None => None,
       };
-      let req = Request::submit(&self.engine, p.prompt, p.params, p.adapters, p.cancel, p.hook)?;
+      let req = Request::submit(&self.engine, p.prompt, p.params, p.adapters, p.cancel, p.hook, p.on_step)?;
       Ok((req, on_token))
     });
     let fut = async move {
@@ -198,7 +215,7 @@ impl Llm {
   #[napi(catch_unwind, ts_args_type = "prompt: string | ChatMessage[] | number[], options?: GenerateOptions")]
   pub fn stream(&self, env: &Env, prompt: Unknown, options: Unknown) -> napi::Result<TokenStream> {
     match guard(|| self.prepare(env, &prompt, &options, true)) {
-      Ok(p) => Ok(TokenStream::pending(self.engine.clone(), p.prompt, p.params, p.adapters, p.cancel, p.hook)),
+      Ok(p) => Ok(TokenStream::pending(self.engine.clone(), p.prompt, p.params, p.adapters, p.cancel, p.hook, p.on_step)),
       Err(e) if e.is_abort() => Ok(TokenStream::failed(e)),
       Err(e) => Err(e.into_napi(env)),
     }
@@ -340,12 +357,23 @@ impl Llm {
     if for_stream && hooks.on_token.is_some() {
       return Err(CodedError::invalid_type("onToken is an option of generate(); with stream(), iterate the chunks instead"));
     }
+    if (params.diffusion.is_some() || hooks.on_step.is_some()) && !self.info.diffusion {
+      return Err(CodedError::invalid_type(
+        "diffusion and onStep are options of a diffusion model: load 'gemma-3-270m-diffusion', or a GGUF with { diffusion: { adapter } }",
+      ));
+    }
+    let on_step = match hooks.on_step {
+      // SAFETY: a napi value of the current call on the JS thread; `from_napi_value` checks its type
+      // and returns an error for anything else.
+      Some(v) => Some(unsafe { StepCallback::from_napi_value(v.env, v.raw) }?),
+      None => None,
+    };
     let cancel = Arc::new(CancelState::default());
     let hook = match hooks.signal {
       Some(s) => Some(signal::attach(env, s, cancel.clone())?),
       None => None,
     };
-    Ok(Prepared { prompt, params, adapters, cancel, hook, on_token: hooks.on_token })
+    Ok(Prepared { prompt, params, adapters, cancel, hook, on_token: hooks.on_token, on_step })
   }
 }
 
@@ -368,6 +396,7 @@ async fn drive(mut req: Request, on_token: Option<TokenCallback>) -> Result<ruvl
       }
       Step::Done(c) => return Ok(c),
       Step::Failed(e) => return Err(Failure::Coded(e)),
+      Step::Thrown(e) => return Err(Failure::Thrown(e)),
     }
   }
 }

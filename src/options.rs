@@ -3,13 +3,14 @@
 //! for a value out of range); unknown keys are rejected too, so a typo (`max_tokens`) is not
 //! silently ignored. Defaults for sampling live here (documented on `GenerateOptions`).
 
+use std::path::PathBuf;
 use std::ptr;
 
 use napi::bindgen_prelude::{FromNapiValue, Unknown};
 use napi::{sys, Env, JsValue, ValueType};
 
 use ruvllm_core::chat::ChatMessage;
-use ruvllm_core::engine::{GenerateParams, LoadOptions, Prompt};
+use ruvllm_core::engine::{DiffusionParams, GenerateParams, LoadOptions, Prompt, Remasking, Schedule};
 use ruvllm_core::sampling::SamplingParams;
 
 use crate::error::{CodedError, Res};
@@ -259,7 +260,28 @@ pub fn path_or_id(v: Option<Val>) -> Res<String> {
   }
 }
 
-const LOAD_KEYS: &[&str] = &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal"];
+const LOAD_KEYS: &[&str] = &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal", "diffusion"];
+
+/// `LLM.load(_, { diffusion: { adapter } })`: a path or a non-empty list of paths.
+fn diffusion_load(v: Option<Val>) -> Res<Vec<PathBuf>> {
+  let Some(v) = v else { return Ok(Vec::new()) };
+  if v.is_undefined()? {
+    return Ok(Vec::new());
+  }
+  let bag = option_bag(Some(v), "diffusion", &["adapter"])?;
+  let Some(a) = field(bag, "adapter")? else {
+    return Err(CodedError::invalid_type("diffusion.adapter must be a path or a list of paths, got undefined"));
+  };
+  let paths = if a.is_array() {
+    (0..a.len()?).map(|i| string(&a.index(i)?, &format!("diffusion.adapter[{i}]"))).collect::<Res<Vec<_>>>()?
+  } else {
+    vec![string(&a, "diffusion.adapter")?]
+  };
+  if paths.is_empty() || paths.iter().any(|p| p.is_empty()) {
+    return Err(CodedError::out_of_range("diffusion.adapter must name at least one file, and no empty path"));
+  }
+  Ok(paths.into_iter().map(PathBuf::from).collect())
+}
 
 /// `LLM.load(_, opts)`.
 /// `download`, `source`, `onProgress`, `onNotice` and `signal` are read by [`load_fetch_options`].
@@ -270,6 +292,7 @@ pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
     context_size: int_in(bag, "contextSize", 1.0, MAX_CONTEXT_SIZE as f64)?.map(|n| n as usize),
     threads: int_in(bag, "threads", 1.0, 1024.0)?.map(|n| n as usize),
     seed: int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER)?.map(|n| n as u64),
+    diffusion: diffusion_load(field(bag, "diffusion")?)?,
   })
 }
 
@@ -402,6 +425,8 @@ pub const GENERATE_KEYS: &[&str] = &[
   "chatTemplate",
   "onToken",
   "adapters",
+  "diffusion",
+  "onStep",
 ];
 
 /// The parts of a generate option bag that are JS objects, for the caller to wire up.
@@ -410,6 +435,51 @@ pub struct JsHooks {
   pub on_token: Option<Val>,
   /// The `adapters` option, read by `adapter::request_adapters`.
   pub adapters: Option<Val>,
+  pub on_step: Option<Val>,
+}
+
+/// Errors about a key of a nested bag name it with the bag: `diffusion.steps must be ...`.
+fn nested<T>(bag: &str, r: Res<T>) -> Res<T> {
+  r.map_err(|mut e| {
+    e.message = format!("{bag}.{}", e.message);
+    e
+  })
+}
+
+/// The `diffusion` option of `generate` / `stream`.
+fn diffusion_options(v: Option<Val>) -> Res<Option<DiffusionParams>> {
+  let Some(v) = v else { return Ok(None) };
+  if v.is_undefined()? {
+    return Ok(None);
+  }
+  let bag = option_bag(Some(v), "diffusion", &["steps", "blockSize", "threshold", "schedule", "remasking"])?;
+  let d = DiffusionParams::default();
+  let p = nested(
+    "diffusion",
+    (|| {
+      let steps = int_in(bag, "steps", 1.0, MAX_CONTEXT_SIZE as f64)?.map(|n| n as usize);
+      let block_size = int_in(bag, "blockSize", 1.0, 512.0)?.map_or(d.block_size, |n| n as usize);
+      let threshold = num(bag, "threshold", "a number in (0, 1)", |x| x > 0.0 && x < 1.0)?.map(|x| x as f32);
+      let word = |key: &str, allowed: &[&str]| -> Res<Option<String>> {
+        let Some(v) = field(bag, key)? else { return Ok(None) };
+        let s = string(&v, key)?;
+        if !allowed.contains(&s.as_str()) {
+          return Err(CodedError::out_of_range(format!("{key} must be one of {}, got {s:?}", allowed.join(", "))));
+        }
+        Ok(Some(s))
+      };
+      let schedule = match word("schedule", &["linear", "cosine"])?.as_deref() {
+        Some("cosine") => Schedule::Cosine,
+        _ => Schedule::Linear,
+      };
+      let remasking = match word("remasking", &["confidence", "random"])?.as_deref() {
+        Some("random") => Remasking::Random,
+        _ => Remasking::Confidence,
+      };
+      Ok(DiffusionParams { steps, block_size, threshold, schedule, remasking })
+    })(),
+  )?;
+  Ok(Some(p))
 }
 
 /// The `chatTemplate` option: a non-empty Jinja template, or none.
@@ -456,7 +526,9 @@ pub fn generate_options(v: Option<Val>, context: usize, default_seed: Option<u64
   let on_token = function(bag, "onToken")?;
   let sampling = SamplingParams { temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, repeat_last_n, seed };
   let adapters = field(bag, "adapters")?;
-  Ok((GenerateParams { max_tokens, sampling, stop, chat_template }, JsHooks { signal, on_token, adapters }))
+  let diffusion = diffusion_options(field(bag, "diffusion")?)?;
+  let on_step = function(bag, "onStep")?;
+  Ok((GenerateParams { max_tokens, sampling, stop, chat_template, diffusion }, JsHooks { signal, on_token, adapters, on_step }))
 }
 
 fn stop_strings(v: Option<Val>) -> Res<Vec<String>> {

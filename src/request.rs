@@ -4,19 +4,31 @@
 
 use std::sync::Arc;
 
-use ruvllm_core::engine::{Completion, Engine, Event, FinishReason, GenerateParams, GenerateRequest, Prompt};
+use napi::threadsafe_function::ThreadsafeFunction;
+use napi::Status;
+use ruvllm_core::engine::{Completion, DiffusionStep, Engine, Event, FinishReason, GenerateParams, GenerateRequest, Prompt};
 use ruvllm_core::nn::AdapterSet;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::error::{guard, CodedError, Partial, ERR_CLOSED};
+use crate::llm::CallbackReturn;
 use crate::signal::{CancelState, SignalHook};
+use crate::types::{clamp_u32, DiffusionStepInfo};
 
 /// What `next()` yields.
 pub enum Step {
-  Token { id: u32, text: String },
+  Token {
+    id: u32,
+    text: String,
+  },
   Done(Completion),
   Failed(CodedError),
+  /// The user's `onStep` threw or rejected with this (the request is cancelled).
+  Thrown(napi::Error),
 }
+
+/// A diffusion model's `onStep` callback.
+pub type StepCallback = ThreadsafeFunction<DiffusionStepInfo, CallbackReturn, DiffusionStepInfo, Status, false>;
 
 pub struct Request {
   rx: UnboundedReceiver<Event>,
@@ -24,6 +36,7 @@ pub struct Request {
   hook: Option<SignalHook>,
   partial: Partial,
   finished: bool,
+  on_step: Option<StepCallback>,
 }
 
 impl Request {
@@ -36,6 +49,7 @@ impl Request {
     adapters: Option<AdapterSet>,
     cancel: Arc<CancelState>,
     hook: Option<SignalHook>,
+    on_step: Option<StepCallback>,
   ) -> Result<Request, CodedError> {
     let (tx, rx) = unbounded_channel();
     let sink = Box::new(move |ev: Event| {
@@ -44,7 +58,7 @@ impl Request {
     });
     let req = GenerateRequest { prompt, params, adapters, cancel: cancel.flag.clone(), sink };
     guard(|| Ok(engine.submit(req)?))?;
-    Ok(Request { rx, cancel, hook, partial: Partial::default(), finished: false })
+    Ok(Request { rx, cancel, hook, partial: Partial::default(), finished: false, on_step })
   }
 
   /// Stops the request (if still running) and removes its abort listener.
@@ -91,6 +105,14 @@ impl Request {
           self.partial.text.push_str(&text);
           return Step::Token { id, text };
         }
+        Some(Event::Step(s)) => {
+          if let Some(cb) = &self.on_step {
+            if let Err(e) = call_awaited(cb, step_info(s)).await {
+              self.cancel();
+              return Step::Thrown(e);
+            }
+          }
+        }
         Some(Event::Done(c)) => {
           if c.finish_reason == FinishReason::Abort || self.cancel.aborted() {
             self.partial = Partial { text: c.text, tokens: c.tokens };
@@ -121,5 +143,23 @@ impl Drop for Request {
   fn drop(&mut self) {
     // Whoever awaited this request is gone (a stream left early, a callback threw): stop it.
     self.cancel();
+  }
+}
+
+fn step_info(s: DiffusionStep) -> DiffusionStepInfo {
+  DiffusionStepInfo {
+    step: clamp_u32(s.step),
+    block: clamp_u32(s.block),
+    positions: s.committed.iter().map(|&(o, _)| clamp_u32(o)).collect(),
+    tokens: s.committed.iter().map(|&(_, t)| t).collect(),
+    text: s.text,
+  }
+}
+
+/// Calls a user callback and awaits it, and the promise it returns if any.
+async fn call_awaited(cb: &StepCallback, arg: DiffusionStepInfo) -> napi::Result<()> {
+  match cb.call_async_catch(arg).await? {
+    CallbackReturn::Value => Ok(()),
+    CallbackReturn::Pending(p) => p.await.map(|_| ()),
   }
 }

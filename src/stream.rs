@@ -13,7 +13,7 @@ use ruvllm_core::engine::{Engine, GenerateParams, Prompt};
 use ruvllm_core::nn::AdapterSet;
 
 use crate::error::{CodedError, OrError};
-use crate::request::{Request, Step};
+use crate::request::{Request, Step, StepCallback};
 use crate::signal::{CancelState, SignalHook};
 use crate::types::Completion;
 
@@ -24,7 +24,7 @@ use crate::types::Completion;
 type TokenChunk = OrError<crate::types::TokenChunk>;
 
 enum State {
-  Pending { engine: Arc<Engine>, prompt: Prompt, params: GenerateParams, adapters: Option<AdapterSet>, hook: Option<SignalHook> },
+  Pending { engine: Arc<Engine>, prompt: Prompt, params: GenerateParams, adapters: Option<AdapterSet>, hook: Option<SignalHook>, on_step: Option<StepCallback> },
   Running(Request),
   Failed(CodedError),
   Finished(Option<Box<ruvllm_core::engine::Completion>>),
@@ -46,8 +46,9 @@ impl TokenStream {
     adapters: Option<AdapterSet>,
     cancel: Arc<CancelState>,
     hook: Option<SignalHook>,
+    on_step: Option<StepCallback>,
   ) -> Self {
-    TokenStream { state: Arc::new(Mutex::new(State::Pending { engine, prompt, params, adapters, hook })), cancel }
+    TokenStream { state: Arc::new(Mutex::new(State::Pending { engine, prompt, params, adapters, hook, on_step })), cancel }
   }
 
   pub(crate) fn failed(err: CodedError) -> Self {
@@ -84,13 +85,13 @@ impl AsyncGenerator for TokenStream {
       let mut st = state.lock().await;
       loop {
         match std::mem::replace(&mut *st, State::Finished(None)) {
-          State::Pending { engine, prompt, params, adapters, hook } => {
+          State::Pending { engine, prompt, params, adapters, hook, on_step } => {
             *st = if engine.is_closed() {
               State::Failed(CodedError::closed())
             } else if cancel.aborted() {
               State::Failed(CodedError::aborted(None))
             } else {
-              match Request::submit(&engine, prompt, params, adapters, cancel.clone(), hook) {
+              match Request::submit(&engine, prompt, params, adapters, cancel.clone(), hook, on_step) {
                 Ok(r) => State::Running(r),
                 Err(e) => State::Failed(e),
               }
@@ -107,6 +108,7 @@ impl AsyncGenerator for TokenStream {
                 None
               }
               Step::Failed(e) => Some(OrError::Error(e)),
+              Step::Thrown(e) => Some(OrError::Thrown(e)),
             });
           }
           State::Failed(e) => return Ok(Some(OrError::Error(e))),

@@ -29,6 +29,65 @@ pub struct LoadOptions {
   /// Aborts the download (rejects with an `AbortError`).
   #[napi(ts_type = "AbortSignal")]
   pub signal: Option<serde_json::Value>,
+  /// Load the model as a masked-diffusion LM with these conversion adapters.
+  pub diffusion: Option<DiffusionLoadOptions>,
+}
+
+/// `LLM.load(path, { diffusion })`: the base GGUF becomes a masked-diffusion LM.
+#[napi(object, object_to_js = false)]
+pub struct DiffusionLoadOptions {
+  /// A diffusion `manifest.json`, or one or more adapter GGUFs with `ruvllm.diffusion.*`
+  /// metadata (one per range of mask ratios).
+  #[napi(ts_type = "string | string[]")]
+  pub adapter: serde_json::Value,
+}
+
+/// Diffusion decoding settings (`generate` / `stream` on a diffusion model).
+#[napi(object, object_to_js = false)]
+pub struct DiffusionOptions {
+  /// Denoising steps for the whole answer, split evenly over its blocks; equal to `maxTokens`
+  /// (the default) is one token per step. An integer >= 1.
+  pub steps: Option<u32>,
+  /// Positions per block, decoded left to right (the prompt and finished blocks are cached).
+  /// An integer in 1..=512. Default 32.
+  pub block_size: Option<u32>,
+  /// Confidence-threshold decoding: each step commits every masked position whose
+  /// probability exceeds it (at least one), instead of following `steps`. In (0, 1).
+  pub threshold: Option<f64>,
+  /// How many positions stay masked after each step: `'linear'` (default) or `'cosine'`.
+  #[napi(ts_type = "'linear' | 'cosine'")]
+  pub schedule: Option<String>,
+  /// Which sampled positions a step commits: `'confidence'` (the most likely; default) or `'random'`.
+  #[napi(ts_type = "'confidence' | 'random'")]
+  pub remasking: Option<String>,
+}
+
+/// One denoising step of a diffusion model (`onStep`).
+#[napi(object)]
+pub struct DiffusionStepInfo {
+  /// Step number from 0, over the whole answer.
+  pub step: u32,
+  /// Block number from 0.
+  pub block: u32,
+  /// Answer positions (from 0) committed in this step.
+  pub positions: Vec<u32>,
+  /// The tokens committed there.
+  pub tokens: Vec<u32>,
+  /// The answer so far, each still-masked position shown as '░'.
+  pub text: String,
+}
+
+/// How a diffusion model produced a completion.
+#[napi(object)]
+pub struct DiffusionCompletion {
+  /// Denoising steps (forward passes that produced tokens).
+  pub steps: u32,
+  /// Committed tokens per step.
+  pub tokens_per_step: f64,
+  /// Blocks decoded.
+  pub blocks: u32,
+  /// All forward passes, the prompt's and the finished blocks' cache refreshes included.
+  pub forward_passes: u32,
 }
 
 /// One chat message, for `generate(messages)` / `stream(messages)`.
@@ -79,6 +138,12 @@ pub struct GenerateOptions {
   /// a rejection cancels the request and rejects `generate` with that error.
   #[napi(ts_type = "(chunk: TokenChunk) => unknown")]
   pub on_token: Option<serde_json::Value>,
+  /// Diffusion decoding settings (a diffusion model only; it uses the defaults without them).
+  pub diffusion: Option<DiffusionOptions>,
+  /// A diffusion model's steps as they happen, awaited like `onToken`; a throw or a rejection
+  /// cancels the request with that error.
+  #[napi(ts_type = "(step: DiffusionStepInfo) => unknown")]
+  pub on_step: Option<serde_json::Value>,
 }
 
 /// Options for `llm.score`.
@@ -155,6 +220,8 @@ pub struct Completion {
   pub usage: Usage,
   /// Speed measurements.
   pub timings: Timings,
+  /// A diffusion model's steps and blocks.
+  pub diffusion: Option<DiffusionCompletion>,
 }
 
 /// The result of `llm.score`.
@@ -215,6 +282,8 @@ pub struct ModelInfo {
   pub embedding_length: u32,
   /// Whether the file ships a chat template (`tokenizer.chat_template`).
   pub has_chat_template: bool,
+  /// Whether it decodes by masked diffusion (loaded as a diffusion model).
+  pub diffusion: bool,
   /// Threads the kernels use.
   pub threads: u32,
 }
@@ -233,6 +302,7 @@ impl From<&ruvllm_core::engine::ModelInfo> for ModelInfo {
       vocab_size: clamp_u32(i.vocab_size),
       embedding_length: clamp_u32(i.embedding_length),
       has_chat_template: i.has_chat_template,
+      diffusion: i.diffusion,
       threads: clamp_u32(i.threads),
     }
   }
@@ -247,6 +317,12 @@ impl From<ruvllm_core::engine::Completion> for Completion {
       finish_reason: c.finish_reason.as_str().to_string(),
       usage: Usage { prompt_tokens: clamp_u32(c.prompt_tokens), completion_tokens: clamp_u32(c.completion_tokens) },
       timings: Timings { ttft_ms: c.ttft_ms, prefill_tokens_per_second: c.prefill_tokens_per_second, decode_tokens_per_second: c.decode_tokens_per_second },
+      diffusion: c.diffusion.map(|d| DiffusionCompletion {
+        steps: clamp_u32(d.steps),
+        tokens_per_step: d.tokens_per_step,
+        blocks: clamp_u32(d.blocks),
+        forward_passes: clamp_u32(d.forward_passes),
+      }),
     }
   }
 }

@@ -266,17 +266,17 @@ fn sort_prefix(c: &mut [Candidate], m: usize) {
 }
 
 /// xoshiro256** (Blackman and Vigna), seeded through splitmix64.
-struct Rng {
+pub(crate) struct Rng {
     s: [u64; 4],
 }
 
 impl Rng {
-    fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         let mut x = seed;
         Self { s: [(); 4].map(|()| splitmix64(&mut x)) }
     }
 
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         let s = &mut self.s;
         let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = s[1] << 17;
@@ -290,7 +290,7 @@ impl Rng {
     }
 
     /// Uniform in `[0, 1)` with 53 random bits.
-    fn next_f64(&mut self) -> f64 {
+    pub(crate) fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 }

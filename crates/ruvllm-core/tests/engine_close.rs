@@ -23,7 +23,7 @@ fn engine() -> Engine {
 }
 
 fn params(max_tokens: usize) -> GenerateParams {
-    GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None }
+    GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None }
 }
 
 /// A generate request whose events arrive on the returned channel.
@@ -49,6 +49,7 @@ fn outcome(rx: &Receiver<Event>) -> (usize, Result<FinishReason, Error>) {
             Event::Token { .. } => tokens += 1,
             Event::Done(c) => return (tokens, Ok(c.finish_reason)),
             Event::Error(e) => return (tokens, Err(e)),
+            Event::Step(_) => {}
         }
     }
 }

@@ -4,13 +4,16 @@
 //! model exactly, the prefix cache never mixes adapter sets, and bad files are
 //! `ERR_ADAPTER_INVALID`. (llama.cpp applying the same GGUF is checked in the JS suite.)
 
+mod common;
+use common::{config, model_path, Rng};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ruvllm_core::engine::{Engine, GenerateParams, LoadOptions, Prompt};
 use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::{GgufFile, MetadataValue as V};
-use ruvllm_core::models::{config_from_gguf, TransformerConfig};
+use ruvllm_core::models::TransformerConfig;
 use ruvllm_core::nn::{AdapterSet, Proj};
 use ruvllm_core::sampling::SamplingParams;
 
@@ -21,26 +24,6 @@ const PROMPTS: &[&str] = &[
     "Water boils at a temperature of",
     "Monday, Tuesday, Wednesday,",
 ];
-
-fn model_path() -> PathBuf {
-    ruvllm_models::real_test_model().unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn config() -> TransformerConfig {
-    config_from_gguf(&GgufFile::open(model_path()).expect("open model")).expect("config")
-}
-
-/// xorshift64*: the same numbers in every run.
-struct Rng(u64);
-impl Rng {
-    fn uniform(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        ((v >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
 
 /// (layer, projection, A `r × in`, B `out × r`) for every projection of every block.
 type Factors = Vec<(usize, Proj, Vec<f32>, Vec<f32>)>;
@@ -99,11 +82,11 @@ fn write_peft(dir: &Path, alpha: f32, rank: usize, f: &Factors) -> PathBuf {
 }
 
 fn engine(adapters: Vec<(PathBuf, f32)>) -> Result<Engine, ruvllm_core::Error> {
-    Engine::load(&model_path(), LoadOptions { context_size: Some(256), threads: Some(2), seed: None, adapters })
+    Engine::load(&model_path(), LoadOptions { context_size: Some(256), threads: Some(2), seed: None, adapters, ..Default::default() })
 }
 
 fn greedy(e: &Engine, prompt: &str, adapters: Option<AdapterSet>) -> Vec<u32> {
-    let params = GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None };
+    let params = GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None };
     e.generate_blocking_with(Prompt::Text(prompt.into()), params, adapters).expect("generate").tokens
 }
 

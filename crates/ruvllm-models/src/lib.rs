@@ -7,6 +7,7 @@
 //! ([`Config::from_env`] in production).
 
 pub mod config;
+pub mod diffusion;
 pub mod error;
 pub mod http;
 pub mod hub;

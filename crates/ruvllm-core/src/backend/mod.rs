@@ -151,8 +151,10 @@ pub trait Backend {
     /// The KV rows of one layer: `capacity` slots of `row` floats each for keys and values.
     fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache;
 
-    /// `X[t] = scale · table[tokens[t]]` (token ids checked by the caller).
-    fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>);
+    /// `X[t] = scale · table[tokens[t]]` (token ids checked by the caller); a token equal to
+    /// `replace.0` takes the row `replace.1` instead of its table row (an adapter's trained
+    /// embedding of the diffusion mask token).
+    fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>, replace: Option<(u32, &[f32])>);
     /// RMSNorm of each `w.len()`-float chunk of the first `n` rows of `src` into `dst`
     /// (`src == dst`: in place; per-head norms use chunks of `head_dim`).
     fn rms_norm(&mut self, src: Buf, dst: Buf, w: &[f32], eps: f32, n: usize);
@@ -176,9 +178,10 @@ pub trait Backend {
     fn add(&mut self, dst: Buf, src: Buf, n: usize);
     /// `Gate = act(Gate) · Up` for `n` rows.
     fn gated_activation(&mut self, act: Activation, n: usize);
-    /// The LM head for rows `rows` of `X`: final RMSNorm (`norm`, `eps`), `output` product and
-    /// optional soft-capping `cap · tanh(v / cap)`; returns the logits, `rows.len() × vocab`.
-    fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: std::ops::Range<usize>) -> &mut [f32];
+    /// The LM head for rows `rows` of `X` (at most `max_batch`, any order): final RMSNorm
+    /// (`norm`, `eps`), `output` product and optional soft-capping `cap · tanh(v / cap)`;
+    /// returns the logits, `rows.len() × vocab`, in the order of `rows`.
+    fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) -> &mut [f32];
     /// The final RMSNorm of the first `n` rows of `X`, read back as `n × d_model`.
     fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32];
     /// The logits of the last [`lm_head`](Backend::lm_head) call, for the sampler to modify.

@@ -27,7 +27,8 @@ use crate::{Error, Result};
 
 pub mod decode;
 
-use decode::{Autoregressive, DecodeContext, DecodeRequest, DecodeStrategy};
+use decode::{Autoregressive, DecodeContext, DecodeRequest, DecodeStrategy, Diffusion, DiffusionModel};
+pub use decode::{DiffusionParams, DiffusionStats, DiffusionStep, Remasking, Schedule};
 
 /// Options for loading a model.
 #[derive(Debug, Clone, Default)]
@@ -41,6 +42,9 @@ pub struct LoadOptions {
     /// LoRA adapter files (LoRA GGUF or PEFT safetensors) and their scales, applied to every
     /// request that does not name its own set.
     pub adapters: Vec<(PathBuf, f32)>,
+    /// Masked-diffusion conversion adapters (one, or one per range of mask ratios): the model
+    /// then decodes by diffusion ([`decode::Diffusion`]).
+    pub diffusion: Vec<PathBuf>,
 }
 
 /// What the JS side shows as `llm.info`.
@@ -62,6 +66,8 @@ pub struct ModelInfo {
     /// Width of the hidden state (`d_model`): the length of the vectors `embed` returns.
     pub embedding_length: usize,
     pub has_chat_template: bool,
+    /// Whether it decodes by masked diffusion.
+    pub diffusion: bool,
     pub threads: usize,
 }
 
@@ -81,6 +87,8 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Overrides the model's chat template for `Prompt::Chat`.
     pub chat_template: Option<String>,
+    /// Diffusion settings (only for a diffusion model, which uses the defaults without them).
+    pub diffusion: Option<DiffusionParams>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,13 +119,20 @@ pub struct Completion {
     pub ttft_ms: f64,
     pub prefill_tokens_per_second: f64,
     pub decode_tokens_per_second: f64,
+    /// Steps, blocks and tokens per step of a diffusion model's answer.
+    pub diffusion: Option<DiffusionStats>,
 }
 
 /// What a request's sink receives, in order: zero or more `Token`, then exactly one `Done` or
 /// `Error` (`Error::Closed` when the engine was closed before the request finished).
 #[derive(Debug)]
 pub enum Event {
-    Token { id: u32, text: String },
+    Token {
+        id: u32,
+        text: String,
+    },
+    /// A diffusion model's denoising step (after the tokens it made final).
+    Step(DiffusionStep),
     Done(Completion),
     Error(Error),
 }
@@ -232,6 +247,8 @@ struct Worker {
     context: usize,
     /// The adapters of requests that name none.
     default_adapters: AdapterSet,
+    /// The diffusion model's adapters, when the model decodes by diffusion.
+    diffusion: Option<Arc<DiffusionModel>>,
     /// The engine's `closing` flag.
     closing: Arc<AtomicBool>,
 }
@@ -289,6 +306,7 @@ fn model_info(file: &GgufFile, cfg: &models::TransformerConfig, context: usize, 
         vocab_size: vocab,
         embedding_length: cfg.d_model,
         has_chat_template: has_template,
+        diffusion: false,
         threads,
     }
 }
@@ -326,9 +344,16 @@ impl Engine {
             defaults.push((Arc::new(LoraAdapter::load(p, &cfg, &cfg.architecture)?), *scale));
         }
         let default_adapters = AdapterSet::new(defaults);
+        let diffusion = if opts.diffusion.is_empty() {
+            None
+        } else {
+            let adapters = opts.diffusion.iter().map(|p| LoraAdapter::load(p, &cfg, &cfg.architecture).map(Arc::new)).collect::<Result<Vec<_>>>()?;
+            Some(Arc::new(DiffusionModel::new(adapters)?))
+        };
         let mut backend = CpuBackend::new(threads);
         model.prepare(&mut backend, max_batch);
-        let info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
+        let mut info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
+        info.diffusion = diffusion.is_some();
         let bos_text = tokenizer.bos_id().and_then(|b| tokenizer.decode(&[b], false).ok()).unwrap_or_default();
         let shared = Arc::new(Shared { file, tokenizer, template, bos_text });
         let (tx, rx) = channel();
@@ -346,6 +371,7 @@ impl Engine {
                     backend: Box::new(backend),
                     context,
                     default_adapters: worker_adapters,
+                    diffusion,
                     closing: worker_closing,
                 };
                 worker.run(rx, opts.seed)
@@ -438,7 +464,7 @@ impl Engine {
         self.submit(GenerateRequest { prompt, params, adapters, cancel: Arc::new(AtomicBool::new(false)), sink })?;
         loop {
             match rx.recv().map_err(|_| Error::Closed)? {
-                Event::Token { .. } => {}
+                Event::Token { .. } | Event::Step(_) => {}
                 Event::Done(c) => return Ok(c),
                 Event::Error(e) => return Err(e),
             }
@@ -766,15 +792,34 @@ impl Worker {
             ttft_ms: 0.0,
             prefill_tokens_per_second: 0.0,
             decode_tokens_per_second: 0.0,
+            diffusion: None,
         };
         if req.cancel.load(Ordering::Relaxed) {
             return Ok(c);
         }
-        let n_past = self.reusable_prefix(&ids);
+        let diffusion = match (&self.diffusion, &req.params.diffusion) {
+            (None, Some(_)) => {
+                return Err(Error::InvalidArg(
+                    "diffusion options need a diffusion model: load 'gemma-3-270m-diffusion', or a GGUF with { diffusion: { adapter } }".into(),
+                ))
+            }
+            (Some(m), p) => Some((m.clone(), p.clone().unwrap_or_default())),
+            (None, None) => None,
+        };
+        let n_past = if diffusion.is_some() { 0 } else { self.reusable_prefix(&ids) };
         let mut ctx =
             DecodeContext { model: &self.model, cache: &mut self.cache, backend: &mut *self.backend, tokenizer: &shared.tokenizer, context: self.context };
         let request = DecodeRequest { prompt: &ids, reusable: n_past, params: &req.params, cancel: &req.cancel, sink: &mut req.sink, start };
-        let d = Autoregressive.decode(&mut ctx, request)?;
+        let d = match &diffusion {
+            Some((model, params)) => {
+                let d = Diffusion { model, params }.decode(&mut ctx, request);
+                // The cache now holds diffusion rows: no later request may reuse them.
+                self.cache.tokens.clear();
+                d?
+            }
+            None => Autoregressive.decode(&mut ctx, request)?,
+        };
+        c.diffusion = d.diffusion.clone();
         c.completion_tokens = d.tokens.len();
         c.text = d.text;
         c.tokens = d.tokens;

@@ -223,7 +223,7 @@ impl Transformer {
     pub fn forward(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, be: &mut dyn Backend) -> Result<()> {
         self.forward_hidden(tokens, pos0, AttentionMask::Causal, cache, be)?;
         let n = tokens.len();
-        self.head(be, n - 1..n);
+        self.head(be, &[n - 1]);
         Ok(())
     }
 
@@ -239,19 +239,8 @@ impl Transformer {
         be: &mut dyn Backend,
         each: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        const HEAD_BATCH: usize = 8;
-        self.forward_hidden(tokens, pos0, mask, cache, be)?;
-        let (v, n) = (self.cfg.vocab_size, tokens.len());
-        let mut t0 = 0;
-        while t0 < n {
-            let m = HEAD_BATCH.min(n - t0);
-            let out = self.head(be, t0..t0 + m);
-            for i in 0..m {
-                each(t0 + i, &out[i * v..(i + 1) * v]);
-            }
-            t0 += m;
-        }
-        Ok(())
+        let rows: Vec<usize> = (0..tokens.len()).collect();
+        self.forward_rows(tokens, pos0, mask, cache, be, &rows, each)
     }
 
     /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(t, h)` with the
@@ -276,8 +265,38 @@ impl Transformer {
         Ok(())
     }
 
+    /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(i, logits)` with
+    /// the logits of the tokens at offsets `rows[i]` of `tokens` (any order, each at most once),
+    /// the LM head running only on those rows: a diffusion step needs the logits of its masked
+    /// positions alone. `be.logits()` is left unspecified.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_rows(
+        &self,
+        tokens: &[u32],
+        pos0: usize,
+        mask: AttentionMask,
+        cache: &mut KvCache,
+        be: &mut dyn Backend,
+        rows: &[usize],
+        each: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        const HEAD_BATCH: usize = 8;
+        if let Some(&r) = rows.iter().find(|&&r| r >= tokens.len()) {
+            return Err(Error::Internal(format!("logits asked for row {r} of a {}-token call", tokens.len())));
+        }
+        self.forward_hidden(tokens, pos0, mask, cache, be)?;
+        let v = self.cfg.vocab_size;
+        for (c, chunk) in rows.chunks(HEAD_BATCH).enumerate() {
+            let out = self.head(be, chunk);
+            for i in 0..chunk.len() {
+                each(c * HEAD_BATCH + i, &out[i * v..(i + 1) * v]);
+            }
+        }
+        Ok(())
+    }
+
     /// Final norm, LM head and soft-capping for rows `rows` of the hidden state.
-    fn head<'b>(&self, be: &'b mut dyn Backend, rows: std::ops::Range<usize>) -> &'b mut [f32] {
+    fn head<'b>(&self, be: &'b mut dyn Backend, rows: &[usize]) -> &'b mut [f32] {
         be.lm_head(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, rows)
     }
 
@@ -294,7 +313,7 @@ impl Transformer {
         if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(Error::InvalidArg(format!("token id {tok} is outside the vocabulary ({})", c.vocab_size)));
         }
-        be.embed(&self.embed, tokens, c.embed_scale);
+        be.embed(&self.embed, tokens, c.embed_scale, cache.adapters.mask_embedding());
         let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, scale: c.attn_scale };
         // The request's adapters, which the cached keys and values are computed with; taken out
         // of the cache for the pass (no copy) and put back after it (nothing below returns early).

@@ -146,7 +146,28 @@ pub struct LoraAdapter {
     pub targets: Vec<Proj>,
     /// Per layer, per `Proj`: the factors, if the adapter has them.
     layers: Vec<[Option<LoraPair>; 7]>,
+    /// What a masked-diffusion conversion adapter says about itself (`ruvllm.diffusion.*`).
+    pub diffusion: Option<DiffusionInfo>,
 }
+
+/// The `ruvllm.diffusion.*` metadata of an adapter that turns the base model into a
+/// masked-diffusion LM (one adapter per range of mask ratios: TALoRA).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiffusionInfo {
+    /// The token that marks a masked position.
+    pub mask_token: u32,
+    /// The mask ratios `[t_min, t_max)` this adapter was trained for (`[0, 1]`: all).
+    pub t_min: f32,
+    pub t_max: f32,
+    /// The AR shift: the logits at position `i` predict the token at `i + 1`.
+    pub shift: bool,
+    /// The mask token's trained embedding row (as the GGUF's `token_embd` stores it, before
+    /// any input scale), if the adapter has one.
+    pub mask_embd: Option<Vec<f32>>,
+}
+
+/// Name of the diffusion adapter's mask-embedding tensor.
+const MASK_EMBD: &str = "ruvllm.diffusion.mask_embd";
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -188,7 +209,7 @@ impl LoraAdapter {
         if !base_scale.is_finite() {
             return Err(bad(format!("scale {base_scale} is not finite")));
         }
-        Ok(LoraAdapter { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), path: path.to_path_buf(), format, rank, base_scale, targets, layers })
+        Ok(LoraAdapter { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), path: path.to_path_buf(), format, rank, base_scale, targets, layers, diffusion: None })
     }
 
     /// Loads an adapter file for a model of `cfg` (architecture `arch`): a LoRA GGUF, a PEFT
@@ -238,7 +259,19 @@ impl LoraAdapter {
         };
         let mut a_of = std::collections::BTreeMap::new();
         let mut b_of = std::collections::BTreeMap::new();
+        let mut mask_embd = None;
         for t in &f.tensors {
+            if t.name == MASK_EMBD {
+                if t.dims != [cfg.d_model as u64] {
+                    return Err(bad(format!("'{MASK_EMBD}' has shape {:?}, expected [{}]", t.dims, cfg.d_model)));
+                }
+                let row = tensor_f32(&f, t, path)?;
+                if !row.iter().all(|v| v.is_finite()) {
+                    return Err(bad(format!("'{MASK_EMBD}' has values that are not finite")));
+                }
+                mask_embd = Some(row);
+                continue;
+            }
             let (base, is_a) = if let Some(b) = t.name.strip_suffix(".lora_a") {
                 (b, true)
             } else if let Some(b) = t.name.strip_suffix(".lora_b") {
@@ -286,7 +319,9 @@ impl LoraAdapter {
             return Err(bad(format!("'{}' has no matching .lora_a", b.name)));
         }
         let base_scale = if alpha == 0.0 { 1.0 } else { alpha / max_rank as f32 };
-        Self::from_pairs(path, AdapterFormat::Gguf, cfg, base_scale, pairs)
+        let mut adapter = Self::from_pairs(path, AdapterFormat::Gguf, cfg, base_scale, pairs)?;
+        adapter.diffusion = diffusion_info(&f, cfg, mask_embd).map_err(bad)?;
+        Ok(adapter)
     }
 
     /// PEFT: `adapter_model.safetensors` with `adapter_config.json` beside it.
@@ -373,6 +408,35 @@ fn parse_hf_target(base: &str, n_layer: usize) -> Option<(usize, Proj)> {
     (i < n_layer).then_some((i, p))
 }
 
+/// The `ruvllm.diffusion.*` keys of an adapter GGUF: `None` when it has none (a plain LoRA).
+fn diffusion_info(f: &GgufFile, cfg: &TransformerConfig, mask_embd: Option<Vec<f32>>) -> std::result::Result<Option<DiffusionInfo>, String> {
+    let Some(mask) = f.get("ruvllm.diffusion.mask_token_id") else {
+        return match mask_embd {
+            Some(_) => Err(format!("it has '{MASK_EMBD}' but no ruvllm.diffusion.mask_token_id")),
+            None => Ok(None),
+        };
+    };
+    let mask_token = mask
+        .as_u64()
+        .filter(|&m| (m as usize) < cfg.vocab_size)
+        .ok_or_else(|| format!("ruvllm.diffusion.mask_token_id must be a token id below the vocabulary size {}", cfg.vocab_size))? as u32;
+    let num = |key: &str, default: f64| -> std::result::Result<f64, String> {
+        match f.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_f64().filter(|x| x.is_finite()).ok_or_else(|| format!("{key} must be a finite number")),
+        }
+    };
+    let (t_min, t_max) = (num("ruvllm.diffusion.t_min", 0.0)? as f32, num("ruvllm.diffusion.t_max", 1.0)? as f32);
+    if !(0.0..=1.0).contains(&t_min) || !(0.0..=1.0).contains(&t_max) || t_min >= t_max {
+        return Err(format!("ruvllm.diffusion.t_min {t_min} / t_max {t_max}: expected 0 <= t_min < t_max <= 1"));
+    }
+    let shift = match f.get("ruvllm.diffusion.shift") {
+        None => true,
+        Some(v) => v.as_bool().ok_or("ruvllm.diffusion.shift must be a boolean")?,
+    };
+    Ok(Some(DiffusionInfo { mask_token, t_min, t_max, shift, mask_embd }))
+}
+
 /// A GGUF adapter tensor as f32 (F32, F16 or BF16).
 fn tensor_f32(f: &GgufFile, t: &TensorInfo, path: &Path) -> Result<Vec<f32>> {
     if !matches!(t.dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
@@ -408,6 +472,15 @@ impl AdapterSet {
 
     pub fn entries(&self) -> &[(Arc<LoraAdapter>, f32)] {
         &self.entries
+    }
+
+    /// The diffusion mask token's replacement embedding row, from the first adapter of the set
+    /// that has one.
+    pub fn mask_embedding(&self) -> Option<(u32, &[f32])> {
+        self.entries.iter().find_map(|(a, _)| {
+            let d = a.diffusion.as_ref()?;
+            Some((d.mask_token, d.mask_embd.as_deref()?))
+        })
     }
 
     /// Whether two sets give the same forward pass (same adapters, same scales, same order).

@@ -24,8 +24,6 @@ pub mod vec;
 pub use matmul::{matmul, QWeight};
 pub mod low_rank;
 
-use std::ops::Range;
-
 use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, RopeTable};
 use crate::runtime::ThreadPool;
 
@@ -125,11 +123,14 @@ impl Backend for CpuBackend {
         LayerCache::new(capacity, row, ty)
     }
 
-    fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>) {
+    fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>, replace: Option<(u32, &[f32])>) {
         let d = self.widths.d_model;
         let x = self.buf_mut(Buf::X, tokens.len());
         for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
-            table.dequantize_row(tok as usize, row);
+            match replace {
+                Some((id, r)) if id == tok && r.len() == d => row.copy_from_slice(r),
+                _ => table.dequantize_row(tok as usize, row),
+            }
             if let Some(scale) = scale {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
@@ -213,12 +214,12 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: Range<usize>) -> &mut [f32] {
+    fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) -> &mut [f32] {
         let (d, v, m) = (self.widths.d_model, self.widths.vocab_size, rows.len());
         {
-            let (x, xn) = self.pair(Buf::X, Buf::Xn, rows.end);
-            for (row, out) in x[rows.start * d..].chunks_exact(d).zip(xn.chunks_exact_mut(d)) {
-                ops::rms_norm(row, norm, eps, out);
+            let (x, xn) = self.pair(Buf::X, Buf::Xn, self.max_batch);
+            for (&r, out) in rows.iter().zip(xn.chunks_exact_mut(d)) {
+                ops::rms_norm(&x[r * d..(r + 1) * d], norm, eps, out);
             }
         }
         if self.logits.len() < m * v {

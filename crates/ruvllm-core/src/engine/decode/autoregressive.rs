@@ -80,18 +80,7 @@ impl DecodeStrategy for Autoregressive {
             ctx.model.forward(&[next], pos, ctx.cache, ctx.backend)?;
         }
         if !stopped_by_string {
-            // Flush held-back text (an incomplete character, or a suffix that could have begun
-            // a stop string).
-            let tail = decoder.finish();
-            let tail = match stops.push(&tail) {
-                StopResult::Continue(t) => t + &stops.flush(),
-                StopResult::Stop(t) => t,
-            };
-            if !tail.is_empty() {
-                text.push_str(&tail);
-                let last = generated.last().copied().unwrap_or(0);
-                (req.sink)(Event::Token { id: last, text: tail });
-            }
+            super::flush_held(decoder, &mut stops, &mut text, generated.last().copied().unwrap_or(0), req.sink);
         }
         Ok(Decoded {
             tokens: generated,
@@ -101,6 +90,7 @@ impl DecodeStrategy for Autoregressive {
             prefill_tokens,
             prefill_s,
             decode_s: t_decode.elapsed().as_secs_f64(),
+            diffusion: None,
         })
     }
 }

@@ -6,18 +6,22 @@
 //! mask) is another implementation of the same trait.
 
 mod autoregressive;
+mod diffusion;
 
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use super::{FinishReason, GenerateParams, Sink};
+use super::{Event, FinishReason, GenerateParams, Sink};
 use crate::backend::Backend;
 use crate::kv::KvCache;
 use crate::models::Transformer;
+use crate::sampling::{StopMatcher, StopResult};
+use crate::tokenizer::StreamDecoder;
 use crate::tokenizer::Tokenizer;
 use crate::Result;
 
 pub use autoregressive::Autoregressive;
+pub use diffusion::{Diffusion, DiffusionModel, DiffusionParams, DiffusionStats, DiffusionStep, Remasking, Schedule, MASK_GLYPH};
 
 /// What a strategy works with: the worker's model, cache and backend.
 pub struct DecodeContext<'a> {
@@ -60,12 +64,38 @@ pub struct Decoded {
     pub prefill_s: f64,
     /// Seconds spent producing the tokens after the prompt.
     pub decode_s: f64,
+    /// A diffusion decoder's counts.
+    pub diffusion: Option<DiffusionStats>,
 }
 
 impl Decoded {
     /// A request stopped before producing anything.
     pub fn aborted() -> Self {
-        Decoded { tokens: Vec::new(), text: String::new(), finish_reason: FinishReason::Abort, ttft_ms: 0.0, prefill_tokens: 0, prefill_s: 0.0, decode_s: 0.0 }
+        Decoded {
+            tokens: Vec::new(),
+            text: String::new(),
+            finish_reason: FinishReason::Abort,
+            ttft_ms: 0.0,
+            prefill_tokens: 0,
+            prefill_s: 0.0,
+            decode_s: 0.0,
+            diffusion: None,
+        }
+    }
+}
+
+/// Sends the text a stream decoder and stop matcher still hold back (an incomplete character,
+/// or a suffix that could have begun a stop string) once the output is complete, as one more
+/// `Event::Token` of token `last`, and appends it to `text`.
+fn flush_held(mut decoder: StreamDecoder, stops: &mut StopMatcher, text: &mut String, last: u32, sink: &mut Sink) {
+    let tail = decoder.finish();
+    let tail = match stops.push(&tail) {
+        StopResult::Continue(t) => t + &stops.flush(),
+        StopResult::Stop(t) => t,
+    };
+    if !tail.is_empty() {
+        text.push_str(&tail);
+        sink(Event::Token { id: last, text: tail });
     }
 }
 

@@ -1,0 +1,417 @@
+//! Masked-diffusion decoding (MDLM / LLaDA with semi-autoregressive blocks, Fast-dLLM's prefix
+//! cache and confidence-threshold parallel decoding). The answer starts as mask tokens; it is
+//! produced block by block, left to right. Within a block, each step runs the model over the
+//! block (and, with the AR shift, the position before it) under the bidirectional mask, takes
+//! the logits of the masked positions only, samples a token for each and commits some of them:
+//! as many as the noise schedule leaves masked after the step (by confidence or at random), or
+//! every one whose probability exceeds a threshold (at least one). The prompt's and finished
+//! blocks' keys and values stay in the cache and are not recomputed; a finished block is run
+//! once more so its cached rows hold its final tokens. The adapter of each step is the
+//! diffusion model's bucket for the block's current mask ratio (TALoRA).
+//!
+//! An end-of-generation token ends the answer where it is committed: later positions are
+//! dropped and no later block runs.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{DecodeContext, DecodeRequest, DecodeStrategy, Decoded};
+use crate::engine::{Event, FinishReason};
+use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
+use crate::sampling::{Rng, Sampler, StopMatcher, StopResult};
+use crate::tokenizer::StreamDecoder;
+use crate::{Error, Result};
+
+/// How many positions stay masked after each step of a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Schedule {
+    /// Masked fraction `1 - s/K` after step `s` of `K`: the same number committed each step.
+    #[default]
+    Linear,
+    /// Masked fraction `cos(π/2 · s/K)`: few commits first, more as the block fills in.
+    Cosine,
+}
+
+/// Which of a step's sampled positions are committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Remasking {
+    /// The most confident (LLaDA's low-confidence remasking).
+    #[default]
+    Confidence,
+    /// A random choice (MDLM's sampler).
+    Random,
+}
+
+/// A request's diffusion settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiffusionParams {
+    /// Denoising steps for the whole answer, split evenly over its blocks (`None`: one token
+    /// per step). Ignored with a threshold.
+    pub steps: Option<usize>,
+    /// Positions per block.
+    pub block_size: usize,
+    /// Confidence-threshold decoding: commit every masked position whose probability exceeds
+    /// it, at least one per step.
+    pub threshold: Option<f32>,
+    pub schedule: Schedule,
+    pub remasking: Remasking,
+}
+
+impl Default for DiffusionParams {
+    fn default() -> Self {
+        DiffusionParams { steps: None, block_size: 32, threshold: None, schedule: Schedule::Linear, remasking: Remasking::Confidence }
+    }
+}
+
+impl DiffusionParams {
+    /// Checks the ranges (`steps` >= 1, `block_size` 1..=512, `threshold` in (0, 1)).
+    pub fn validate(&self) -> Result<()> {
+        if self.steps == Some(0) {
+            return Err(Error::InvalidArg("diffusion.steps must be at least 1".into()));
+        }
+        if !(1..=512).contains(&self.block_size) {
+            return Err(Error::InvalidArg(format!("diffusion.blockSize must be between 1 and 512, got {}", self.block_size)));
+        }
+        if let Some(t) = self.threshold {
+            if !(t > 0.0 && t < 1.0) {
+                return Err(Error::InvalidArg(format!("diffusion.threshold must be between 0 and 1 (exclusive), got {t}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A masked-diffusion model: the base model with its conversion adapters, one per range of mask
+/// ratios (one adapter for all of `[0, 1]` without TALoRA).
+#[derive(Debug, Clone)]
+pub struct DiffusionModel {
+    pub mask_token: u32,
+    pub shift: bool,
+    /// Sorted by `t_min`; together they cover `[0, 1]`.
+    pub adapters: Vec<Arc<LoraAdapter>>,
+}
+
+impl DiffusionModel {
+    /// Checks that every adapter is a diffusion adapter, that they agree on the mask token and
+    /// the shift, and that their ranges tile `[0, 1]` without gaps or overlaps.
+    pub fn new(mut adapters: Vec<Arc<LoraAdapter>>) -> Result<Self> {
+        let bad = |a: &LoraAdapter, m: String| Error::adapter(&a.path, m);
+        let first = adapters.first().ok_or_else(|| Error::InvalidArg("a diffusion model needs at least one adapter".into()))?.clone();
+        for a in &adapters {
+            if a.diffusion.is_none() {
+                return Err(bad(a, "it is not a diffusion adapter (no ruvllm.diffusion.mask_token_id)".into()));
+            }
+        }
+        adapters.sort_by(|a, b| a.diffusion.as_ref().map(|d| d.t_min).partial_cmp(&b.diffusion.as_ref().map(|d| d.t_min)).unwrap_or(std::cmp::Ordering::Equal));
+        let info = |a: &LoraAdapter| a.diffusion.clone().unwrap_or_else(|| unreachable!("checked above"));
+        let d0 = info(&first);
+        let mut end = 0.0f32;
+        for a in &adapters {
+            let d = info(a);
+            if d.mask_token != d0.mask_token || d.shift != d0.shift {
+                return Err(bad(a, "its mask token or shift differs from the other diffusion adapters'".into()));
+            }
+            if (d.t_min - end).abs() > 1e-6 {
+                return Err(bad(a, format!("its mask ratios [{}, {}) leave a gap or overlap at {end}", d.t_min, d.t_max)));
+            }
+            end = d.t_max;
+        }
+        if (end - 1.0).abs() > 1e-6 {
+            return Err(Error::InvalidArg(format!("the diffusion adapters cover mask ratios up to {end}, not 1")));
+        }
+        Ok(DiffusionModel { mask_token: d0.mask_token, shift: d0.shift, adapters })
+    }
+
+    /// The adapter trained for mask ratio `ratio`.
+    pub fn adapter_for(&self, ratio: f32) -> &Arc<LoraAdapter> {
+        self.adapters
+            .iter()
+            .find(|a| a.diffusion.as_ref().is_some_and(|d| ratio < d.t_max))
+            .unwrap_or_else(|| self.adapters.last().unwrap_or_else(|| unreachable!("never empty")))
+    }
+}
+
+/// What a diffusion run reports with its completion.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DiffusionStats {
+    /// Denoising steps (each one forward pass with logits).
+    pub steps: usize,
+    /// Blocks produced.
+    pub blocks: usize,
+    /// All forward passes: steps, the finished blocks' cache refreshes and the prompt.
+    pub forward_passes: usize,
+    /// Committed answer tokens per denoising step.
+    pub tokens_per_step: f64,
+}
+
+/// One denoising step, for watchers (`Event::Step`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiffusionStep {
+    /// Step number from 0, over the whole answer.
+    pub step: usize,
+    /// Block number from 0.
+    pub block: usize,
+    /// Answer offsets committed in this step, with their tokens.
+    pub committed: Vec<(usize, u32)>,
+    /// The answer so far: committed tokens as text, masked positions as `MASK_GLYPH`.
+    pub text: String,
+}
+
+/// How a masked position shows in [`DiffusionStep::text`].
+pub const MASK_GLYPH: char = '░';
+
+/// The masked-diffusion strategy for one request.
+pub struct Diffusion<'m> {
+    pub model: &'m DiffusionModel,
+    pub params: &'m DiffusionParams,
+}
+
+/// A masked position's sampled token and its probability (under the model's distribution at
+/// temperature 1, the remasking confidence).
+#[derive(Clone, Copy)]
+struct Candidate {
+    offset: usize,
+    token: u32,
+    confidence: f32,
+}
+
+impl DecodeStrategy for Diffusion<'_> {
+    fn decode(&self, ctx: &mut DecodeContext<'_>, req: DecodeRequest<'_>) -> Result<Decoded> {
+        self.params.validate()?;
+        let (dm, p) = (self.model, self.params);
+        let ids = req.prompt;
+        let tok = ctx.tokenizer;
+        let n_prompt = ids.len();
+        let len = req.params.max_tokens.min(ctx.context.saturating_sub(n_prompt));
+        let mut stats = DiffusionStats::default();
+        if len == 0 || n_prompt == 0 {
+            return Ok(finish(Vec::new(), String::new(), FinishReason::Length, 0.0, 0, 0.0, 0.0, stats));
+        }
+        let block = p.block_size.min(len);
+        let n_blocks = len.div_ceil(block);
+        let total_steps = p.steps.unwrap_or(len).clamp(n_blocks, len);
+        let batch = ctx.backend.max_batch();
+        if block + 1 > batch {
+            return Err(Error::InvalidArg(format!("diffusion.blockSize {} needs a batch of {} (this model runs {batch})", p.block_size, block + 1)));
+        }
+        let shift = usize::from(dm.shift);
+        let mask = AttentionMask::Bidirectional;
+
+        // The prompt, all of it or (with the shift) all but its last token, which every step of
+        // the first block evaluates again as the position that predicts the first answer token.
+        ctx.cache.tokens.clear();
+        ctx.cache.adapters = AdapterSet::new(vec![(dm.adapter_for(1.0).clone(), 1.0)]);
+        let t_prefill = Instant::now();
+        let prefix = n_prompt - shift;
+        for (i, chunk) in ids[..prefix].chunks(batch).enumerate() {
+            if req.cancel.load(Ordering::Relaxed) {
+                return Ok(Decoded::aborted());
+            }
+            ctx.model.forward_rows(chunk, i * batch, mask, ctx.cache, ctx.backend, &[], &mut |_, _| {})?;
+            stats.forward_passes += 1;
+        }
+        let prefill_s = t_prefill.elapsed().as_secs_f64();
+
+        let mut answer: Vec<u32> = vec![dm.mask_token; len];
+        let mut done = vec![false; len];
+        // The answer's end: the first committed end-of-generation token, if any.
+        let mut end: Option<usize> = None;
+        let mut sampler = Sampler::new(req.params.sampling.clone());
+        let mut rng = Rng::new(req.params.sampling.seed ^ 0x9e37_79b9_7f4a_7c15);
+        let mut decoder = StreamDecoder::new(tok);
+        let mut stops = StopMatcher::new(req.params.stop.clone());
+        let (mut text, mut emitted, mut ttft) = (String::new(), 0usize, None);
+        let mut reason = FinishReason::Length;
+        let mut stopped_by_string = false;
+        let mut step = 0usize;
+        let t_decode = Instant::now();
+        let mut input = Vec::with_capacity(block + 1);
+        let mut rows = Vec::with_capacity(block);
+        let mut cands: Vec<Candidate> = Vec::with_capacity(block);
+
+        'blocks: for b in 0..n_blocks {
+            let (s, e) = (b * block, ((b + 1) * block).min(len));
+            if end.is_some_and(|q| q < s) {
+                break;
+            }
+            stats.blocks += 1;
+            let k_steps = total_steps / n_blocks + usize::from(b < total_steps % n_blocks);
+            // Position of the call's first token: the one before the block with the shift.
+            let call0 = n_prompt + s - shift;
+            let mut j = 0usize;
+            loop {
+                let open: Vec<usize> = (s..e).filter(|&o| !done[o]).collect();
+                if open.is_empty() {
+                    break;
+                }
+                if req.cancel.load(Ordering::Relaxed) {
+                    reason = FinishReason::Abort;
+                    break 'blocks;
+                }
+                // The call's tokens: (the token before the block,) then the block as it stands.
+                input.clear();
+                if shift == 1 {
+                    input.push(if s == 0 { ids[n_prompt - 1] } else { answer[s - 1] });
+                }
+                input.extend_from_slice(&answer[s..e]);
+                let ratio = open.len() as f32 / (e - s) as f32;
+                let adapter = dm.adapter_for(ratio);
+                if ctx.cache.adapters.entries().first().is_none_or(|(a, _)| !Arc::ptr_eq(a, adapter)) {
+                    ctx.cache.adapters = AdapterSet::new(vec![(adapter.clone(), 1.0)]);
+                }
+                // Row r of the call predicts offset s + r (shift) or holds it (no shift): the
+                // same row index either way.
+                rows.clear();
+                rows.extend(open.iter().map(|&o| o - s));
+                cands.clear();
+                let mask_id = dm.mask_token as usize;
+                ctx.model.forward_rows(&input, call0, mask, ctx.cache, ctx.backend, &rows, &mut |i, logits| {
+                    let offset = s + rows[i];
+                    let mut l = logits.to_vec();
+                    if let Some(v) = l.get_mut(mask_id) {
+                        *v = f32::NEG_INFINITY;
+                    }
+                    let (max, sum) = log_sum_exp_parts(&l);
+                    let token = sampler.sample(&mut l, &[]);
+                    let confidence = ((logits[token as usize] as f64 - max).exp() / sum) as f32;
+                    cands.push(Candidate { offset, token, confidence });
+                })?;
+                stats.forward_passes += 1;
+                // How many to commit now.
+                let n_open = open.len();
+                let n_commit = match p.threshold {
+                    Some(tau) => cands.iter().filter(|c| c.confidence > tau).count().max(1),
+                    None => {
+                        let k = k_steps.max(1);
+                        let frac = (j + 1) as f64 / k as f64;
+                        let left = match p.schedule {
+                            Schedule::Linear => 1.0 - frac,
+                            Schedule::Cosine => (std::f64::consts::FRAC_PI_2 * frac).cos(),
+                        };
+                        let target = if j + 1 >= k { 0 } else { ((e - s) as f64 * left).floor() as usize };
+                        n_open.saturating_sub(target).max(1)
+                    }
+                }
+                .min(n_open);
+                match (p.threshold, p.remasking) {
+                    (Some(_), _) | (None, Remasking::Confidence) => {
+                        cands.sort_by(|a, b| b.confidence.total_cmp(&a.confidence).then(a.offset.cmp(&b.offset)));
+                    }
+                    (None, Remasking::Random) => {
+                        for i in (1..cands.len()).rev() {
+                            let r = (rng.next_u64() % (i as u64 + 1)) as usize;
+                            cands.swap(i, r);
+                        }
+                    }
+                }
+                let mut committed = Vec::with_capacity(n_commit);
+                for c in &cands[..n_commit] {
+                    answer[c.offset] = c.token;
+                    done[c.offset] = true;
+                    committed.push((c.offset, c.token));
+                    if tok.is_end_of_generation(c.token) && end.is_none_or(|q| c.offset < q) {
+                        end = Some(c.offset);
+                    }
+                }
+                committed.sort_unstable();
+                // Positions after the end are dropped: nothing more to decide there.
+                if let Some(q) = end {
+                    done[q..e].iter_mut().for_each(|d| *d = true);
+                }
+                if ttft.is_none() {
+                    ttft = Some(req.start.elapsed().as_secs_f64() * 1000.0);
+                }
+                // Stream what is now decided from the start of the answer, in order.
+                let limit = end.unwrap_or(len);
+                while emitted < limit && done[emitted] {
+                    let id = answer[emitted];
+                    emitted += 1;
+                    let piece = decoder.push(id)?;
+                    let (emit, stop) = match stops.push(&piece) {
+                        StopResult::Continue(t) => (t, false),
+                        StopResult::Stop(t) => (t, true),
+                    };
+                    text.push_str(&emit);
+                    (req.sink)(Event::Token { id, text: emit });
+                    if stop {
+                        reason = FinishReason::Stop;
+                        stopped_by_string = true;
+                        break;
+                    }
+                }
+                (req.sink)(Event::Step(DiffusionStep { step, block: b, committed, text: render(tok, &answer[..limit.min(e)], &done) }));
+                step += 1;
+                j += 1;
+                if stopped_by_string || end.is_some_and(|q| emitted >= q) {
+                    reason = FinishReason::Stop;
+                    break 'blocks;
+                }
+            }
+            // The block is final: run it once more so the cache holds its final tokens (the
+            // positions committed in its last step were masks when it last ran).
+            if e < len && end.is_none() {
+                input.clear();
+                if shift == 1 {
+                    input.push(if s == 0 { ids[n_prompt - 1] } else { answer[s - 1] });
+                }
+                input.extend_from_slice(&answer[s..e]);
+                ctx.model.forward_rows(&input, call0, mask, ctx.cache, ctx.backend, &[], &mut |_, _| {})?;
+                stats.forward_passes += 1;
+            }
+        }
+        stats.steps = step;
+        let out_len = end.unwrap_or(len).min(emitted);
+        let tokens: Vec<u32> = answer[..out_len].to_vec();
+        if !stopped_by_string {
+            super::flush_held(decoder, &mut stops, &mut text, tokens.last().copied().unwrap_or(0), req.sink);
+        }
+        if reason == FinishReason::Length && end.is_some() {
+            reason = FinishReason::Stop;
+        }
+        stats.tokens_per_step = if step == 0 { 0.0 } else { tokens.len() as f64 / step as f64 };
+        Ok(finish(tokens, text, reason, ttft.unwrap_or(0.0), prefix, prefill_s, t_decode.elapsed().as_secs_f64(), stats))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    tokens: Vec<u32>,
+    text: String,
+    reason: FinishReason,
+    ttft_ms: f64,
+    prefill_tokens: usize,
+    prefill_s: f64,
+    decode_s: f64,
+    stats: DiffusionStats,
+) -> Decoded {
+    Decoded { tokens, text, finish_reason: reason, ttft_ms, prefill_tokens, prefill_s, decode_s, diffusion: Some(stats) }
+}
+
+/// `(max, Σ exp(l - max))` over the finite logits, in f64.
+fn log_sum_exp_parts(logits: &[f32]) -> (f64, f64) {
+    let max = logits.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum = logits.iter().filter(|v| !v.is_nan()).map(|&v| (v as f64 - max).exp()).sum::<f64>();
+    (max, sum.max(f64::MIN_POSITIVE))
+}
+
+/// The answer as text: committed runs decoded, each masked position one [`MASK_GLYPH`].
+fn render(tok: &crate::tokenizer::Tokenizer, answer: &[u32], done: &[bool]) -> String {
+    let mut out = String::new();
+    let mut run = Vec::new();
+    for (o, &id) in answer.iter().enumerate() {
+        if done[o] {
+            run.push(id);
+        } else {
+            if !run.is_empty() {
+                out.push_str(&tok.decode(&run, true).unwrap_or_default());
+                run.clear();
+            }
+            out.push(MASK_GLYPH);
+        }
+    }
+    if !run.is_empty() {
+        out.push_str(&tok.decode(&run, true).unwrap_or_default());
+    }
+    out
+}
