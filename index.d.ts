@@ -311,6 +311,66 @@ export interface Completion {
   usage: Usage
   /** Speed measurements. */
   timings: Timings
+  /** A diffusion model's steps and blocks. */
+  diffusion?: DiffusionCompletion
+}
+
+/** How a diffusion model produced a completion. */
+export interface DiffusionCompletion {
+  /** Denoising steps (forward passes that produced tokens). */
+  steps: number
+  /** Committed tokens per step. */
+  tokensPerStep: number
+  /** Blocks decoded. */
+  blocks: number
+  /** All forward passes, the prompt's and the finished blocks' cache refreshes included. */
+  forwardPasses: number
+}
+
+/** `LLM.load(path, { diffusion })`: the base GGUF becomes a masked-diffusion LM. */
+export interface DiffusionLoadOptions {
+  /**
+   * A diffusion `manifest.json`, or one or more adapter GGUFs with `ruvllm.diffusion.*`
+   * metadata (one per range of mask ratios).
+   */
+  adapter: string | string[]
+}
+
+/** Diffusion decoding settings (`generate` / `stream` on a diffusion model). */
+export interface DiffusionOptions {
+  /**
+   * Denoising steps for the whole answer, split evenly over its blocks; equal to `maxTokens`
+   * (the default) is one token per step. An integer >= 1.
+   */
+  steps?: number
+  /**
+   * Positions per block, decoded left to right (the prompt and finished blocks are cached).
+   * An integer in 1..=512. Default 32.
+   */
+  blockSize?: number
+  /**
+   * Confidence-threshold decoding: each step commits every masked position whose
+   * probability exceeds it (at least one), instead of following `steps`. In (0, 1).
+   */
+  threshold?: number
+  /** How many positions stay masked after each step: `'linear'` (default) or `'cosine'`. */
+  schedule?: 'linear' | 'cosine'
+  /** Which sampled positions a step commits: `'confidence'` (the most likely; default) or `'random'`. */
+  remasking?: 'confidence' | 'random'
+}
+
+/** One denoising step of a diffusion model (`onStep`). */
+export interface DiffusionStepInfo {
+  /** Step number from 0, over the whole answer. */
+  step: number
+  /** Block number from 0. */
+  block: number
+  /** Answer positions (from 0) committed in this step. */
+  positions: Array<number>
+  /** The tokens committed there. */
+  tokens: Array<number>
+  /** The answer so far, each still-masked position shown as '░'. */
+  text: string
 }
 
 /** A download progress event. */
@@ -397,6 +457,13 @@ export interface GenerateOptions {
    * a rejection cancels the request and rejects `generate` with that error.
    */
   onToken?: (chunk: TokenChunk) => unknown
+  /** Diffusion decoding settings (a diffusion model only; it uses the defaults without them). */
+  diffusion?: DiffusionOptions
+  /**
+   * A diffusion model's steps as they happen, awaited like `onToken`; a throw or a rejection
+   * cancels the request with that error.
+   */
+  onStep?: (step: DiffusionStepInfo) => unknown
 }
 
 /**
@@ -440,6 +507,8 @@ export interface LoadOptions {
   onNotice?: (message: string) => void
   /** Aborts the download (rejects with an `AbortError`). */
   signal?: AbortSignal
+  /** Load the model as a masked-diffusion LM with these conversion adapters. */
+  diffusion?: DiffusionLoadOptions
 }
 
 /** A model the manager knows (built in or imported), and whether it is on disk. */
@@ -489,6 +558,8 @@ export interface ModelInfo {
   embeddingLength: number
   /** Whether the file ships a chat template (`tokenizer.chat_template`). */
   hasChatTemplate: boolean
+  /** Whether it decodes by masked diffusion (loaded as a diffusion model). */
+  diffusion: boolean
   /** Threads the kernels use. */
   threads: number
 }

@@ -31,6 +31,8 @@ Model:
       --threads <n>          compute threads (default: all cores)
       --lora <file>[:scale]  apply a LoRA adapter (llama.cpp LoRA GGUF, or PEFT adapter_model.safetensors
                              or its folder) to every reply, at scale (default 1); repeat for several
+      --diffusion-adapter <file>  load the model as a masked-diffusion LM with this manifest.json or
+                             adapter GGUF (repeat for several); the id gemma-3-270m-diffusion brings its own
 
 Generation:
   -n, --max-tokens <n>       most tokens to generate (default 256)
@@ -44,6 +46,13 @@ Generation:
       --seed <n>             same seed, same text
       --stop <s>             stop string; repeat for several
       --stats                print tokens, tokens/s and time to first token on stderr
+
+Diffusion (a diffusion model, e.g. --model gemma-3-270m-diffusion; on a terminal the masks resolve live):
+      --steps <n>            denoising steps for the whole answer (default: one token per step)
+      --block-size <n>       positions per block, decoded left to right (default 32)
+      --threshold <x>        commit every position more likely than x per step (0 < x < 1)
+      --schedule <s>         linear (default) or cosine
+      --remasking <r>        confidence (default) or random
 
 Chat:
       --chat-template <name|file>  a Jinja chat template: a file, or a built-in name
@@ -60,6 +69,12 @@ const OPTIONS = {
   'context-size': { type: 'string' },
   threads: { type: 'string' },
   lora: { type: 'string', multiple: true },
+  'diffusion-adapter': { type: 'string', multiple: true },
+  steps: { type: 'string' },
+  'block-size': { type: 'string' },
+  threshold: { type: 'string' },
+  schedule: { type: 'string' },
+  remasking: { type: 'string' },
   'max-tokens': { type: 'string', short: 'n' },
   temperature: { type: 'string', short: 't' },
   'top-k': { type: 'string' },
@@ -98,6 +113,7 @@ function loadOptions(values) {
     contextSize: num(values, 'context-size'),
     threads: num(values, 'threads'),
     adapters: values.lora && values.lora.map(loraFlag),
+    diffusion: values['diffusion-adapter'] && { adapter: values['diffusion-adapter'] },
   }
   return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined))
 }
@@ -114,8 +130,39 @@ function generateOptions(values) {
     frequencyPenalty: num(values, 'frequency-penalty'),
     seed: num(values, 'seed'),
     stop: values.stop,
+    diffusion: diffusionOptions(values),
   }
   return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined))
+}
+
+/** `--steps`, `--block-size`, ... as the `diffusion` option; undefined when none is given. */
+function diffusionOptions(values) {
+  const d = {
+    steps: num(values, 'steps'),
+    blockSize: num(values, 'block-size'),
+    threshold: num(values, 'threshold'),
+    schedule: values.schedule,
+    remasking: values.remasking,
+  }
+  const given = Object.entries(d).filter(([, v]) => v !== undefined)
+  return given.length ? Object.fromEntries(given) : undefined
+}
+
+/**
+ * Redraws a diffusion model's answer in place on a terminal after every step: committed text,
+ * '░' where positions are still masked. Returns the `onStep` callback and `done`, which leaves
+ * the final text on screen.
+ */
+function liveView(out) {
+  let lines = 0
+  const cols = () => Math.max(20, out.columns || 80)
+  const height = (text) => text.split('\n').reduce((n, l) => n + Math.max(1, Math.ceil([...l].length / cols())), 0)
+  const draw = (text) => {
+    if (lines > 1) out.write(`\x1b[${lines - 1}A`)
+    out.write(`\r\x1b[J${text}`)
+    lines = height(text)
+  }
+  return { onStep: (step) => draw(step.text), done: (text) => draw(text) }
 }
 
 function addon() {
@@ -157,7 +204,9 @@ function printStats(stream) {
   process.stderr.write(
     `[${c.usage.promptTokens} prompt + ${c.usage.completionTokens} generated tokens, ` +
       `prefill ${c.timings.prefillTokensPerSecond.toFixed(1)} tok/s, decode ${c.timings.decodeTokensPerSecond.toFixed(1)} tok/s, ` +
-      `first token after ${c.timings.ttftMs.toFixed(0)} ms, finish: ${c.finishReason}]\n`,
+      `first token after ${c.timings.ttftMs.toFixed(0)} ms, finish: ${c.finishReason}` +
+      (c.diffusion ? `, ${c.diffusion.steps} steps, ${c.diffusion.tokensPerStep.toFixed(2)} tokens/step` : '') +
+      ']\n',
   )
 }
 
@@ -171,8 +220,10 @@ async function generate(values, positionals) {
   const llm = await load(values, loadOpts)
   if (controller.signal.aborted) process.exit(130)
   try {
-    const stream = llm.stream(positionals[0], { ...opts, signal: controller.signal })
-    for await (const chunk of stream) process.stdout.write(chunk.text)
+    const live = llm.info.diffusion && process.stdout.isTTY ? liveView(process.stdout) : undefined
+    const stream = llm.stream(positionals[0], { ...opts, signal: controller.signal, ...(live && { onStep: live.onStep }) })
+    for await (const chunk of stream) if (!live) process.stdout.write(chunk.text)
+    if (live && stream.completion) live.done(stream.completion.text)
     process.stdout.write('\n')
     if (values.stats) printStats(stream)
   } catch (e) {

@@ -107,30 +107,48 @@ class Bytes {
   }
 }
 
-/** A llama.cpp LoRA GGUF (v3, F32 tensors `<base>.lora_a` [in, r] and `<base>.lora_b` [r, out]). */
-export function writeLoraGguf(path, arch, alpha, rank, factors) {
+/**
+ * A llama.cpp LoRA GGUF (v3, F32 tensors `<base>.lora_a` [in, r] and `<base>.lora_b` [r, out]).
+ * `diffusion` ({ maskTokenId, tMin, tMax, shift, maskEmbd: Float32Array }) adds the
+ * `ruvllm.diffusion.*` metadata and mask-embedding row of a masked-diffusion conversion adapter.
+ */
+export function writeLoraGguf(path, arch, alpha, rank, factors, diffusion) {
   const tensors = []
   for (const f of factors) {
     const base = `blk.${f.layer}.${GGUF_NAME[f.proj]}.weight`
     tensors.push({ name: `${base}.lora_a`, dims: [f.in, rank], data: f.a })
     tensors.push({ name: `${base}.lora_b`, dims: [rank, f.out], data: f.b })
   }
+  if (diffusion?.maskEmbd) tensors.push({ name: 'ruvllm.diffusion.mask_embd', dims: [diffusion.maskEmbd.length], data: diffusion.maskEmbd })
   const h = new Bytes()
   h.push(Buffer.from('GGUF', 'latin1'))
   h.u32(3)
   h.u64(tensors.length)
-  h.u64(4)
+  h.u64(diffusion ? 8 : 4)
   const kvString = (k, v) => {
     h.str(k)
     h.u32(8)
     h.str(v)
   }
+  const kvF32 = (k, v) => {
+    h.str(k)
+    h.u32(6)
+    h.f32(v)
+  }
   kvString('general.architecture', arch)
   kvString('general.type', 'adapter')
   kvString('adapter.type', 'lora')
-  h.str('adapter.lora.alpha')
-  h.u32(6)
-  h.f32(alpha)
+  kvF32('adapter.lora.alpha', alpha)
+  if (diffusion) {
+    h.str('ruvllm.diffusion.mask_token_id')
+    h.u32(4)
+    h.u32(diffusion.maskTokenId)
+    kvF32('ruvllm.diffusion.t_min', diffusion.tMin)
+    kvF32('ruvllm.diffusion.t_max', diffusion.tMax)
+    h.str('ruvllm.diffusion.shift')
+    h.u32(7)
+    h.push(Buffer.from([diffusion.shift === false ? 0 : 1]))
+  }
   let offset = 0
   for (const t of tensors) {
     h.str(t.name)
