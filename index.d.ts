@@ -339,7 +339,7 @@ export interface DiffusionLoadOptions {
 /** Diffusion decoding settings (`generate` / `stream` on a diffusion model). */
 export interface DiffusionOptions {
   /**
-   * Denoising steps for the whole answer, split evenly over its blocks; equal to `maxTokens`
+   * Denoising steps for the whole answer, split over its blocks by length; equal to `maxTokens`
    * (the default) is one token per step. An integer >= 1.
    */
   steps?: number
@@ -393,6 +393,14 @@ export interface DownloadResult {
   /** `hub`, `pypi`, or `cache` when it was already there. */
   source: string
   size: number
+}
+
+/** `llm.score(_, { elbo })` on a diffusion model. */
+export interface ElboOptions {
+  /** Mask ratios sampled (one per stratum of (0, 1]), an integer in 1..=1024. Default 8. */
+  samples?: number
+  /** Seed of the ratios and masks. Default 0. */
+  seed?: number
 }
 
 /**
@@ -648,6 +656,11 @@ export interface RouterOptions {
 
 /** Options for `llm.score`. */
 export interface ScoreOptions {
+  /**
+   * A diffusion model's evidence lower bound instead of the autoregressive log-probabilities:
+   * `perplexity` is then `exp` of the bound per token (one pass per sample, at most 512 tokens).
+   */
+  elbo?: ElboOptions
   /** A Jinja chat template for a chat-message prompt (default: the model's). */
   chatTemplate?: string
   /** Stops the evaluation (between chunks of tokens); the promise rejects with an `AbortError`. */
@@ -673,10 +686,15 @@ export interface ScoreResult {
    * says how far the given token falls short of the model's first choice (0 when it is it).
    */
   topLogprobs: Array<number>
-  /** `exp(-mean(logprobs))`; `NaN` for a single token. */
+  /**
+   * `exp(-mean(logprobs))`; `NaN` for a single token. With `elbo`: `exp` of the diffusion
+   * model's bound per token (an upper bound on its perplexity).
+   */
   perplexity: number
   /** Tokens evaluated per second. */
   tokensPerSecond: number
+  /** With the `elbo` option: the mask ratios sampled (the per-token lists are then empty). */
+  elboSamples?: number
 }
 
 /** Speed of a finished request. */

@@ -230,7 +230,12 @@ impl Llm {
     let started = guard(|| {
       self.check_open()?;
       let prompt = options::prompt(Some(Val::new(env, &prompt)), self.info.vocab_size)?;
-      let (chat_template, signal, adapters) = options::score_options(Some(Val::new(env, &options)))?;
+      let (chat_template, signal, adapters, elbo) = options::score_options(Some(Val::new(env, &options)))?;
+      if elbo.is_some() && !self.info.diffusion {
+        return Err(CodedError::invalid_type(
+          "elbo is an option of a diffusion model: load 'gemma-3-270m-diffusion', or a GGUF with { diffusion: { adapter } }",
+        ));
+      }
       let adapters = adapter::request_adapters(env, adapters, self.owner())?;
       let cancel = Arc::new(CancelState::default());
       let hook = match signal {
@@ -243,6 +248,7 @@ impl Llm {
         adapters,
         chat_template,
         cancel: cancel.flag.clone(),
+        elbo,
         reply: Box::new(move |r| {
           let _ = tx.send(r);
         }),

@@ -10,7 +10,7 @@ use napi::bindgen_prelude::{FromNapiValue, Unknown};
 use napi::{sys, Env, JsValue, ValueType};
 
 use ruvllm_core::chat::ChatMessage;
-use ruvllm_core::engine::{DiffusionParams, GenerateParams, LoadOptions, Prompt, Remasking, Schedule};
+use ruvllm_core::engine::{DiffusionParams, ElboParams, GenerateParams, LoadOptions, Prompt, Remasking, Schedule};
 use ruvllm_core::sampling::SamplingParams;
 
 use crate::error::{CodedError, Res};
@@ -498,9 +498,20 @@ fn chat_template_opt(bag: Option<Val>) -> Res<Option<String>> {
 
 /// `score(_, opts)`: `{ chatTemplate?, signal?, adapters? }` (the adapters for
 /// `adapter::request_adapters`).
-pub fn score_options(v: Option<Val>) -> Res<(Option<String>, Option<Val>, Option<Val>)> {
-  let bag = option_bag(v, "score", &["chatTemplate", "signal", "adapters"])?;
-  Ok((chat_template_opt(bag)?, signal(bag)?, field(bag, "adapters")?))
+/// `score(_, opts)`'s parts: chat template, signal, adapters (for `adapter::request_adapters`), ELBO.
+pub type ParsedScoreOptions = (Option<String>, Option<Val>, Option<Val>, Option<ElboParams>);
+
+pub fn score_options(v: Option<Val>) -> Res<ParsedScoreOptions> {
+  let bag = option_bag(v, "score", &["chatTemplate", "signal", "adapters", "elbo"])?;
+  let elbo = match field(bag, "elbo")? {
+    None => None,
+    Some(v) => {
+      let e = option_bag(Some(v), "elbo", &["samples", "seed"])?;
+      let (samples, seed) = nested("elbo", (|| Ok((int_in(e, "samples", 1.0, 1024.0)?, int_in(e, "seed", 0.0, MAX_SAFE_INTEGER)?)))())?;
+      Some(ElboParams { samples: samples.map_or(8, |n| n as usize), seed: seed.map_or(0, |n| n as u64) })
+    }
+  };
+  Ok((chat_template_opt(bag)?, signal(bag)?, field(bag, "adapters")?, elbo))
 }
 
 /// `generate(_, opts)` / `stream(_, opts)`.

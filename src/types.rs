@@ -45,7 +45,7 @@ pub struct DiffusionLoadOptions {
 /// Diffusion decoding settings (`generate` / `stream` on a diffusion model).
 #[napi(object, object_to_js = false)]
 pub struct DiffusionOptions {
-  /// Denoising steps for the whole answer, split evenly over its blocks; equal to `maxTokens`
+  /// Denoising steps for the whole answer, split over its blocks by length; equal to `maxTokens`
   /// (the default) is one token per step. An integer >= 1.
   pub steps: Option<u32>,
   /// Positions per block, decoded left to right (the prompt and finished blocks are cached).
@@ -146,9 +146,21 @@ pub struct GenerateOptions {
   pub on_step: Option<serde_json::Value>,
 }
 
+/// `llm.score(_, { elbo })` on a diffusion model.
+#[napi(object, object_to_js = false)]
+pub struct ElboOptions {
+  /// Mask ratios sampled (one per stratum of (0, 1]), an integer in 1..=1024. Default 8.
+  pub samples: Option<u32>,
+  /// Seed of the ratios and masks. Default 0.
+  pub seed: Option<f64>,
+}
+
 /// Options for `llm.score`.
 #[napi(object, object_to_js = false)]
 pub struct ScoreOptions {
+  /// A diffusion model's evidence lower bound instead of the autoregressive log-probabilities:
+  /// `perplexity` is then `exp` of the bound per token (one pass per sample, at most 512 tokens).
+  pub elbo: Option<ElboOptions>,
   /// A Jinja chat template for a chat-message prompt (default: the model's).
   pub chat_template: Option<String>,
   /// Stops the evaluation (between chunks of tokens); the promise rejects with an `AbortError`.
@@ -238,10 +250,13 @@ pub struct ScoreResult {
   /// `topLogprobs[i]` is the log-probability of `topTokens[i]`: `topLogprobs[i] - logprobs[i]`
   /// says how far the given token falls short of the model's first choice (0 when it is it).
   pub top_logprobs: Vec<f64>,
-  /// `exp(-mean(logprobs))`; `NaN` for a single token.
+  /// `exp(-mean(logprobs))`; `NaN` for a single token. With `elbo`: `exp` of the diffusion
+  /// model's bound per token (an upper bound on its perplexity).
   pub perplexity: f64,
   /// Tokens evaluated per second.
   pub tokens_per_second: f64,
+  /// With the `elbo` option: the mask ratios sampled (the per-token lists are then empty).
+  pub elbo_samples: Option<u32>,
 }
 
 impl From<ruvllm_core::engine::Score> for ScoreResult {
@@ -253,6 +268,7 @@ impl From<ruvllm_core::engine::Score> for ScoreResult {
       top_logprobs: s.top_logprobs,
       perplexity: s.perplexity,
       tokens_per_second: s.tokens_per_second,
+      elbo_samples: s.elbo_samples.map(clamp_u32),
     }
   }
 }

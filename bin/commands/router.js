@@ -4,6 +4,7 @@
 //   ruvllm hooks pre-task --description "<task>" [--state <file>]
 //   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
 //   ruvllm bench routing [--json] [--sizes 5000,50000] [--halvings N] [--model <gguf|id>]
+//   ruvllm bench diffusion [flags of benches/diffusion.mjs]
 // `run(command, argv)`: command is 'route' | 'hooks' | 'bench'; argv the arguments after it.
 // Resolves to the exit code. Errors print `ruvllm: <code>: <message>` on stderr (cli.js); a
 // usage error also prints the usage. `--help` on any of them prints the usage.
@@ -23,7 +24,8 @@ const USAGE = `usage:
   ruvllm hooks pre-task --description "<task>" [--state <file>]
   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
   ruvllm bench routing [--json] [--sizes 5000,50000] [--halvings N] [--model <gguf|id>]
-                                   (--model: embed with that LLM's pooled hidden states)`
+                                   (--model: embed with that LLM's pooled hidden states)
+  ruvllm bench diffusion [--manifest m.json ...] [--sequences N] [--samples N] [--answers N] [--json out.json]`
 
 /**
  * Routes with the persisted router; the first call on a machine builds that state (embeds the
@@ -90,7 +92,12 @@ async function hooks(argv) {
 
 async function bench(argv) {
   const [sub, ...rest] = argv
-  if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; this module runs "bench routing"`)
+  if (sub === 'diffusion') {
+    // The diffusion benchmark is a program of its own (benches/diffusion.mjs); its flags pass through.
+    const r = require('node:child_process').spawnSync(process.execPath, [require('node:path').join(__dirname, '../../benches/diffusion.mjs'), ...rest], { stdio: 'inherit' })
+    return r.status ?? 1
+  }
+  if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; use "bench routing" or "bench diffusion"`)
   const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' }, model: { type: 'string' }, halvings: { type: 'string' } })
   const opts = {}
   if (values.sizes) {

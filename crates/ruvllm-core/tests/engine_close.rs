@@ -74,6 +74,7 @@ fn close_ends_running_and_queued_requests_with_closed() {
         prompt: Prompt::Text("Water boils at".into()),
         adapters: None,
         chat_template: None,
+        elbo: None,
         cancel: Arc::new(AtomicBool::new(false)),
         reply: Box::new(move |r| {
             let _ = score_tx.send(r);

@@ -198,6 +198,7 @@ fn score(engine: &Engine, prompt: Prompt) -> ruvllm_core::engine::Score {
         prompt,
         adapters: None,
         chat_template: None,
+        elbo: None,
         cancel: Arc::new(AtomicBool::new(false)),
         reply: Box::new(move |r| {
             let _ = tx.send(r);

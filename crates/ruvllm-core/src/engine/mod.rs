@@ -28,7 +28,7 @@ use crate::{Error, Result};
 pub mod decode;
 
 use decode::{Autoregressive, DecodeContext, DecodeRequest, DecodeStrategy, Diffusion, DiffusionModel};
-pub use decode::{DiffusionParams, DiffusionStats, DiffusionStep, Remasking, Schedule};
+pub use decode::{DiffusionParams, DiffusionStats, DiffusionStep, ElboParams, Remasking, Schedule};
 
 /// Options for loading a model.
 #[derive(Debug, Clone, Default)]
@@ -173,6 +173,8 @@ pub struct ScoreRequest {
     pub chat_template: Option<String>,
     /// Set to true to stop; checked between chunks of tokens.
     pub cancel: Arc<AtomicBool>,
+    /// A diffusion model's ELBO instead of the autoregressive log-probabilities.
+    pub elbo: Option<ElboParams>,
     /// Called once with the result.
     pub reply: Box<dyn FnOnce(Result<Score>) + Send>,
 }
@@ -194,6 +196,9 @@ pub struct Score {
     pub perplexity: f64,
     /// Tokens evaluated per second.
     pub tokens_per_second: f64,
+    /// For a diffusion model's ELBO (`ScoreRequest::elbo`): the ratios sampled; `perplexity` is
+    /// then `exp` of the bound per token and the per-token lists are empty.
+    pub elbo_samples: Option<usize>,
 }
 
 /// Embeds texts: the mean over a text's tokens (BOS included) of the model's final hidden
@@ -609,9 +614,14 @@ impl Worker {
                     continue;
                 }
                 Command::Score(req) => {
-                    let ScoreRequest { prompt, adapters, chat_template, cancel, reply } = req;
-                    self.use_adapters(adapters);
-                    self.answer(|w| w.score(&prompt, chat_template.as_deref(), &cancel), reply);
+                    let ScoreRequest { prompt, adapters, chat_template, cancel, elbo, reply } = req;
+                    match elbo {
+                        Some(p) => self.answer(|w| w.score_elbo(&prompt, chat_template.as_deref(), p, &cancel), reply),
+                        None => {
+                            self.use_adapters(adapters);
+                            self.answer(|w| w.score(&prompt, chat_template.as_deref(), &cancel), reply);
+                        }
+                    }
                     continue;
                 }
             };
@@ -747,7 +757,38 @@ impl Worker {
         })?;
         let perplexity = if logprobs.is_empty() { f64::NAN } else { (-logprobs.iter().sum::<f64>() / logprobs.len() as f64).exp() };
         let secs = start.elapsed().as_secs_f64();
-        Ok(Score { tokens_per_second: if secs > 0.0 { ids.len() as f64 / secs } else { 0.0 }, tokens: ids, logprobs, top_tokens, top_logprobs, perplexity })
+        Ok(Score {
+            tokens_per_second: if secs > 0.0 { ids.len() as f64 / secs } else { 0.0 },
+            tokens: ids,
+            logprobs,
+            top_tokens,
+            top_logprobs,
+            perplexity,
+            elbo_samples: None,
+        })
+    }
+
+    /// The diffusion model's ELBO on the prompt ([`decode::elbo`]).
+    fn score_elbo(&mut self, prompt: &Prompt, chat_template: Option<&str>, p: ElboParams, cancel: &AtomicBool) -> Result<Score> {
+        let Some(dm) = self.diffusion.clone() else {
+            return Err(Error::InvalidArg("elbo needs a diffusion model: load 'gemma-3-270m-diffusion', or a GGUF with { diffusion: { adapter } }".into()));
+        };
+        let ids = self.prompt_ids(prompt, chat_template)?;
+        let start = Instant::now();
+        let shared = self.shared.clone();
+        let mut ctx =
+            DecodeContext { model: &self.model, cache: &mut self.cache, backend: &mut *self.backend, tokenizer: &shared.tokenizer, context: self.context };
+        let nll = decode::elbo(&mut ctx, &dm, &ids, p, cancel)?;
+        let secs = start.elapsed().as_secs_f64();
+        Ok(Score {
+            tokens_per_second: if secs > 0.0 { (ids.len() * p.samples) as f64 / secs } else { 0.0 },
+            tokens: ids,
+            logprobs: Vec::new(),
+            top_tokens: Vec::new(),
+            top_logprobs: Vec::new(),
+            perplexity: nll.exp(),
+            elbo_samples: Some(p.samples),
+        })
     }
 
     /// Mean-pooled, L2-normalised final hidden states of each text (BOS added), evaluated from

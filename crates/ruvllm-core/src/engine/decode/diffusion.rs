@@ -46,7 +46,7 @@ pub enum Remasking {
 /// A request's diffusion settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DiffusionParams {
-    /// Denoising steps for the whole answer, split evenly over its blocks (`None`: one token
+    /// Denoising steps for the whole answer, split over its blocks by length (`None`: one token
     /// per step). Ignored with a threshold.
     pub steps: Option<usize>,
     /// Positions per block.
@@ -236,7 +236,9 @@ impl DecodeStrategy for Diffusion<'_> {
                 break;
             }
             stats.blocks += 1;
-            let k_steps = total_steps / n_blocks + usize::from(b < total_steps % n_blocks);
+            // The block's share of the steps, in proportion to its length (a short last block
+            // gets fewer), so `steps == len` is exactly one token per step.
+            let k_steps = (total_steps * e / len - total_steps * s / len).clamp(1, e - s);
             // Position of the call's first token: the one before the block with the shift.
             let call0 = n_prompt + s - shift;
             let mut j = 0usize;
@@ -283,13 +285,17 @@ impl DecodeStrategy for Diffusion<'_> {
                 let n_commit = match p.threshold {
                     Some(tau) => cands.iter().filter(|c| c.confidence > tau).count().max(1),
                     None => {
-                        let k = k_steps.max(1);
-                        let frac = (j + 1) as f64 / k as f64;
-                        let left = match p.schedule {
-                            Schedule::Linear => 1.0 - frac,
-                            Schedule::Cosine => (std::f64::consts::FRAC_PI_2 * frac).cos(),
+                        // Positions left masked after step j of k: the schedule's fraction of the
+                        // block, in integers where it can be (linear), so no step rounds twice.
+                        let (k, len) = (k_steps.max(1), e - s);
+                        let target = if j + 1 >= k {
+                            0
+                        } else {
+                            match p.schedule {
+                                Schedule::Linear => len * (k - j - 1) / k,
+                                Schedule::Cosine => ((len as f64) * (std::f64::consts::FRAC_PI_2 * (j + 1) as f64 / k as f64).cos() + 1e-9).floor() as usize,
+                            }
                         };
-                        let target = if j + 1 >= k { 0 } else { ((e - s) as f64 * left).floor() as usize };
                         n_open.saturating_sub(target).max(1)
                     }
                 }
@@ -414,4 +420,67 @@ fn render(tok: &crate::tokenizer::Tokenizer, answer: &[u32], done: &[bool]) -> S
         out.push_str(&tok.decode(&run, true).unwrap_or_default());
     }
     out
+}
+
+/// How [`elbo`] estimates: `samples` mask ratios, stratified over `(0, 1]`, drawn from `seed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElboParams {
+    pub samples: usize,
+    pub seed: u64,
+}
+
+/// The diffusion model's negative evidence lower bound on `ids` (BOS first), in nats per token
+/// after the first: a Monte-Carlo estimate of `E_t[(1/t) Σ_masked -ln p(x_i | x_masked)] / n` (MDLM),
+/// an upper bound on the sequence's negative log-likelihood. For each of `samples` ratios `t`
+/// (one per stratum of `(0, 1]`) every position after the first is masked with probability `t`
+/// (at least one), the whole sequence runs once under the bidirectional mask with the adapter
+/// of `t`, and the masked positions' cross-entropies are summed. One forward call: `ids` must
+/// fit the backend's batch.
+pub fn elbo(ctx: &mut DecodeContext<'_>, dm: &DiffusionModel, ids: &[u32], p: ElboParams, cancel: &std::sync::atomic::AtomicBool) -> Result<f64> {
+    let n = ids.len();
+    let batch = ctx.backend.max_batch();
+    if n < 2 || n > batch {
+        return Err(Error::InvalidArg(format!("the ELBO takes 2..={batch} tokens in one pass, got {n}")));
+    }
+    if p.samples == 0 {
+        return Err(Error::InvalidArg("elbo.samples must be at least 1".into()));
+    }
+    let mut rng = Rng::new(p.seed);
+    let shift = usize::from(dm.shift);
+    let mut total = 0.0f64;
+    let mut input = ids.to_vec();
+    let mut rows = Vec::with_capacity(n);
+    let mut targets = Vec::with_capacity(n);
+    for k in 0..p.samples {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(Error::Aborted);
+        }
+        let t = ((k as f64 + rng.next_f64()) / p.samples as f64).clamp(1e-3, 1.0);
+        input.copy_from_slice(ids);
+        rows.clear();
+        targets.clear();
+        for i in 1..n {
+            if rng.next_f64() < t {
+                input[i] = dm.mask_token;
+                rows.push(i - shift);
+                targets.push(ids[i]);
+            }
+        }
+        if rows.is_empty() {
+            let i = 1 + (rng.next_u64() % (n as u64 - 1)) as usize;
+            input[i] = dm.mask_token;
+            rows.push(i - shift);
+            targets.push(ids[i]);
+        }
+        ctx.cache.tokens.clear();
+        ctx.cache.adapters = AdapterSet::new(vec![(dm.adapter_for(t as f32).clone(), 1.0)]);
+        let mut ce = 0.0f64;
+        ctx.model.forward_rows(&input, 0, AttentionMask::Bidirectional, ctx.cache, ctx.backend, &rows, &mut |r, logits| {
+            let (max, sum) = log_sum_exp_parts(logits);
+            ce += max + sum.ln() - logits[targets[r] as usize] as f64;
+        })?;
+        total += ce / t;
+    }
+    ctx.cache.tokens.clear();
+    Ok(total / p.samples as f64 / (n - 1) as f64)
 }

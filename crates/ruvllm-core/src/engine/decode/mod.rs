@@ -21,7 +21,7 @@ use crate::tokenizer::Tokenizer;
 use crate::Result;
 
 pub use autoregressive::Autoregressive;
-pub use diffusion::{Diffusion, DiffusionModel, DiffusionParams, DiffusionStats, DiffusionStep, Remasking, Schedule, MASK_GLYPH};
+pub use diffusion::{elbo, Diffusion, DiffusionModel, DiffusionParams, DiffusionStats, DiffusionStep, ElboParams, Remasking, Schedule, MASK_GLYPH};
 
 /// What a strategy works with: the worker's model, cache and backend.
 pub struct DecodeContext<'a> {
