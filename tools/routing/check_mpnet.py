@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 5's paraphrase target against a reference implementation: the paraphrase / unrelated
+"""The router's paraphrase target against a reference implementation: the paraphrase / unrelated
 pairs of crates/ruvllm-router/data/pairs.json through Hugging Face `transformers` (mean pooling
 with the attention mask, L2 normalisation: what sentence-transformers does for both models) for
 all-MiniLM-L6-v2 (our default embedder) and all-mpnet-base-v2 (the only stronger sentence

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Diagnostic for issue 5's learning target: would another kind of classifier over the same
+"""Diagnostic for the router's learning target: would another kind of classifier over the same
 MiniLM embeddings learn more from the fed half than the router does? Chooses nothing; it reads
 the held-out split, so nothing it prints may be used to pick a router parameter.
 
