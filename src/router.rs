@@ -317,10 +317,10 @@ fn with_router<T>(shared: &Shared, f: impl FnOnce(&mut rr::Router) -> Res<T>) ->
   }
 }
 
-/// Parses `{ agents?, embedder? }`.
 /// A router's `{ agents?, embedder? }`: the agents, an embedder object or an embedder folder.
 type ParsedRouterOptions = (Option<Vec<rr::AgentSpec>>, Option<Arc<dyn emb::Embedder>>, Option<String>);
 
+/// Parses `{ agents?, embedder? }`.
 fn router_options(env: &Env, options: &Unknown) -> Res<ParsedRouterOptions> {
   let ty = options.get_type().map_err(|e| CodedError::invalid_type(e.to_string()))?;
   if matches!(ty, ValueType::Undefined | ValueType::Null) {
