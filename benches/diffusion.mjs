@@ -100,7 +100,6 @@ async function genPpl(prompt, answer) {
 
 const report = { date: new Date().toISOString(), cpu: cpus()[0].model, threads, sequences: sequences.length, samples: nSamples, tokens: nTokens, answers: PROMPTS.length, runs: [] }
 const arPpl = Math.exp(mean(await Promise.all(sequences.map(async (s) => Math.log((await ar.score(s)).perplexity)))))
-const arRows = []
 {
   const t0 = performance.now()
   const outs = []
@@ -109,7 +108,7 @@ const arRows = []
   const toks = outs.reduce((n, c) => n + c.tokens.length, 0)
   const ppls = []
   for (let i = 0; i < outs.length; i++) ppls.push(await genPpl(PROMPTS[i], outs[i].tokens))
-  arRows.push({ setting: 'autoregressive greedy', genPpl: median(ppls.filter(Number.isFinite)), distinct2: distinct2(outs.map((c) => c.tokens)), passesPerToken: 1, tokPerSec: toks / secs })
+  report.ar = { setting: 'autoregressive greedy', genPpl: median(ppls.filter(Number.isFinite)), distinct2: distinct2(outs.map((c) => c.tokens)), passesPerToken: 1, tokPerSec: toks / secs }
 }
 
 for (const manifest of manifests) {
@@ -146,7 +145,6 @@ for (const manifest of manifests) {
 }
 await ar.close()
 report.arPpl = arPpl
-report.ar = arRows[0]
 
 const f = (x, d = 2) => (Number.isFinite(x) ? x.toFixed(d) : '–')
 console.log(`CPU: ${report.cpu}, ${threads} threads; ${sequences.length} held-out sequences of ${SEQ} tokens, ${nSamples} ELBO samples each; ${PROMPTS.length} prompts × ${nTokens} tokens, greedy\n`)

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use napi::bindgen_prelude::{FromNapiValue, Promise, PromiseRaw, Unknown};
+use napi::bindgen_prelude::{FromNapiValue, Promise, PromiseRaw, ToNapiValue, Unknown};
 use napi::threadsafe_function::{ThreadsafeFunction, UnknownReturnValue};
 use napi::{sys, Env, Status};
 use napi_derive::napi;
@@ -51,6 +51,14 @@ impl FromNapiValue for CallbackReturn {
 }
 
 type TokenCallback = ThreadsafeFunction<TokenChunk, CallbackReturn, TokenChunk, Status, false>;
+
+/// Calls a user callback (`onToken`, `onStep`) and awaits it, and the promise it returns if any.
+pub(crate) async fn call_awaited<T: ToNapiValue + Send + 'static>(cb: &ThreadsafeFunction<T, CallbackReturn, T, Status, false>, arg: T) -> napi::Result<()> {
+  match cb.call_async_catch(arg).await? {
+    CallbackReturn::Value => Ok(()),
+    CallbackReturn::Pending(p) => p.await.map(|_| ()),
+  }
+}
 
 /// Why `generate` failed: our coded error, or whatever the user's `onToken` threw.
 enum Failure {
@@ -389,12 +397,7 @@ async fn drive(mut req: Request, on_token: Option<TokenCallback>) -> Result<ruvl
     match req.next().await {
       Step::Token { id, text } => {
         if let Some(cb) = &on_token {
-          let outcome = match cb.call_async_catch(TokenChunk { text, token: id }).await {
-            Ok(CallbackReturn::Value) => Ok(()),
-            Ok(CallbackReturn::Pending(p)) => p.await.map(|_| ()),
-            Err(e) => Err(e),
-          };
-          if let Err(e) = outcome {
+          if let Err(e) = call_awaited(cb, TokenChunk { text, token: id }).await {
             req.cancel();
             return Err(Failure::Thrown(e));
           }

@@ -265,9 +265,6 @@ const LOAD_KEYS: &[&str] = &["contextSize", "threads", "seed", "adapters", "down
 /// `LLM.load(_, { diffusion: { adapter } })`: a path or a non-empty list of paths.
 fn diffusion_load(v: Option<Val>) -> Res<Vec<PathBuf>> {
   let Some(v) = v else { return Ok(Vec::new()) };
-  if v.is_undefined()? {
-    return Ok(Vec::new());
-  }
   let bag = option_bag(Some(v), "diffusion", &["adapter"])?;
   let Some(a) = field(bag, "adapter")? else {
     return Err(CodedError::invalid_type("diffusion.adapter must be a path or a list of paths, got undefined"));
@@ -449,9 +446,6 @@ fn nested<T>(bag: &str, r: Res<T>) -> Res<T> {
 /// The `diffusion` option of `generate` / `stream`.
 fn diffusion_options(v: Option<Val>) -> Res<Option<DiffusionParams>> {
   let Some(v) = v else { return Ok(None) };
-  if v.is_undefined()? {
-    return Ok(None);
-  }
   let bag = option_bag(Some(v), "diffusion", &["steps", "blockSize", "threshold", "schedule", "remasking"])?;
   let d = DiffusionParams::default();
   let p = nested(

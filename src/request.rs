@@ -11,7 +11,7 @@ use ruvllm_core::nn::AdapterSet;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::error::{guard, CodedError, Partial, ERR_CLOSED};
-use crate::llm::CallbackReturn;
+use crate::llm::{call_awaited, CallbackReturn};
 use crate::signal::{CancelState, SignalHook};
 use crate::types::{clamp_u32, DiffusionStepInfo};
 
@@ -153,13 +153,5 @@ fn step_info(s: DiffusionStep) -> DiffusionStepInfo {
     positions: s.committed.iter().map(|&(o, _)| clamp_u32(o)).collect(),
     tokens: s.committed.iter().map(|&(_, t)| t).collect(),
     text: s.text,
-  }
-}
-
-/// Calls a user callback and awaits it, and the promise it returns if any.
-async fn call_awaited(cb: &StepCallback, arg: DiffusionStepInfo) -> napi::Result<()> {
-  match cb.call_async_catch(arg).await? {
-    CallbackReturn::Value => Ok(()),
-    CallbackReturn::Pending(p) => p.await.map(|_| ()),
   }
 }

@@ -78,11 +78,10 @@ pub fn read_manifest(path: &Path) -> Result<DiffusionManifest> {
 pub fn adapter_files(entries: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for p in entries {
-        let p = p.clone();
         if p.extension().is_some_and(|x| x == "json") {
-            out.extend(read_manifest(&p)?.adapters);
+            out.extend(read_manifest(p)?.adapters);
         } else if p.is_file() {
-            out.push(p);
+            out.push(p.clone());
         } else {
             return Err(HubError::NotFound(format!("no diffusion adapter at {}", p.display())));
         }

@@ -21,7 +21,7 @@ use crate::gguf::GgufFile;
 use crate::kv::KvCache;
 use crate::models::{self, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
-use crate::sampling::SamplingParams;
+use crate::sampling::{log_softmax_at, SamplingParams};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -580,16 +580,6 @@ enum Rows {
     Logits,
     /// The final hidden state after the output norm.
     Hidden,
-}
-
-/// `ln softmax(logits)[i]`, in f64.
-/// ln softmax(logits)[i], with the arg-max (first on ties) and its own log-probability.
-fn log_softmax_at(logits: &[f32], i: usize) -> (f64, u32, f64) {
-    let (top, max) = logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |(a, m), (j, &v)| if v > m { (j, v) } else { (a, m) });
-    let max = max as f64;
-    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
-    let ln_sum = sum.ln();
-    (logits[i] as f64 - max - ln_sum, top as u32, -ln_sum)
 }
 
 /// Longest common prefix of two token sequences.

@@ -19,7 +19,7 @@ use std::time::Instant;
 use super::{DecodeContext, DecodeRequest, DecodeStrategy, Decoded};
 use crate::engine::{Event, FinishReason};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
-use crate::sampling::{Rng, Sampler, StopMatcher, StopResult};
+use crate::sampling::{log_softmax_at, softmax_norm, Rng, Sampler, StopMatcher, StopResult};
 use crate::tokenizer::StreamDecoder;
 use crate::{Error, Result};
 
@@ -95,32 +95,31 @@ pub struct DiffusionModel {
 impl DiffusionModel {
     /// Checks that every adapter is a diffusion adapter, that they agree on the mask token and
     /// the shift, and that their ranges tile `[0, 1]` without gaps or overlaps.
-    pub fn new(mut adapters: Vec<Arc<LoraAdapter>>) -> Result<Self> {
+    pub fn new(adapters: Vec<Arc<LoraAdapter>>) -> Result<Self> {
         let bad = |a: &LoraAdapter, m: String| Error::adapter(&a.path, m);
-        let first = adapters.first().ok_or_else(|| Error::InvalidArg("a diffusion model needs at least one adapter".into()))?.clone();
-        for a in &adapters {
-            if a.diffusion.is_none() {
-                return Err(bad(a, "it is not a diffusion adapter (no ruvllm.diffusion.mask_token_id)".into()));
-            }
-        }
-        adapters.sort_by(|a, b| a.diffusion.as_ref().map(|d| d.t_min).partial_cmp(&b.diffusion.as_ref().map(|d| d.t_min)).unwrap_or(std::cmp::Ordering::Equal));
-        let info = |a: &LoraAdapter| a.diffusion.clone().unwrap_or_else(|| unreachable!("checked above"));
-        let d0 = info(&first);
+        let info = |a: &Arc<LoraAdapter>| -> Result<(f32, f32, u32, bool)> {
+            let d = a.diffusion.as_ref().ok_or_else(|| bad(a, "it is not a diffusion adapter (no ruvllm.diffusion.mask_token_id)".into()))?;
+            Ok((d.t_min, d.t_max, d.mask_token, d.shift))
+        };
+        let first = adapters.first().ok_or_else(|| Error::InvalidArg("a diffusion model needs at least one adapter".into()))?;
+        let (_, _, mask_token, shift) = info(first)?;
+        let mut ranges = adapters.iter().map(|a| info(a).map(|i| (i, a.clone()))).collect::<Result<Vec<_>>>()?;
+        ranges.sort_by(|x, y| x.0 .0.total_cmp(&y.0 .0));
         let mut end = 0.0f32;
-        for a in &adapters {
-            let d = info(a);
-            if d.mask_token != d0.mask_token || d.shift != d0.shift {
+        for ((t_min, t_max, m, sh), a) in &ranges {
+            if (*m, *sh) != (mask_token, shift) {
                 return Err(bad(a, "its mask token or shift differs from the other diffusion adapters'".into()));
             }
-            if (d.t_min - end).abs() > 1e-6 {
-                return Err(bad(a, format!("its mask ratios [{}, {}) leave a gap or overlap at {end}", d.t_min, d.t_max)));
+            if (t_min - end).abs() > 1e-6 {
+                return Err(bad(a, format!("its mask ratios [{t_min}, {t_max}) leave a gap or overlap at {end}")));
             }
-            end = d.t_max;
+            end = *t_max;
         }
         if (end - 1.0).abs() > 1e-6 {
             return Err(Error::InvalidArg(format!("the diffusion adapters cover mask ratios up to {end}, not 1")));
         }
-        Ok(DiffusionModel { mask_token: d0.mask_token, shift: d0.shift, adapters })
+        let adapters = ranges.into_iter().map(|(_, a)| a).collect();
+        Ok(DiffusionModel { mask_token, shift, adapters })
     }
 
     /// The adapter trained for mask ratio `ratio`.
@@ -229,6 +228,16 @@ impl DecodeStrategy for Diffusion<'_> {
         let mut input = Vec::with_capacity(block + 1);
         let mut rows = Vec::with_capacity(block);
         let mut cands: Vec<Candidate> = Vec::with_capacity(block);
+        // One row's logits with the mask token excluded, for the sampler to modify.
+        let mut row_logits = Vec::new();
+        // The call's tokens: (the token before the block,) then the block as it stands.
+        let block_input = |input: &mut Vec<u32>, answer: &[u32], s: usize, e: usize| {
+            input.clear();
+            if shift == 1 {
+                input.push(if s == 0 { ids[n_prompt - 1] } else { answer[s - 1] });
+            }
+            input.extend_from_slice(&answer[s..e]);
+        };
 
         'blocks: for b in 0..n_blocks {
             let (s, e) = (b * block, ((b + 1) * block).min(len));
@@ -243,45 +252,41 @@ impl DecodeStrategy for Diffusion<'_> {
             let call0 = n_prompt + s - shift;
             let mut j = 0usize;
             loop {
-                let open: Vec<usize> = (s..e).filter(|&o| !done[o]).collect();
-                if open.is_empty() {
+                // Row r of the call predicts offset s + r (shift) or holds it (no shift): the
+                // same row index either way; the rows of the still-masked offsets.
+                rows.clear();
+                rows.extend((s..e).filter(|&o| !done[o]).map(|o| o - s));
+                let n_open = rows.len();
+                if n_open == 0 {
                     break;
                 }
                 if req.cancel.load(Ordering::Relaxed) {
                     reason = FinishReason::Abort;
                     break 'blocks;
                 }
-                // The call's tokens: (the token before the block,) then the block as it stands.
-                input.clear();
-                if shift == 1 {
-                    input.push(if s == 0 { ids[n_prompt - 1] } else { answer[s - 1] });
-                }
-                input.extend_from_slice(&answer[s..e]);
-                let ratio = open.len() as f32 / (e - s) as f32;
+                block_input(&mut input, &answer, s, e);
+                let ratio = n_open as f32 / (e - s) as f32;
                 let adapter = dm.adapter_for(ratio);
                 if ctx.cache.adapters.entries().first().is_none_or(|(a, _)| !Arc::ptr_eq(a, adapter)) {
                     ctx.cache.adapters = AdapterSet::new(vec![(adapter.clone(), 1.0)]);
                 }
-                // Row r of the call predicts offset s + r (shift) or holds it (no shift): the
-                // same row index either way.
-                rows.clear();
-                rows.extend(open.iter().map(|&o| o - s));
                 cands.clear();
                 let mask_id = dm.mask_token as usize;
                 ctx.model.forward_rows(&input, call0, mask, ctx.cache, ctx.backend, &rows, &mut |i, logits| {
                     let offset = s + rows[i];
-                    let mut l = logits.to_vec();
-                    if let Some(v) = l.get_mut(mask_id) {
+                    row_logits.clear();
+                    row_logits.extend_from_slice(logits);
+                    if let Some(v) = row_logits.get_mut(mask_id) {
                         *v = f32::NEG_INFINITY;
                     }
-                    let (max, sum) = log_sum_exp_parts(&l);
-                    let token = sampler.sample(&mut l, &[]);
-                    let confidence = ((logits[token as usize] as f64 - max).exp() / sum) as f32;
+                    // The normaliser before sampling, which may modify the logits.
+                    let (_, max, ln_sum) = softmax_norm(&row_logits);
+                    let token = sampler.sample(&mut row_logits, &[]);
+                    let confidence = (logits[token as usize] as f64 - max - ln_sum).exp() as f32;
                     cands.push(Candidate { offset, token, confidence });
                 })?;
                 stats.forward_passes += 1;
                 // How many to commit now.
-                let n_open = open.len();
                 let n_commit = match p.threshold {
                     Some(tau) => cands.iter().filter(|c| c.confidence > tau).count().max(1),
                     None => {
@@ -357,11 +362,7 @@ impl DecodeStrategy for Diffusion<'_> {
             // The block is final: run it once more so the cache holds its final tokens (the
             // positions committed in its last step were masks when it last ran).
             if e < len && end.is_none() {
-                input.clear();
-                if shift == 1 {
-                    input.push(if s == 0 { ids[n_prompt - 1] } else { answer[s - 1] });
-                }
-                input.extend_from_slice(&answer[s..e]);
+                block_input(&mut input, &answer, s, e);
                 ctx.model.forward_rows(&input, call0, mask, ctx.cache, ctx.backend, &[], &mut |_, _| {})?;
                 stats.forward_passes += 1;
             }
@@ -392,13 +393,6 @@ fn finish(
     stats: DiffusionStats,
 ) -> Decoded {
     Decoded { tokens, text, finish_reason: reason, ttft_ms, prefill_tokens, prefill_s, decode_s, diffusion: Some(stats) }
-}
-
-/// `(max, Σ exp(l - max))` over the finite logits, in f64.
-fn log_sum_exp_parts(logits: &[f32]) -> (f64, f64) {
-    let max = logits.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum = logits.iter().filter(|v| !v.is_nan()).map(|&v| (v as f64 - max).exp()).sum::<f64>();
-    (max, sum.max(f64::MIN_POSITIVE))
 }
 
 /// The answer as text: committed runs decoded, each masked position one [`MASK_GLYPH`].
@@ -472,12 +466,10 @@ pub fn elbo(ctx: &mut DecodeContext<'_>, dm: &DiffusionModel, ids: &[u32], p: El
             rows.push(i - shift);
             targets.push(ids[i]);
         }
-        ctx.cache.tokens.clear();
         ctx.cache.adapters = AdapterSet::new(vec![(dm.adapter_for(t as f32).clone(), 1.0)]);
         let mut ce = 0.0f64;
         ctx.model.forward_rows(&input, 0, AttentionMask::Bidirectional, ctx.cache, ctx.backend, &rows, &mut |r, logits| {
-            let (max, sum) = log_sum_exp_parts(logits);
-            ce += max + sum.ln() - logits[targets[r] as usize] as f64;
+            ce -= log_softmax_at(logits, targets[r] as usize).0;
         })?;
         total += ce / t;
     }
