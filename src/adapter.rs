@@ -40,6 +40,7 @@ impl Adapter {
       format: match inner.format {
         AdapterFormat::Gguf => "gguf".into(),
         AdapterFormat::Peft => "peft".into(),
+        AdapterFormat::Learned => "learned".into(),
       },
       inner: Mutex::new(Some(inner)),
       owner,

@@ -42,6 +42,16 @@ impl RopeTable {
 
     /// Rotates every head (chunks of `head_dim`) of one token's vector at position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        self.rotate(x, head_dim, pos, 1.0)
+    }
+
+    /// The inverse rotation (by the negated angles): the rotation's transpose, which is how a
+    /// gradient flows back through RoPE.
+    pub fn apply_inverse(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        self.rotate(x, head_dim, pos, -1.0)
+    }
+
+    fn rotate(&self, x: &mut [f32], head_dim: usize, pos: usize, sign: f32) {
         let half = self.rot_dim / 2;
         let cos = &self.cos[pos * half..(pos + 1) * half];
         let sin = &self.sin[pos * half..(pos + 1) * half];
@@ -50,15 +60,15 @@ impl RopeTable {
                 RopeStyle::Interleaved => {
                     for i in 0..half {
                         let (a, b) = (head[2 * i], head[2 * i + 1]);
-                        head[2 * i] = a * cos[i] - b * sin[i];
-                        head[2 * i + 1] = a * sin[i] + b * cos[i];
+                        head[2 * i] = a * cos[i] - b * sign * sin[i];
+                        head[2 * i + 1] = a * sign * sin[i] + b * cos[i];
                     }
                 }
                 RopeStyle::Neox => {
                     for i in 0..half {
                         let (a, b) = (head[i], head[i + half]);
-                        head[i] = a * cos[i] - b * sin[i];
-                        head[i + half] = a * sin[i] + b * cos[i];
+                        head[i] = a * cos[i] - b * sign * sin[i];
+                        head[i + half] = a * sign * sin[i] + b * cos[i];
                     }
                 }
             }

@@ -113,6 +113,9 @@ pub struct Completion {
     pub id: String,
     pub text: String,
     pub tokens: Vec<u32>,
+    /// The prompt's token ids as evaluated (BOS and chat template included): with `tokens`,
+    /// what a learner needs to train on this completion.
+    pub prompt_ids: Vec<u32>,
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -121,6 +124,32 @@ pub struct Completion {
     pub decode_tokens_per_second: f64,
     /// Steps, blocks and tokens per step of a diffusion model's answer.
     pub diffusion: Option<DiffusionStats>,
+    /// For `adapters: 'auto'`: the adapters the resolver picked.
+    pub adapters_used: Option<Vec<AdapterUse>>,
+}
+
+/// An adapter an `'auto'` request ran, as the resolver named it, with the similarity of its
+/// training prompts to the request's prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdapterUse {
+    pub id: String,
+    pub similarity: f32,
+}
+
+/// Picks the adapters for an `'auto'` request from its prompt's embedding (unit length, as
+/// `embed` computes it) and says which it picked.
+pub type AutoResolver = Arc<dyn Fn(&[f32]) -> Result<(AdapterSet, Vec<AdapterUse>)> + Send + Sync>;
+
+/// Called with every completion the engine finishes (on the engine thread: it must be quick).
+pub type CompletionObserver = Arc<dyn Fn(&Completion) + Send + Sync>;
+
+/// What the worker shares with the engine for learning: the learned adapters, the observer,
+/// the resolver.
+#[derive(Default)]
+struct Hooks {
+    learned: AdapterSet,
+    observer: Option<CompletionObserver>,
+    resolver: Option<AutoResolver>,
 }
 
 /// What a request's sink receives, in order: zero or more `Token`, then exactly one `Done` or
@@ -194,6 +223,8 @@ pub struct Score {
     pub top_logprobs: Vec<f64>,
     /// `exp(-mean(logprobs))` (NaN with fewer than two tokens).
     pub perplexity: f64,
+    /// For `adapters: 'auto'`: the adapters the resolver picked.
+    pub adapters_used: Option<Vec<AdapterUse>>,
     /// Tokens evaluated per second.
     pub tokens_per_second: f64,
     /// For a diffusion model's ELBO (`ScoreRequest::elbo`): the ratios sampled; `perplexity` is
@@ -231,6 +262,12 @@ pub struct Engine {
     cfg: models::TransformerConfig,
     /// The adapters given at load.
     default_adapters: AdapterSet,
+    /// What a learner plugs in: its adapters ([`Engine::set_learned`], applied after the
+    /// load-time ones to every request that names no set of its own), an observer of
+    /// completions, a resolver for `'auto'`.
+    hooks: Arc<Mutex<Hooks>>,
+    /// The weights (the worker runs them; a learner reads them on its own threads).
+    model: Arc<Transformer>,
     shared: Mutex<Option<Arc<Shared>>>,
     tx: Mutex<Option<Sender<Command>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
@@ -244,7 +281,7 @@ pub struct Engine {
 
 /// The model and everything the worker thread owns.
 struct Worker {
-    model: Transformer,
+    model: Arc<Transformer>,
     shared: Arc<Shared>,
     /// Where the forward pass runs; owns the activation buffers.
     backend: Box<dyn Backend + Send>,
@@ -252,6 +289,12 @@ struct Worker {
     context: usize,
     /// The adapters of requests that name none.
     default_adapters: AdapterSet,
+    /// The learner's hooks (see [`Engine`]).
+    hooks: Arc<Mutex<Hooks>>,
+    /// The adapters the last `'auto'` resolution picked (for the completion or score).
+    auto_used: Option<Vec<AdapterUse>>,
+    /// The current request asked for `'auto'` and its prompt has not been resolved yet.
+    auto_pending: bool,
     /// The diffusion model's adapters, when the model decodes by diffusion.
     diffusion: Option<Arc<DiffusionModel>>,
     /// The engine's `closing` flag.
@@ -342,7 +385,7 @@ impl Engine {
         let max_batch = MAX_BATCH.min(context);
         let model = {
             let loader = models::WeightLoader { file: &file };
-            Transformer::load(&loader, cfg.clone(), context)?
+            Arc::new(Transformer::load(&loader, cfg.clone(), context)?)
         };
         let mut defaults = Vec::with_capacity(opts.adapters.len());
         for (p, scale) in &opts.adapters {
@@ -364,18 +407,23 @@ impl Engine {
         let (tx, rx) = channel();
         let worker_shared = shared.clone();
         let worker_adapters = default_adapters.clone();
+        let hooks = Arc::new(Mutex::new(Hooks::default()));
+        let (worker_hooks, worker_model) = (hooks.clone(), model.clone());
         let closing = Arc::new(AtomicBool::new(false));
         let worker_closing = closing.clone();
         let handle = std::thread::Builder::new()
             .name("ruvllm-engine".into())
             .spawn(move || {
                 let worker = Worker {
-                    cache: model.new_cache(&backend, context, max_batch),
-                    model,
+                    cache: worker_model.new_cache(&backend, context, max_batch),
+                    model: worker_model,
                     shared: worker_shared,
                     backend: Box::new(backend),
                     context,
                     default_adapters: worker_adapters,
+                    hooks: worker_hooks,
+                    auto_used: None,
+                    auto_pending: false,
                     diffusion,
                     closing: worker_closing,
                 };
@@ -386,6 +434,8 @@ impl Engine {
             info,
             cfg,
             default_adapters,
+            hooks,
+            model,
             shared: Mutex::new(Some(shared)),
             tx: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(handle)),
@@ -403,6 +453,37 @@ impl Engine {
     /// The adapters applied to requests that name none (those given at load).
     pub fn default_adapters(&self) -> &AdapterSet {
         &self.default_adapters
+    }
+
+    /// Makes `set` the learned adapters: from the next request on, every request that names no
+    /// adapters of its own runs the load-time adapters and then these.
+    pub fn set_learned(&self, set: AdapterSet) {
+        lock(&self.hooks).learned = set;
+    }
+
+    /// The learned adapters in use ([`Engine::set_learned`]).
+    pub fn learned(&self) -> AdapterSet {
+        lock(&self.hooks).learned.clone()
+    }
+
+    /// Calls `f` with every completion from now on (`None` stops it).
+    pub fn set_observer(&self, f: Option<CompletionObserver>) {
+        lock(&self.hooks).observer = f;
+    }
+
+    /// Lets requests ask for `adapters: 'auto'` ([`AdapterSet::auto`]); `None` refuses them.
+    pub fn set_auto_resolver(&self, f: Option<AutoResolver>) {
+        lock(&self.hooks).resolver = f;
+    }
+
+    /// The model's weights, read-only (a learner computes gradients through them).
+    pub fn model(&self) -> Arc<Transformer> {
+        self.model.clone()
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &models::TransformerConfig {
+        &self.cfg
     }
 
     fn shared(&self) -> Result<Arc<Shared>> {
@@ -624,7 +705,13 @@ impl Worker {
             let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(&mut req)));
             let event = match outcome {
                 Ok(Ok(done)) if done.finish_reason == FinishReason::Abort && self.closing.load(Ordering::SeqCst) => Event::Error(Error::Closed),
-                Ok(Ok(done)) => Event::Done(done),
+                Ok(Ok(done)) => {
+                    let observer = lock(&self.hooks).observer.clone();
+                    if let Some(f) = observer {
+                        let _ = catch_unwind(AssertUnwindSafe(|| f(&done)));
+                    }
+                    Event::Done(done)
+                }
                 Ok(Err(e)) => Event::Error(e),
                 Err(panic) => {
                     // The cache may be half-written: forget it.
@@ -644,11 +731,42 @@ impl Worker {
     /// The cached keys and values were computed with the previous set: under another they are
     /// not a reusable prefix.
     fn use_adapters(&mut self, set: Option<AdapterSet>) {
-        let set = set.unwrap_or_else(|| self.default_adapters.clone());
+        self.auto_used = None;
+        self.auto_pending = set.as_ref().is_some_and(|s| s.is_auto());
+        let set = set.filter(|s| !s.is_auto()).unwrap_or_else(|| {
+            let learned = lock(&self.hooks).learned.clone();
+            if learned.entries().is_empty() {
+                self.default_adapters.clone()
+            } else {
+                AdapterSet::new(self.default_adapters.entries().iter().chain(learned.entries()).cloned().collect())
+            }
+        });
         if !self.cache.adapters.same_as(&set) {
             self.cache.tokens.clear();
         }
         self.cache.adapters = set;
+    }
+
+    /// For an `'auto'` request: embeds its prompt `ids` (as `embed` does, under the learned
+    /// adapters) and lets the resolver pick the adapters, which the request then runs.
+    fn resolve_auto(&mut self, ids: &[u32], cancel: &AtomicBool) -> Result<()> {
+        if !std::mem::take(&mut self.auto_pending) {
+            return Ok(());
+        }
+        let Some(resolver) = lock(&self.hooks).resolver.clone() else {
+            return Err(Error::InvalidArg("adapters: 'auto' needs a model loaded with learning: { dir } (its adapter bank picks the adapters)".into()));
+        };
+        if ids.len() > self.context {
+            return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
+        }
+        let mut sum = vec![0.0f64; self.model.cfg.d_model];
+        self.evaluate(ids, cancel, Rows::Hidden, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &v)| *s += v as f64))?;
+        let norm = sum.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-30);
+        let q: Vec<f32> = sum.iter().map(|v| (v / norm) as f32).collect();
+        let (set, used) = resolver(&q)?;
+        self.use_adapters(Some(set));
+        self.auto_used = Some(used);
+        Ok(())
     }
 
     /// How much of the cached sequence can be kept for `ids` (at least one token is always
@@ -734,6 +852,7 @@ impl Worker {
         if ids.len() > self.context {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
         }
+        self.resolve_auto(&ids, cancel)?;
         let start = Instant::now();
         let n = ids.len().saturating_sub(1);
         let (mut logprobs, mut top_tokens, mut top_logprobs) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
@@ -755,6 +874,7 @@ impl Worker {
             top_logprobs,
             perplexity,
             elbo_samples: None,
+            adapters_used: self.auto_used.take(),
         })
     }
 
@@ -778,12 +898,16 @@ impl Worker {
             top_logprobs: Vec::new(),
             perplexity: nll.exp(),
             elbo_samples: Some(p.samples),
+            adapters_used: None,
         })
     }
 
     /// Mean-pooled, L2-normalised final hidden states of each text (BOS added), evaluated from
     /// position 0 like `score`. A text longer than the context is an error, not truncated.
     fn embed(&mut self, texts: &[String], cancel: &AtomicBool) -> Result<Vec<Vec<f32>>> {
+        if std::mem::take(&mut self.auto_pending) {
+            return Err(Error::InvalidArg("adapters: 'auto' is for generate, stream and score (embed takes a list of adapters, or none)".into()));
+        }
         let d = self.model.cfg.d_model;
         let mut out = Vec::with_capacity(texts.len());
         for (i, text) in texts.iter().enumerate() {
@@ -813,10 +937,12 @@ impl Worker {
         if ids.len() >= self.context {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
         }
+        self.resolve_auto(&ids, &req.cancel)?;
         let mut c = Completion {
             id,
             text: String::new(),
             tokens: Vec::new(),
+            prompt_ids: ids.clone(),
             finish_reason: FinishReason::Abort,
             prompt_tokens: ids.len(),
             completion_tokens: 0,
@@ -824,6 +950,7 @@ impl Worker {
             prefill_tokens_per_second: 0.0,
             decode_tokens_per_second: 0.0,
             diffusion: None,
+            adapters_used: self.auto_used.take(),
         };
         if req.cancel.load(Ordering::Relaxed) {
             return Ok(c);

@@ -178,6 +178,15 @@ impl Transformer {
         Ok(Transformer { cfg, embed, layers, output_norm, output, rope, rope_swa })
     }
 
+    /// The RoPE table layer `l` uses.
+    pub fn rope_for(&self, l: usize) -> &RopeTable {
+        if self.cfg.swa_layers[l] {
+            &self.rope_swa
+        } else {
+            &self.rope
+        }
+    }
+
     /// Prepares `be` to run this model on up to `max_batch` tokens per pass: the weights
     /// (the CPU packs the layer weights and the LM head for its tile GEMM, after which the
     /// file's pages of a tied embedding are read back only for the rows the embedding gathers)

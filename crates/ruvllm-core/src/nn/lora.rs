@@ -127,6 +127,8 @@ impl LoraPair {
 pub enum AdapterFormat {
     Gguf,
     Peft,
+    /// Learned at run time (SONA).
+    Learned,
 }
 
 /// A loaded, validated LoRA adapter for one model.
@@ -463,11 +465,23 @@ fn st_f32(view: &safetensors::tensor::TensorView<'_>) -> std::result::Result<Vec
 #[derive(Debug, Clone, Default)]
 pub struct AdapterSet {
     entries: Vec<(Arc<LoraAdapter>, f32)>,
+    /// Asks the engine to pick the adapters for the request's prompt ([`AdapterSet::auto`]).
+    auto: bool,
 }
 
 impl AdapterSet {
     pub fn new(entries: Vec<(Arc<LoraAdapter>, f32)>) -> Self {
-        AdapterSet { entries }
+        AdapterSet { entries, auto: false }
+    }
+
+    /// `adapters: 'auto'`: the engine's resolver (a learner's adapter bank) picks the adapters
+    /// nearest to the request's prompt.
+    pub fn auto() -> Self {
+        AdapterSet { entries: Vec::new(), auto: true }
+    }
+
+    pub fn is_auto(&self) -> bool {
+        self.auto
     }
 
     pub fn entries(&self) -> &[(Arc<LoraAdapter>, f32)] {
