@@ -83,6 +83,22 @@ export declare class Embedder {
   get id(): string
 }
 
+export declare class learning {
+  /**
+   * What a learning directory holds: the model it belongs to, trajectories, counters, bank size,
+   * file sizes. Throws `ERR_LEARNING_STATE` for unreadable state, `ERR_IO`.
+   */
+  static status(dir: string): Record<string, unknown>
+  /**
+   * Writes the learned adapter of `dir` (BaseLoRA and MicroLoRA summed) to `out` as a llama.cpp
+   * LoRA GGUF. Throws `ERR_INVALID_ARG` when nothing was learned, `ERR_LEARNING_STATE`, `ERR_IO`.
+   */
+  static export(dir: string, out: string): void
+  /** Deletes everything learning wrote in `dir` (other files stay); returns the paths removed. */
+  static reset(dir: string): Array<string>
+}
+export type Learning = learning
+
 /** A loaded model. Create one with `LLM.load`; free it with `close()`. */
 export declare class LLM {
   /**
@@ -158,6 +174,29 @@ export declare class LLM {
    * `Embedder.fromModel(llm)` to `new Router({ embedder })`.
    */
   embed(texts: string[]): Promise<Float32Array[]>
+  /**
+   * Feedback on a completion of this model (its `id`): `quality` in [0, 1], and optionally
+   * `correction`, a better answer. The trajectory is stored (in `learning.dir`) and the
+   * MicroLoRA takes one gradient step on it (on the correction when given, else on the answer
+   * when quality ≥ the gate, 0.7): the promise resolves after that step, and the next request
+   * uses the updated adapter. Generation never waits for it. Rejects with `ERR_LEARNING_OFF`
+   * (no `learning` at load), `ERR_INVALID_ARG` (unknown id, bad quality), `ERR_IO`.
+   */
+  feedback(completionId: string, feedback: { quality: number, correction?: string }): Promise<LearningFeedback>
+  /**
+   * Runs the learning that is pending now (a BaseLoRA round over the trajectories not trained
+   * yet, the EWC++ Fisher update), consolidates (the EWC anchor moves to the result, which is
+   * also stored in the adapter bank), saves, and resolves with the round's report.
+   */
+  consolidate(): Promise<LearningRound>
+  /** Counts, last losses and timings of the learning loops; `null` without `learning`. */
+  learningStats(): LearningStats | null
+  /**
+   * Writes the learned adapter (BaseLoRA and MicroLoRA summed) as a standard LoRA GGUF that
+   * llama.cpp (and `loadAdapter`) can load. Rejects with `ERR_LEARNING_OFF`, `ERR_INVALID_ARG`
+   * (nothing learned yet) or `ERR_IO`.
+   */
+  exportAdapter(path: string): Promise<void>
   /**
    * Stops the engine and frees the model's memory. Requests still queued or running fail with
    * `ERR_CLOSED`, and so does every later call. Safe to call more than once.
@@ -261,6 +300,14 @@ export declare class TokenStream {
   [globalThis.Symbol.asyncIterator](): globalThis.__NapiRsAsyncGenerator<TokenStream, TokenChunk, void, undefined>
 }
 
+/** An adapter an `adapters: 'auto'` request ran. */
+export interface AdapterUse {
+  /** The bank entry (`'bank-N'`). */
+  id: string
+  /** Cosine similarity of the prompt to the prompts the adapter learned from. */
+  similarity: number
+}
+
 /** An agent and its probability. */
 export interface AgentScore {
   agent: string
@@ -313,6 +360,8 @@ export interface Completion {
   timings: Timings
   /** A diffusion model's steps and blocks. */
   diffusion?: DiffusionCompletion
+  /** With `adapters: 'auto'`: the bank adapters the request ran (nearest first). */
+  adaptersUsed?: Array<AdapterUse>
 }
 
 /** How a diffusion model produced a completion. */
@@ -472,6 +521,13 @@ export interface GenerateOptions {
    * cancels the request with that error.
    */
   onStep?: (step: DiffusionStepInfo) => unknown
+  /**
+   * LoRA adapters for this request only (instead of the ones given at load and the learned
+   * ones): `Adapter`s from `llm.loadAdapter`, or `{ adapter, scale }`; or `'auto'` (a model
+   * loaded with `learning`): the adapter bank's nearest adapter to the prompt, reported in
+   * `adaptersUsed`.
+   */
+  adapters?: 'auto' | Array<Adapter | { adapter: Adapter, scale?: number }>
 }
 
 /**
@@ -493,6 +549,113 @@ export declare function hooksPreTask(description: string, statePath?: string): P
  * is created, with the default router, by the first hook call.
  */
 export declare function hooksStatePath(statePath?: string): string
+
+/** The instant (MicroLoRA) update a feedback made. */
+export interface InstantUpdate {
+  /** Truncated-softmax loss per target token before the step. */
+  loss: number
+  /** Milliseconds of the gradient step (one thread). */
+  stepMs: number
+  /** Milliseconds of the forward pass that captured the trajectory. */
+  captureMs: number
+  /** Mean probability mass of the candidate set the step's softmax covers. */
+  coveredMass: number
+  /** Target tokens. */
+  tokens: number
+}
+
+/** What `llm.feedback` did. */
+export interface LearningFeedback {
+  /** The stored trajectory's id. */
+  trajectory: number
+  /** Why nothing was learned (below the quality gate without a correction, ...), else null. */
+  skipped?: string
+  instant?: InstantUpdate
+}
+
+/**
+ * `LLM.load(_, { learning })`: the model learns from feedback. Everything but `dir` has a
+ * default.
+ */
+export interface LearningOptions {
+  /**
+   * Where trajectories, adapters, the Fisher estimate and the adapter bank live (created if
+   * missing; reloaded by the next process). One directory per model.
+   */
+  dir: string
+  /** MicroLoRA rank, 1 or 2. Default 2. */
+  microRank?: number
+  /** BaseLoRA rank, 1..=64. Default 8. */
+  baseRank?: number
+  /** MicroLoRA Adam learning rate, in (0, 1]. Default 0.003. */
+  microLr?: number
+  /** BaseLoRA Adam learning rate, in (0, 1]. Default 0.001. */
+  baseLr?: number
+  /** Feedback without a correction trains only at or above this quality. Default 0.7. */
+  qualityGate?: number
+  /** Candidate tokens per position of the MicroLoRA step's truncated softmax. Default 32. */
+  microCandidates?: number
+  /** Train the BaseLoRA in the background on its own (else only in `consolidate()`). Default true. */
+  background?: boolean
+  /** Untrained good trajectories that start a background round. Default 8. */
+  backgroundMin?: number
+  /** Time budget of one background round, seconds. Default 60. */
+  roundSeconds?: number
+  /** Passes over new trajectories per round. Default 2. */
+  epochs?: number
+  /** EWC++ (the Fisher penalty that keeps general ability). Default true. */
+  ewc?: boolean
+  /** Strength of the EWC++ penalty, in [0, 1e6]. Default 1. */
+  ewcLambda?: number
+  /** Decay of the online Fisher estimate, in [0, 1). Default 0.9. */
+  ewcDecay?: number
+  /** General text the Fisher is estimated on; default: the model's own samples (made once). */
+  generalText?: Array<string>
+  /** Longest training sequence in tokens, 16..=4096 (the prompt's start is cut). Default 256. */
+  maxSeq?: number
+  /** Seed of initialisation and shuffles. Default 0. */
+  seed?: number
+}
+
+/** A BaseLoRA round (`llm.consolidate()`, or the background loop's). */
+export interface LearningRound {
+  trajectories: number
+  steps: number
+  tokens: number
+  seconds: number
+  tokensPerSecond: number
+  /** Mean loss per target token over the round. */
+  loss: number
+  /** Whether the MicroLoRA was folded into the BaseLoRA first. */
+  microMerged: boolean
+  fisherUpdated: boolean
+  /** The adapter-bank entry `consolidate` stored. */
+  bankEntry?: number
+  /** The round stopped at its time budget with work left (background rounds only). */
+  budgetHit: boolean
+}
+
+/** `llm.learningStats()`. */
+export interface LearningStats {
+  dir: string
+  trajectories: number
+  /** Trajectories that train (a correction, or quality at or above the gate). */
+  good: number
+  /** Good trajectories no BaseLoRA round has trained on yet. */
+  pending: number
+  /** instantUpdates, rounds, steps, tokens, fisherUpdates, consolidations, microMerges, ... */
+  counters: Record<string, any>
+  instantStepMsP50: number
+  instantStepMsP99: number
+  lastInstant?: InstantUpdate
+  lastRound?: LearningRound
+  /** A BaseLoRA round is running. */
+  training: boolean
+  bankSize: number
+  microRank: number
+  baseRank: number
+  ewc: boolean
+}
 
 /** Options for `LLM.load`. */
 export interface LoadOptions {
@@ -517,6 +680,10 @@ export interface LoadOptions {
   signal?: AbortSignal
   /** Load the model as a masked-diffusion LM with these conversion adapters. */
   diffusion?: DiffusionLoadOptions
+  /** LoRA adapters applied to every request that names none: `[{ path, scale? }]` or paths. */
+  adapters?: Array<string | { path: string, scale?: number }>
+  /** SONA: learn from `llm.feedback` into adapters kept in `dir` (see `LearningOptions`). */
+  learning?: LearningOptions
 }
 
 /** A model the manager knows (built in or imported), and whether it is on disk. */
@@ -665,6 +832,13 @@ export interface ScoreOptions {
   chatTemplate?: string
   /** Stops the evaluation (between chunks of tokens); the promise rejects with an `AbortError`. */
   signal?: AbortSignal
+  /**
+   * LoRA adapters for this request only (instead of the ones given at load and the learned
+   * ones): `Adapter`s from `llm.loadAdapter`, or `{ adapter, scale }`; or `'auto'` (a model
+   * loaded with `learning`): the adapter bank's nearest adapter to the prompt, reported in
+   * `adaptersUsed`.
+   */
+  adapters?: 'auto' | Array<Adapter | { adapter: Adapter, scale?: number }>
 }
 
 /** The result of `llm.score`. */
@@ -695,6 +869,8 @@ export interface ScoreResult {
   tokensPerSecond: number
   /** With the `elbo` option: the mask ratios sampled (the per-token lists are then empty). */
   elboSamples?: number
+  /** With `adapters: 'auto'`: the bank adapters the request ran (nearest first). */
+  adaptersUsed?: Array<AdapterUse>
 }
 
 /** Speed of a finished request. */

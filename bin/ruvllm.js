@@ -22,6 +22,9 @@ Usage:
                                          the model manager (ruvllm models --help)
   ruvllm route "<task>" | hooks pre-task|post-task ... | bench routing
                                          agent routing for Claude Flow
+  ruvllm learn status|export|reset --dir <dir>
+                                         a learning directory (ruvllm learn --help)
+  ruvllm bench learning|diffusion ...    the SONA and diffusion benchmarks
   ruvllm --help | --version
 
 Model:
@@ -358,6 +361,7 @@ const SUBCOMMANDS = {
   route: (argv) => require('./commands/router.js').run('route', argv.slice(1)),
   hooks: (argv) => require('./commands/router.js').run('hooks', argv.slice(1)),
   bench: (argv) => require('./commands/router.js').run('bench', argv.slice(1)),
+  learn: (argv) => require('./commands/learn.js').run(argv.slice(1)),
 }
 
 async function main() {

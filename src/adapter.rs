@@ -144,8 +144,14 @@ pub(crate) fn load_adapters(v: Option<Val>) -> Res<Vec<(PathBuf, f32)>> {
 /// `owner`; `[]` applies none (not even the load-time ones). `None` when the option is absent.
 pub(crate) fn request_adapters(env: &Env, v: Option<Val>, owner: usize) -> Res<Option<AdapterSet>> {
   let Some(v) = v else { return Ok(None) };
+  if v.ty()? == ValueType::String {
+    return match v.get::<String>()?.as_str() {
+      "auto" => Ok(Some(AdapterSet::auto())),
+      other => Err(CodedError::out_of_range(format!("adapters must be 'auto' or an array of adapters, got '{other}'"))),
+    };
+  }
   if !v.is_array() {
-    return Err(CodedError::invalid_type("adapters must be an array of Adapter objects (from llm.loadAdapter) or { adapter, scale }"));
+    return Err(CodedError::invalid_type("adapters must be 'auto' or an array of Adapter objects (from llm.loadAdapter) or { adapter, scale }"));
   }
   let mut out = Vec::new();
   for i in 0..v.len()? {

@@ -151,6 +151,15 @@ impl From<ruvllm_embed::Error> for CodedError {
   }
 }
 
+impl From<ruvllm_sona::Error> for CodedError {
+  fn from(err: ruvllm_sona::Error) -> Self {
+    match err {
+      ruvllm_sona::Error::Core(e) => CodedError::from(e),
+      other => CodedError::from_code(other.code(), other.to_string()),
+    }
+  }
+}
+
 impl From<ruvllm_router::Error> for CodedError {
   fn from(err: ruvllm_router::Error) -> Self {
     CodedError::from_code(err.code(), err.to_string())

@@ -10,6 +10,7 @@
 
 mod adapter;
 mod error;
+mod learning;
 mod llm;
 mod models;
 mod options;

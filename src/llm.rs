@@ -12,6 +12,8 @@ use napi_derive::napi;
 use ruvllm_core::engine::{Engine, GenerateParams, ModelInfo as CoreModelInfo, Prompt, ScoreRequest};
 use ruvllm_core::nn::AdapterSet;
 
+use ruvllm_sona::Learner;
+
 use crate::adapter::{self, Adapter};
 use crate::error::{guard, sync_call, CodedError, Res};
 use crate::models::JsOpts;
@@ -28,6 +30,8 @@ pub struct Llm {
   engine: Arc<Engine>,
   info: CoreModelInfo,
   default_seed: Option<u64>,
+  /// SONA, when loaded with `learning: { dir }`.
+  learner: Option<Arc<Learner>>,
 }
 
 /// What the user's `onToken` returned: a value, or a promise to wait for.
@@ -91,13 +95,14 @@ impl Llm {
     let parsed = guard(|| {
       let p = options::path_or_id(Some(Val::new(env, &path_or_id)))?;
       let o = options::load_options(Some(Val::new(env, &options)))?;
+      let learning = options::learning_options(Some(Val::new(env, &options)))?;
       let fetch = JsOpts::new(env, options::load_fetch_options(Some(Val::new(env, &options)))?)?;
-      Ok((p, o, fetch))
+      Ok((p, o, learning, fetch))
     });
     spawn(
       env,
       parsed,
-      |(path_or_id, mut opts, fetch)| {
+      |(path_or_id, mut opts, learning, fetch)| {
         let path = match ruvllm_models::diffusion::known_manifest(&path_or_id) {
           // A diffusion model: its base through the model manager, its adapters from the manifest.
           Some(manifest) => {
@@ -117,9 +122,23 @@ impl Llm {
         };
         drop(fetch);
         let default_seed = opts.seed;
-        let engine = Engine::load(&path, opts)?;
+        let engine = Arc::new(Engine::load(&path, opts)?);
         let info = engine.info().clone();
-        Ok(Llm { engine: Arc::new(engine), info, default_seed })
+        let learner = match learning {
+          Some(o) if info.diffusion => {
+            engine.close();
+            return Err(CodedError::invalid_type(format!("learning is for autoregressive models; '{}' decodes by diffusion", o.dir.display())));
+          }
+          Some(o) => match Learner::open(engine.clone(), o) {
+            Ok(l) => Some(l),
+            Err(e) => {
+              engine.close();
+              return Err(e.into());
+            }
+          },
+          None => None,
+        };
+        Ok(Llm { engine, info, default_seed, learner })
       },
       |_, llm| Ok(llm),
     )
@@ -324,6 +343,62 @@ impl Llm {
     crate::router::embed_promise(env, inner, texts)
   }
 
+  /// Feedback on a completion of this model (its `id`): `quality` in [0, 1], and optionally
+  /// `correction`, a better answer. The trajectory is stored (in `learning.dir`) and the
+  /// MicroLoRA takes one gradient step on it (on the correction when given, else on the answer
+  /// when quality ≥ the gate, 0.7): the promise resolves after that step, and the next request
+  /// uses the updated adapter. Generation never waits for it. Rejects with `ERR_LEARNING_OFF`
+  /// (no `learning` at load), `ERR_INVALID_ARG` (unknown id, bad quality), `ERR_IO`.
+  #[napi(ts_args_type = "completionId: string, feedback: { quality: number, correction?: string }", ts_return_type = "Promise<LearningFeedback>")]
+  pub fn feedback<'env>(&self, env: &'env Env, completion_id: Unknown, feedback: Unknown) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
+    let parsed = guard(|| {
+      let learner = self.learner()?;
+      let id = options::text_arg(Some(Val::new(env, &completion_id)), "completionId")?;
+      let (quality, correction) = options::feedback_options(Some(Val::new(env, &feedback)))?;
+      Ok((learner, id, quality, correction))
+    });
+    spawn(
+      env,
+      parsed,
+      |(learner, id, quality, correction)| {
+        let rx = learner.feedback(&id, quality, correction.as_deref())?;
+        let out = rx.recv().map_err(|_| CodedError::closed())??;
+        Ok(serde_json::to_value(out)?)
+      },
+      |_, v| Ok(v),
+    )
+  }
+
+  /// Runs the learning that is pending now (a BaseLoRA round over the trajectories not trained
+  /// yet, the EWC++ Fisher update), consolidates (the EWC anchor moves to the result, which is
+  /// also stored in the adapter bank), saves, and resolves with the round's report.
+  #[napi(ts_return_type = "Promise<LearningRound>")]
+  pub fn consolidate<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
+    let parsed = guard(|| self.learner());
+    spawn(env, parsed, |l| Ok(serde_json::to_value(l.consolidate()?)?), |_, v| Ok(v))
+  }
+
+  /// Counts, last losses and timings of the learning loops; `null` without `learning`.
+  #[napi(catch_unwind, ts_return_type = "LearningStats | null")]
+  pub fn learning_stats(&self, env: &Env) -> napi::Result<serde_json::Value> {
+    sync_call(env, || {
+      self.check_open()?;
+      Ok(match &self.learner {
+        Some(l) => serde_json::to_value(l.stats())?,
+        None => serde_json::Value::Null,
+      })
+    })
+  }
+
+  /// Writes the learned adapter (BaseLoRA and MicroLoRA summed) as a standard LoRA GGUF that
+  /// llama.cpp (and `loadAdapter`) can load. Rejects with `ERR_LEARNING_OFF`, `ERR_INVALID_ARG`
+  /// (nothing learned yet) or `ERR_IO`.
+  #[napi(ts_args_type = "path: string", ts_return_type = "Promise<void>")]
+  pub fn export_adapter<'env>(&self, env: &'env Env, path: Unknown) -> napi::Result<PromiseRaw<'env, ()>> {
+    let parsed = guard(|| Ok((self.learner()?, options::text_arg(Some(Val::new(env, &path)), "path")?)));
+    spawn(env, parsed, |(l, p)| Ok(l.export(std::path::Path::new(&p))?), |_, ()| Ok(()))
+  }
+
   /// Stops the engine and frees the model's memory. Requests still queued or running fail with
   /// `ERR_CLOSED`, and so does every later call. Safe to call more than once.
   #[napi(ts_return_type = "Promise<void>")]
@@ -332,10 +407,14 @@ impl Llm {
     // settles; the wait for the engine's thread runs off it.
     self.engine.stop();
     let engine = self.engine.clone();
+    let learner = self.learner.clone();
     spawn(
       env,
       Ok(()),
       move |()| {
+        if let Some(l) = learner {
+          l.close();
+        }
         engine.close();
         Ok(())
       },
@@ -345,6 +424,11 @@ impl Llm {
 }
 
 impl Llm {
+  fn learner(&self) -> Res<Arc<Learner>> {
+    self.check_open()?;
+    self.learner.clone().ok_or_else(|| CodedError::new("ERR_LEARNING_OFF", "learning is off: load the model with { learning: { dir } }"))
+  }
+
   /// The engine and model facts, for `Embedder.fromModel`.
   pub(crate) fn engine_and_info(&self) -> Res<(Arc<Engine>, CoreModelInfo)> {
     self.check_open()?;

@@ -260,7 +260,112 @@ pub fn path_or_id(v: Option<Val>) -> Res<String> {
   }
 }
 
-const LOAD_KEYS: &[&str] = &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal", "diffusion"];
+const LOAD_KEYS: &[&str] = &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal", "diffusion", "learning"];
+
+const LEARNING_KEYS: &[&str] = &[
+  "dir",
+  "microRank",
+  "baseRank",
+  "microLr",
+  "baseLr",
+  "qualityGate",
+  "microCandidates",
+  "background",
+  "backgroundMin",
+  "roundSeconds",
+  "epochs",
+  "ewc",
+  "ewcLambda",
+  "ewcDecay",
+  "generalText",
+  "maxSeq",
+  "seed",
+];
+
+/// `LLM.load(_, { learning: { dir, ... } })`: SONA's options (see `ruvllm_sona::LearningOptions`).
+pub fn learning_options(v: Option<Val>) -> Res<Option<ruvllm_sona::LearningOptions>> {
+  let bag = option_bag(v, "LLM.load", LOAD_KEYS)?;
+  let Some(l) = field(bag, "learning")? else { return Ok(None) };
+  let bag = option_bag(Some(l), "learning", LEARNING_KEYS)?;
+  let dir = match field(bag, "dir")? {
+    Some(d) => string(&d, "learning.dir")?,
+    None => return Err(CodedError::invalid_type("learning.dir must be a directory path, got undefined")),
+  };
+  if dir.is_empty() {
+    return Err(CodedError::out_of_range("learning.dir must not be empty"));
+  }
+  let mut o = ruvllm_sona::LearningOptions::new(PathBuf::from(dir));
+  let lr = |x: f64| x.is_finite() && x > 0.0 && x <= 1.0;
+  let n = |k: &str, ok: &dyn Fn(f64) -> bool, expect: &str| nested("learning", num(bag, k, expect, ok));
+  if let Some(v) = nested("learning", int_in(bag, "microRank", 1.0, 2.0))? {
+    o.micro_rank = v as usize;
+  }
+  if let Some(v) = nested("learning", int_in(bag, "baseRank", 1.0, 64.0))? {
+    o.base_rank = v as usize;
+  }
+  if let Some(v) = n("microLr", &lr, "a number in (0, 1]")? {
+    o.micro_lr = v as f32;
+  }
+  if let Some(v) = n("baseLr", &lr, "a number in (0, 1]")? {
+    o.base_lr = v as f32;
+  }
+  if let Some(v) = n("qualityGate", &|x| (0.0..=1.0).contains(&x), "a number in [0, 1]")? {
+    o.quality_gate = v as f32;
+  }
+  if let Some(v) = nested("learning", int_in(bag, "microCandidates", 1.0, 4096.0))? {
+    o.micro_candidates = v as usize;
+  }
+  if let Some(v) = nested("learning", boolean(bag, "background"))? {
+    o.background = v;
+  }
+  if let Some(v) = nested("learning", int_in(bag, "backgroundMin", 1.0, 1e6))? {
+    o.background_min = v as usize;
+  }
+  if let Some(v) = n("roundSeconds", &|x| x.is_finite() && x > 0.0 && x <= 86400.0, "a number of seconds in (0, 86400]")? {
+    o.round_seconds = v;
+  }
+  if let Some(v) = nested("learning", int_in(bag, "epochs", 1.0, 100.0))? {
+    o.epochs = v as usize;
+  }
+  if let Some(v) = nested("learning", boolean(bag, "ewc"))? {
+    o.ewc = v;
+  }
+  if let Some(v) = n("ewcLambda", &|x| x.is_finite() && (0.0..=1e6).contains(&x), "a number in [0, 1e6]")? {
+    o.ewc_lambda = v as f32;
+  }
+  if let Some(v) = n("ewcDecay", &|x| (0.0..1.0).contains(&x), "a number in [0, 1)")? {
+    o.ewc_decay = v as f32;
+  }
+  if let Some(t) = field(bag, "generalText")? {
+    if !t.is_array() {
+      return Err(CodedError::invalid_type("learning.generalText must be an array of strings"));
+    }
+    o.general_text = (0..t.len()?).map(|i| string(&t.index(i)?, &format!("learning.generalText[{i}]"))).collect::<Res<_>>()?;
+  }
+  if let Some(v) = nested("learning", int_in(bag, "maxSeq", 16.0, 4096.0))? {
+    o.max_seq = v as usize;
+  }
+  if let Some(v) = nested("learning", int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER))? {
+    o.seed = v as u64;
+  }
+  Ok(Some(o))
+}
+
+/// `llm.feedback(id, { quality, correction? })`.
+pub fn feedback_options(v: Option<Val>) -> Res<(f32, Option<String>)> {
+  let bag = option_bag(v, "feedback", &["quality", "correction"])?;
+  let Some(q) = num(bag, "quality", "a number in [0, 1]", |x| (0.0..=1.0).contains(&x))? else {
+    return Err(CodedError::invalid_type("feedback needs { quality } (a number in [0, 1])"));
+  };
+  let correction = match field(bag, "correction")? {
+    Some(c) => Some(string(&c, "correction")?),
+    None => None,
+  };
+  if correction.as_deref() == Some("") {
+    return Err(CodedError::out_of_range("correction must not be empty"));
+  }
+  Ok((q as f32, correction))
+}
 
 /// `LLM.load(_, { diffusion: { adapter } })`: a path or a non-empty list of paths.
 fn diffusion_load(v: Option<Val>) -> Res<Vec<PathBuf>> {

@@ -31,6 +31,119 @@ pub struct LoadOptions {
   pub signal: Option<serde_json::Value>,
   /// Load the model as a masked-diffusion LM with these conversion adapters.
   pub diffusion: Option<DiffusionLoadOptions>,
+  /// LoRA adapters applied to every request that names none: `[{ path, scale? }]` or paths.
+  #[napi(ts_type = "Array<string | { path: string, scale?: number }>")]
+  pub adapters: Option<serde_json::Value>,
+  /// SONA: learn from `llm.feedback` into adapters kept in `dir` (see `LearningOptions`).
+  pub learning: Option<LearningOptions>,
+}
+
+/// `LLM.load(_, { learning })`: the model learns from feedback. Everything but `dir` has a
+/// default.
+#[napi(object, object_to_js = false)]
+pub struct LearningOptions {
+  /// Where trajectories, adapters, the Fisher estimate and the adapter bank live (created if
+  /// missing; reloaded by the next process). One directory per model.
+  pub dir: String,
+  /// MicroLoRA rank, 1 or 2. Default 2.
+  pub micro_rank: Option<u32>,
+  /// BaseLoRA rank, 1..=64. Default 8.
+  pub base_rank: Option<u32>,
+  /// MicroLoRA Adam learning rate, in (0, 1]. Default 0.003.
+  pub micro_lr: Option<f64>,
+  /// BaseLoRA Adam learning rate, in (0, 1]. Default 0.001.
+  pub base_lr: Option<f64>,
+  /// Feedback without a correction trains only at or above this quality. Default 0.7.
+  pub quality_gate: Option<f64>,
+  /// Candidate tokens per position of the MicroLoRA step's truncated softmax. Default 32.
+  pub micro_candidates: Option<u32>,
+  /// Train the BaseLoRA in the background on its own (else only in `consolidate()`). Default true.
+  pub background: Option<bool>,
+  /// Untrained good trajectories that start a background round. Default 8.
+  pub background_min: Option<u32>,
+  /// Time budget of one background round, seconds. Default 60.
+  pub round_seconds: Option<f64>,
+  /// Passes over new trajectories per round. Default 2.
+  pub epochs: Option<u32>,
+  /// EWC++ (the Fisher penalty that keeps general ability). Default true.
+  pub ewc: Option<bool>,
+  /// Strength of the EWC++ penalty, in [0, 1e6]. Default 1.
+  pub ewc_lambda: Option<f64>,
+  /// Decay of the online Fisher estimate, in [0, 1). Default 0.9.
+  pub ewc_decay: Option<f64>,
+  /// General text the Fisher is estimated on; default: the model's own samples (made once).
+  pub general_text: Option<Vec<String>>,
+  /// Longest training sequence in tokens, 16..=4096 (the prompt's start is cut). Default 256.
+  pub max_seq: Option<u32>,
+  /// Seed of initialisation and shuffles. Default 0.
+  pub seed: Option<f64>,
+}
+
+/// The instant (MicroLoRA) update a feedback made.
+#[napi(object, object_to_js = false)]
+pub struct InstantUpdate {
+  /// Truncated-softmax loss per target token before the step.
+  pub loss: f64,
+  /// Milliseconds of the gradient step (one thread).
+  pub step_ms: f64,
+  /// Milliseconds of the forward pass that captured the trajectory.
+  pub capture_ms: f64,
+  /// Mean probability mass of the candidate set the step's softmax covers.
+  pub covered_mass: f64,
+  /// Target tokens.
+  pub tokens: u32,
+}
+
+/// What `llm.feedback` did.
+#[napi(object, object_to_js = false)]
+pub struct LearningFeedback {
+  /// The stored trajectory's id.
+  pub trajectory: f64,
+  /// Why nothing was learned (below the quality gate without a correction, ...), else null.
+  pub skipped: Option<String>,
+  pub instant: Option<InstantUpdate>,
+}
+
+/// A BaseLoRA round (`llm.consolidate()`, or the background loop's).
+#[napi(object, object_to_js = false)]
+pub struct LearningRound {
+  pub trajectories: u32,
+  pub steps: u32,
+  pub tokens: u32,
+  pub seconds: f64,
+  pub tokens_per_second: f64,
+  /// Mean loss per target token over the round.
+  pub loss: f64,
+  /// Whether the MicroLoRA was folded into the BaseLoRA first.
+  pub micro_merged: bool,
+  pub fisher_updated: bool,
+  /// The adapter-bank entry `consolidate` stored.
+  pub bank_entry: Option<f64>,
+  /// The round stopped at its time budget with work left (background rounds only).
+  pub budget_hit: bool,
+}
+
+/// `llm.learningStats()`.
+#[napi(object, object_to_js = false)]
+pub struct LearningStats {
+  pub dir: String,
+  pub trajectories: u32,
+  /// Trajectories that train (a correction, or quality at or above the gate).
+  pub good: u32,
+  /// Good trajectories no BaseLoRA round has trained on yet.
+  pub pending: u32,
+  /// instantUpdates, rounds, steps, tokens, fisherUpdates, consolidations, microMerges, ...
+  pub counters: std::collections::HashMap<String, serde_json::Value>,
+  pub instant_step_ms_p50: f64,
+  pub instant_step_ms_p99: f64,
+  pub last_instant: Option<InstantUpdate>,
+  pub last_round: Option<LearningRound>,
+  /// A BaseLoRA round is running.
+  pub training: bool,
+  pub bank_size: u32,
+  pub micro_rank: u32,
+  pub base_rank: u32,
+  pub ewc: bool,
 }
 
 /// `LLM.load(path, { diffusion })`: the base GGUF becomes a masked-diffusion LM.
@@ -144,6 +257,12 @@ pub struct GenerateOptions {
   /// cancels the request with that error.
   #[napi(ts_type = "(step: DiffusionStepInfo) => unknown")]
   pub on_step: Option<serde_json::Value>,
+  /// LoRA adapters for this request only (instead of the ones given at load and the learned
+  /// ones): `Adapter`s from `llm.loadAdapter`, or `{ adapter, scale }`; or `'auto'` (a model
+  /// loaded with `learning`): the adapter bank's nearest adapter to the prompt, reported in
+  /// `adaptersUsed`.
+  #[napi(ts_type = "'auto' | Array<Adapter | { adapter: Adapter, scale?: number }>")]
+  pub adapters: Option<serde_json::Value>,
 }
 
 /// `llm.score(_, { elbo })` on a diffusion model.
@@ -166,6 +285,12 @@ pub struct ScoreOptions {
   /// Stops the evaluation (between chunks of tokens); the promise rejects with an `AbortError`.
   #[napi(ts_type = "AbortSignal")]
   pub signal: Option<serde_json::Value>,
+  /// LoRA adapters for this request only (instead of the ones given at load and the learned
+  /// ones): `Adapter`s from `llm.loadAdapter`, or `{ adapter, scale }`; or `'auto'` (a model
+  /// loaded with `learning`): the adapter bank's nearest adapter to the prompt, reported in
+  /// `adaptersUsed`.
+  #[napi(ts_type = "'auto' | Array<Adapter | { adapter: Adapter, scale?: number }>")]
+  pub adapters: Option<serde_json::Value>,
 }
 
 /// Options for `llm.tokenize`.
@@ -234,6 +359,21 @@ pub struct Completion {
   pub timings: Timings,
   /// A diffusion model's steps and blocks.
   pub diffusion: Option<DiffusionCompletion>,
+  /// With `adapters: 'auto'`: the bank adapters the request ran (nearest first).
+  pub adapters_used: Option<Vec<AdapterUse>>,
+}
+
+/// An adapter an `adapters: 'auto'` request ran.
+#[napi(object)]
+pub struct AdapterUse {
+  /// The bank entry (`'bank-N'`).
+  pub id: String,
+  /// Cosine similarity of the prompt to the prompts the adapter learned from.
+  pub similarity: f64,
+}
+
+fn adapters_used(v: Option<Vec<ruvllm_core::engine::AdapterUse>>) -> Option<Vec<AdapterUse>> {
+  v.map(|v| v.into_iter().map(|u| AdapterUse { id: u.id, similarity: u.similarity as f64 }).collect())
 }
 
 /// The result of `llm.score`.
@@ -257,6 +397,8 @@ pub struct ScoreResult {
   pub tokens_per_second: f64,
   /// With the `elbo` option: the mask ratios sampled (the per-token lists are then empty).
   pub elbo_samples: Option<u32>,
+  /// With `adapters: 'auto'`: the bank adapters the request ran (nearest first).
+  pub adapters_used: Option<Vec<AdapterUse>>,
 }
 
 impl From<ruvllm_core::engine::Score> for ScoreResult {
@@ -269,6 +411,7 @@ impl From<ruvllm_core::engine::Score> for ScoreResult {
       perplexity: s.perplexity,
       tokens_per_second: s.tokens_per_second,
       elbo_samples: s.elbo_samples.map(clamp_u32),
+      adapters_used: adapters_used(s.adapters_used),
     }
   }
 }
@@ -339,6 +482,7 @@ impl From<ruvllm_core::engine::Completion> for Completion {
         blocks: clamp_u32(d.blocks),
         forward_passes: clamp_u32(d.forward_passes),
       }),
+      adapters_used: adapters_used(c.adapters_used),
     }
   }
 }

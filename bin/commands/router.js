@@ -25,7 +25,8 @@ const USAGE = `usage:
   ruvllm hooks post-task --task "<task>" --agent <agent> --success true|false [--state <file>]
   ruvllm bench routing [--json] [--sizes 5000,50000] [--halvings N] [--model <gguf|id>]
                                    (--model: embed with that LLM's pooled hidden states)
-  ruvllm bench diffusion [--manifest m.json ...] [--sequences N] [--samples N] [--answers N] [--json out.json]`
+  ruvllm bench diffusion [--manifest m.json ...] [--sequences N] [--samples N] [--answers N] [--json out.json]
+  ruvllm bench learning [flags of benches/learning.mjs; --help lists them]`
 
 /**
  * Routes with the persisted router; the first call on a machine builds that state (embeds the
@@ -92,12 +93,12 @@ async function hooks(argv) {
 
 async function bench(argv) {
   const [sub, ...rest] = argv
-  if (sub === 'diffusion') {
-    // The diffusion benchmark is a program of its own (benches/diffusion.mjs); its flags pass through.
-    const r = require('node:child_process').spawnSync(process.execPath, [require('node:path').join(__dirname, '../../benches/diffusion.mjs'), ...rest], { stdio: 'inherit' })
+  if (sub === 'diffusion' || sub === 'learning') {
+    // These benchmarks are programs of their own (benches/<name>.mjs); their flags pass through.
+    const r = require('node:child_process').spawnSync(process.execPath, [path.join(__dirname, `../../benches/${sub}.mjs`), ...rest], { stdio: 'inherit' })
     return r.status ?? 1
   }
-  if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; use "bench routing" or "bench diffusion"`)
+  if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; use "bench routing", "bench learning" or "bench diffusion"`)
   const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' }, model: { type: 'string' }, halvings: { type: 'string' } })
   const opts = {}
   if (values.sizes) {

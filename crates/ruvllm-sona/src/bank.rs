@@ -104,7 +104,7 @@ impl Bank {
         }
         let path = self.dir.join(&self.entries[i].file);
         let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let (p, _) = params_from_bytes(&path, &bytes, cfg.n_layer, |pr| pr.shape(cfg))?;
+        let (p, _) = params_from_bytes(&path, &bytes, cfg.n_layer, |pr| Some(pr.shape(cfg)))?;
         let a = crate::export::to_adapter(&p, cfg, &path)?;
         self.loaded[i] = Some(a.clone());
         Ok(a)

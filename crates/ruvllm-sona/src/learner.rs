@@ -425,9 +425,10 @@ impl Learner {
         opts.check()?;
         let dir = &opts.dir;
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        store::remove_stale_temporaries(dir);
         let model = engine.model();
         let cfg = model.cfg.clone();
-        let shape = |p: Proj| p.shape(&cfg);
+        let shape = |p: Proj| Some(p.shape(&cfg));
         let state_path = dir.join("state.json");
         let (next_id, counters) = match store::read_optional(&state_path)? {
             Some(b) => {
@@ -963,6 +964,47 @@ impl Learner {
         self.refresh_adapters(st, true, false)?;
         Ok(FeedbackOutcome { trajectory: traj.id, skipped: None, instant: Some(report) })
     }
+}
+
+/// What `ruvllm learn status` shows of a learning directory, read without loading a model.
+pub fn offline_status(dir: &Path) -> Result<serde_json::Value> {
+    let state_path = dir.join("state.json");
+    let state: Option<StateFile> = match store::read_optional(&state_path)? {
+        Some(b) => Some(serde_json::from_slice(&b).map_err(|e| Error::corrupt(&state_path, e.to_string()))?),
+        None => None,
+    };
+    let trajectories = store::read_trajectories(dir)?;
+    let bank = Bank::open(dir)?;
+    let size = |name: &str| std::fs::metadata(dir.join(name)).map(|m| m.len()).ok();
+    Ok(serde_json::json!({
+        "dir": dir.display().to_string(),
+        "exists": state.is_some() || !trajectories.is_empty(),
+        "model": state.as_ref().map(|s| serde_json::json!({ "architecture": s.architecture, "blocks": s.n_layer, "dModel": s.d_model, "vocabSize": s.vocab_size })),
+        "trajectories": trajectories.len(),
+        "corrections": trajectories.iter().filter(|t| t.correction.is_some()).count(),
+        "counters": state.as_ref().map(|s| serde_json::to_value(&s.counters).unwrap_or_default()),
+        "bankSize": bank.len(),
+        "files": { "base": size("base.bin"), "micro": size("micro.bin"), "fisher": size("fisher.bin"), "trajectories": size("trajectories.jsonl") },
+    }))
+}
+
+/// `ruvllm learn export`: the learned adapter of `dir` as a llama.cpp LoRA GGUF, without the model.
+pub fn offline_export(dir: &Path, out: &Path) -> Result<()> {
+    let state_path = dir.join("state.json");
+    let b = store::read_optional(&state_path)?.ok_or_else(|| Error::InvalidArg(format!("{} holds no learning state", dir.display())))?;
+    let s: StateFile = serde_json::from_slice(&b).map_err(|e| Error::corrupt(&state_path, e.to_string()))?;
+    let mut parts = Vec::new();
+    for (name, used) in [("base.bin", s.counters.base_trained), ("micro.bin", true)] {
+        let path = dir.join(name);
+        if let (Some(bytes), true) = (store::read_optional(&path)?, used) {
+            let (p, _) = store::params_from_bytes(&path, &bytes, s.n_layer, |_| None)?;
+            if p.slots.iter().any(|sl| p.w[sl.b..sl.b + sl.d_out * p.rank].iter().any(|&x| x != 0.0)) {
+                parts.push(p);
+            }
+        }
+    }
+    let refs: Vec<&LoraParams> = parts.iter().collect();
+    crate::export::write_gguf(&refs, &s.architecture, out)
 }
 
 impl Drop for Learner {

@@ -17,4 +17,5 @@ pub mod micro;
 pub mod store;
 
 pub use error::{Error, Result};
-pub use learner::{FeedbackOutcome, InstantReport, Learner, LearningOptions, LearningStats, RoundReport};
+pub use learner::{offline_export, offline_status, FeedbackOutcome, InstantReport, Learner, LearningOptions, LearningStats, RoundReport};
+pub use store::reset;

@@ -38,6 +38,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     res.map_err(|e| Error::io(path, e))
 }
 
+/// Removes temporary files a killed process left behind ([`write_atomic`]'s `.name.tmp-PID`),
+/// in `dir` and `dir/bank`.
+pub fn remove_stale_temporaries(dir: &Path) {
+    for d in [dir.to_path_buf(), dir.join("bank")] {
+        let Ok(entries) = fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') && name.contains(".tmp-") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
 /// A stored trajectory: what was asked, what the model answered, what the user said.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Trajectory {
@@ -137,8 +152,9 @@ pub fn params_bytes(p: &LoraParams, adam: Option<&Adam>) -> Vec<u8> {
 }
 
 /// Reads what [`params_bytes`] wrote, checking it against a model of `n_layer` blocks whose
-/// projection shapes `shape(proj)` gives.
-pub fn params_from_bytes(path: &Path, b: &[u8], n_layer: usize, shape: impl Fn(Proj) -> (usize, usize)) -> Result<(LoraParams, Option<Adam>)> {
+/// projection shapes `shape(proj)` gives (`None`: the file's own shapes, for tools that run
+/// without the model).
+pub fn params_from_bytes(path: &Path, b: &[u8], n_layer: usize, shape: impl Fn(Proj) -> Option<(usize, usize)>) -> Result<(LoraParams, Option<Adam>)> {
     let bad = |m: String| Error::corrupt(path, m);
     if b.len() < 12 || &b[..8] != MAGIC {
         return Err(bad("not a ruvllm learning file".into()));
@@ -149,7 +165,7 @@ pub fn params_from_bytes(path: &Path, b: &[u8], n_layer: usize, shape: impl Fn(P
     let mut off = 0;
     for s in &h.slots {
         let proj = proj_from(&s.proj).ok_or_else(|| bad(format!("unknown projection {}", s.proj)))?;
-        let (o, i) = shape(proj);
+        let (o, i) = shape(proj).unwrap_or((s.d_out, s.d_in));
         if s.layer >= n_layer || (s.d_out, s.d_in) != (o, i) {
             return Err(bad(format!("slot layer {} {} does not fit this model", s.layer, s.proj)));
         }
