@@ -6,6 +6,10 @@ masks and t. Runs on the GPU machine; see README.md.
   python training/train.py --phase a       # self-distillation + training chunk 1 (+ quick eval, export)
   python training/train.py --phase b       # training chunk 2 (resumed) + full eval, probe, export, check
 
+Continued training (the second run): `--phase a --init-gguf <shipped lora.gguf>` starts the single LoRA
+from that file instead of zero and warm-starts every TALoRA set from its rank-r truncated SVD
+(`svd_init`); `--distill-temp`, `--extra-data` and `--lr` set the new run's data and schedule.
+
 Everything it makes goes to $OUT (results.json with the log, adapters, distill.bin); the resumable checkpoint
 (f32 factors + Adam moments) stays in $WORK (default /tmp/rv) while the machine is warm, and the
 exported GGUFs in $OUT are themselves a checkpoint (--resume-gguf DIR).
@@ -204,6 +208,35 @@ def diffuse(model, adapters, prompt, n_gen):
 
 
 # ---------------------------------------------------------------- checkpoints / export
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def svd_init(talora, single):
+    """Warm start of TALoRA at equal parameters: every bucket's rank-r set = the best rank-r
+    approximation (truncated SVD) of the single LoRA's delta (alpha/R)·B·A, per projection, and
+    the single LoRA's mask row. Returns the mean fraction of squared singular values kept."""
+    r, c = talora[0].rank, single.scale / talora[0].scale
+    kept = []
+    for k in range(len(single.A)):
+        A, B = single.A[k].double(), single.B[k].double()  # (R, in), (out, R)
+        Qb, Rb = torch.linalg.qr(B)
+        Qa, Ra = torch.linalg.qr(A.T)
+        U, S, Vh = torch.linalg.svd(Rb @ Ra.T)  # B·A = (Qb U) S (Vh Qa^T)
+        s = (c * S[:r]).sqrt()
+        Bt = (Qb @ U[:, :r]) * s[None, :]
+        At = s[:, None] * (Vh[:r] @ Qa.T)
+        for ad in talora:
+            ad.A[k].copy_(At.float())
+            ad.B[k].copy_(Bt.float())
+        kept.append(float((S[:r] ** 2).sum() / (S ** 2).sum().clamp(min=1e-30)))
+    for ad in talora:
+        ad.mask_row.copy_(single.mask_row)
+    return sum(kept) / len(kept)
+
+
 def save_ckpt(path, st):
     tmp = path + ".tmp"
     torch.save(st, tmp)
@@ -280,13 +313,19 @@ def main():
     ap.add_argument("--compile", type=int, default=1)
     ap.add_argument("--resume-gguf", default="")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init-gguf", default="", help="phase a/smoke: continue the single LoRA from this file; TALoRA from its truncated SVD")
+    ap.add_argument("--distill-temp", type=float, default=0.9)
+    ap.add_argument("--distill-seed", type=int, default=100)
+    ap.add_argument("--distill-batch", type=int, default=512)
+    ap.add_argument("--extra-data", default="", help="comma-separated token files (uint32, 512 a row) in the data dir, added to train")
     a = ap.parse_args()
     smoke = a.phase == "smoke"
     os.makedirs(OUT, exist_ok=True)
     os.makedirs(WORK, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
-    dev = torch.device("cuda")
-    log("phase", a.phase, torch.cuda.get_device_name(), "torch", torch.__version__)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: only for a dry run of the code
+    dname = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    log("phase", a.phase, dname, "torch", torch.__version__)
 
     cfg, w = load_base(a.gguf, dev, cache_path=os.path.join(WORK, "base_dequant.pt"))
     model = Gemma(cfg, w)
@@ -296,7 +335,7 @@ def main():
     train = torch.from_numpy(np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint32).astype(np.int64)).view(-1, L)
     held = torch.from_numpy(np.fromfile(os.path.join(data_dir, "heldout.bin"), dtype=np.uint32).astype(np.int64)).view(-1, L).to(dev)
     prompts = json.load(open(os.path.join(data_dir, "prompts.json")))
-    results = {"phase": a.phase, "device": torch.cuda.get_device_name()}
+    results = {"phase": a.phase, "device": dname}
 
     # The AR model rebuilt here must match the runtime's greedy output (from `llm.generate`, temperature 0).
     ref = {"The capital of France is Paris. The capital of Germany is": [15687, 236761, 669, 5279, 529, 11702, 563, 13706],
@@ -317,19 +356,25 @@ def main():
         ps = prompts[1:33] if smoke else prompts[1:]  # prompts[0] is the probe: never distilled
         rounds = 1 if smoke else a.distill_rounds
         seq = 64 if smoke else L
-        d = torch.cat([sample_ar(model, ps, seq, 0.9, 100 + r) for r in range(rounds)])
-        torch.cuda.synchronize()
+        d = torch.cat([sample_ar(model, ps, seq, a.distill_temp, a.distill_seed + r, batch=a.distill_batch) for r in range(rounds)])
+        sync()
         log(f"self-distillation: {d.shape[0]} sequences x {seq} tokens in {time.time() - t1:.1f}s")
         log("sample:", d[0, :48].tolist())
         results["distill"] = {"sequences": int(d.shape[0]), "tokens": int(d.numel()), "seconds": time.time() - t1,
-                              "temperature": 0.9, "prompts": len(ps), "rounds": rounds}
+                              "temperature": a.distill_temp, "prompts": len(ps), "rounds": rounds,
+                              "seeds": [a.distill_seed + r for r in range(rounds)]}
         if not smoke:
             d.numpy().astype(np.uint32).tofile(dpath)
             d.numpy().astype(np.uint32).tofile(os.path.join(OUT, "distill.bin"))
+    n_extra = 0
+    for x in filter(None, a.extra_data.split(",")):  # earlier runs' self-distilled sequences
+        d = torch.from_numpy(np.fromfile(os.path.join(data_dir, x), dtype=np.uint32).astype(np.int64)).view(-1, L)
+        train = torch.cat([train, d])
+        n_extra += d.shape[0]
     if os.path.exists(dpath) and not smoke:
         d = torch.from_numpy(np.fromfile(dpath, dtype=np.uint32).astype(np.int64)).view(-1, L)
         train = torch.cat([train, d])
-        log("train set", train.shape[0], "sequences incl.", d.shape[0], "self-distilled")
+        log("train set", train.shape[0], "sequences incl.", d.shape[0], "self-distilled now and", n_extra, "earlier")
     train = train.to(dev)
 
     # adapters + optimizers
@@ -340,11 +385,23 @@ def main():
     n_t = sum(p.numel() for ad in talora for p in ad.parameters())
     n_s = sum(p.numel() for p in single.parameters())
     log(f"params: TALoRA 3 x rank {r} = {n_t:,}; single rank {3 * r} = {n_s:,}")
-    mk = lambda ad: torch.optim.AdamW(ad.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
+    mk = lambda ad: torch.optim.AdamW(ad.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0, fused=dev.type == "cuda")
     opt_t = [mk(ad) for ad in talora]
     opt_s = mk(single)
     st = {"step": 0, "train_seconds": 0.0, "tokens": 0, "masked_tokens": 0, "history": []}
     ck = os.path.join(WORK, "ckpt.pt")
+    if a.init_gguf and a.phase != "b":
+        load_gguf_into(single, a.init_gguf)
+        kept = svd_init(talora, single)
+        st["init_from"] = os.path.basename(a.init_gguf)
+        st["svd_energy_kept"] = kept
+        log(f"single LoRA from {a.init_gguf}; TALoRA sets from its rank-{r} SVD (mean energy kept {kept:.4f})")
+        ev0 = held[:4 if smoke else (a.eval_seqs or 64)]
+        e0_s, _ = elbo(model, single, ev0, K=2 if smoke else 8)
+        e0_t, _ = elbo(model, talora, ev0, K=2 if smoke else 8)
+        results["eval_at_init"] = {"heldout_sequences": len(ev0), "elbo_ppl_single": math.exp(e0_s), "elbo_ppl_talora": math.exp(e0_t),
+                                   "svd_energy_kept": kept}
+        log(f"at init on {len(ev0)} held-out: ELBO ppl single {math.exp(e0_s):.2f}, TALoRA (truncated) {math.exp(e0_t):.2f}")
     if a.phase == "b":
         if os.path.exists(ck):
             c = torch.load(ck, map_location=dev)
@@ -378,7 +435,7 @@ def main():
     B = a.batch
     t_start = time.time()
     steps0 = st["step"]
-    torch.cuda.synchronize()
+    sync()
     acc = {"t": [], "s": []}
     while True:
         el = time.time() - t_start
@@ -422,7 +479,7 @@ def main():
             tps = (st["step"] - steps0) * ids.numel() / el
             st["history"].append([st["step"], round(lt, 4), round(ls, 4)])
             log(f"step {st['step']:5d} lr {lr:.2e} loss TALoRA {lt:.3f} single {ls:.3f} | {tps:,.0f} tok/s per model, {el:.0f}s")
-    torch.cuda.synchronize()
+    sync()
     st["train_seconds"] += time.time() - t_start
     log(f"trained {st['step'] - steps0} steps this chunk, {st['step']} in all, {st['tokens']:,} tokens per model")
     if not smoke:
@@ -432,7 +489,8 @@ def main():
     results["training"] = {k: st[k] for k in ("step", "train_seconds", "tokens", "masked_tokens")}
     results["training"].update({"rank_talora": r, "rank_single": 3 * r, "alpha_over_rank": 2.0, "lr": a.lr,
                                 "batch": B, "seq": L, "params_talora": n_t, "params_single": n_s,
-                                "train_sequences": int(train.shape[0]), "history": st["history"]})
+                                "train_sequences": int(train.shape[0]), "history": st["history"],
+                                "init_from": st.get("init_from"), "svd_energy_kept": st.get("svd_energy_kept")})
     results["tokens_trained_per_model"] = st["tokens"]
 
     # ------------------------------------------------------------ export (before eval: a crash there loses nothing)
@@ -451,7 +509,7 @@ def main():
                 "ar_ppl": math.exp(nll_ar), "elbo_ppl_talora": math.exp(e_t), "elbo_ppl_single": math.exp(e_s),
                 "ar_nll": nll_ar, "elbo_nll_talora": e_t, "elbo_nll_single": e_s,
                 "per_stratum_nll_talora": pk_t, "per_stratum_nll_single": pk_s}
-    if a.phase == "b":
+    if a.phase == "b" and "init_from" not in st:  # (the continued run skips it: known from the first)
         e_0, _ = elbo(model, None, ev, K=K)
         res_eval["elbo_ppl_base_untrained"] = math.exp(e_0)
     res_eval["seconds"] = time.time() - t1
