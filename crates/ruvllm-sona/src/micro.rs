@@ -13,6 +13,7 @@
 
 use std::time::Instant;
 
+use ruvllm_core::backend::cpu::ops::dot;
 use ruvllm_core::nn::Proj;
 
 use crate::adam::Adam;
@@ -122,7 +123,7 @@ pub fn loss_and_grad(fr: &Frozen, micro: &LoraParams, cap: &Capture, grad: &mut 
     let (a, b) = micro.factors(&s, &micro.w);
     for row in &cap.rows {
         for j in 0..r {
-            u[j] = a[j * ff..(j + 1) * ff].iter().zip(&row.act).map(|(p, q)| p * q).sum();
+            u[j] = dot(&a[j * ff..(j + 1) * ff], &row.act);
         }
         for o in 0..d {
             down[o] = row.down[o] + micro.scale * (0..r).map(|j| b[o * r + j] * u[j]).sum::<f32>();
@@ -136,7 +137,7 @@ pub fn loss_and_grad(fr: &Frozen, micro: &LoraParams, cap: &Capture, grad: &mut 
         }
         rms_norm(&xf, &m.output_norm, c.norm_eps, &mut h);
         let k = row.cand.len() / d;
-        let mut z: Vec<f32> = (0..k).map(|ci| row.cand[ci * d..(ci + 1) * d].iter().zip(&h).map(|(p, q)| p * q).sum()).collect();
+        let mut z: Vec<f32> = (0..k).map(|ci| dot(&row.cand[ci * d..(ci + 1) * d], &h)).collect();
         let raw = z.clone();
         if let Some(cap) = c.final_logit_softcap {
             z.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());

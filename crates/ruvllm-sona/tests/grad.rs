@@ -111,7 +111,9 @@ fn check(act: Activation) {
             let down = frozen.loss(&ex, Some(&p)).0;
             let fd = (up - down) / (2.0 * eps as f64);
             let g = grad[off] as f64;
-            let err = (fd - g).abs() / (fd.abs().max(g.abs()).max(1e-3));
+            // The f32 forward pass rounds the loss by ~1e-6 relative, which the central
+            // difference divides by 2·eps: an absolute allowance of 3e-4 on top of 3 %.
+            let err = ((fd - g).abs() - 3e-4).max(0.0) / fd.abs().max(g.abs()).max(1e-6);
             worst = worst.max(err);
             assert!(err < 0.03, "slot {si} ({:?} layer {}) {} : backward {g:.6}, finite difference {fd:.6}", s.proj, s.layer, if k == 0 { "A" } else { "B" });
             checked += 1;
