@@ -605,7 +605,7 @@ export interface LearningOptions {
   epochs?: number
   /** EWC++ (the Fisher penalty that keeps general ability). Default true. */
   ewc?: boolean
-  /** Strength of the EWC++ penalty, in [0, 1e6]. Default 1. */
+  /** Strength of the EWC++ penalty, in [0, 1e6]. Default 30. */
   ewcLambda?: number
   /** Decay of the online Fisher estimate, in [0, 1). Default 0.9. */
   ewcDecay?: number

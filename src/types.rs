@@ -67,7 +67,7 @@ pub struct LearningOptions {
   pub epochs: Option<u32>,
   /// EWC++ (the Fisher penalty that keeps general ability). Default true.
   pub ewc: Option<bool>,
-  /// Strength of the EWC++ penalty, in [0, 1e6]. Default 1.
+  /// Strength of the EWC++ penalty, in [0, 1e6]. Default 30.
   pub ewc_lambda: Option<f64>,
   /// Decay of the online Fisher estimate, in [0, 1). Default 0.9.
   pub ewc_decay: Option<f64>,

@@ -80,7 +80,7 @@ impl LearningOptions {
             round_seconds: 60.0,
             epochs: 2,
             ewc: true,
-            ewc_lambda: 1.0,
+            ewc_lambda: 30.0,
             ewc_decay: 0.9,
             general_text: Vec::new(),
             max_seq: 256,
