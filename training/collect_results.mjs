@@ -2,6 +2,7 @@
 // training/runs/final/results.json), the CPU re-check (training/runs/np_check.json) and the device
 // minutes the session reported, detokenizing ids with ruvllm's own tokenizer.
 //   node training/collect_results.mjs --gpu-seconds 1054 --shipped lora.gguf
+//   node training/collect_results.mjs --attempt NAME --runs d1,d2 ...   (a run not shipped: see below)
 import { readFileSync, readdirSync, realpathSync, writeFileSync, existsSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { homedir } from 'node:os'
@@ -18,6 +19,34 @@ const arg = (k, d) => {
 const snap = join(homedir(), '.cache/huggingface/hub/models--gguf-org--gemma-3-270m-gguf/snapshots')
 const llm = await LLM.load(realpathSync(join(snap, readdirSync(snap)[0], 'gemma-3-270m-q4_k_m.gguf')))
 const dt = (ids) => llm.detokenize(ids)
+
+// A later run that was not shipped: `--attempt NAME --runs cont-a,cont-b,cont-c --bench runs/bench.json
+// --gpu-seconds N --note TEXT` adds results.json's attempts[NAME] and leaves the committed run's keys alone.
+if (arg('--attempt')) {
+  const file = join(here, 'results.json')
+  const cur = JSON.parse(readFileSync(file, 'utf8'))
+  const runs = arg('--runs').split(',').map((d) => JSON.parse(readFileSync(join(here, 'runs', d, 'results.json'), 'utf8')))
+  const last = runs[runs.length - 1]
+  const bench = arg('--bench') ? JSON.parse(readFileSync(join(here, arg('--bench')), 'utf8')) : null
+  cur.attempts = cur.attempts ?? {}
+  cur.attempts[arg('--attempt')] = {
+    note: arg('--note'),
+    gpu_device_seconds: Number(arg('--gpu-seconds')),
+    gpu: last.device,
+    phases: runs.map((r) => ({ phase: r.phase, wall_seconds: Math.round(r.wall_seconds), step: r.training.step, eval: r.eval })),
+    self_distillation: runs[0].distill,
+    eval_at_init_64_seqs: runs[0].eval_at_init,
+    training: { ...last.training, history: undefined, loss_history_every_30_steps: last.training.history },
+    eval: last.eval,
+    probe_pytorch: Object.fromEntries(['talora', 'single'].map((k) => [k, { text: dt(last.probe[k].ids), commit_order: last.probe[k].order, berlin: last.probe[k].berlin_first }])),
+    samples_32_tokens: Object.fromEntries(Object.entries(last.samples).map(([k, v]) => [k, { prompt: dt(v.prompt_ids), text: dt(v.ids) }])),
+    export_check: last.export_check,
+    cpu_bench: bench,
+  }
+  writeFileSync(file, JSON.stringify(cur, null, 1) + '\n')
+  console.log(JSON.stringify({ eval: last.eval, probe: cur.attempts[arg('--attempt')].probe_pytorch }, null, 1))
+  process.exit(0)
+}
 const a = JSON.parse(readFileSync(join(here, 'runs/phase-a/results.json'), 'utf8'))
 const b = JSON.parse(readFileSync(join(here, 'runs/final/results.json'), 'utf8'))
 const np = existsSync(join(here, 'runs/np_check.json')) ? JSON.parse(readFileSync(join(here, 'runs/np_check.json'), 'utf8')) : null
