@@ -607,6 +607,8 @@ export interface LearningOptions {
   ewc?: boolean
   /** Strength of the EWC++ penalty, in [0, 1e6]. Default 30. */
   ewcLambda?: number
+  /** Strength of the MicroLoRA's own EWC penalty, in [0, 1e6]. Default 3. */
+  microEwcLambda?: number
   /** Decay of the online Fisher estimate, in [0, 1). Default 0.9. */
   ewcDecay?: number
   /** General text the Fisher is estimated on; default: the model's own samples (made once). */

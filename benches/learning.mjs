@@ -16,7 +16,7 @@
 // and while the round trains (alternating runs before, during and after).
 //
 //   npx ruvllm bench learning [--examples 200] [--heldout 40] [--general 20] [--variants corrections,no-ewc,quality]
-//                             [--threads 2] [--epochs 2] [--json out.json]
+//                             [--threads 2] [--epochs 2] [--background] [--json out.json]
 import { createHash } from 'node:crypto'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
@@ -29,7 +29,8 @@ import { brownDocs, npmPackage } from '../training/prepare_data.mjs'
 const here = dirname(fileURLToPath(import.meta.url))
 const root = join(here, '..')
 const require = createRequire(import.meta.url)
-const { LLM, models } = require(join(root, 'index.js'))
+// RUVLLM_BENCH_ADDON: another build's index.js (to compare builds side by side).
+const { LLM, models } = require(process.env.RUVLLM_BENCH_ADDON || join(root, 'index.js'))
 
 const { values } = parseArgs({
   options: {
@@ -43,6 +44,8 @@ const { values } = parseArgs({
     'base-lr': { type: 'string' },
     'micro-lr': { type: 'string' },
     'ewc-lambda': { type: 'string' },
+    'micro-ewc-lambda': { type: 'string' },
+    background: { type: 'boolean' },
     'decode-runs': { type: 'string', default: '3' },
     json: { type: 'string' },
     help: { type: 'boolean' },
@@ -118,10 +121,13 @@ async function decodeRate(llm) {
 
 async function variant(name, opts) {
   const dir = mkdtempSync(join(tmpdir(), `ruvllm-bench-learning-${name}-`))
-  const learning = { dir, background: false, epochs, ewc: opts.ewc, roundSeconds: 86400 }
+  // --background: the default configuration, rounds running while feedback arrives (else the
+  // instant loop alone until consolidate()).
+  const learning = values.background ? { dir, epochs, ewc: opts.ewc } : { dir, background: false, epochs, ewc: opts.ewc }
   if (values['base-lr']) learning.baseLr = Number(values['base-lr'])
   if (values['micro-lr']) learning.microLr = Number(values['micro-lr'])
   if (values['ewc-lambda']) learning.ewcLambda = Number(values['ewc-lambda'])
+  if (values['micro-ewc-lambda']) learning.microEwcLambda = Number(values['micro-ewc-lambda'])
   const llm = await LLM.load(model, { threads, learning })
   try {
     const row = { variant: name, ewc: opts.ewc, corrections: opts.corrections }
@@ -142,6 +148,7 @@ async function variant(name, opts) {
     row.feedbackSeconds = (performance.now() - t0) / 1000
     row.instant = { updates: stepMs.length, stepMsP50: median(stepMs), stepMsP99: pct(stepMs, 0.99), captureMsP50: median(captureMs), coveredMass: median(coverage) }
     row.afterInstant = { domain: await nll(llm, heldDomain, true), general: await nll(llm, general, false) }
+    row.roundsDuringFeedback = llm.learningStats().counters.rounds
     // Decode idle, then during the round, then idle again (fresh generate calls, alternating).
     const idle = []
     for (let i = 0; i < decodeRuns; i++) idle.push(await decodeRate(llm))
@@ -193,9 +200,10 @@ for (const name of values.variants.split(',')) {
 const f = (x, d = 3) => (Number.isFinite(x) ? x.toFixed(d) : '–')
 const p = (x) => (Number.isFinite(x) ? `${x >= 0 ? '+' : ''}${(x * 100).toFixed(1)} %` : '–')
 const lines = [
-  `${cpu} (${flags}), ${threads} engine threads, learning on 1 background thread (nice 19); ${examples.length} feedbacks, ${epochs} epochs`,
+  `${cpu} (${flags}), ${threads} engine threads, learning on 1 background thread (nice 19); ${examples.length} feedbacks, ${epochs} epochs; ` +
+    (values.background ? 'background rounds on while feedback arrives' : 'instant loop only until consolidate()'),
   '',
-  '| variant | domain NLL before | after instant | after consolidate | domain change | general NLL before → after | general change | instant p50 / p99 ms | round tok/s | decode idle → training tok/s |',
+  '| variant | domain NLL before | after the feedbacks | after consolidate | domain change | general NLL before → after | general change | instant p50 / p99 ms | round tok/s | decode idle → training tok/s |',
   '|---|---|---|---|---|---|---|---|---|---|',
   ...rows.map(
     (r) =>

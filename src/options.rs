@@ -276,6 +276,7 @@ const LEARNING_KEYS: &[&str] = &[
   "epochs",
   "ewc",
   "ewcLambda",
+  "microEwcLambda",
   "ewcDecay",
   "generalText",
   "maxSeq",
@@ -332,6 +333,9 @@ pub fn learning_options(v: Option<Val>) -> Res<Option<ruvllm_sona::LearningOptio
   }
   if let Some(v) = n("ewcLambda", &|x| x.is_finite() && (0.0..=1e6).contains(&x), "a number in [0, 1e6]")? {
     o.ewc_lambda = v as f32;
+  }
+  if let Some(v) = n("microEwcLambda", &|x| x.is_finite() && (0.0..=1e6).contains(&x), "a number in [0, 1e6]")? {
+    o.micro_ewc_lambda = v as f32;
   }
   if let Some(v) = n("ewcDecay", &|x| (0.0..1.0).contains(&x), "a number in [0, 1)")? {
     o.ewc_decay = v as f32;

@@ -69,6 +69,8 @@ pub struct LearningOptions {
   pub ewc: Option<bool>,
   /// Strength of the EWC++ penalty, in [0, 1e6]. Default 30.
   pub ewc_lambda: Option<f64>,
+  /// Strength of the MicroLoRA's own EWC penalty, in [0, 1e6]. Default 3.
+  pub micro_ewc_lambda: Option<f64>,
   /// Decay of the online Fisher estimate, in [0, 1). Default 0.9.
   pub ewc_decay: Option<f64>,
   /// General text the Fisher is estimated on; default: the model's own samples (made once).

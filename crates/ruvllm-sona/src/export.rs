@@ -10,17 +10,37 @@ use ruvllm_core::models::TransformerConfig;
 use ruvllm_core::nn::lora::{AdapterFormat, LoraPair};
 use ruvllm_core::nn::LoraAdapter;
 
-use crate::grad::LoraParams;
+use crate::grad::{LoraParams, Slot};
 use crate::{Error, Result};
 
-/// The runtime adapter of `p` (factors rounded to f16), named `name` in messages.
+/// A slot's factors with each rank component rescaled so its row of `A` and column of `B` have
+/// the same norm (`B·A` unchanged). Training can leave one factor tiny and the other large
+/// (a merged `A` holds the delta's magnitude; a young `B` is near zero); half precision, which
+/// the runtime and most adapter readers use, would flush the tiny one's values to subnormals.
+pub(crate) fn balanced(p: &LoraParams, s: &Slot) -> (Vec<f32>, Vec<f32>) {
+    let (a, b) = p.factors(s, &p.w);
+    let (mut a, mut b) = (a.to_vec(), b.to_vec());
+    let r = p.rank;
+    for j in 0..r {
+        let na = a[j * s.d_in..(j + 1) * s.d_in].iter().map(|x| x * x).sum::<f32>().sqrt();
+        let nb = (0..s.d_out).map(|o| b[o * r + j] * b[o * r + j]).sum::<f32>().sqrt();
+        if na > 0.0 && nb > 0.0 && na.is_finite() && nb.is_finite() {
+            let c = (nb / na).sqrt();
+            a[j * s.d_in..(j + 1) * s.d_in].iter_mut().for_each(|x| *x *= c);
+            (0..s.d_out).for_each(|o| b[o * r + j] /= c);
+        }
+    }
+    (a, b)
+}
+
+/// The runtime adapter of `p` (factors balanced, then rounded to f16), named `name` in messages.
 pub fn to_adapter(p: &LoraParams, cfg: &TransformerConfig, name: &Path) -> Result<Arc<LoraAdapter>> {
     let pairs = p
         .slots
         .iter()
         .map(|s| {
-            let (a, b) = p.factors(s, &p.w);
-            (s.layer, s.proj, LoraPair::new(a.to_vec(), b, p.rank, s.d_in, s.d_out))
+            let (a, b) = balanced(p, s);
+            (s.layer, s.proj, LoraPair::new(a, &b, p.rank, s.d_in, s.d_out))
         })
         .collect();
     Ok(Arc::new(LoraAdapter::from_pairs(name, AdapterFormat::Learned, cfg, p.scale, pairs)?))
@@ -44,30 +64,30 @@ pub fn write_gguf(parts: &[&LoraParams], arch: &str, path: &Path) -> Result<()> 
         return Err(Error::InvalidArg("there is nothing learned to export yet".into()));
     }
     for (layer, proj) in keys {
-        let mut a_rows: Vec<f32> = Vec::new();
-        let mut b_cols: Vec<Vec<f32>> = Vec::new();
-        let (mut d_in, mut d_out) = (0, 0);
-        for p in parts {
-            let Some(s) = p.slot(layer, proj) else { continue };
-            let (a, b) = p.factors(s, &p.w);
-            (d_in, d_out) = (s.d_in, s.d_out);
-            a_rows.extend_from_slice(a);
-            for j in 0..p.rank {
-                b_cols.push((0..s.d_out).map(|o| b[o * p.rank + j] * p.scale).collect());
-            }
-        }
-        let rank = b_cols.len();
-        // llama.cpp applies alpha/rank = 1/rank: fold `rank` into B.
-        let base = format!("blk.{layer}.{}.weight", proj.gguf_name());
-        // GGUF dims [in, r] for A (ggml order: row length first): A is r rows of d_in.
-        w.add_f32(&format!("{base}.lora_a"), &[d_in as u64, rank as u64], &a_rows);
-        // B: [r, out] in ggml order, i.e. d_out rows of r values.
+        let here: Vec<(&LoraParams, &Slot)> = parts.iter().filter_map(|p| p.slot(layer, proj).map(|s| (*p, s))).collect();
+        let rank: usize = here.iter().map(|(p, _)| p.rank).sum();
+        let (d_in, d_out) = (here[0].1.d_in, here[0].1.d_out);
+        // llama.cpp applies alpha/rank = 1/rank to the stacked pair: each part's `scale · rank`
+        // is folded in, split evenly between its A rows and B columns.
+        let mut a_rows: Vec<f32> = Vec::with_capacity(rank * d_in);
         let mut b = vec![0.0f32; d_out * rank];
-        for (j, col) in b_cols.iter().enumerate() {
-            for o in 0..d_out {
-                b[o * rank + j] = col[o] * rank as f32;
+        let mut at = 0;
+        for (p, s) in here {
+            let (a, pb) = balanced(p, s);
+            let k = (p.scale * rank as f32).abs().sqrt();
+            let sign = p.scale.signum();
+            a_rows.extend(a.iter().map(|x| x * k));
+            for j in 0..p.rank {
+                for o in 0..d_out {
+                    b[o * rank + at + j] = pb[o * p.rank + j] * k * sign;
+                }
             }
+            at += p.rank;
         }
+        let base = format!("blk.{layer}.{}.weight", proj.gguf_name());
+        // GGUF dims are in ggml order (row length first): A is `rank` rows of `d_in`, B is
+        // `d_out` rows of `rank`.
+        w.add_f32(&format!("{base}.lora_a"), &[d_in as u64, rank as u64], &a_rows);
         w.add_f32(&format!("{base}.lora_b"), &[rank as u64, d_out as u64], &b);
     }
     let bytes = w.to_bytes();

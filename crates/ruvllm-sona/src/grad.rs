@@ -136,7 +136,12 @@ pub struct Frozen {
     wt: Vec<Vec<QWeight>>,
     /// The LM head transposed (`d_model × vocab`).
     head_t: Option<QWeight>,
+    /// Called between blocks and head chunks: where background training steps aside.
+    pause: Option<Pause>,
 }
+
+/// See [`Frozen::set_pause`].
+pub type Pause = Arc<dyn Fn() + Send + Sync>;
 
 /// Activations of one block kept for its backward pass.
 pub(crate) struct LayerAct {
@@ -264,7 +269,20 @@ impl Frozen {
     /// The model, with `threads` kernel threads for training. Transposed weights are built on
     /// first use of [`Frozen::loss_and_grad`] with layers below the last (or with the LM head).
     pub fn new(model: Arc<Transformer>, threads: usize) -> Self {
-        Frozen { model, pool: ThreadPool::new(threads.max(1)), wt: Vec::new(), head_t: None }
+        Frozen { model, pool: ThreadPool::new(threads.max(1)), wt: Vec::new(), head_t: None, pause: None }
+    }
+
+    /// `f` is called between blocks (forward and backward) and LM-head chunks: it may wait, for
+    /// example while the engine serves a request, so training takes the cores only when they
+    /// are free.
+    pub fn set_pause(&mut self, f: Option<Pause>) {
+        self.pause = f;
+    }
+
+    fn checkpoint(&self) {
+        if let Some(f) = &self.pause {
+            f()
+        }
     }
 
     fn lin(&self, l: usize, p: Proj) -> &Linear {
@@ -394,6 +412,7 @@ impl Frozen {
         }
         let mut acts = Vec::with_capacity(c.n_layer);
         for (l, layer) in m.layers.iter().enumerate() {
+            self.checkpoint();
             let x_in = x.clone();
             let mut xn = vec![0.0f32; t * d];
             rms_norm(&x_in, &layer.attn_norm, c.norm_eps, &mut xn);
@@ -531,6 +550,7 @@ impl Frozen {
         let mut dx = vec![0.0f32; t * d];
         let head_t = self.head_t.as_ref().expect("prepared");
         for chunk in ex.targets.chunks(16) {
+            self.checkpoint();
             let rows: Vec<usize> = chunk.iter().map(|&(i, _)| i).collect();
             let (mut logits, h) = self.head(&x, &rows);
             for (k, &(i, wt)) in chunk.iter().enumerate() {
@@ -561,6 +581,7 @@ impl Frozen {
         let (qd, kvd, ff) = (nh * hd, nkv * hd, c.ff_dim);
         let w = &params.w;
         for l in (lowest..c.n_layer).rev() {
+            self.checkpoint();
             let a = acts[l].as_ref().expect("kept");
             let layer = &self.model.layers[l];
             let need_dx = l > lowest;

@@ -56,6 +56,9 @@ pub struct LearningOptions {
     /// EWC++ on (the penalty and the Fisher updates).
     pub ewc: bool,
     pub ewc_lambda: f32,
+    /// Strength of the MicroLoRA's own EWC penalty (its Fisher on general text, anchored at the
+    /// last merge): the instant loop trades less general ability for what it learns at once.
+    pub micro_ewc_lambda: f32,
     /// Decay of the online Fisher estimate.
     pub ewc_decay: f32,
     /// General text for the Fisher estimate; empty: the model's own samples, made once.
@@ -81,6 +84,7 @@ impl LearningOptions {
             epochs: 2,
             ewc: true,
             ewc_lambda: 30.0,
+            micro_ewc_lambda: 3.0,
             ewc_decay: 0.9,
             general_text: Vec::new(),
             max_seq: 256,
@@ -96,7 +100,7 @@ impl LearningOptions {
         if !(1..=64).contains(&self.base_rank) {
             return bad("baseRank must be between 1 and 64");
         }
-        for (v, n) in [(self.micro_lr, "microLr"), (self.base_lr, "baseLr"), (self.ewc_lambda, "ewcLambda")] {
+        for (v, n) in [(self.micro_lr, "microLr"), (self.base_lr, "baseLr"), (self.ewc_lambda, "ewcLambda"), (self.micro_ewc_lambda, "microEwcLambda")] {
             if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
                 return bad(&format!("{n} must be a finite number ≥ 0"));
             }
@@ -151,7 +155,9 @@ pub struct RoundReport {
     pub trajectories: usize,
     pub steps: usize,
     pub tokens: usize,
+    /// The whole round: training, the Fisher estimate, saving.
     pub seconds: f64,
+    /// Training tokens per second of the training steps alone.
     pub tokens_per_second: f64,
     /// Mean loss per target token over the round.
     pub loss: f64,
@@ -223,6 +229,10 @@ struct State {
     base_snapshot: Option<Arc<LoraParams>>,
     fisher: Vec<f32>,
     anchor: Vec<f32>,
+    /// EWC for the MicroLoRA: its Fisher on general text (under the truncated softmax), made on
+    /// the first instant update, and its anchor (the factors after the last merge).
+    micro_fisher: Option<Vec<f32>>,
+    micro_anchor: Vec<f32>,
     trajectories: Vec<Trajectory>,
     next_id: u64,
     counters: Counters,
@@ -463,16 +473,18 @@ impl Learner {
         let (micro, micro_adam) = load("micro.bin", micro::targets(cfg.n_layer), opts.micro_rank, opts.micro_lr, opts.seed ^ 0x4D)?;
         let (base, base_adam) = load("base.bin", all, opts.base_rank, opts.base_lr, opts.seed ^ 0xBA)?;
         let fisher_path = dir.join("fisher.bin");
-        let (fisher, anchor) = match store::read_optional(&fisher_path)? {
+        let (fisher, anchor, micro_fisher, micro_anchor) = match store::read_optional(&fisher_path)? {
             Some(b) => {
-                let mut v = store::f32s_from_bytes(&fisher_path, &b)?;
-                if v.len() != 2 || v[0].len() != base.len() || v[1].len() != base.len() {
-                    return Err(Error::corrupt(&fisher_path, "it does not match base.bin".into()));
+                let v = store::f32s_from_bytes(&fisher_path, &b)?;
+                let fits = v.len() == 4 && v[0].len() == base.len() && v[1].len() == base.len() && v[3].len() == micro.len();
+                if !fits || !(v[2].is_empty() || v[2].len() == micro.len()) {
+                    return Err(Error::corrupt(&fisher_path, "it does not match base.bin and micro.bin".into()));
                 }
-                let anchor = v.pop().unwrap();
-                (v.pop().unwrap(), anchor)
+                let mut v = v.into_iter();
+                let (f, a, mf, ma) = (v.next().unwrap(), v.next().unwrap(), v.next().unwrap(), v.next().unwrap());
+                (f, a, (!mf.is_empty()).then_some(mf), ma)
             }
-            None => (vec![0.0; base.len()], base.w.clone()),
+            None => (vec![0.0; base.len()], base.w.clone(), None, micro.w.clone()),
         };
         let trajectories = store::read_trajectories(dir)?;
         let next_id = next_id.max(trajectories.iter().map(|t| t.id + 1).max().unwrap_or(1));
@@ -488,6 +500,8 @@ impl Learner {
             base_adam,
             fisher,
             anchor,
+            micro_fisher,
+            micro_anchor,
             trajectories,
             next_id,
             counters,
@@ -511,6 +525,10 @@ impl Learner {
         {
             let mut st = lock(&learner.state);
             learner.refresh_adapters(&mut st, true, true)?;
+            // The directory belongs to this model from now on.
+            if !state_path.exists() {
+                learner.save_state(&st)?;
+            }
         }
         let (tx, rx) = channel();
         *lock(&learner.instant_tx) = Some(tx);
@@ -707,6 +725,11 @@ impl Learner {
         Ok((AdapterSet::new(set), used))
     }
 
+    /// The BaseLoRA's factors as trained (f32), once a round has trained them.
+    pub fn base_params(&self) -> Option<Arc<LoraParams>> {
+        lock(&self.state).base_snapshot.clone()
+    }
+
     /// Stops the threads after their current step (state on disk stays as last saved).
     pub fn close(&self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -729,6 +752,11 @@ impl Learner {
                 let _ = h.join();
             }
         }
+    }
+
+    fn save_fisher(&self, st: &State) -> Result<()> {
+        let mf: &[f32] = st.micro_fisher.as_deref().unwrap_or(&[]);
+        store::write_atomic(&self.opts.dir.join("fisher.bin"), &store::f32s_bytes(&[&st.fisher, &st.anchor, mf, &st.micro_anchor]))
     }
 
     fn save_state(&self, st: &State) -> Result<()> {
@@ -819,6 +847,7 @@ impl Learner {
                 st.counters.micro_merges += 1;
                 st.counters.micro_since_merge = 0;
                 st.micro_adam = Adam::new(st.micro.len(), opts.micro_lr);
+                st.micro_anchor = st.micro.w.clone();
                 st.counters.base_trained = true;
             }
             let upto = st.trajectories.len();
@@ -869,8 +898,13 @@ impl Learner {
         let mut grad = vec![0.0f32; params.len()];
         let (mut loss_sum, mut w_sum) = (0.0f64, 0.0f64);
         let mut trained_all = true;
+        // The budget counts training steps only (not the Fisher estimate or building the
+        // transposed weights), and a round always takes at least one step.
+        fr.prepare_backward();
+        let steps_start = Instant::now();
         for ex in &examples {
-            if self.stop.load(Ordering::Relaxed) || (!consolidate && start.elapsed().as_secs_f64() > opts.round_seconds) {
+            let over = report.steps > 0 && !consolidate && steps_start.elapsed().as_secs_f64() > opts.round_seconds;
+            if self.stop.load(Ordering::Relaxed) || over {
                 trained_all = false;
                 report.budget_hit = !self.stop.load(Ordering::Relaxed);
                 break;
@@ -895,13 +929,14 @@ impl Learner {
             report.tokens += ex.tokens.len();
         }
         report.loss = if w_sum > 0.0 { loss_sum / w_sum } else { 0.0 };
+        let train_seconds = steps_start.elapsed().as_secs_f64();
         // Fisher on general text (EWC++: decayed running mean of squared gradients).
         let mut new_fisher = None;
         if opts.ewc && !self.stop.load(Ordering::Relaxed) && (report.steps > 0 || consolidate) {
             new_fisher = Some(self.fisher_estimate(fr, &params)?);
         }
         report.seconds = start.elapsed().as_secs_f64();
-        report.tokens_per_second = if report.seconds > 0.0 { report.tokens as f64 / report.seconds } else { 0.0 };
+        report.tokens_per_second = if train_seconds > 0.0 { report.tokens as f64 / train_seconds } else { 0.0 };
         // Write back, save, publish.
         let mut st = lock(&self.state);
         if report.steps > 0 {
@@ -960,7 +995,7 @@ impl Learner {
         let dir = &opts.dir;
         store::write_atomic(&dir.join("base.bin"), &store::params_bytes(&st.base, Some(&st.base_adam)))?;
         store::write_atomic(&dir.join("micro.bin"), &store::params_bytes(&st.micro, Some(&st.micro_adam)))?;
-        store::write_atomic(&dir.join("fisher.bin"), &store::f32s_bytes(&[&st.fisher, &st.anchor]))?;
+        self.save_fisher(&st)?;
         self.save_state(&st)?;
         st.base_snapshot = st.counters.base_trained.then(|| Arc::new(st.base.clone()));
         st.last_round = Some(report.clone());
@@ -968,16 +1003,50 @@ impl Learner {
         Ok(report)
     }
 
+    /// The MicroLoRA's Fisher diagonal on general text, under the same truncated softmax its
+    /// steps use (once, on the first instant update; the base captured with `base`).
+    fn micro_fisher_estimate(&self, fr: &Frozen, base: Option<&LoraParams>) -> Result<Vec<f32>> {
+        let general = self.general_examples()?;
+        let micro = lock(&self.state).micro.clone();
+        let n = general.len().min(4);
+        let mut f = vec![0.0f32; micro.len()];
+        for ex in general.iter().take(n) {
+            let cap = micro::capture(fr, &ex.tokens, &ex.targets, base, self.opts.micro_candidates);
+            let mut grad = vec![0.0f32; micro.len()];
+            let (_, w) = micro::loss_and_grad(fr, &micro, &cap, &mut grad);
+            if w > 0.0 {
+                let inv = (1.0 / w) as f32;
+                for (fi, g) in f.iter_mut().zip(&grad) {
+                    *fi += (g * inv) * (g * inv) / n as f32;
+                }
+            }
+        }
+        Ok(f)
+    }
+
     fn instant(&self, fr: &Frozen, traj: Trajectory) -> Result<FeedbackOutcome> {
         let ex = match example_of(&traj, self.opts.quality_gate, self.opts.max_seq) {
             Ok(ex) => ex,
             Err(why) => return Ok(FeedbackOutcome { trajectory: traj.id, skipped: Some(why.to_string()), instant: None }),
         };
-        let base = lock(&self.state).base_snapshot.clone();
+        let (base, need_fisher) = {
+            let st = lock(&self.state);
+            (st.base_snapshot.clone(), self.opts.ewc && st.micro_fisher.is_none())
+        };
+        if need_fisher {
+            let f = self.micro_fisher_estimate(fr, base.as_deref())?;
+            let mut st = lock(&self.state);
+            st.micro_fisher = Some(f);
+            self.save_fisher(&st)?;
+        }
         let cap = micro::capture(fr, &ex.tokens, &ex.targets, base.as_deref(), self.opts.micro_candidates);
         let mut st = lock(&self.state);
         let st = &mut *st;
-        let (loss, step_ms) = micro::step(fr, &mut st.micro, &mut st.micro_adam, &cap);
+        let penalty = match (&st.micro_fisher, self.opts.ewc) {
+            (Some(f), true) => Some(micro::Penalty { lambda: self.opts.micro_ewc_lambda, fisher: f, anchor: &st.micro_anchor }),
+            _ => None,
+        };
+        let (loss, step_ms) = micro::step(fr, &mut st.micro, &mut st.micro_adam, &cap, penalty.as_ref());
         st.counters.instant_updates += 1;
         st.counters.micro_since_merge += 1;
         if st.step_ms.len() >= 1000 {
@@ -1055,6 +1124,17 @@ fn background_loop(learner: std::sync::Weak<Learner>) {
     lower_priority();
     let Some((model, control)) = learner.upgrade().map(|l| (l.engine.model(), l.control.clone())) else { return };
     let mut fr = Frozen::new(model, 1);
+    // Step aside while the engine serves a request (between blocks, at most 250 ms at a time so
+    // training still moves under constant load).
+    if let Some(l) = learner.upgrade() {
+        let engine = Arc::downgrade(&l.engine);
+        fr.set_pause(Some(Arc::new(move || {
+            let start = Instant::now();
+            while engine.upgrade().is_some_and(|e| e.busy()) && start.elapsed().as_millis() < 250 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        })));
+    }
     loop {
         let replies = {
             let (m, cv) = &*control;

@@ -92,15 +92,40 @@ pub fn targets(n_layer: usize) -> Vec<(usize, Proj)> {
     vec![(n_layer - 1, Proj::Down)]
 }
 
-/// One Adam step of the sampled-softmax loss on `cap`; returns (mean loss before the step,
-/// milliseconds the step took).
-pub fn step(fr: &Frozen, micro: &mut LoraParams, adam: &mut Adam, cap: &Capture) -> (f64, f64) {
+/// An EWC penalty `λ · F̂ ∘ (θ − θ*)` added to a gradient (`F̂` the Fisher diagonal scaled to
+/// mean 1, `θ*` the anchor).
+pub struct Penalty<'a> {
+    pub lambda: f32,
+    pub fisher: &'a [f32],
+    pub anchor: &'a [f32],
+}
+
+impl Penalty<'_> {
+    /// Adds the penalty's gradient at `w` into `grad`.
+    pub fn add(&self, w: &[f32], grad: &mut [f32]) {
+        let mean = self.fisher.iter().map(|&x| x as f64).sum::<f64>() / self.fisher.len().max(1) as f64;
+        if mean.is_nan() || mean <= 0.0 || self.lambda == 0.0 {
+            return;
+        }
+        let k = self.lambda / mean as f32;
+        for i in 0..grad.len() {
+            grad[i] += k * self.fisher[i] * (w[i] - self.anchor[i]);
+        }
+    }
+}
+
+/// One Adam step of the sampled-softmax loss on `cap` (plus `penalty`); returns (mean loss
+/// before the step, milliseconds the step took).
+pub fn step(fr: &Frozen, micro: &mut LoraParams, adam: &mut Adam, cap: &Capture, penalty: Option<&Penalty>) -> (f64, f64) {
     let start = Instant::now();
     let mut grad = vec![0.0f32; micro.len()];
     let (loss, wsum) = loss_and_grad(fr, micro, cap, &mut grad);
     if wsum > 0.0 {
         let inv = (1.0 / wsum) as f32;
         grad.iter_mut().for_each(|g| *g *= inv);
+        if let Some(p) = penalty {
+            p.add(&micro.w, &mut grad);
+        }
         adam.step(&mut micro.w, &grad, 1.0);
     }
     let mean = if wsum > 0.0 { loss / wsum } else { 0.0 };

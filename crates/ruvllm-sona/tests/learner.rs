@@ -88,12 +88,24 @@ fn feedback_instant_consolidate_export_restart() {
     assert_eq!(st.good, 3);
     assert_eq!(st.pending, 0);
     assert_eq!(st.bank_size, 1);
-    // Export: a standard LoRA GGUF that loads back and does what the learned adapters do.
+    // The runtime runs the factors in half precision: its NLL stays close to the f32 training
+    // forward pass's (within a tenth of what learning gained).
+    let base = l.base_params().expect("trained");
+    let fr = ruvllm_sona::grad::Frozen::new(e.model(), 1);
+    let toks = e.tokenize(&full, true).unwrap();
+    let n = toks.len();
+    let ex = ruvllm_sona::grad::Example { tokens: toks, targets: (n - 1 - tail..n - 1).map(|i| (i, 1.0)).collect() };
+    let (ls, w) = fr.loss(&ex, Some(&base));
+    let truth = ls / w;
+    let gained = before - after;
+    assert!((after - truth).abs() < 0.1 * gained, "runtime {after} vs f32 {truth} (gained {gained})");
+    // Export: a standard LoRA GGUF that loads back and does what the learned adapters do (its
+    // factors are rounded to half precision differently, so again within a tenth of the gain).
     let gguf = dir.path().join("learned.gguf");
     l.export(&gguf).unwrap();
     let a = e.load_adapter(&gguf).unwrap();
     let exported = nll(&e, &full, Some(AdapterSet::new(vec![(a, 1.0)])));
-    assert!((exported - after).abs() < 0.02, "exported {exported} vs learned {after}");
+    assert!((exported - after).abs() < 0.1 * gained, "exported {exported} vs learned {after} (gained {gained})");
     // `auto` picks the bank entry.
     let (set, used) = l
         .auto_adapters(
@@ -115,4 +127,37 @@ fn feedback_instant_consolidate_export_restart() {
     assert!(st2.counters.base_trained);
     let reloaded = nll(&e, &full, None);
     assert!((reloaded - after).abs() < 1e-3, "reloaded {reloaded} vs {after}");
+}
+
+/// With `background` on, a round starts by itself once `background_min` good trajectories wait,
+/// and its adapter is published without anyone calling `consolidate`.
+#[test]
+fn background_round_starts_by_itself() {
+    let e = engine();
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.background = true;
+    o.background_min = 2;
+    o.epochs = 1;
+    let l = Learner::open(e.clone(), o).unwrap();
+    let params = GenerateParams {
+        max_tokens: 4,
+        sampling: SamplingParams { temperature: 0.0, ..Default::default() },
+        stop: vec![],
+        chat_template: None,
+        diffusion: None,
+    };
+    for correction in [CORRECTION, "absent: AE1 B S AH0 N T\nabsorb: AH0 B Z AO1 R B\n"] {
+        let c = e.generate_blocking(Prompt::Text(PROMPT.into()), params.clone()).unwrap();
+        l.feedback(&c.id, 1.0, Some(correction)).unwrap().recv().unwrap().unwrap();
+    }
+    let start = std::time::Instant::now();
+    while l.stats().counters.rounds == 0 {
+        assert!(start.elapsed().as_secs() < 300, "no background round started");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let st = l.stats();
+    assert!(st.counters.base_trained && st.counters.steps >= 2 && st.pending == 0, "{st:?}");
+    // The BaseLoRA is published (and the MicroLoRA too if a feedback's step came after the merge).
+    assert!(!e.learned().entries().is_empty());
 }

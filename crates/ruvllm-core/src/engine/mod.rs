@@ -274,6 +274,8 @@ pub struct Engine {
     /// Set by [`Engine::stop`]; the worker then answers every request it has not finished with
     /// `Closed`.
     closing: Arc<AtomicBool>,
+    /// Set while the worker serves a request (see [`Engine::busy`]).
+    busy: Arc<AtomicBool>,
     /// The cancel flags of submitted requests that may still be queued or running, for `stop`
     /// to set.
     in_flight: Mutex<Vec<Weak<AtomicBool>>>,
@@ -299,6 +301,8 @@ struct Worker {
     diffusion: Option<Arc<DiffusionModel>>,
     /// The engine's `closing` flag.
     closing: Arc<AtomicBool>,
+    /// Set while a request is being served ([`Engine::busy`]).
+    busy: Arc<AtomicBool>,
 }
 
 static REQUEST_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -411,6 +415,8 @@ impl Engine {
         let (worker_hooks, worker_model) = (hooks.clone(), model.clone());
         let closing = Arc::new(AtomicBool::new(false));
         let worker_closing = closing.clone();
+        let busy = Arc::new(AtomicBool::new(false));
+        let worker_busy = busy.clone();
         let handle = std::thread::Builder::new()
             .name("ruvllm-engine".into())
             .spawn(move || {
@@ -426,6 +432,7 @@ impl Engine {
                     auto_pending: false,
                     diffusion,
                     closing: worker_closing,
+                    busy: worker_busy,
                 };
                 worker.run(rx, opts.seed)
             })
@@ -440,6 +447,7 @@ impl Engine {
             tx: Mutex::new(Some(tx)),
             worker: Mutex::new(Some(handle)),
             closing,
+            busy,
             in_flight: Mutex::new(Vec::new()),
         })
     }
@@ -464,6 +472,12 @@ impl Engine {
     /// The learned adapters in use ([`Engine::set_learned`]).
     pub fn learned(&self) -> AdapterSet {
         lock(&self.hooks).learned.clone()
+    }
+
+    /// Whether the engine is serving a request now (or has more queued): background work on
+    /// the same cores (a learner's training) can step aside while it is.
+    pub fn busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
     }
 
     /// Calls `f` with every completion from now on (`None` stops it).
@@ -664,13 +678,27 @@ enum Rows {
 }
 
 /// Longest common prefix of two token sequences.
+/// The next command: `busy` is cleared while the worker waits for one and set while it works.
+fn next_command(rx: &Receiver<Command>, busy: &AtomicBool) -> Option<Command> {
+    let cmd = match rx.try_recv() {
+        Ok(c) => Some(c),
+        Err(std::sync::mpsc::TryRecvError::Empty) => {
+            busy.store(false, Ordering::Relaxed);
+            rx.recv().ok()
+        }
+        Err(std::sync::mpsc::TryRecvError::Disconnected) => None,
+    };
+    busy.store(cmd.is_some(), Ordering::Relaxed);
+    cmd
+}
+
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl Worker {
     fn run(mut self, rx: Receiver<Command>, default_seed: Option<u64>) {
-        while let Ok(cmd) = rx.recv() {
+        while let Some(cmd) = next_command(&rx, &self.busy) {
             if self.closing.load(Ordering::SeqCst) && !matches!(cmd, Command::Close) {
                 refuse(cmd);
                 continue;
