@@ -549,7 +549,7 @@ impl Frozen {
         // LM head: loss and dx of the final residual stream, 16 rows at a time.
         let mut dx = vec![0.0f32; t * d];
         let head_t = self.head_t.as_ref().expect("prepared");
-        for chunk in ex.targets.chunks(16) {
+        for chunk in ex.targets.chunks(8) {
             self.checkpoint();
             let rows: Vec<usize> = chunk.iter().map(|&(i, _)| i).collect();
             let (mut logits, h) = self.head(&x, &rows);
@@ -592,6 +592,7 @@ impl Frozen {
                 None => d_down.copy_from_slice(&dx),
             }
             let mut d_act = vec![0.0f32; t * ff];
+            self.checkpoint();
             self.linear_back(l, Proj::Down, &a.act, &a.u[6], &d_down, t, Some(&mut d_act), (params, w, grad));
             let mut d_gate = vec![0.0f32; t * ff];
             let mut d_up = vec![0.0f32; t * ff];
@@ -600,7 +601,9 @@ impl Frozen {
                 d_up[i] = d_act[i] * act_fwd(c.activation, a.gate[i]);
             }
             let mut d_xn2 = vec![0.0f32; t * d];
+            self.checkpoint();
             self.linear_back(l, Proj::Gate, &a.xn2, &a.u[4], &d_gate, t, Some(&mut d_xn2), (params, w, grad));
+            self.checkpoint();
             self.linear_back(l, Proj::Up, &a.xn2, &a.u[5], &d_up, t, Some(&mut d_xn2), (params, w, grad));
             // dx now is d x_mid (residual) + through ffn_norm.
             rms_norm_back(&a.x_mid, &layer.ffn_norm, c.norm_eps, &d_xn2, &mut dx);
@@ -611,6 +614,7 @@ impl Frozen {
                 None => d_o.copy_from_slice(&dx),
             }
             let mut d_attn = vec![0.0f32; t * qd];
+            self.checkpoint();
             self.linear_back(l, Proj::O, &a.attn, &a.u[3], &d_o, t, Some(&mut d_attn), (params, w, grad));
             // Attention: out_h = P_h · V_g.
             let (mut dq, mut dk, mut dv) = (vec![0.0f32; t * qd], vec![0.0f32; t * kvd], vec![0.0f32; t * kvd]);
@@ -676,8 +680,11 @@ impl Frozen {
             let mut d_xn = vec![0.0f32; t * d];
             let dxn = if need_dx { Some(&mut d_xn[..]) } else { None };
             let mut dxn = dxn;
+            self.checkpoint();
             self.linear_back(l, Proj::Q, &a.xn, &a.u[0], &dq, t, dxn.as_deref_mut(), (params, w, grad));
+            self.checkpoint();
             self.linear_back(l, Proj::K, &a.xn, &a.u[1], &dk, t, dxn.as_deref_mut(), (params, w, grad));
+            self.checkpoint();
             self.linear_back(l, Proj::V, &a.xn, &a.u[2], &dv, t, dxn, (params, w, grad));
             if need_dx {
                 rms_norm_back(&a.x_in, &layer.attn_norm, c.norm_eps, &d_xn, &mut dx);

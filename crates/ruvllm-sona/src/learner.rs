@@ -849,6 +849,9 @@ impl Learner {
                 st.micro_adam = Adam::new(st.micro.len(), opts.micro_lr);
                 st.micro_anchor = st.micro.w.clone();
                 st.counters.base_trained = true;
+                // What the MicroLoRA learned now lives in the BaseLoRA: serve it from there at
+                // once, not only when the round ends.
+                self.refresh_adapters(st, true, true)?;
             }
             let upto = st.trajectories.len();
             let new: Vec<Example> =
@@ -1124,13 +1127,13 @@ fn background_loop(learner: std::sync::Weak<Learner>) {
     lower_priority();
     let Some((model, control)) = learner.upgrade().map(|l| (l.engine.model(), l.control.clone())) else { return };
     let mut fr = Frozen::new(model, 1);
-    // Step aside while the engine serves a request (between blocks, at most 250 ms at a time so
-    // training still moves under constant load).
+    // Step aside while the engine serves a request (between blocks, projections and LM-head
+    // chunks; at most 1 s at a time, so training still moves under constant load).
     if let Some(l) = learner.upgrade() {
         let engine = Arc::downgrade(&l.engine);
         fr.set_pause(Some(Arc::new(move || {
             let start = Instant::now();
-            while engine.upgrade().is_some_and(|e| e.busy()) && start.elapsed().as_millis() < 250 {
+            while engine.upgrade().is_some_and(|e| e.busy()) && start.elapsed().as_millis() < 1000 {
                 std::thread::sleep(std::time::Duration::from_millis(2));
             }
         })));
