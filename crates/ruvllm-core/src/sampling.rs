@@ -233,7 +233,7 @@ fn penalize(logit: f32, count: usize, p: &SamplingParams, repeat: bool) -> f32 {
 
 /// The arg-max of `logits` (first on ties), the max and `ln Σ exp(l - max)`, in f64, so that
 /// `ln softmax(logits)[i] = logits[i] - max - ln_sum`.
-pub(crate) fn softmax_norm(logits: &[f32]) -> (u32, f64, f64) {
+pub fn softmax_norm(logits: &[f32]) -> (u32, f64, f64) {
     let (top, max) = logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |(a, m), (j, &v)| if v > m { (j, v) } else { (a, m) });
     let max = max as f64;
     let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
@@ -241,7 +241,7 @@ pub(crate) fn softmax_norm(logits: &[f32]) -> (u32, f64, f64) {
 }
 
 /// `ln softmax(logits)[i]` in f64, with the arg-max (first on ties) and its own log-probability.
-pub(crate) fn log_softmax_at(logits: &[f32], i: usize) -> (f64, u32, f64) {
+pub fn log_softmax_at(logits: &[f32], i: usize) -> (f64, u32, f64) {
     let (top, max, ln_sum) = softmax_norm(logits);
     (logits[i] as f64 - max - ln_sum, top, -ln_sum)
 }

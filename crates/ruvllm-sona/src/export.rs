@@ -90,6 +90,5 @@ pub fn write_gguf(parts: &[&LoraParams], arch: &str, path: &Path) -> Result<()> 
         w.add_f32(&format!("{base}.lora_a"), &[d_in as u64, rank as u64], &a_rows);
         w.add_f32(&format!("{base}.lora_b"), &[rank as u64, d_out as u64], &b);
     }
-    let bytes = w.to_bytes();
-    crate::store::write_atomic(path, &bytes)
+    w.write(path).map_err(|e| Error::io(path, e))
 }

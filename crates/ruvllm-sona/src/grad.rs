@@ -232,6 +232,31 @@ pub(crate) fn rms_norm_back(x: &[f32], w: &[f32], eps: f32, dy: &[f32], dx: &mut
     }
 }
 
+/// `x += rms_norm(y) · w`, or `x += y` where the model has no such norm.
+fn add_normed(x: &mut [f32], y: &[f32], w: Option<&[f32]>, eps: f32) {
+    match w {
+        Some(w) => {
+            let mut tmp = vec![0.0f32; y.len()];
+            rms_norm(y, w, eps, &mut tmp);
+            add_into(x, &tmp);
+        }
+        None => add_into(x, y),
+    }
+}
+
+/// The gradient at `x` of `y = rms_norm(x) · w` (per chunk of `w.len()`) given `dy`, or `dy`
+/// itself where the model has no such norm.
+fn norm_back(x: &[f32], w: Option<&[f32]>, eps: f32, dy: &[f32]) -> Vec<f32> {
+    match w {
+        Some(w) => {
+            let mut dx = vec![0.0f32; x.len()];
+            rms_norm_back(x, w, eps, dy, &mut dx);
+            dx
+        }
+        None => dy.to_vec(),
+    }
+}
+
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
 fn act_fwd(a: Activation, g: f32) -> f32 {
@@ -470,14 +495,7 @@ impl Frozen {
             let mut o = vec![0.0f32; t * d];
             u[3] = self.linear(l, Proj::O, &attn, t, &mut o, lora);
             let mut x_mid = x_in.clone();
-            match &layer.post_attn_norm {
-                Some(w) => {
-                    let mut tmp = vec![0.0f32; t * d];
-                    rms_norm(&o, w, c.norm_eps, &mut tmp);
-                    add_into(&mut x_mid, &tmp);
-                }
-                None => add_into(&mut x_mid, &o),
-            }
+            add_normed(&mut x_mid, &o, layer.post_attn_norm.as_deref(), c.norm_eps);
             let mut xn2 = vec![0.0f32; t * d];
             rms_norm(&x_mid, &layer.ffn_norm, c.norm_eps, &mut xn2);
             let (mut gate, mut up) = (vec![0.0f32; t * c.ff_dim], vec![0.0f32; t * c.ff_dim]);
@@ -487,14 +505,7 @@ impl Frozen {
             let mut down = vec![0.0f32; t * d];
             u[6] = self.linear(l, Proj::Down, &act, t, &mut down, lora);
             x = x_mid.clone();
-            match &layer.post_ffn_norm {
-                Some(w) => {
-                    let mut tmp = vec![0.0f32; t * d];
-                    rms_norm(&down, w, c.norm_eps, &mut tmp);
-                    add_into(&mut x, &tmp);
-                }
-                None => add_into(&mut x, &down),
-            }
+            add_normed(&mut x, &down, layer.post_ffn_norm.as_deref(), c.norm_eps);
             acts.push((l >= keep_from).then_some(LayerAct { x_in, xn, q_pre, k_pre, q, k, v, p, attn, o, x_mid, xn2, gate, up, act, down, u }));
         }
         (x, acts)
@@ -586,11 +597,7 @@ impl Frozen {
             let layer = &self.model.layers[l];
             let need_dx = l > lowest;
             // x_out = x_mid + post_ffn_norm(down)
-            let mut d_down = vec![0.0f32; t * d];
-            match &layer.post_ffn_norm {
-                Some(wn) => rms_norm_back(&a.down, wn, c.norm_eps, &dx, &mut d_down),
-                None => d_down.copy_from_slice(&dx),
-            }
+            let d_down = norm_back(&a.down, layer.post_ffn_norm.as_deref(), c.norm_eps, &dx);
             let mut d_act = vec![0.0f32; t * ff];
             self.checkpoint();
             self.linear_back(l, Proj::Down, &a.act, &a.u[6], &d_down, t, Some(&mut d_act), (params, w, grad));
@@ -608,11 +615,7 @@ impl Frozen {
             // dx now is d x_mid (residual) + through ffn_norm.
             rms_norm_back(&a.x_mid, &layer.ffn_norm, c.norm_eps, &d_xn2, &mut dx);
             // x_mid = x_in + post_attn_norm(o)
-            let mut d_o = vec![0.0f32; t * d];
-            match &layer.post_attn_norm {
-                Some(wn) => rms_norm_back(&a.o, wn, c.norm_eps, &dx, &mut d_o),
-                None => d_o.copy_from_slice(&dx),
-            }
+            let d_o = norm_back(&a.o, layer.post_attn_norm.as_deref(), c.norm_eps, &dx);
             let mut d_attn = vec![0.0f32; t * qd];
             self.checkpoint();
             self.linear_back(l, Proj::O, &a.attn, &a.u[3], &d_o, t, Some(&mut d_attn), (params, w, grad));
@@ -661,22 +664,8 @@ impl Frozen {
                 rope.apply_inverse(&mut dq[i * qd..(i + 1) * qd], hd, i);
                 rope.apply_inverse(&mut dk[i * kvd..(i + 1) * kvd], hd, i);
             }
-            let dq = match &layer.q_norm {
-                Some(wn) => {
-                    let mut o = vec![0.0f32; t * qd];
-                    rms_norm_back(&a.q_pre, wn, c.norm_eps, &dq, &mut o);
-                    o
-                }
-                None => dq,
-            };
-            let dk = match &layer.k_norm {
-                Some(wn) => {
-                    let mut o = vec![0.0f32; t * kvd];
-                    rms_norm_back(&a.k_pre, wn, c.norm_eps, &dk, &mut o);
-                    o
-                }
-                None => dk,
-            };
+            let dq = norm_back(&a.q_pre, layer.q_norm.as_deref(), c.norm_eps, &dq);
+            let dk = norm_back(&a.k_pre, layer.k_norm.as_deref(), c.norm_eps, &dk);
             let mut d_xn = vec![0.0f32; t * d];
             let dxn = if need_dx { Some(&mut d_xn[..]) } else { None };
             let mut dxn = dxn;
@@ -706,9 +695,7 @@ pub(crate) fn softmax(z: &mut [f32]) {
     z.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// `-ln softmax(z)[target]`.
+/// `-ln softmax(z)[target]` (the scorer's log-softmax).
 pub(crate) fn nll(z: &[f32], target: u32) -> f64 {
-    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = z.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>().ln() + max as f64;
-    lse - z[target as usize] as f64
+    -ruvllm_core::sampling::log_softmax_at(z, target as usize).0
 }

@@ -304,15 +304,21 @@ fn percentile(v: &VecDeque<f64>, q: f64) -> f64 {
     s[((s.len() - 1) as f64 * q).round() as usize]
 }
 
+/// What of a trajectory trains, and with what weight: the correction, or the answer when its
+/// quality reaches the gate; else why nothing does.
+fn trained_answer(t: &Trajectory, gate: f32) -> std::result::Result<(&[u32], f32), &'static str> {
+    match &t.correction {
+        Some(c) if !c.is_empty() => Ok((c, 1.0f32.max(t.quality))),
+        Some(_) => Err("the correction is empty"),
+        None if t.quality >= gate && !t.output.is_empty() => Ok((&t.output, t.quality)),
+        None if t.output.is_empty() => Err("the answer is empty"),
+        None => Err("quality is below the gate and there is no correction"),
+    }
+}
+
 /// What a trajectory trains on: (tokens, targets), or why it does not.
 fn example_of(t: &Trajectory, gate: f32, max_seq: usize) -> std::result::Result<Example, &'static str> {
-    let (answer, weight) = match &t.correction {
-        Some(c) if !c.is_empty() => (c, 1.0f32.max(t.quality)),
-        Some(_) => return Err("the correction is empty"),
-        None if t.quality >= gate && !t.output.is_empty() => (&t.output, t.quality),
-        None if t.output.is_empty() => return Err("the answer is empty"),
-        None => return Err("quality is below the gate and there is no correction"),
-    };
+    let (answer, weight) = trained_answer(t, gate)?;
     let answer: Vec<u32> = answer.iter().copied().take(max_seq - 1).collect();
     let keep = (max_seq - answer.len()).min(t.prompt.len()).max(1);
     let prompt = &t.prompt[t.prompt.len().saturating_sub(keep)..];
@@ -397,6 +403,17 @@ fn merge_micro(base: &mut LoraParams, adam: &mut Adam, micro: &mut LoraParams) -
         merged = true;
     }
     merged
+}
+
+/// `f += (g / w)² / n`: one of `n` sequences' share of an empirical Fisher diagonal, `g` the
+/// gradient of its loss summed over `w` target weight.
+fn add_fisher_sample(f: &mut [f32], g: &[f32], w: f64, n: usize) {
+    if w > 0.0 {
+        let inv = (1.0 / w) as f32;
+        for (fi, gi) in f.iter_mut().zip(g) {
+            *fi += (gi * inv) * (gi * inv) / n as f32;
+        }
+    }
 }
 
 /// Gram–Schmidt (two passes) on the `c` columns of a row-major `n × c` matrix. A column that is
@@ -633,7 +650,7 @@ impl Learner {
     }
 
     fn good_pending(&self, st: &State) -> usize {
-        st.trajectories[st.counters.trained..].iter().filter(|t| example_of(t, self.opts.quality_gate, self.opts.max_seq).is_ok()).count()
+        st.trajectories[st.counters.trained..].iter().filter(|t| trained_answer(t, self.opts.quality_gate).is_ok()).count()
     }
 
     fn maybe_wake(&self) {
@@ -673,7 +690,7 @@ impl Learner {
         LearningStats {
             dir: self.opts.dir.display().to_string(),
             trajectories: st.trajectories.len(),
-            good: st.trajectories.iter().filter(|t| example_of(t, self.opts.quality_gate, self.opts.max_seq).is_ok()).count(),
+            good: st.trajectories.iter().filter(|t| trained_answer(t, self.opts.quality_gate).is_ok()).count(),
             pending: self.good_pending(&st),
             counters: st.counters.clone(),
             instant_step_ms_p50: percentile(&st.step_ms, 0.5),
@@ -824,12 +841,7 @@ impl Learner {
             }
             grad.iter_mut().for_each(|g| *g = 0.0);
             let (_, w) = fr.loss_and_grad(ex, params, &mut grad);
-            if w > 0.0 {
-                let inv = (1.0 / w) as f32;
-                for (fi, g) in f.iter_mut().zip(&grad) {
-                    *fi += (g * inv) * (g * inv) / n as f32;
-                }
-            }
+            add_fisher_sample(&mut f, &grad, w, n);
         }
         Ok(f)
     }
@@ -1017,12 +1029,7 @@ impl Learner {
             let cap = micro::capture(fr, &ex.tokens, &ex.targets, base, self.opts.micro_candidates);
             let mut grad = vec![0.0f32; micro.len()];
             let (_, w) = micro::loss_and_grad(fr, &micro, &cap, &mut grad);
-            if w > 0.0 {
-                let inv = (1.0 / w) as f32;
-                for (fi, g) in f.iter_mut().zip(&grad) {
-                    *fi += (g * inv) * (g * inv) / n as f32;
-                }
-            }
+            add_fisher_sample(&mut f, &grad, w, n);
         }
         Ok(f)
     }

@@ -18,35 +18,20 @@ use crate::adam::Adam;
 use crate::grad::{LoraParams, Slot};
 use crate::{Error, Result};
 
-/// Writes `bytes` to `path` atomically.
+/// Writes `bytes` to `path` atomically (the project's one atomic writer, with our error).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("file"), std::process::id()));
-    let res = (|| -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if res.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    res.map_err(|e| Error::io(path, e))
+    ruvllm_core::gguf::writer::write_atomic(path, bytes).map_err(|e| Error::io(path, e))
 }
 
-/// Removes temporary files a killed process left behind ([`write_atomic`]'s `.name.tmp-PID`),
-/// in `dir` and `dir/bank`.
+/// Removes temporary files a killed process left behind ([`write_atomic`]'s `.name.PID-N.tmp`,
+/// or an older `.name.tmp-PID`), in `dir` and `dir/bank`.
 pub fn remove_stale_temporaries(dir: &Path) {
     for d in [dir.to_path_buf(), dir.join("bank")] {
         let Ok(entries) = fs::read_dir(&d) else { continue };
         for e in entries.flatten() {
             let name = e.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with('.') && name.contains(".tmp-") {
+            if name.starts_with('.') && (name.ends_with(".tmp") || name.contains(".tmp-")) {
                 let _ = fs::remove_file(e.path());
             }
         }

@@ -72,12 +72,7 @@ impl GgufWriter {
 
     /// Writes atomically (temp file + rename).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = temp_path(path);
-        let result = write_synced(&tmp, &self.to_bytes()).and_then(|()| std::fs::rename(&tmp, path));
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
+        write_atomic(path, &self.to_bytes())
     }
 
     /// The alignment used for layout (0 means the default).
@@ -189,6 +184,24 @@ fn put_value(out: &mut Vec<u8>, value: &MetadataValue) {
 fn pad_to(out: &mut Vec<u8>, align: u64) {
     let target = align_up(out.len() as u64, align).unwrap_or(out.len() as u64);
     out.resize(target as usize, 0);
+}
+
+/// Writes `bytes` to `path` atomically: a uniquely named temporary file beside it (`.name.PID-N.tmp`,
+/// so concurrent writers never share one), fsync, rename, then an fsync of the folder so the
+/// rename itself survives a crash. A reader sees the old file or the new one, never a part.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = temp_path(path);
+    let result = write_synced(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return result;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
 }
 
 /// A unique temporary name next to `path`, so the final rename stays on one file system.

@@ -329,7 +329,7 @@ impl Transformer {
         let lora = std::mem::take(&mut cache.adapters);
         for (l, layer) in self.layers.iter().enumerate() {
             let swa = c.swa_layers[l];
-            let rope = if swa { &self.rope_swa } else { &self.rope };
+            let rope = self.rope_for(l);
             // Attention block.
             be.rms_norm(Buf::X, Buf::Xn, &layer.attn_norm, c.norm_eps, n);
             Linear::forward_fused(be, [&layer.wq, &layer.wk, &layer.wv], Buf::Xn, [Buf::Q, Buf::K, Buf::V], n, &lora);
