@@ -172,7 +172,7 @@ function addon() {
   try {
     return require('../index.js')
   } catch (e) {
-    throw new CliError('ERR_ADDON_LOAD', `the native addon did not load (build it with \`npm run build\`): ${e.message}`)
+    throw new CliError('ERR_ADDON_LOAD', `the native addon did not load (in a clone, build it with \`npm run build\`; from npm, install @ruvector/ruvllm on a platform with a binary: linux-x64-gnu): ${e.message}`)
   }
 }
 

@@ -95,7 +95,10 @@ async function bench(argv) {
   const [sub, ...rest] = argv
   if (sub === 'diffusion' || sub === 'learning') {
     // These benchmarks are programs of their own (benches/<name>.mjs); their flags pass through.
-    const r = require('node:child_process').spawnSync(process.execPath, [path.join(__dirname, `../../benches/${sub}.mjs`), ...rest], { stdio: 'inherit' })
+    // They are not in the npm package: they need a clone of the repository.
+    const script = path.join(__dirname, `../../benches/${sub}.mjs`)
+    if (!fs.existsSync(script)) throw new cli.CliError('ERR_USAGE', `bench ${sub} runs benches/${sub}.mjs from a clone of the repository; the npm package does not include it`)
+    const r = require('node:child_process').spawnSync(process.execPath, [script, ...rest], { stdio: 'inherit' })
     return r.status ?? 1
   }
   if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; use "bench routing", "bench learning" or "bench diffusion"`)
