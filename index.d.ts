@@ -686,6 +686,13 @@ export interface LoadOptions {
   adapters?: Array<string | { path: string, scale?: number }>
   /** SONA: learn from `llm.feedback` into adapters kept in `dir` (see `LearningOptions`). */
   learning?: LearningOptions
+  /**
+   * Where the model runs: `'auto'` (default: the CUDA backend when an NVIDIA GPU with
+   * compute capability 8.0+ and its driver are present and the model's weight types have
+   * kernels, else the CPU), `'cuda'` (the GPU or an `ERR_GPU_UNAVAILABLE` error saying why
+   * not) or `false` (the CPU). `llm.info.backend` says which was taken.
+   */
+  gpu?: 'auto' | 'cuda' | false
 }
 
 /** A model the manager knows (built in or imported), and whether it is on disk. */
@@ -739,6 +746,11 @@ export interface ModelInfo {
   diffusion: boolean
   /** Threads the kernels use. */
   threads: number
+  /**
+   * Where the forward pass runs: `'cpu (<instruction set>, <n> threads)'` or
+   * `'cuda (<GPU name> (sm_XY, <memory> MiB))'`.
+   */
+  backend: string
 }
 
 /** Where models live and what is there. */

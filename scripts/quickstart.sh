@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d node_modules/@napi-rs/cli ] || npm install --no-audit --no-fund
-npx napi build --platform --release -o .
+npm run build
 node bin/ruvllm.js models download gemma-3-270m
 
 PY="${PYTHON:-python3}"

@@ -10,7 +10,7 @@ use napi::bindgen_prelude::{FromNapiValue, Unknown};
 use napi::{sys, Env, JsValue, ValueType};
 
 use ruvllm_core::chat::ChatMessage;
-use ruvllm_core::engine::{DiffusionParams, ElboParams, GenerateParams, LoadOptions, Prompt, Remasking, Schedule};
+use ruvllm_core::engine::{DiffusionParams, ElboParams, GenerateParams, GpuMode, LoadOptions, Prompt, Remasking, Schedule};
 use ruvllm_core::sampling::SamplingParams;
 
 use crate::error::{CodedError, Res};
@@ -260,7 +260,7 @@ pub fn path_or_id(v: Option<Val>) -> Res<String> {
   }
 }
 
-const LOAD_KEYS: &[&str] = &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal", "diffusion", "learning"];
+const LOAD_KEYS: &[&str] = &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal", "diffusion", "learning", "gpu"];
 
 const LEARNING_KEYS: &[&str] = &[
   "dir",
@@ -399,7 +399,26 @@ pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
     threads: int_in(bag, "threads", 1.0, 1024.0)?.map(|n| n as usize),
     seed: int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER)?.map(|n| n as u64),
     diffusion: diffusion_load(field(bag, "diffusion")?)?,
+    gpu: gpu_mode(field(bag, "gpu")?)?,
   })
+}
+
+/// `LLM.load(_, { gpu })`: `'auto'` (default), `'cuda'`, or `false` (the CPU).
+fn gpu_mode(v: Option<Val>) -> Res<GpuMode> {
+  let Some(v) = v else { return Ok(GpuMode::Auto) };
+  let bad = || CodedError::invalid_type(format!("gpu must be 'auto', 'cuda' or false, got {}", type_name(&v)));
+  match v.ty()? {
+    ValueType::Boolean => match v.get::<bool>()? {
+      false => Ok(GpuMode::Off),
+      true => Err(bad()),
+    },
+    ValueType::String => match string(&v, "gpu")?.as_str() {
+      "auto" => Ok(GpuMode::Auto),
+      "cuda" => Ok(GpuMode::Cuda),
+      other => Err(CodedError::out_of_range(format!("gpu must be 'auto', 'cuda' or false, got '{other}'"))),
+    },
+    _ => Err(bad()),
+  }
 }
 
 /// The model manager's options: where a model may come from and how the caller follows it.

@@ -36,6 +36,12 @@ pub struct LoadOptions {
   pub adapters: Option<serde_json::Value>,
   /// SONA: learn from `llm.feedback` into adapters kept in `dir` (see `LearningOptions`).
   pub learning: Option<LearningOptions>,
+  /// Where the model runs: `'auto'` (default: the CUDA backend when an NVIDIA GPU with
+  /// compute capability 8.0+ and its driver are present and the model's weight types have
+  /// kernels, else the CPU), `'cuda'` (the GPU or an `ERR_GPU_UNAVAILABLE` error saying why
+  /// not) or `false` (the CPU). `llm.info.backend` says which was taken.
+  #[napi(ts_type = "'auto' | 'cuda' | false")]
+  pub gpu: Option<serde_json::Value>,
 }
 
 /// `LLM.load(_, { learning })`: the model learns from feedback. Everything but `dir` has a
@@ -447,6 +453,9 @@ pub struct ModelInfo {
   pub diffusion: bool,
   /// Threads the kernels use.
   pub threads: u32,
+  /// Where the forward pass runs: `'cpu (<instruction set>, <n> threads)'` or
+  /// `'cuda (<GPU name> (sm_XY, <memory> MiB))'`.
+  pub backend: String,
 }
 
 impl From<&ruvllm_core::engine::ModelInfo> for ModelInfo {
@@ -465,6 +474,7 @@ impl From<&ruvllm_core::engine::ModelInfo> for ModelInfo {
       has_chat_template: i.has_chat_template,
       diffusion: i.diffusion,
       threads: clamp_u32(i.threads),
+      backend: i.backend.clone(),
     }
   }
 }

@@ -34,6 +34,10 @@ pub enum Error {
     Aborted,
     #[error("internal error: {0}")]
     Internal(String),
+    /// The GPU backend: no usable device (`ERR_GPU_UNAVAILABLE`), out of device memory
+    /// (`ERR_GPU_OOM`), or a failed kernel or driver call (`ERR_GPU`).
+    #[error("{msg}")]
+    Gpu { code: &'static str, msg: String },
 }
 
 impl Error {
@@ -52,6 +56,7 @@ impl Error {
             Error::Closed => "ERR_CLOSED",
             Error::Aborted => "ABORT_ERR",
             Error::Internal(_) => "ERR_INTERNAL",
+            Error::Gpu { code, .. } => code,
         }
     }
 

@@ -91,6 +91,16 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether [`sample`](Self::sample) is a plain argmax of the logits (greedy, no penalties),
+    /// which a backend can compute where the logits are.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        let t = p.temperature;
+        let repeat = p.repeat_penalty > 0.0 && p.repeat_penalty != 1.0;
+        let additive = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        (t.is_nan() || t <= 0.0) && (!(repeat || additive) || p.repeat_last_n == 0)
+    }
+
     /// Picks the next token. `logits` may be modified in place; `history` is prompt + output.
     /// NaN logits are never chosen; with no usable logit at all (empty or all NaN) it returns 0.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {

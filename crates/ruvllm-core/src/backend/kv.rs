@@ -21,6 +21,34 @@ pub enum KvType {
 pub enum KvRows {
     F16 { k: HugeVec<f16>, v: HugeVec<f16> },
     F32 { k: HugeVec<f32>, v: HugeVec<f32> },
+    /// Rows in a GPU's memory, which only that backend's kernels read and write.
+    Device(DeviceRows),
+}
+
+/// Keys and values held in device memory by a GPU backend: addresses, element size and the
+/// release of the memory when the cache is dropped.
+pub struct DeviceRows {
+    pub k: u64,
+    pub v: u64,
+    /// Bytes per element (2: f16, 4: f32).
+    pub elem: usize,
+    /// Bytes of keys and values together.
+    pub bytes: usize,
+    release: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl DeviceRows {
+    pub fn new(k: u64, v: u64, elem: usize, bytes: usize, release: Box<dyn FnOnce() + Send + Sync>) -> Self {
+        DeviceRows { k, v, elem, bytes, release: Some(release) }
+    }
+}
+
+impl Drop for DeviceRows {
+    fn drop(&mut self) {
+        if let Some(f) = self.release.take() {
+            f();
+        }
+    }
 }
 
 /// Keys and values of one layer.
@@ -46,6 +74,7 @@ impl LayerCache {
         match &self.rows {
             KvRows::F16 { k, v } => (k.len() + v.len()) * 2,
             KvRows::F32 { k, v } => (k.len() + v.len()) * 4,
+            KvRows::Device(d) => d.bytes,
         }
     }
 
@@ -67,6 +96,7 @@ impl LayerCache {
                 k[s..s + row].copy_from_slice(k_row);
                 v[s..s + row].copy_from_slice(v_row);
             }
+            KvRows::Device(_) => panic!("LayerCache::store on a device cache (only its backend writes it)"),
         }
     }
 }

@@ -11,6 +11,8 @@
 //! ([`LowRank`]).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod kv;
 pub mod mask;
 pub mod rope;
@@ -105,6 +107,8 @@ pub struct LowRank<'a> {
     pub a: &'a [f16],
     /// `Bᵀ`, `rank × d_out`, row-major (column `j` of `B` is row `j` here).
     pub bt: &'a [f16],
+    /// Identifies these factor values (0: unknown): a GPU backend uploads each id once.
+    pub id: u64,
 }
 
 /// The low-rank deltas of one call: (output index, factors, scale) in the order they are
@@ -186,4 +190,22 @@ pub trait Backend {
     fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32];
     /// The logits of the last [`lm_head`](Backend::lm_head) call, for the sampler to modify.
     fn logits(&mut self) -> &mut [f32];
+
+    /// [`lm_head`](Backend::lm_head) whose logits may stay where they were computed until
+    /// [`logits`](Backend::logits) or [`argmax`](Backend::argmax) asks (a GPU copies them back
+    /// only when the sampler needs them all).
+    fn lm_head_deferred(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) {
+        self.lm_head(output, norm, eps, softcap, rows);
+    }
+    /// The greedy token of the first row of the last LM head (the largest non-NaN logit, the
+    /// lowest id on ties), where the backend finds it without handing over the logits; `None`:
+    /// read [`logits`](Backend::logits) instead.
+    fn argmax(&mut self) -> Option<u32> {
+        None
+    }
+    /// The first failure since the last call (a GPU's failed launch, copy or allocation),
+    /// after which the backend's results are void; always `Ok` on the CPU.
+    fn status(&mut self) -> crate::Result<()> {
+        Ok(())
+    }
 }

@@ -36,6 +36,11 @@ impl RopeTable {
         RopeTable { rot_dim, style, cos, sin }
     }
 
+    /// The cosines and sines, `[pos][rot_dim / 2]` each (what a GPU backend uploads).
+    pub fn cos_sin(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+
     pub fn max_pos(&self) -> usize {
         self.cos.len() / (self.rot_dim / 2).max(1)
     }

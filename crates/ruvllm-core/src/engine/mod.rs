@@ -45,6 +45,21 @@ pub struct LoadOptions {
     /// Masked-diffusion conversion adapters (one, or one per range of mask ratios): the model
     /// then decodes by diffusion ([`decode::Diffusion`]).
     pub diffusion: Vec<PathBuf>,
+    /// Where the forward pass runs (default [`GpuMode::Auto`]).
+    pub gpu: GpuMode,
+}
+
+/// Where the forward pass runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GpuMode {
+    /// The CUDA backend when this build has it, a CUDA device is usable and it runs every
+    /// weight type of the model; else the CPU.
+    #[default]
+    Auto,
+    /// The CUDA backend, or an `ERR_GPU_UNAVAILABLE` error saying why not.
+    Cuda,
+    /// The CPU.
+    Off,
 }
 
 /// What the JS side shows as `llm.info`.
@@ -69,6 +84,9 @@ pub struct ModelInfo {
     /// Whether it decodes by masked diffusion.
     pub diffusion: bool,
     pub threads: usize,
+    /// Where the forward pass runs, e.g. `cpu (avx512-vnni, 2 threads)` or
+    /// `cuda (NVIDIA H100 80GB HBM3 (sm_90, 81079 MiB))`.
+    pub backend: String,
 }
 
 /// A prompt: plain text, or chat messages rendered with the model's (or a given) template.
@@ -360,7 +378,55 @@ fn model_info(file: &GgufFile, cfg: &models::TransformerConfig, context: usize, 
         has_chat_template: has_template,
         diffusion: false,
         threads,
+        backend: String::new(),
     }
+}
+
+/// The backend `mode` asks for, with the most tokens one pass carries.
+fn open_backend(mode: GpuMode, model: &Transformer, threads: usize, context: usize) -> Result<(Box<dyn Backend + Send>, usize)> {
+    let cpu = |model: &Transformer| -> (Box<dyn Backend + Send>, usize) {
+        let max_batch = MAX_BATCH.min(context);
+        let mut be = CpuBackend::new(threads);
+        model.prepare(&mut be, max_batch);
+        (Box::new(be), max_batch)
+    };
+    match mode {
+        GpuMode::Off => Ok(cpu(model)),
+        GpuMode::Cuda => open_cuda(model, context),
+        GpuMode::Auto => match open_cuda(model, context) {
+            Ok(b) => Ok(b),
+            // Out of device memory is not a reason to fall back silently.
+            Err(e) if e.code() == "ERR_GPU_OOM" => Err(e),
+            Err(_) => Ok(cpu(model)),
+        },
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(model: &Transformer, context: usize) -> Result<(Box<dyn Backend + Send>, usize)> {
+    use crate::backend::cuda;
+    let mut all = vec![&model.embed, &model.output];
+    for l in &model.layers {
+        all.extend([&l.wq.weight, &l.wk.weight, &l.wv.weight, &l.wo.weight, &l.ffn_gate.weight, &l.ffn_up.weight, &l.ffn_down.weight]);
+    }
+    if let Some(w) = all.iter().find(|w| !cuda::supports(w.ty, w.cols)) {
+        return Err(cuda::unavailable(format!("the CUDA kernels do not run this model's {} weights ({} columns)", w.ty.name(), w.cols)));
+    }
+    let c = &model.cfg;
+    if c.head_dim > 256 || !c.head_dim.is_multiple_of(32) || c.n_head / c.n_kv_head.max(1) > 8 {
+        return Err(cuda::unavailable(format!("the CUDA attention kernel does not cover head_dim {} with {} heads per KV head", c.head_dim, c.n_head / c.n_kv_head.max(1))));
+    }
+    let mut be = cuda::CudaBackend::new()?;
+    let max_batch = MAX_BATCH.min(context);
+    model.prepare(&mut be, max_batch);
+    be.prepare_weight(&model.embed);
+    be.status()?;
+    Ok((Box::new(be), max_batch))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_model: &Transformer, _context: usize) -> Result<(Box<dyn Backend + Send>, usize)> {
+    Err(Error::Gpu { code: "ERR_GPU_UNAVAILABLE", msg: "this build of ruvllm has no CUDA backend".into() })
 }
 
 impl Engine {
@@ -386,7 +452,6 @@ impl Engine {
             Some(t) => t,
             None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         };
-        let max_batch = MAX_BATCH.min(context);
         let model = {
             let loader = models::WeightLoader { file: &file };
             Arc::new(Transformer::load(&loader, cfg.clone(), context)?)
@@ -402,10 +467,10 @@ impl Engine {
             let adapters = opts.diffusion.iter().map(|p| LoraAdapter::load(p, &cfg, &cfg.architecture).map(Arc::new)).collect::<Result<Vec<_>>>()?;
             Some(Arc::new(DiffusionModel::new(adapters)?))
         };
-        let mut backend = CpuBackend::new(threads);
-        model.prepare(&mut backend, max_batch);
+        let (backend, max_batch) = open_backend(opts.gpu, &model, threads, context)?;
         let mut info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
         info.diffusion = diffusion.is_some();
+        info.backend = backend.describe();
         let bos_text = tokenizer.bos_id().and_then(|b| tokenizer.decode(&[b], false).ok()).unwrap_or_default();
         let shared = Arc::new(Shared { file, tokenizer, template, bos_text });
         let (tx, rx) = channel();
@@ -421,10 +486,10 @@ impl Engine {
             .name("ruvllm-engine".into())
             .spawn(move || {
                 let worker = Worker {
-                    cache: worker_model.new_cache(&backend, context, max_batch),
+                    cache: worker_model.new_cache(backend.as_ref(), context, max_batch),
                     model: worker_model,
                     shared: worker_shared,
-                    backend: Box::new(backend),
+                    backend,
                     context,
                     default_adapters: worker_adapters,
                     hooks: worker_hooks,

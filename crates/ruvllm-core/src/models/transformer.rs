@@ -232,8 +232,8 @@ impl Transformer {
     pub fn forward(&self, tokens: &[u32], pos0: usize, cache: &mut KvCache, be: &mut dyn Backend) -> Result<()> {
         self.forward_hidden(tokens, pos0, AttentionMask::Causal, cache, be)?;
         let n = tokens.len();
-        self.head(be, &[n - 1]);
-        Ok(())
+        be.lm_head_deferred(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, &[n - 1]);
+        be.status()
     }
 
     /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(t, logits)` with
@@ -268,6 +268,12 @@ impl Transformer {
         self.forward_hidden(tokens, pos0, mask, cache, be)?;
         let (d, n) = (self.cfg.d_model, tokens.len());
         let h = be.final_hidden(&self.output_norm, self.cfg.norm_eps, n);
+        if h.len() < n * d {
+            // A GPU backend that failed hands back nothing.
+            let got = h.len();
+            be.status()?;
+            return Err(Error::Internal(format!("final_hidden gave {got} values for {n} tokens")));
+        }
         for t in 0..n {
             each(t, &h[t * d..(t + 1) * d]);
         }
@@ -296,7 +302,9 @@ impl Transformer {
         self.forward_hidden(tokens, pos0, mask, cache, be)?;
         let v = self.cfg.vocab_size;
         for (c, chunk) in rows.chunks(HEAD_BATCH).enumerate() {
-            let out = self.head(be, chunk);
+            self.head(be, chunk);
+            be.status()?;
+            let out = be.logits();
             for i in 0..chunk.len() {
                 each(c * HEAD_BATCH + i, &out[i * v..(i + 1) * v]);
             }

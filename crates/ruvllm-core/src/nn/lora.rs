@@ -102,6 +102,9 @@ pub struct LoraPair {
     /// `Bᵀ`, `rank × d_out`, row-major (column `j` of `B` is row `j` here, so `B·h` is `rank`
     /// contiguous `axpy`s).
     pub bt: Vec<f16>,
+    /// Unique per set of factor values (clones share it): a GPU backend keeps one uploaded copy
+    /// per id.
+    id: u64,
 }
 
 impl LoraPair {
@@ -113,12 +116,14 @@ impl LoraPair {
                 bt[j * d_out + o] = f16::from_f32(b[o * rank + j]);
             }
         }
-        LoraPair { rank, d_in, d_out, a: a.iter().map(|&v| f16::from_f32(v)).collect(), bt }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        LoraPair { rank, d_in, d_out, a: a.iter().map(|&v| f16::from_f32(v)).collect(), bt, id }
     }
 
     /// The factors as the backends take them.
     pub fn view(&self) -> LowRank<'_> {
-        LowRank { rank: self.rank, d_in: self.d_in, d_out: self.d_out, a: &self.a, bt: &self.bt }
+        LowRank { rank: self.rank, d_in: self.d_in, d_out: self.d_out, a: &self.a, bt: &self.bt, id: self.id }
     }
 }
 

@@ -157,6 +157,7 @@ pub fn run(call: Call) {
     match &call.cache.rows {
         KvRows::F16 { k, v } => rows(call, k, v),
         KvRows::F32 { k, v } => rows(call, k, v),
+        KvRows::Device(_) => panic!("the CPU backend was given a device KV cache"),
     }
 }
 

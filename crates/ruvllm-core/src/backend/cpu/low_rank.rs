@@ -163,7 +163,7 @@ mod tests {
         let b: Vec<f32> = (0..d_out * r).map(|i| f16::from_f32((i as f32 * 0.11).cos()).to_f32()).collect();
         let x: Vec<f32> = (0..n * d_in).map(|i| i as f32 * 0.1 - 0.3).collect();
         let (fa, fbt) = factors(&a, &b, r, d_out);
-        let pair = LowRank { rank: r, d_in, d_out, a: &fa, bt: &fbt };
+        let pair = LowRank { rank: r, d_in, d_out, a: &fa, bt: &fbt, id: 0 };
         let mut y = vec![1.0f32; n * d_out];
         pair.apply(&x, n, 0.5, &mut y);
         for t in 0..n {
@@ -181,7 +181,7 @@ mod tests {
         let a: Vec<f32> = (0..r * d_in).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..d_out * r).map(|i| (i as f32 * 0.11).cos()).collect();
         let (fa, fbt) = factors(&a, &b, r, d_out);
-        let pair = LowRank { rank: r, d_in, d_out, a: &fa, bt: &fbt };
+        let pair = LowRank { rank: r, d_in, d_out, a: &fa, bt: &fbt, id: 0 };
         for parts in [1, 2, 3, 5] {
             for n in [1, 2, 7] {
                 let x: Vec<f32> = (0..n * d_in).map(|i| (i as f32 * 0.013).cos()).collect();

@@ -51,7 +51,14 @@ impl DecodeStrategy for Autoregressive {
                 reason = FinishReason::Abort;
                 break;
             }
-            let next = sampler.sample(ctx.backend.logits(), &history);
+            // Greedy without penalties: the backend's argmax (a GPU then hands back one id, not
+            // the logits).
+            let device_pick = if sampler.is_plain_greedy() { ctx.backend.argmax() } else { None };
+            let next = match device_pick {
+                Some(id) => id,
+                None => sampler.sample(ctx.backend.logits(), &history),
+            };
+            ctx.backend.status()?;
             if ttft.is_none() {
                 ttft = Some(req.start.elapsed().as_secs_f64() * 1000.0);
             }

@@ -1,0 +1,37 @@
+// The JavaScript API on the GPU (run by scripts/gpu-check.sh on the GPU machine): load with
+// gpu: 'cuda' and gpu: false, greedy 32 tokens on three prompts on both (same tokens, or a
+// divergence printed), streaming from the GPU, and decode speed as the API reports it.
+// Usage: node benches/gpu.mjs MODEL.gguf
+import { createRequire } from 'node:module'
+const require = createRequire(import.meta.url)
+const { LLM } = require('../index.js')
+
+const model = process.argv[2]
+if (!model) throw new Error('usage: node benches/gpu.mjs MODEL.gguf')
+const gpu = await LLM.load(model, { gpu: 'cuda', contextSize: 2048 })
+const cpu = await LLM.load(model, { gpu: false, contextSize: 2048 })
+console.log(`js: gpu backend ${gpu.info.backend}; cpu backend ${cpu.info.backend}`)
+const prompts = ['The capital of France is Paris. The capital of Germany is', 'def add(a, b):', 'The three primary colors are']
+let same = 0
+for (const p of prompts) {
+  const a = await cpu.generate(p, { maxTokens: 32, temperature: 0 })
+  const b = await gpu.generate(p, { maxTokens: 32, temperature: 0 })
+  const eq = a.tokens.length === b.tokens.length && a.tokens.every((t, i) => t === b.tokens[i])
+  same += eq ? 1 : 0
+  console.log(`js: ${eq ? 'equal' : 'DIFFERENT'} ${JSON.stringify(b.text)}`)
+}
+let streamed = ''
+for await (const t of gpu.stream('Water boils at', { maxTokens: 16, temperature: 0 })) streamed += t.text
+console.log(`js: streamed ${JSON.stringify(streamed)}`)
+const speeds = []
+for (let i = 0; i < 4; i++) {
+  const r = await gpu.generate('Once upon a time', { maxTokens: 128, temperature: 0, stop: [] })
+  speeds.push(r.timings.decodeTokensPerSecond)
+}
+speeds.sort((x, y) => x - y)
+const sampled = await gpu.generate('Once upon a time', { maxTokens: 64, temperature: 0.8, seed: 1 })
+console.log(`js: sampled (temperature 0.8) ${sampled.timings.decodeTokensPerSecond.toFixed(0)} tok/s`)
+console.log(`js: decode ${speeds[2].toFixed(0)} tok/s (median of 4, 128 tokens); equal ${same}/${prompts.length}`)
+await gpu.close?.()
+await cpu.close?.()
+if (same < 2) process.exit(1)

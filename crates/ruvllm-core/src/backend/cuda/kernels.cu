@@ -1,0 +1,622 @@
+// ruvllm's CUDA kernels: everything a forward pass of our transformer needs, on the device.
+// Compiled at build time by nvcc (crates/ruvllm-core/build.rs) into a fatbin that the addon
+// embeds and loads through the driver API; no CUDA runtime library is linked.
+//
+// Weights stay in their GGUF block formats (the same bytes as the file) and are dequantized in
+// registers: `dq8<T>(row, j, y)` writes elements j..j+7 (j a multiple of 8) of one row.
+// Per-step values that change between decode steps (the position, the token ids, the LM-head
+// rows) are read from a device "step" block, so a decode step's launches are identical from one
+// token to the next and can be replayed as a CUDA graph.
+//
+// Step block layout (int32): [0] pos0, [1] n, [2] rows, [3] unused, [4 .. 4+max_batch) tokens,
+// [4+max_batch .. 4+2*max_batch) LM-head rows.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+typedef uint8_t u8;
+
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_BF16 30
+
+__device__ __forceinline__ float ldh(const u8* p) { return __half2float(*(const __half*)p); }
+__device__ __forceinline__ uint32_t ld32u(const u8* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+// Scale and min of sub-block `j` (0..7) of a Q4_K / Q5_K super-block (ggml's get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, float* sc, float* m) {
+    if (j < 4) {
+        *sc = (float)(q[j] & 63);
+        *m = (float)(q[j + 4] & 63);
+    } else {
+        *sc = (float)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+template <int T> __device__ __forceinline__ void dq8(const u8* row, int j, float* y);
+
+template <> __device__ __forceinline__ void dq8<T_F32>(const u8* row, int j, float* y) {
+    const float4* p = (const float4*)(row + (size_t)j * 4);
+    float4 a = p[0], b = p[1];
+    y[0] = a.x; y[1] = a.y; y[2] = a.z; y[3] = a.w; y[4] = b.x; y[5] = b.y; y[6] = b.z; y[7] = b.w;
+}
+template <> __device__ __forceinline__ void dq8<T_F16>(const u8* row, int j, float* y) {
+    uint4 v = *(const uint4*)(row + (size_t)j * 2);
+    const __half* h = (const __half*)&v;
+#pragma unroll
+    for (int i = 0; i < 8; i++) y[i] = __half2float(h[i]);
+}
+template <> __device__ __forceinline__ void dq8<T_BF16>(const u8* row, int j, float* y) {
+    uint4 v = *(const uint4*)(row + (size_t)j * 2);
+    const __nv_bfloat16* h = (const __nv_bfloat16*)&v;
+#pragma unroll
+    for (int i = 0; i < 8; i++) y[i] = __bfloat162float(h[i]);
+}
+template <> __device__ __forceinline__ void dq8<T_Q8_0>(const u8* row, int j, float* y) {
+    const u8* b = row + (size_t)(j >> 5) * 34;
+    float d = ldh(b);
+    const uint16_t* q = (const uint16_t*)(b + 2 + (j & 31));
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint16_t v = q[i];
+        y[2 * i] = d * (float)(int8_t)(v & 0xFF);
+        y[2 * i + 1] = d * (float)(int8_t)(v >> 8);
+    }
+}
+template <> __device__ __forceinline__ void dq8<T_Q4_0>(const u8* row, int j, float* y) {
+    const u8* b = row + (size_t)(j >> 5) * 18;
+    float d = ldh(b);
+    int o = j & 31;
+    const u8* q = b + 2 + (o & 15);
+    int sh = o < 16 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) y[i] = d * (float)(((q[i] >> sh) & 0xF) - 8);
+}
+template <> __device__ __forceinline__ void dq8<T_Q4_1>(const u8* row, int j, float* y) {
+    const u8* b = row + (size_t)(j >> 5) * 20;
+    float d = ldh(b), m = ldh(b + 2);
+    int o = j & 31;
+    const u8* q = b + 4 + (o & 15);
+    int sh = o < 16 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) y[i] = d * (float)((q[i] >> sh) & 0xF) + m;
+}
+template <> __device__ __forceinline__ void dq8<T_Q5_0>(const u8* row, int j, float* y) {
+    const u8* b = row + (size_t)(j >> 5) * 22;
+    float d = ldh(b);
+    uint32_t qh = ld32u(b + 2);
+    int o = j & 31;
+    const u8* q = b + 6 + (o & 15);
+    int sh = o < 16 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int v = ((q[i] >> sh) & 0xF) | (((qh >> (o + i)) & 1) << 4);
+        y[i] = d * (float)(v - 16);
+    }
+}
+template <> __device__ __forceinline__ void dq8<T_Q5_1>(const u8* row, int j, float* y) {
+    const u8* b = row + (size_t)(j >> 5) * 24;
+    float d = ldh(b), m = ldh(b + 2);
+    uint32_t qh = ld32u(b + 4);
+    int o = j & 31;
+    const u8* q = b + 8 + (o & 15);
+    int sh = o < 16 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int v = ((q[i] >> sh) & 0xF) | (((qh >> (o + i)) & 1) << 4);
+        y[i] = d * (float)v + m;
+    }
+}
+template <> __device__ __forceinline__ void dq8<T_Q4_K>(const u8* row, int j, float* y) {
+    const u8* b = row + (size_t)(j >> 8) * 144;
+    float d = ldh(b), dmin = ldh(b + 2);
+    int e = j & 255, g = e >> 6, h = e & 63;
+    float sc, m;
+    scale_min_k4(2 * g + (h >= 32), b + 4, &sc, &m);
+    float d1 = d * sc, m1 = dmin * m;
+    const u8* q = b + 16 + 32 * g + (h & 31);
+    int sh = h < 32 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) y[i] = d1 * (float)((q[i] >> sh) & 0xF) - m1;
+}
+template <> __device__ __forceinline__ void dq8<T_Q5_K>(const u8* row, int j, float* y) {
+    const u8* b = row + (size_t)(j >> 8) * 176;
+    float d = ldh(b), dmin = ldh(b + 2);
+    int e = j & 255, g = e >> 6, h = e & 63, l = h & 31;
+    int is = 2 * g + (h >= 32);
+    float sc, m;
+    scale_min_k4(is, b + 4, &sc, &m);
+    float d1 = d * sc, m1 = dmin * m;
+    const u8* qh = b + 16 + l;
+    const u8* q = b + 48 + 32 * g + l;
+    int sh = h < 32 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int v = ((q[i] >> sh) & 0xF) + (((qh[i] >> is) & 1) << 4);
+        y[i] = d1 * (float)v - m1;
+    }
+}
+template <> __device__ __forceinline__ void dq8<T_Q6_K>(const u8* row, int j, float* y) {
+    const u8* b = row + (size_t)(j >> 8) * 210;
+    float d = ldh(b + 208);
+    int e = j & 255, n = e >> 7, r = e & 127, qq = r >> 5, l = r & 31;
+    const u8* ql = b + 64 * n + l + (qq & 1) * 32;
+    const u8* qh = b + 128 + 32 * n + l;
+    float s = d * (float)((const int8_t*)(b + 192))[8 * n + l / 16 + 2 * qq];
+    int sh = qq >= 2 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int v = ((ql[i] >> sh) & 0xF) | (((qh[i] >> (2 * qq)) & 3) << 4);
+        y[i] = s * (float)(v - 32);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matrix-vector products for up to NT tokens: one warp per output row. Up to three weights of
+// the same type and input width run in one launch (Q, K, V; gate, up), rows numbered across them.
+// Y_k[t * rows_k + r] = W_k[r, :] · X[t, :].
+
+struct Mmv3 {
+    const u8* w[3];
+    long long rb[3];
+    int rows[3];
+    float* y[3];
+};
+
+template <int T, int NT>
+__device__ __forceinline__ void mmv_body(Mmv3 a, const float* __restrict__ X, int cols, int n) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    int k = 0;
+    if (r >= a.rows[0]) { r -= a.rows[0]; k = 1; if (r >= a.rows[1]) { r -= a.rows[1]; k = 2; if (r >= a.rows[2]) return; } }
+    const u8* row = a.w[k] + (size_t)r * a.rb[k];
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    for (int j = lane * 8; j < cols; j += 256) {
+        float w[8];
+        dq8<T>(row, j, w);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < n) {
+                const float4* xp = (const float4*)(X + (size_t)t * cols + j);
+                float4 p = xp[0], q = xp[1];
+                acc[t] += w[0] * p.x + w[1] * p.y + w[2] * p.z + w[3] * p.w + w[4] * q.x + w[5] * q.y + w[6] * q.z + w[7] * q.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0 && t < n) a.y[k][(size_t)t * a.rows[k] + r] = s;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiled product for many tokens: a block computes 64 rows × 64 tokens, stepping 32 columns at a
+// time through shared memory (weights dequantized once per tile).
+// Y[t * ldy + r] = W[r, :] · X[t, :].
+
+#define GB_M 64
+#define GB_N 64
+#define GB_K 32
+
+template <int T>
+__device__ __forceinline__ void gemm_body(const u8* __restrict__ W, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ Y, int ldy, int n) {
+    __shared__ float Ws[GB_K][GB_M + 4];
+    __shared__ float Xs[GB_K][GB_N + 4];
+    const int tid = threadIdx.x;
+    const int r0 = blockIdx.x * GB_M, t0 = blockIdx.y * GB_N;
+    const int lr = tid >> 2, lk = (tid & 3) * 8;
+    const int ty = tid >> 4, tx = tid & 15;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+    for (int k0 = 0; k0 < cols; k0 += GB_K) {
+        float w[8];
+        if (r0 + lr < rows) {
+            dq8<T>(W + (size_t)(r0 + lr) * rb, k0 + lk, w);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) Ws[lk + i][lr] = w[i];
+        if (t0 + lr < n) {
+            const float4* xp = (const float4*)(X + (size_t)(t0 + lr) * cols + k0 + lk);
+            float4 p = xp[0], q = xp[1];
+            Xs[lk + 0][lr] = p.x; Xs[lk + 1][lr] = p.y; Xs[lk + 2][lr] = p.z; Xs[lk + 3][lr] = p.w;
+            Xs[lk + 4][lr] = q.x; Xs[lk + 5][lr] = q.y; Xs[lk + 6][lr] = q.z; Xs[lk + 7][lr] = q.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) Xs[lk + i][lr] = 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < GB_K; k++) {
+            float4 a = *(const float4*)&Ws[k][ty * 4];
+            float4 b = *(const float4*)&Xs[k][tx * 4];
+            float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += av[i] * bv[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int r = r0 + ty * 4 + i;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int t = t0 + tx * 4 + j;
+            if (t < n) Y[(size_t)t * ldy + r] = acc[i][j];
+        }
+    }
+}
+
+// Embedding rows: X[t] = scale · table[tokens[t]], the token equal to `replace_id` taking
+// `replace` (when given) instead.
+template <int T>
+__device__ __forceinline__ void embed_body(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id) {
+    const int t = blockIdx.x;
+    const int tok = step[4 + t];
+    float* out = X + (size_t)t * d;
+    if (replace && tok == replace_id) {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) out[j] = replace[j] * scale;
+        return;
+    }
+    const u8* row = table + (size_t)tok * rb;
+    for (int j = threadIdx.x * 8; j < d; j += blockDim.x * 8) {
+        float w[8];
+        dq8<T>(row, j, w);
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[j + i] = w[i] * scale;
+    }
+}
+
+#define INSTANTIATE(T, name)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) mmv1_##name(Mmv3 a, const float* X, int cols, int n) { mmv_body<T, 1>(a, X, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(256) mmv2_##name(Mmv3 a, const float* X, int cols, int n) { mmv_body<T, 2>(a, X, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(256) mmv4_##name(Mmv3 a, const float* X, int cols, int n) { mmv_body<T, 4>(a, X, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(256) mmv8_##name(Mmv3 a, const float* X, int cols, int n) { mmv_body<T, 8>(a, X, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(256) gemm_##name(const u8* W, long long rb, int rows, const float* X, int cols, float* Y, int ldy, int n) { \
+        gemm_body<T>(W, rb, rows, X, cols, Y, ldy, n);                                                                   \
+    }                                                                                                                     \
+    extern "C" __global__ void embed_##name(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id) { \
+        embed_body<T>(table, rb, step, X, d, scale, replace, replace_id);                                                \
+    }
+
+INSTANTIATE(T_F32, f32)
+INSTANTIATE(T_F16, f16)
+INSTANTIATE(T_BF16, bf16)
+INSTANTIATE(T_Q4_0, q4_0)
+INSTANTIATE(T_Q4_1, q4_1)
+INSTANTIATE(T_Q5_0, q5_0)
+INSTANTIATE(T_Q5_1, q5_1)
+INSTANTIATE(T_Q8_0, q8_0)
+INSTANTIATE(T_Q4_K, q4_k)
+INSTANTIATE(T_Q5_K, q5_k)
+INSTANTIATE(T_Q6_K, q6_k)
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise and normalisation kernels.
+
+// RMSNorm of `chunks` chunks of `len` floats, one warp per chunk: dst = src / rms · w.
+extern "C" __global__ void rms_norm(const float* src, float* dst, const float* w, int len, float eps, int chunks) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (c >= chunks) return;
+    const float* x = src + (size_t)c * len;
+    float* y = dst + (size_t)c * len;
+    float ss = 0.f;
+    for (int j = lane; j < len; j += 32) ss += x[j] * x[j];
+    ss = warp_sum(ss);
+    const float s = rsqrtf(ss / (float)len + eps);
+    for (int j = lane; j < len; j += 32) y[j] = x[j] * s * w[j];
+}
+
+// The LM head's input: Xn[i] = RMSNorm(X[rows[i]]) for the step's `m` head rows.
+extern "C" __global__ void norm_rows(const float* X, float* Xn, const float* w, int d, float eps, const int* step, int max_batch) {
+    const int i = blockIdx.x;
+    const int r = step[4 + max_batch + i];
+    const float* x = X + (size_t)r * d;
+    float* y = Xn + (size_t)i * d;
+    __shared__ float part[32];
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) ss += x[j] * x[j];
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    const float s = rsqrtf(part[0] / (float)d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) y[j] = x[j] * s * w[j];
+}
+
+extern "C" __global__ void add_inplace(float* dst, const float* src, int count) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) dst[i] += src[i];
+}
+
+extern "C" __global__ void add_bias(float* dst, const float* bias, int width, int count) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) dst[i] += bias[i % width];
+}
+
+// gate = act(gate) · up; act 0: GELU (tanh approximation), 1: SiLU.
+extern "C" __global__ void gated(float* gate, const float* up, int count, int act) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    float g = gate[i], a;
+    if (act == 0) {
+        const float c = 0.7978845608028654f;
+        a = 0.5f * g * (1.f + tanhf(c * (g + 0.044715f * g * g * g)));
+    } else {
+        a = g / (1.f + __expf(-g));
+    }
+    gate[i] = a * up[i];
+}
+
+extern "C" __global__ void softcap(float* v, int count, float cap) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) v[i] = tanhf(v[i] / cap) * cap;
+}
+
+// RoPE of every head of the n rows of `buf` (row t at position pos0 + t); style 0: adjacent
+// pairs, 1: halves (NeoX). cos/sin: [pos][rot_dim / 2].
+extern "C" __global__ void rope(float* buf, const float* cosv, const float* sinv, int width, int head_dim, int rot_dim, int style, const int* step) {
+    const int t = blockIdx.x;
+    const int pos = step[0] + t;
+    const int half = rot_dim / 2;
+    const int heads = width / head_dim;
+    const float* c = cosv + (size_t)pos * half;
+    const float* s = sinv + (size_t)pos * half;
+    for (int k = threadIdx.x; k < heads * half; k += blockDim.x) {
+        const int h = k / half, i = k % half;
+        float* x = buf + (size_t)t * width + h * head_dim;
+        const int ia = style ? i : 2 * i, ib = style ? i + half : 2 * i + 1;
+        const float a = x[ia], b = x[ib];
+        x[ia] = a * c[i] - b * s[i];
+        x[ib] = a * s[i] + b * c[i];
+    }
+}
+
+// Stores the n rows of K and V at positions pos0.. (slot pos % capacity), as f16 or f32.
+extern "C" __global__ void store_kv(const float* K, const float* V, void* kc, void* vc, int kv_dim, int capacity, int f16, const int* step) {
+    const int t = blockIdx.x;
+    const size_t slot = (size_t)((step[0] + t) % capacity);
+    for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
+        const float k = K[(size_t)t * kv_dim + j], v = V[(size_t)t * kv_dim + j];
+        if (f16) {
+            ((__half*)kc)[slot * kv_dim + j] = __float2half_rn(k);
+            ((__half*)vc)[slot * kv_dim + j] = __float2half_rn(v);
+        } else {
+            ((float*)kc)[slot * kv_dim + j] = k;
+            ((float*)vc)[slot * kv_dim + j] = v;
+        }
+    }
+}
+
+// Low-rank adapter, first factor: tmp[t * rank + i] = A[i, :] · X[t, :] (A f16, rank × d_in); one
+// warp per (t, i).
+extern "C" __global__ void low_rank_a(const __half* A, const float* X, float* tmp, int rank, int d_in, int n) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int k = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (k >= rank * n) return;
+    const int t = k / rank, i = k % rank;
+    const __half* a = A + (size_t)i * d_in;
+    const float* x = X + (size_t)t * d_in;
+    float s = 0.f;
+    for (int j = lane; j < d_in; j += 32) s += __half2float(a[j]) * x[j];
+    s = warp_sum(s);
+    if (lane == 0) tmp[k] = s;
+}
+
+// Second factor: Y[t, j] += scale · Σ_i Bt[i, j] · tmp[t, i] (Bt f16, rank × d_out).
+extern "C" __global__ void low_rank_b(const __half* Bt, const float* tmp, float* Y, int rank, int d_out, float scale, int n) {
+    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= d_out * n) return;
+    const int t = idx / d_out, j = idx % d_out;
+    float s = 0.f;
+    for (int i = 0; i < rank; i++) s += __half2float(Bt[(size_t)i * d_out + j]) * tmp[t * rank + i];
+    Y[idx] += scale * s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention over the KV cache. Grid (splits, n_kv_head, n): a block takes one query token, one
+// KV head (with the G query heads sharing it) and one slice of the visible positions; its 8
+// warps walk the slice with an online softmax, then combine. With splits > 1, every block writes
+// its partial result and the last block of a (token, KV head) to finish combines them, so one
+// launch serves decode (many splits over a long span) and prefill (one split, many tokens).
+// mask 0: causal, 1: bidirectional, 2: block-causal (`block` positions); window 0: none.
+
+#define ATT_WARPS 8
+#define ATT_MAX_G 8
+#define ATT_MAX_D 8
+
+extern "C" __global__ void __launch_bounds__(256) attention(const float* Q, float* O, const void* kc, const void* vc, int kv_f16, int capacity, int n_head, int n_kv, int hd,
+                                                            float scale, int mask, int block, int window, const int* step, int n, float* part, unsigned int* counters, int splits) {
+    const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int G = n_head / n_kv, D = hd / 32;
+    const int pos0 = step[0], pos = pos0 + t, stored = pos0 + n;
+    int end = mask == 0 ? pos + 1 : (mask == 1 ? stored : min(stored, (pos / block + 1) * block));
+    end = max(end, pos + 1);
+    const int lo = window > 0 ? max(0, pos + 1 - window) : 0;
+    const int cnt = end - lo;
+    const int chunk = (cnt + splits - 1) / splits;
+    const int a = lo + s * chunk, b = min(end, a + chunk);
+    const int kv_dim = n_kv * hd;
+
+    float q[ATT_MAX_G][ATT_MAX_D], acc[ATT_MAX_G][ATT_MAX_D], m[ATT_MAX_G], l[ATT_MAX_G];
+#pragma unroll
+    for (int h = 0; h < ATT_MAX_G; h++) {
+        m[h] = -1e30f;
+        l[h] = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_D; i++) {
+            acc[h][i] = 0.f;
+            q[h][i] = (h < G && i < D) ? Q[(size_t)t * n_head * hd + (g * G + h) * hd + lane * D + i] * scale : 0.f;
+        }
+    }
+    for (int p = a + warp; p < b; p += ATT_WARPS) {
+        const size_t off = (size_t)(p % capacity) * kv_dim + g * hd + lane * D;
+        float k[ATT_MAX_D], v[ATT_MAX_D];
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_D; i++) {
+            if (i < D) {
+                k[i] = kv_f16 ? __half2float(((const __half*)kc)[off + i]) : ((const float*)kc)[off + i];
+                v[i] = kv_f16 ? __half2float(((const __half*)vc)[off + i]) : ((const float*)vc)[off + i];
+            } else {
+                k[i] = 0.f;
+                v[i] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < ATT_MAX_G; h++) {
+            if (h >= G) break;
+            float sc = 0.f;
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_D; i++) sc += q[h][i] * k[i];
+            sc = warp_sum(sc);
+            const float mn = fmaxf(m[h], sc);
+            const float c = __expf(m[h] - mn), e = __expf(sc - mn);
+            l[h] = l[h] * c + e;
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_D; i++) acc[h][i] = acc[h][i] * c + e * v[i];
+            m[h] = mn;
+        }
+    }
+    // Combine the warps, one head at a time, through shared memory.
+    __shared__ float sm[ATT_WARPS][2 + 256];
+    __shared__ bool last;
+    const int key = t * n_kv + g;
+    for (int h = 0; h < G; h++) {
+        if (lane == 0) { sm[warp][0] = m[h]; sm[warp][1] = l[h]; }
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_D; i++)
+            if (i < D) sm[warp][2 + lane * D + i] = acc[h][i];
+        __syncthreads();
+        float M = -1e30f;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][0]);
+        float L = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) L += sm[w][1] * __expf(sm[w][0] - M);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float A = 0.f;
+            for (int w = 0; w < ATT_WARPS; w++) A += sm[w][2 + d] * __expf(sm[w][0] - M);
+            if (splits == 1) {
+                O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / L;
+            } else {
+                float* pp = part + ((size_t)(key * splits + s) * G + h) * (hd + 2);
+                pp[2 + d] = A;
+                if (d == 0) { pp[0] = M; pp[1] = L; }
+            }
+        }
+        __syncthreads();
+    }
+    if (splits == 1) return;
+    __threadfence();
+    if (threadIdx.x == 0) {
+        unsigned int done = atomicAdd(&counters[key], 1u);
+        last = done == (unsigned int)(splits - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int h = 0; h < G; h++) {
+        const float* base = part + ((size_t)key * splits * G + h) * (hd + 2);
+        const size_t stride = (size_t)G * (hd + 2);
+        float M = -1e30f;
+        for (int i = 0; i < splits; i++) M = fmaxf(M, ((volatile const float*)base)[i * stride]);
+        float L = 0.f;
+        for (int i = 0; i < splits; i++) L += ((volatile const float*)base)[i * stride + 1] * __expf(((volatile const float*)base)[i * stride] - M);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float A = 0.f;
+            for (int i = 0; i < splits; i++) A += ((volatile const float*)base)[i * stride + 2 + d] * __expf(((volatile const float*)base)[i * stride] - M);
+            O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / L;
+        }
+    }
+    if (threadIdx.x == 0) counters[key] = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Greedy pick on the device: the largest non-NaN logit of row 0, lowest index on ties (the
+// CPU sampler's argmax). Stage 1: one candidate per block; stage 2: one block over those.
+
+__device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
+
+extern "C" __global__ void argmax1(const float* v, int count, float* pv, int* pi) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) better(bv, bi, v[i], i);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffff, bv, o);
+        int oi = __shfl_xor_sync(0xffffffff, bi, o);
+        better(bv, bi, ov, oi);
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) better(bv, bi, sv[w], si[w]);
+        pv[blockIdx.x] = bv;
+        pi[blockIdx.x] = bi;
+    }
+}
+
+extern "C" __global__ void argmax2(const float* pv, const int* pi, int parts, int* out) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) better(bv, bi, pv[i], pi[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffff, bv, o);
+        int oi = __shfl_xor_sync(0xffffffff, bi, o);
+        better(bv, bi, ov, oi);
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) better(bv, bi, sv[w], si[w]);
+        out[0] = bi == 0x7fffffff ? 0 : bi;
+    }
+}

@@ -1,0 +1,1005 @@
+//! The CUDA backend: the [`Backend`] operations as our own kernels (`kernels.cu`, compiled by
+//! nvcc at build time and embedded), run through the driver API loaded at run time
+//! ([`driver`]), so one binary serves machines with and without a GPU.
+//!
+//! - Weights are uploaded once in their GGUF block formats and dequantized in registers by the
+//!   products (`mmv*` for up to 8 tokens, a tiled `gemm` beyond).
+//! - Operations are recorded, not launched: a forward pass becomes a list of kernel launches,
+//!   sent at the first point the host needs a result (the LM head's token or logits, a hidden
+//!   state). What changes between decode steps (position, tokens, LM-head rows) lives in a small
+//!   device "step" block, so two decode steps make the same list; the second time a list is
+//!   seen it is captured as a CUDA graph and replayed from then on: one launch per token.
+//! - Greedy decoding reads back one token id ([`Backend::argmax`]); the logits come back only
+//!   when the sampler needs them.
+//! - Failures (a launch, a copy, out of device memory) are kept and reported by
+//!   [`Backend::status`] as coded errors; nothing panics across the API.
+
+pub mod driver;
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::hash::{Hash, Hasher};
+
+use driver::{check, Api, CUcontext, CUdeviceptr, CUfunction, CUgraph, CUgraphExec, CUmodule, CUstream, CudaError};
+
+use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QWeight, RopeStyle, RopeTable};
+use crate::backend::cpu::GgmlType;
+use crate::backend::kv::{DeviceRows, KvRows};
+use crate::{Error, Result};
+
+/// The kernels, compiled for sm_80 and sm_90 plus PTX (see build.rs).
+static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ruvllm_kernels.fatbin"));
+
+const MMV_MAX: usize = 8;
+/// Splits of a decode step's attention span (fixed, so the step's launches do not change).
+const DECODE_SPLITS: usize = 16;
+const ARGMAX_BLOCKS: usize = 256;
+
+/// Why the GPU cannot be used, as the coded error `gpu: 'cuda'` reports.
+pub fn unavailable(msg: impl Into<String>) -> Error {
+    Error::Gpu { code: "ERR_GPU_UNAVAILABLE", msg: msg.into() }
+}
+
+fn gpu_error(e: &CudaError) -> Error {
+    if e.out_of_memory() {
+        Error::Gpu { code: "ERR_GPU_OOM", msg: format!("out of GPU memory: {e}") }
+    } else {
+        Error::Gpu { code: "ERR_GPU", msg: format!("GPU failure: {e}") }
+    }
+}
+
+/// Is a CUDA device usable here? `Err` says why not.
+pub fn probe() -> std::result::Result<String, String> {
+    let api = driver::api()?;
+    let d = driver::first_device(api)?;
+    if d.major < 8 {
+        return Err(format!("{} has compute capability {}.{}; ruvllm's kernels need 8.0 or newer", d.name, d.major, d.minor));
+    }
+    Ok(format!("{} (sm_{}{}, {} MiB)", d.name, d.major, d.minor, d.total_mem >> 20))
+}
+
+/// Device memory freed on drop.
+struct DevMem {
+    ptr: CUdeviceptr,
+    bytes: usize,
+    ctx: CUcontext,
+}
+
+// SAFETY: a device address and the primary context handle are plain values usable from any
+// thread once the context is made current.
+unsafe impl Send for DevMem {}
+// SAFETY: DevMem has no interior mutability; shared references only read the address.
+unsafe impl Sync for DevMem {}
+
+impl DevMem {
+    fn alloc(api: &'static Api, ctx: CUcontext, bytes: usize) -> std::result::Result<DevMem, CudaError> {
+        let mut ptr = 0;
+        // SAFETY: the context is current on this thread (set by the caller).
+        unsafe { check(api, "cuMemAlloc", (api.mem_alloc)(&mut ptr, bytes.max(16)))? };
+        Ok(DevMem { ptr, bytes, ctx })
+    }
+}
+
+impl Drop for DevMem {
+    fn drop(&mut self) {
+        if let Ok(api) = driver::api() {
+            // SAFETY: freeing memory this context allocated.
+            unsafe {
+                (api.ctx_set_current)(self.ctx);
+                (api.mem_free)(self.ptr);
+            }
+        }
+    }
+}
+
+/// Page-locked host memory (fast, asynchronous copies).
+struct HostMem {
+    ptr: *mut c_void,
+    bytes: usize,
+    ctx: CUcontext,
+}
+
+// SAFETY: owned host memory.
+unsafe impl Send for HostMem {}
+
+impl HostMem {
+    fn alloc(api: &'static Api, ctx: CUcontext, bytes: usize) -> std::result::Result<HostMem, CudaError> {
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: the context is current on this thread.
+        unsafe { check(api, "cuMemAllocHost", (api.mem_alloc_host)(&mut ptr, bytes.max(16)))? };
+        Ok(HostMem { ptr, bytes, ctx })
+    }
+
+    fn as_f32(&mut self, n: usize) -> &mut [f32] {
+        assert!(n * 4 <= self.bytes);
+        // SAFETY: `bytes` of page-locked memory, f32-aligned.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut f32, n) }
+    }
+
+    fn as_i32(&mut self, n: usize) -> &mut [i32] {
+        assert!(n * 4 <= self.bytes);
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut i32, n) }
+    }
+}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        if let Ok(api) = driver::api() {
+            // SAFETY: freeing what cuMemAllocHost returned.
+            unsafe {
+                (api.ctx_set_current)(self.ctx);
+                (api.mem_free_host)(self.ptr);
+            }
+        }
+    }
+}
+
+/// One recorded kernel launch: the function, its geometry and its argument bytes (each argument
+/// at an 8-byte aligned offset of `args`).
+struct Launch {
+    func: CUfunction,
+    grid: [u32; 3],
+    block: u32,
+    args: Vec<u64>,
+    /// Start (in u64 words) of each argument in `args`.
+    offs: Vec<u32>,
+}
+
+/// Builds a launch's argument list.
+struct Args {
+    words: Vec<u64>,
+    offs: Vec<u32>,
+}
+
+impl Args {
+    fn new() -> Self {
+        Args { words: Vec::with_capacity(24), offs: Vec::with_capacity(20) }
+    }
+    fn ptr(mut self, p: CUdeviceptr) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.push(p);
+        self
+    }
+    fn i32(mut self, v: i32) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.push(v as u32 as u64);
+        self
+    }
+    fn i64(mut self, v: i64) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.push(v as u64);
+        self
+    }
+    fn f32(mut self, v: f32) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.push(v.to_bits() as u64);
+        self
+    }
+    /// A by-value struct of `words` 8-byte words.
+    fn words(mut self, w: &[u64]) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.extend_from_slice(w);
+        self
+    }
+}
+
+/// The `Mmv3` struct of kernels.cu: three (weight, row bytes, rows, output) sets.
+fn mmv3_words(w: [CUdeviceptr; 3], rb: [i64; 3], rows: [i32; 3], y: [CUdeviceptr; 3]) -> [u64; 11] {
+    let r = |i: usize| rows[i] as u32 as u64;
+    [w[0], w[1], w[2], rb[0] as u64, rb[1] as u64, rb[2] as u64, r(0) | (r(1) << 32), r(2), y[0], y[1], y[2]]
+}
+
+/// Kernel names by weight type.
+fn type_suffix(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        GgmlType::F32 => "f32",
+        GgmlType::F16 => "f16",
+        GgmlType::BF16 => "bf16",
+        GgmlType::Q4_0 => "q4_0",
+        GgmlType::Q4_1 => "q4_1",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_1 => "q5_1",
+        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q4_K => "q4_k",
+        GgmlType::Q5_K => "q5_k",
+        GgmlType::Q6_K => "q6_k",
+        _ => return None,
+    })
+}
+
+/// Can the CUDA backend run a weight of this type and width?
+pub fn supports(ty: GgmlType, cols: usize) -> bool {
+    type_suffix(ty).is_some() && cols.is_multiple_of(8)
+}
+
+/// An uploaded weight.
+struct DevWeight {
+    mem: DevMem,
+    row_bytes: usize,
+}
+
+/// A captured decode step.
+struct Graph {
+    graph: CUgraph,
+    exec: CUgraphExec,
+}
+
+/// The CUDA backend (see the module docs).
+pub struct CudaBackend {
+    api: &'static Api,
+    ctx: CUcontext,
+    stream: CUstream,
+    #[allow(dead_code)]
+    module: CUmodule,
+    funcs: HashMap<String, CUfunction>,
+    device: String,
+    widths: BufWidths,
+    max_batch: usize,
+    bufs: Vec<DevMem>,
+    /// Step block: [pos0, n, rows, _, tokens.., head rows..].
+    step_dev: Option<DevMem>,
+    step_host: Option<HostMem>,
+    step: Vec<i32>,
+    /// An upload of `step_host` may still be in flight.
+    step_inflight: bool,
+    logits_dev: Option<DevMem>,
+    logits_host: Option<HostMem>,
+    /// Rows of the last LM head, and whether `logits_host` holds them.
+    head_rows: usize,
+    logits_ready: bool,
+    argmax_part: Option<DevMem>,
+    argmax_out: Option<DevMem>,
+    argmax_host: Option<HostMem>,
+    att_part: Option<DevMem>,
+    att_counters: Option<DevMem>,
+    lr_tmp: Option<DevMem>,
+    hidden_host: Vec<f32>,
+    weights: HashMap<(usize, usize), DevWeight>,
+    /// Host vectors uploaded once (norm weights, biases, RoPE tables, LoRA factors), by
+    /// (address, length) or by LoRA id.
+    vectors: HashMap<(usize, usize), DevMem>,
+    lora: HashMap<u64, (DevMem, DevMem)>,
+    pending: Vec<Launch>,
+    graphs: HashMap<u64, Graph>,
+    last_sig: u64,
+    graphs_on: bool,
+    error: Option<Error>,
+}
+
+// SAFETY: the raw handles are process-wide driver objects; the backend is used by one thread at
+// a time (it is `Send`, not `Sync`) and makes its context current before driver calls.
+unsafe impl Send for CudaBackend {}
+
+impl CudaBackend {
+    /// Opens the first CUDA device and loads the kernels; the error says why the GPU cannot be
+    /// used (`ERR_GPU_UNAVAILABLE`).
+    pub fn new() -> Result<Self> {
+        let api = driver::api().map_err(unavailable)?;
+        let desc = probe().map_err(unavailable)?;
+        let dev = driver::first_device(api).map_err(unavailable)?;
+        let mut ctx = std::ptr::null_mut();
+        let mut module = std::ptr::null_mut();
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: driver calls with out-parameters; FATBIN is a valid fatbin image.
+        unsafe {
+            check(api, "cuDevicePrimaryCtxRetain", (api.primary_ctx_retain)(&mut ctx, dev.device)).map_err(|e| unavailable(e.to_string()))?;
+            check(api, "cuCtxSetCurrent", (api.ctx_set_current)(ctx)).map_err(|e| unavailable(e.to_string()))?;
+            check(api, "cuModuleLoadData", (api.module_load_data)(&mut module, FATBIN.as_ptr() as *const c_void))
+                .map_err(|e| unavailable(format!("cannot load ruvllm's GPU kernels on {desc}: {e}")))?;
+            check(api, "cuStreamCreate", (api.stream_create)(&mut stream, driver::STREAM_NON_BLOCKING)).map_err(|e| gpu_error(&e))?;
+        }
+        let graphs_on = std::env::var("RUVLLM_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
+        Ok(CudaBackend {
+            api,
+            ctx,
+            stream,
+            module,
+            funcs: HashMap::new(),
+            device: desc,
+            widths: BufWidths { d_model: 0, q_dim: 0, kv_dim: 0, ff_dim: 0, vocab_size: 0 },
+            max_batch: 0,
+            bufs: Vec::new(),
+            step_dev: None,
+            step_host: None,
+            step: Vec::new(),
+            step_inflight: false,
+            logits_dev: None,
+            logits_host: None,
+            head_rows: 0,
+            logits_ready: false,
+            argmax_part: None,
+            argmax_out: None,
+            argmax_host: None,
+            att_part: None,
+            att_counters: None,
+            lr_tmp: None,
+            hidden_host: Vec::new(),
+            weights: HashMap::new(),
+            vectors: HashMap::new(),
+            lora: HashMap::new(),
+            pending: Vec::new(),
+            graphs: HashMap::new(),
+            last_sig: 0,
+            graphs_on,
+            error: None,
+        })
+    }
+
+    /// Device memory in use and total, in bytes.
+    pub fn memory(&self) -> (usize, usize) {
+        let (mut free, mut total) = (0usize, 0usize);
+        self.current();
+        // SAFETY: out-parameters.
+        unsafe { (self.api.mem_get_info)(&mut free, &mut total) };
+        (total - free, total)
+    }
+
+    fn current(&self) {
+        // SAFETY: our retained primary context.
+        unsafe { (self.api.ctx_set_current)(self.ctx) };
+    }
+
+    fn fail(&mut self, e: Error) {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+    }
+
+    fn ok(&self) -> bool {
+        self.error.is_none()
+    }
+
+    fn func(&mut self, name: &str) -> CUfunction {
+        if let Some(&f) = self.funcs.get(name) {
+            return f;
+        }
+        let mut f = std::ptr::null_mut();
+        let c = CString::new(name).unwrap();
+        // SAFETY: module loaded in `new`; the names are the kernels' extern "C" names.
+        let r = unsafe { (self.api.module_get_function)(&mut f, self.module, c.as_ptr()) };
+        if let Err(e) = check(self.api, "cuModuleGetFunction", r) {
+            self.fail(Error::Gpu { code: "ERR_GPU", msg: format!("kernel {name}: {e}") });
+        }
+        self.funcs.insert(name.to_string(), f);
+        f
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Option<DevMem> {
+        self.current();
+        match DevMem::alloc(self.api, self.ctx, bytes) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                self.fail(gpu_error(&e));
+                None
+            }
+        }
+    }
+
+    fn upload(&mut self, dst: CUdeviceptr, src: &[u8]) {
+        self.current();
+        // SAFETY: `dst` holds at least `src.len()` bytes (allocated for it).
+        let r = unsafe { (self.api.memcpy_htod)(dst, src.as_ptr() as *const c_void, src.len()) };
+        if let Err(e) = check(self.api, "cuMemcpyHtoD", r) {
+            self.fail(gpu_error(&e));
+        }
+    }
+
+    fn ptr_of(m: &Option<DevMem>) -> CUdeviceptr {
+        m.as_ref().map_or(0, |m| m.ptr)
+    }
+
+    fn buf(&self, b: Buf) -> CUdeviceptr {
+        self.bufs.get(b.index()).map_or(0, |m| m.ptr)
+    }
+
+    /// A host f32 slice in device memory, uploaded on first use (model vectors live as long as
+    /// the model, which outlives the backend's use of them).
+    fn vector(&mut self, v: &[f32]) -> CUdeviceptr {
+        let key = (v.as_ptr() as usize, v.len());
+        if let Some(m) = self.vectors.get(&key) {
+            return m.ptr;
+        }
+        let Some(m) = self.alloc(v.len() * 4) else { return 0 };
+        // SAFETY: reinterpreting f32s as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) };
+        self.upload(m.ptr, bytes);
+        let p = m.ptr;
+        self.vectors.insert(key, m);
+        p
+    }
+
+    fn weight(&mut self, w: &QWeight) -> Option<(CUdeviceptr, usize)> {
+        let bytes = w.bytes();
+        let key = (bytes.as_ptr() as usize, bytes.len());
+        if !self.weights.contains_key(&key) {
+            if type_suffix(w.ty).is_none() {
+                self.fail(Error::Gpu { code: "ERR_GPU", msg: format!("the CUDA kernels do not run {} weights", w.ty.name()) });
+                return None;
+            }
+            let mem = self.alloc(bytes.len())?;
+            self.upload(mem.ptr, bytes);
+            self.weights.insert(key, DevWeight { mem, row_bytes: w.row_size() });
+        }
+        let d = &self.weights[&key];
+        Some((d.mem.ptr, d.row_bytes))
+    }
+
+    fn push(&mut self, name: &str, grid: [u32; 3], block: u32, args: Args) {
+        if !self.ok() {
+            return;
+        }
+        let func = self.func(name);
+        self.pending.push(Launch { func, grid, block, args: args.words, offs: args.offs });
+    }
+
+    fn blocks(count: usize, per: usize) -> u32 {
+        count.div_ceil(per).max(1) as u32
+    }
+
+    /// Sends the recorded launches (after the step block), as a graph when this list was seen
+    /// before.
+    fn flush(&mut self) {
+        if self.pending.is_empty() || !self.ok() {
+            self.pending.clear();
+            return;
+        }
+        self.current();
+        let api = self.api;
+        let res = (|| -> std::result::Result<(), CudaError> {
+            // The step block.
+            if self.step_inflight {
+                // SAFETY: our stream.
+                unsafe { check(api, "cuStreamSynchronize", (api.stream_synchronize)(self.stream))? };
+            }
+            let n = self.step.len();
+            let host = self.step_host.as_mut().expect("reserve() first");
+            host.as_i32(n).copy_from_slice(&self.step);
+            let dst = Self::ptr_of(&self.step_dev);
+            // SAFETY: both hold `n` i32s; the host memory is page-locked and not rewritten before
+            // the copy is known to be done (`step_inflight`).
+            unsafe { check(api, "cuMemcpyHtoDAsync", (api.memcpy_htod_async)(dst, host.ptr, n * 4, self.stream))? };
+            self.step_inflight = true;
+            let graphable = self.graphs_on && self.step[1] == 1;
+            let sig = if graphable { signature(&self.pending) } else { 0 };
+            if graphable {
+                if let Some(g) = self.graphs.get(&sig) {
+                    // SAFETY: an instantiated graph of launches on live buffers.
+                    return unsafe { check(api, "cuGraphLaunch", (api.graph_launch)(g.exec, self.stream)) };
+                }
+                if sig == self.last_sig {
+                    let g = self.capture()?;
+                    // SAFETY: as above.
+                    unsafe { check(api, "cuGraphLaunch", (api.graph_launch)(g.exec, self.stream))? };
+                    if self.graphs.len() >= 16 {
+                        self.clear_graphs();
+                    }
+                    self.graphs.insert(sig, g);
+                    return Ok(());
+                }
+                self.last_sig = sig;
+            }
+            self.launch_all()
+        })();
+        self.pending.clear();
+        if let Err(e) = res {
+            self.fail(gpu_error(&e));
+        }
+    }
+
+    fn launch_all(&self) -> std::result::Result<(), CudaError> {
+        let api = self.api;
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(24);
+        for l in &self.pending {
+            params.clear();
+            params.extend(l.offs.iter().map(|&o| l.args[o as usize..].as_ptr() as *mut c_void));
+            // SAFETY: each parameter pointer addresses the argument's bytes, laid out as the
+            // kernel declares them (8-byte slots; i32/f32 in the low bytes, little-endian).
+            unsafe {
+                check(
+                    api,
+                    "cuLaunchKernel",
+                    (api.launch_kernel)(l.func, l.grid[0], l.grid[1], l.grid[2], l.block, 1, 1, 0, self.stream, params.as_mut_ptr(), std::ptr::null_mut()),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn capture(&self) -> std::result::Result<Graph, CudaError> {
+        let api = self.api;
+        let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: capture of our own stream's launches, then instantiation.
+        unsafe {
+            check(api, "cuStreamBeginCapture", (api.stream_begin_capture)(self.stream, driver::CAPTURE_THREAD_LOCAL))?;
+            let launched = self.launch_all();
+            let ended = check(api, "cuStreamEndCapture", (api.stream_end_capture)(self.stream, &mut graph));
+            launched?;
+            ended?;
+            if let Err(e) = check(api, "cuGraphInstantiate", (api.graph_instantiate)(&mut exec, graph, 0)) {
+                (api.graph_destroy)(graph);
+                return Err(e);
+            }
+        }
+        Ok(Graph { graph, exec })
+    }
+
+    fn clear_graphs(&mut self) {
+        for (_, g) in self.graphs.drain() {
+            // SAFETY: graphs we created.
+            unsafe {
+                (self.api.graph_exec_destroy)(g.exec);
+                (self.api.graph_destroy)(g.graph);
+            }
+        }
+    }
+
+    fn sync(&mut self) {
+        if !self.ok() {
+            return;
+        }
+        self.current();
+        // SAFETY: our stream.
+        let r = unsafe { (self.api.stream_synchronize)(self.stream) };
+        self.step_inflight = false;
+        if let Err(e) = check(self.api, "cuStreamSynchronize", r) {
+            self.fail(gpu_error(&e));
+        }
+    }
+
+    fn copy_back(&mut self, dst: *mut c_void, src: CUdeviceptr, bytes: usize) {
+        if !self.ok() {
+            return;
+        }
+        self.current();
+        // SAFETY: `dst` is page-locked host memory of at least `bytes`; src a device buffer.
+        let r = unsafe { (self.api.memcpy_dtoh_async)(dst, src, bytes, self.stream) };
+        if let Err(e) = check(self.api, "cuMemcpyDtoHAsync", r) {
+            self.fail(gpu_error(&e));
+        }
+    }
+
+    /// Sets the step's position and token count (flushing a previous pass first).
+    fn begin_pass(&mut self, pos0: usize, n: usize) {
+        self.step[0] = pos0 as i32;
+        self.step[1] = n as i32;
+    }
+
+    /// `dsts[k] = ws[k]·src` for `n` rows: weights grouped by type into three-way launches.
+    fn products(&mut self, ws: &[&QWeight], src: Buf, dsts: &[Buf], n: usize) {
+        let cols = ws[0].cols;
+        let x = self.buf(src);
+        let mut up = Vec::with_capacity(ws.len());
+        for w in ws {
+            match self.weight(w) {
+                Some(d) => up.push(d),
+                None => return,
+            }
+        }
+        if n <= MMV_MAX {
+            let nt = match n {
+                1 => 1,
+                2 => 2,
+                3 | 4 => 4,
+                _ => 8,
+            };
+            let mut i = 0;
+            while i < ws.len() {
+                let ty = ws[i].ty;
+                let mut j = i + 1;
+                while j < ws.len() && j - i < 3 && ws[j].ty == ty && ws[j].cols == cols {
+                    j += 1;
+                }
+                let (mut wp, mut rb, mut rows, mut yp) = ([0; 3], [0i64; 3], [0i32; 3], [0; 3]);
+                for k in i..j {
+                    wp[k - i] = up[k].0;
+                    rb[k - i] = up[k].1 as i64;
+                    rows[k - i] = ws[k].rows as i32;
+                    yp[k - i] = self.buf(dsts[k]);
+                }
+                let total: usize = rows.iter().map(|&r| r as usize).sum();
+                let name = format!("mmv{nt}_{}", type_suffix(ty).unwrap_or("f32"));
+                let args = Args::new().words(&mmv3_words(wp, rb, rows, yp)).ptr(x).i32(cols as i32).i32(n as i32);
+                self.push(&name, [Self::blocks(total, 8), 1, 1], 256, args);
+                i = j;
+            }
+        } else {
+            for (k, w) in ws.iter().enumerate() {
+                let name = format!("gemm_{}", type_suffix(w.ty).unwrap_or("f32"));
+                let y = self.buf(dsts[k]);
+                let args = Args::new().ptr(up[k].0).i64(up[k].1 as i64).i32(w.rows as i32).ptr(x).i32(w.cols as i32).ptr(y).i32(w.rows as i32).i32(n as i32);
+                self.push(&name, [Self::blocks(w.rows, 64), Self::blocks(n, 64), 1], 256, args);
+            }
+        }
+    }
+
+    /// The LM head's kernels: norm of the step's head rows, product, soft-cap, argmax of row 0.
+    fn head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) {
+        let (d, v, m) = (self.widths.d_model, self.widths.vocab_size, rows.len());
+        let mb = self.max_batch;
+        self.step[2] = m as i32;
+        for (i, &r) in rows.iter().enumerate() {
+            self.step[4 + mb + i] = r as i32;
+        }
+        if self.logits_dev.as_ref().is_none_or(|l| l.bytes < m * v * 4) {
+            self.flush();
+            self.sync();
+            self.logits_dev = self.alloc(m * v * 4);
+            self.current();
+            self.logits_host = HostMem::alloc(self.api, self.ctx, m * v * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
+        }
+        let (x, xn) = (self.buf(Buf::X), self.buf(Buf::Xn));
+        let w = self.vector(norm);
+        let step = Self::ptr_of(&self.step_dev);
+        self.push("norm_rows", [m as u32, 1, 1], 256, Args::new().ptr(x).ptr(xn).ptr(w).i32(d as i32).f32(eps).ptr(step).i32(mb as i32));
+        let Some((wp, rb)) = self.weight(output) else { return };
+        let logits = Self::ptr_of(&self.logits_dev);
+        if m <= MMV_MAX {
+            let nt = match m {
+                1 => 1,
+                2 => 2,
+                3 | 4 => 4,
+                _ => 8,
+            };
+            let name = format!("mmv{nt}_{}", type_suffix(output.ty).unwrap_or("f32"));
+            let args = Args::new().words(&mmv3_words([wp, 0, 0], [rb as i64, 0, 0], [v as i32, 0, 0], [logits, 0, 0])).ptr(xn).i32(d as i32).i32(m as i32);
+            self.push(&name, [Self::blocks(v, 8), 1, 1], 256, args);
+        } else {
+            let name = format!("gemm_{}", type_suffix(output.ty).unwrap_or("f32"));
+            let args = Args::new().ptr(wp).i64(rb as i64).i32(v as i32).ptr(xn).i32(d as i32).ptr(logits).i32(v as i32).i32(m as i32);
+            self.push(&name, [Self::blocks(v, 64), Self::blocks(m, 64), 1], 256, args);
+        }
+        if let Some(cap) = softcap {
+            self.push("softcap", [Self::blocks(m * v, 256), 1, 1], 256, Args::new().ptr(logits).i32((m * v) as i32).f32(cap));
+        }
+        let (pv, out) = (Self::ptr_of(&self.argmax_part), Self::ptr_of(&self.argmax_out));
+        self.push("argmax1", [ARGMAX_BLOCKS as u32, 1, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(pv).ptr(pv + (ARGMAX_BLOCKS * 4) as u64));
+        self.push("argmax2", [1, 1, 1], 256, Args::new().ptr(pv).ptr(pv + (ARGMAX_BLOCKS * 4) as u64).i32(ARGMAX_BLOCKS as i32).ptr(out));
+        self.head_rows = m;
+        self.logits_ready = false;
+    }
+}
+
+/// A hash of the launches (functions, geometry, argument bytes): equal lists replay one graph.
+fn signature(ls: &[Launch]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ls.len().hash(&mut h);
+    for l in ls {
+        (l.func as usize).hash(&mut h);
+        l.grid.hash(&mut h);
+        l.block.hash(&mut h);
+        l.args.hash(&mut h);
+        l.offs.hash(&mut h);
+    }
+    h.finish() | 1
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        self.current();
+        // SAFETY: our stream; graphs are destroyed before the memory they use.
+        unsafe { (self.api.stream_synchronize)(self.stream) };
+        self.clear_graphs();
+    }
+}
+
+impl Backend for CudaBackend {
+    fn describe(&self) -> String {
+        format!("cuda ({})", self.device)
+    }
+
+    fn threads(&self) -> usize {
+        1
+    }
+
+    fn prepare_weight(&mut self, w: &QWeight) {
+        self.weight(w);
+    }
+
+    fn reserve(&mut self, widths: BufWidths, max_batch: usize) {
+        self.widths = widths;
+        self.max_batch = max_batch;
+        self.bufs.clear();
+        for b in Buf::ALL {
+            match self.alloc(max_batch * widths.of(b) * 4) {
+                Some(m) => self.bufs.push(m),
+                None => return,
+            }
+        }
+        self.step = vec![0; 4 + 2 * max_batch];
+        self.step_dev = self.alloc(self.step.len() * 4);
+        self.current();
+        self.step_host = HostMem::alloc(self.api, self.ctx, self.step.len() * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
+        self.argmax_part = self.alloc(ARGMAX_BLOCKS * 8);
+        self.argmax_out = self.alloc(16);
+        self.argmax_host = HostMem::alloc(self.api, self.ctx, 16).map_err(|e| self.fail(gpu_error(&e))).ok();
+        self.lr_tmp = self.alloc(max_batch * 64 * 4);
+    }
+
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache {
+        let elem = if ty == KvType::F16 { 2 } else { 4 };
+        let bytes = capacity * row * elem;
+        self.current();
+        let (k, v) = match (DevMem::alloc(self.api, self.ctx, bytes), DevMem::alloc(self.api, self.ctx, bytes)) {
+            (Ok(k), Ok(v)) => (k, v),
+            // Reported at the first pass (see `attention`): a cache of null rows.
+            _ => return LayerCache { capacity, rows: KvRows::Device(DeviceRows::new(0, 0, elem, 0, Box::new(|| {}))) },
+        };
+        // SAFETY: zero the fresh rows.
+        unsafe {
+            (self.api.memset_d8)(k.ptr, 0, bytes);
+            (self.api.memset_d8)(v.ptr, 0, bytes);
+        }
+        let (kp, vp) = (k.ptr, v.ptr);
+        LayerCache { capacity, rows: KvRows::Device(DeviceRows::new(kp, vp, elem, 2 * bytes, Box::new(move || drop((k, v))))) }
+    }
+
+    fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>, replace: Option<(u32, &[f32])>) {
+        // A new pass: send what the previous one left (its LM head), then set the step.
+        self.flush();
+        let n = tokens.len();
+        self.step[1] = n as i32;
+        for (i, &t) in tokens.iter().enumerate() {
+            self.step[4 + i] = t as i32;
+        }
+        let Some((wp, rb)) = self.weight(table) else { return };
+        let (rp, rid) = match replace {
+            Some((id, r)) if r.len() == self.widths.d_model => (self.vector(r), id as i32),
+            _ => (0, -1),
+        };
+        let name = format!("embed_{}", type_suffix(table.ty).unwrap_or("f32"));
+        let step = Self::ptr_of(&self.step_dev);
+        let args = Args::new().ptr(wp).i64(rb as i64).ptr(step).ptr(self.buf(Buf::X)).i32(self.widths.d_model as i32).f32(scale.unwrap_or(1.0)).ptr(rp).i32(rid);
+        self.push(&name, [n as u32, 1, 1], 256, args);
+    }
+
+    fn rms_norm(&mut self, src: Buf, dst: Buf, w: &[f32], eps: f32, n: usize) {
+        let chunks = n * self.widths.of(src) / w.len();
+        let wp = self.vector(w);
+        let args = Args::new().ptr(self.buf(src)).ptr(self.buf(dst)).ptr(wp).i32(w.len() as i32).f32(eps).i32(chunks as i32);
+        self.push("rms_norm", [Self::blocks(chunks, 8), 1, 1], 256, args);
+    }
+
+    fn matmul(&mut self, w: &QWeight, src: Buf, dst: Buf, n: usize) {
+        self.products(&[w], src, &[dst], n);
+    }
+
+    fn matmul_fused(&mut self, ws: &[&QWeight], src: Buf, dsts: &[Buf], n: usize) {
+        self.products(ws, src, dsts, n);
+    }
+
+    fn add_bias(&mut self, dst: Buf, bias: &[f32], n: usize) {
+        let count = n * bias.len();
+        let bp = self.vector(bias);
+        self.push("add_bias", [Self::blocks(count, 256), 1, 1], 256, Args::new().ptr(self.buf(dst)).ptr(bp).i32(bias.len() as i32).i32(count as i32));
+    }
+
+    fn add_low_rank(&mut self, terms: &LowRankTerms, src: Buf, dsts: &[Buf], n: usize) {
+        let tmp = Self::ptr_of(&self.lr_tmp);
+        let x = self.buf(src);
+        for (k, f, scale) in terms.iter() {
+            if f.rank * n > self.max_batch * 64 {
+                self.fail(Error::Gpu { code: "ERR_GPU", msg: format!("adapter rank {} is above the CUDA backend's 64", f.rank) });
+                return;
+            }
+            let key = if f.id != 0 { f.id } else { content_id(f.a, f.bt) };
+            if !self.lora.contains_key(&key) {
+                if self.lora.len() > 4096 {
+                    self.lora.clear();
+                }
+                let (Some(a), Some(b)) = (self.alloc(f.a.len() * 2), self.alloc(f.bt.len() * 2)) else { return };
+                // SAFETY: f16 as bytes.
+                let (ab, bb) = unsafe {
+                    (std::slice::from_raw_parts(f.a.as_ptr() as *const u8, f.a.len() * 2), std::slice::from_raw_parts(f.bt.as_ptr() as *const u8, f.bt.len() * 2))
+                };
+                self.upload(a.ptr, ab);
+                self.upload(b.ptr, bb);
+                self.lora.insert(key, (a, b));
+            }
+            let (ap, bp) = {
+                let (a, b) = &self.lora[&key];
+                (a.ptr, b.ptr)
+            };
+            let y = self.buf(dsts[k]);
+            self.push("low_rank_a", [Self::blocks(f.rank * n, 8), 1, 1], 256, Args::new().ptr(ap).ptr(x).ptr(tmp).i32(f.rank as i32).i32(f.d_in as i32).i32(n as i32));
+            self.push(
+                "low_rank_b",
+                [Self::blocks(f.d_out * n, 256), 1, 1],
+                256,
+                Args::new().ptr(bp).ptr(tmp).ptr(y).i32(f.rank as i32).i32(f.d_out as i32).f32(scale).i32(n as i32),
+            );
+        }
+    }
+
+    fn rope(&mut self, table: &RopeTable, buf: Buf, head_dim: usize, pos0: usize, n: usize) {
+        self.begin_pass(pos0, n);
+        let (c, s) = table.cos_sin();
+        let (cp, sp) = (self.vector(c), self.vector(s));
+        let style = i32::from(table.style == RopeStyle::Neox);
+        let step = Self::ptr_of(&self.step_dev);
+        let args = Args::new().ptr(self.buf(buf)).ptr(cp).ptr(sp).i32(self.widths.of(buf) as i32).i32(head_dim as i32).i32(table.rot_dim as i32).i32(style).ptr(step);
+        self.push("rope", [n as u32, 1, 1], 128, args);
+    }
+
+    fn store_kv(&mut self, cache: &mut LayerCache, pos0: usize, n: usize) {
+        self.begin_pass(pos0, n);
+        let KvRows::Device(d) = &cache.rows else {
+            self.fail(Error::Internal("the CUDA backend was given a host KV cache".into()));
+            return;
+        };
+        if d.k == 0 {
+            self.fail(Error::Gpu { code: "ERR_GPU_OOM", msg: "out of GPU memory for the KV cache".into() });
+            return;
+        }
+        let step = Self::ptr_of(&self.step_dev);
+        let args = Args::new()
+            .ptr(self.buf(Buf::K))
+            .ptr(self.buf(Buf::V))
+            .ptr(d.k)
+            .ptr(d.v)
+            .i32(self.widths.kv_dim as i32)
+            .i32(cache.capacity as i32)
+            .i32(i32::from(d.elem == 2))
+            .ptr(step);
+        self.push("store_kv", [n as u32, 1, 1], 256, args);
+    }
+
+    fn attention(&mut self, cache: &LayerCache, shape: AttnShape, mask: AttentionMask, window: Option<usize>, pos0: usize, n: usize) {
+        self.begin_pass(pos0, n);
+        let KvRows::Device(d) = &cache.rows else {
+            self.fail(Error::Internal("the CUDA backend was given a host KV cache".into()));
+            return;
+        };
+        let g = shape.n_head / shape.n_kv_head.max(1);
+        if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || g > 8 || g == 0 {
+            self.fail(Error::Gpu { code: "ERR_GPU", msg: format!("attention shape {shape:?} is outside the CUDA kernel's (head_dim ≤ 256, multiple of 32; ≤ 8 query heads per KV head)") });
+            return;
+        }
+        // Decode: a fixed split count over the span (one graph for every step); prefill: one
+        // split per query unless the span is long.
+        let splits = if n <= MMV_MAX { DECODE_SPLITS } else { (pos0 + n).div_ceil(1024).clamp(1, 8) };
+        let need = n * shape.n_kv_head * splits * g * (shape.head_dim + 2) * 4;
+        if self.att_part.as_ref().is_none_or(|p| p.bytes < need) {
+            self.flush();
+            self.sync();
+            self.att_part = self.alloc(need);
+        }
+        let counters = n * shape.n_kv_head;
+        if self.att_counters.as_ref().is_none_or(|p| p.bytes < counters * 4) {
+            self.flush();
+            self.sync();
+            self.att_counters = self.alloc(counters * 4);
+            if let Some(c) = &self.att_counters {
+                // SAFETY: zero fresh counters.
+                unsafe { (self.api.memset_d8)(c.ptr, 0, counters * 4) };
+            }
+        }
+        let (mk, block) = match mask {
+            AttentionMask::Causal => (0, 1),
+            AttentionMask::Bidirectional => (1, 1),
+            AttentionMask::BlockCausal { block } => (2, block.max(1)),
+        };
+        let step = Self::ptr_of(&self.step_dev);
+        let args = Args::new()
+            .ptr(self.buf(Buf::Q))
+            .ptr(self.buf(Buf::Attn))
+            .ptr(d.k)
+            .ptr(d.v)
+            .i32(i32::from(d.elem == 2))
+            .i32(cache.capacity as i32)
+            .i32(shape.n_head as i32)
+            .i32(shape.n_kv_head as i32)
+            .i32(shape.head_dim as i32)
+            .f32(shape.scale)
+            .i32(mk)
+            .i32(block as i32)
+            .i32(window.unwrap_or(0) as i32)
+            .ptr(step)
+            .i32(n as i32)
+            .ptr(Self::ptr_of(&self.att_part))
+            .ptr(Self::ptr_of(&self.att_counters))
+            .i32(splits as i32);
+        self.push("attention", [splits as u32, shape.n_kv_head as u32, n as u32], 256, args);
+    }
+
+    fn add(&mut self, dst: Buf, src: Buf, n: usize) {
+        let count = n * self.widths.of(dst);
+        self.push("add_inplace", [Self::blocks(count, 256), 1, 1], 256, Args::new().ptr(self.buf(dst)).ptr(self.buf(src)).i32(count as i32));
+    }
+
+    fn gated_activation(&mut self, act: Activation, n: usize) {
+        let count = n * self.widths.ff_dim;
+        let a = i32::from(act == Activation::Silu);
+        self.push("gated", [Self::blocks(count, 256), 1, 1], 256, Args::new().ptr(self.buf(Buf::Gate)).ptr(self.buf(Buf::Up)).i32(count as i32).i32(a));
+    }
+
+    fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) -> &mut [f32] {
+        self.head(output, norm, eps, softcap, rows);
+        self.logits()
+    }
+
+    fn lm_head_deferred(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) {
+        self.head(output, norm, eps, softcap, rows);
+    }
+
+    fn argmax(&mut self) -> Option<u32> {
+        self.flush();
+        let out = Self::ptr_of(&self.argmax_out);
+        let dst = self.argmax_host.as_ref().map_or(std::ptr::null_mut(), |h| h.ptr);
+        if dst.is_null() {
+            return None;
+        }
+        self.copy_back(dst, out, 4);
+        self.sync();
+        if !self.ok() {
+            return Some(0);
+        }
+        Some(self.argmax_host.as_mut().unwrap().as_i32(1)[0] as u32)
+    }
+
+    fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32] {
+        self.rms_norm(Buf::X, Buf::Xn, norm, eps, n);
+        self.flush();
+        let d = self.widths.d_model;
+        self.hidden_host.resize(n * d, 0.0);
+        let src = self.buf(Buf::Xn);
+        self.sync();
+        if self.ok() {
+            // SAFETY: a synchronous copy into our vector of n·d floats.
+            let r = unsafe { (self.api.memcpy_dtoh_async)(self.hidden_host.as_mut_ptr() as *mut c_void, src, n * d * 4, self.stream) };
+            if let Err(e) = check(self.api, "cuMemcpyDtoH", r) {
+                self.fail(gpu_error(&e));
+            }
+            self.sync();
+        }
+        if !self.ok() {
+            return &[];
+        }
+        &self.hidden_host
+    }
+
+    fn logits(&mut self) -> &mut [f32] {
+        let len = self.head_rows * self.widths.vocab_size;
+        if !self.logits_ready {
+            self.flush();
+            let dst = self.logits_host.as_ref().map_or(std::ptr::null_mut(), |h| h.ptr);
+            if !dst.is_null() {
+                self.copy_back(dst, Self::ptr_of(&self.logits_dev), len * 4);
+            }
+            self.sync();
+            self.logits_ready = true;
+        }
+        match (&mut self.logits_host, self.error.is_none()) {
+            (Some(h), true) => h.as_f32(len),
+            _ => {
+                self.hidden_host.clear();
+                self.hidden_host.resize(len, 0.0);
+                &mut self.hidden_host
+            }
+        }
+    }
+
+    fn status(&mut self) -> Result<()> {
+        match self.error.take() {
+            None => Ok(()),
+            Some(e) => {
+                // The pass's results are void; the next pass starts clean.
+                self.pending.clear();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// An id for factors that carry none (0): a hash of their values.
+fn content_id(a: &[half::f16], bt: &[half::f16]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for v in a.iter().chain(bt) {
+        v.to_bits().hash(&mut h);
+    }
+    h.finish() | (1 << 63)
+}

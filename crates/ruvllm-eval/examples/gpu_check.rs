@@ -1,0 +1,209 @@
+//! The CUDA backend against the CPU path, on a machine with an NVIDIA GPU (run by
+//! `scripts/gpu-check.sh`; see BENCHMARKS.md "GPU"). Exits non-zero when a check fails.
+//!
+//! `gpu_check MODEL.gguf [--diffusion ADAPTER.gguf] [--text FILE] [--speed-only] [--load-only]`
+//!
+//! 1. Greedy tokens, 32 per prompt on 7 prompts, CPU vs GPU: equal, or parting at a near-tie
+//!    (both candidates' CPU log-probabilities printed; a gap under 0.1 nat counts as a tie).
+//! 2. Per-token log-probabilities of 512 tokens of text: max |CPU − GPU| < 0.05 nat.
+//! 3. A random rank-8 LoRA on every projection: greedy tokens of 3 prompts equal on both.
+//! 4. With `--diffusion`: the diffusion decoder's tokens on 2 prompts equal on both.
+//! 5. Speed on the GPU: prefill of 512 tokens and 128 greedy tokens after a short prompt,
+//!    medians of 5 runs; diffusion tokens/s with `--diffusion`.
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use ruvllm_core::engine::{Engine, GenerateParams, GpuMode, LoadOptions, Prompt, Score, ScoreRequest};
+use ruvllm_core::nn::lora::{AdapterFormat, LoraAdapter, LoraPair};
+use ruvllm_core::nn::{AdapterSet, Proj};
+use ruvllm_core::sampling::SamplingParams;
+
+const PROMPTS: [&str; 7] = [
+    "The capital of France is Paris. The capital of Germany is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "Q: What is the largest planet in the solar system?\nA:",
+    "In 1969, the first humans to walk on the Moon were",
+];
+
+fn load(path: &Path, gpu: GpuMode, diffusion: Option<&PathBuf>) -> (Engine, f64) {
+    let t = Instant::now();
+    let opts = LoadOptions { context_size: Some(2048), gpu, diffusion: diffusion.into_iter().cloned().collect(), ..Default::default() };
+    let e = Engine::load(path, opts).unwrap_or_else(|e| panic!("load ({gpu:?}): [{}] {e}", e.code()));
+    (e, t.elapsed().as_secs_f64())
+}
+
+fn greedy(n: usize) -> GenerateParams {
+    GenerateParams { max_tokens: n, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None }
+}
+
+fn score(e: &Engine, prompt: Prompt, adapters: Option<AdapterSet>) -> Score {
+    let (tx, rx) = mpsc::channel();
+    e.submit_score(ScoreRequest {
+        prompt,
+        adapters,
+        chat_template: None,
+        cancel: Arc::new(AtomicBool::new(false)),
+        elbo: None,
+        reply: Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    })
+    .expect("submit score");
+    rx.recv().expect("score reply").expect("score")
+}
+
+/// Compares greedy continuations; at a divergence, prints both candidates' CPU log-probs.
+fn compare(label: &str, cpu: &Engine, prompt: &str, a: &[u32], b: &[u32], adapters: Option<AdapterSet>) -> bool {
+    let Some(i) = (0..a.len().min(b.len())).find(|&i| a[i] != b[i]) else {
+        let same = a.len() == b.len();
+        println!("  {label}: {} tokens {}", a.len(), if same { "equal" } else { "equal prefix, different lengths" });
+        return same;
+    };
+    let mut ids = cpu.tokenize(prompt, true).expect("tokenize");
+    ids.extend_from_slice(&a[..i]);
+    ids.push(a[i]);
+    let s = score(cpu, Prompt::Tokens(ids.clone()), adapters.clone());
+    let lp_a = *s.logprobs.last().unwrap();
+    ids.pop();
+    ids.push(b[i]);
+    let s = score(cpu, Prompt::Tokens(ids), adapters);
+    let lp_b = *s.logprobs.last().unwrap();
+    let gap = (lp_a - lp_b).abs();
+    let tie = gap < 0.1;
+    println!("  {label}: part at token {i}: CPU {} (logp {lp_a:.4}) vs GPU {} (logp {lp_b:.4}), gap {gap:.4} nat: {}", a[i], b[i], if tie { "near-tie" } else { "MISMATCH" });
+    tie
+}
+
+fn random_adapter(e: &Engine, seed: u64) -> AdapterSet {
+    let cfg = e.config().clone();
+    let mut state = seed;
+    let mut rnd = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    };
+    let (d, q, kv, ff) = (cfg.d_model, cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.ff_dim);
+    let rank = 8;
+    let mut pairs = Vec::new();
+    for l in 0..cfg.n_layer {
+        for (p, din, dout) in [(Proj::Q, d, q), (Proj::K, d, kv), (Proj::V, d, kv), (Proj::O, q, d), (Proj::Gate, d, ff), (Proj::Up, d, ff), (Proj::Down, ff, d)] {
+            let a: Vec<f32> = (0..rank * din).map(|_| rnd() / (din as f32).sqrt()).collect();
+            let b: Vec<f32> = (0..dout * rank).map(|_| rnd() * 0.05).collect();
+            pairs.push((l, p, LoraPair::new(a, &b, rank, din, dout)));
+        }
+    }
+    let ad = LoraAdapter::from_pairs(Path::new("random-lora"), AdapterFormat::Learned, &cfg, 1.0, pairs).expect("adapter");
+    AdapterSet::new(vec![(Arc::new(ad), 1.0)])
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let model = PathBuf::from(args.get(1).expect("usage: gpu_check MODEL.gguf [--diffusion A.gguf] [--text FILE] [--speed-only] [--load-only]"));
+    let opt = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    let flag = |k: &str| args.iter().any(|a| a == k);
+    let diffusion = opt("--diffusion");
+
+    if flag("--load-only") {
+        // Load and one token, for the process wall time next to llama.cpp's.
+        let (g, secs) = load(&model, GpuMode::Cuda, None);
+        let c = g.generate_blocking(Prompt::Text("Hello".into()), greedy(1)).expect("generate");
+        println!("load {:.3} s, first token {:?}", secs, c.tokens);
+        return;
+    }
+
+    let (gpu, gpu_load) = load(&model, GpuMode::Cuda, None);
+    println!("GPU backend: {} (load {gpu_load:.2} s)", gpu.info().backend);
+    let mut ok = true;
+    if !flag("--speed-only") {
+        let (cpu, cpu_load) = load(&model, GpuMode::Off, None);
+        println!("CPU backend: {} (load {cpu_load:.2} s)", cpu.info().backend);
+
+        println!("1. greedy, 32 tokens x {} prompts", PROMPTS.len());
+        let mut equal = 0;
+        for (k, p) in PROMPTS.iter().enumerate() {
+            let a = cpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("cpu generate");
+            let b = gpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("gpu generate");
+            let same = a.tokens == b.tokens;
+            equal += usize::from(same);
+            ok &= compare(&format!("prompt {k}"), &cpu, p, &a.tokens, &b.tokens, None);
+        }
+        println!("  identical: {equal}/{}", PROMPTS.len());
+
+        println!("2. per-token log-probabilities, 512 tokens");
+        let text = match opt("--text") {
+            Some(f) => std::fs::read_to_string(f).expect("text file"),
+            None => PROMPTS.join(" ").repeat(12),
+        };
+        let mut ids = cpu.tokenize(&text, true).expect("tokenize");
+        ids.truncate(512);
+        let (sa, sb) = (score(&cpu, Prompt::Tokens(ids.clone()), None), score(&gpu, Prompt::Tokens(ids.clone()), None));
+        let diffs: Vec<f64> = sa.logprobs.iter().zip(&sb.logprobs).map(|(x, y)| (x - y).abs()).collect();
+        let max = diffs.iter().cloned().fold(0.0, f64::max);
+        let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
+        let top_same = sa.top_tokens.iter().zip(&sb.top_tokens).filter(|(x, y)| x == y).count();
+        println!("  {} tokens: max |dlogp| {max:.4} nat, mean {mean:.5}; ppl CPU {:.3} GPU {:.3}; top-1 equal {top_same}/{}", diffs.len(), sa.perplexity, sb.perplexity, diffs.len());
+        ok &= max < 0.05 && diffs.len() == ids.len() - 1;
+
+        println!("3. random rank-8 LoRA on every projection, 3 prompts");
+        let set = random_adapter(&cpu, 7);
+        for (k, p) in PROMPTS.iter().take(3).enumerate() {
+            let a = cpu.generate_blocking_with(Prompt::Text(p.to_string()), greedy(32), Some(set.clone())).expect("cpu lora");
+            let b = gpu.generate_blocking_with(Prompt::Text(p.to_string()), greedy(32), Some(set.clone())).expect("gpu lora");
+            let base = cpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("cpu");
+            println!("  (the adapter changes the CPU's output: {})", base.tokens != a.tokens);
+            ok &= compare(&format!("lora prompt {k}"), &cpu, p, &a.tokens, &b.tokens, Some(set.clone()));
+        }
+        drop(cpu);
+
+        if let Some(d) = &diffusion {
+            println!("4. diffusion decoder, 2 prompts");
+            let (dc, _) = load(&model, GpuMode::Off, Some(d));
+            let (dg, _) = load(&model, GpuMode::Cuda, Some(d));
+            for (k, p) in ["The capital of France is", "Water boils at"].iter().enumerate() {
+                let params = GenerateParams { max_tokens: 32, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None };
+                let a = dc.generate_blocking(Prompt::Text(p.to_string()), params.clone()).expect("cpu diffusion");
+                let b = dg.generate_blocking(Prompt::Text(p.to_string()), params).expect("gpu diffusion");
+                let same = a.tokens == b.tokens;
+                println!("  diffusion prompt {k}: {} ({:?} / {:?})", if same { "equal" } else { "DIFFERENT" }, a.text, b.text);
+                ok &= same;
+            }
+        }
+    }
+
+    println!("5. speed on the GPU (median of 5)");
+    let prompt: Vec<u32> = (0..512u32).map(|i| 2 + (i * 7919) % 20000).collect();
+    let (mut pre, mut dec) = (Vec::new(), Vec::new());
+    for _ in 0..6 {
+        let c = gpu.generate_blocking(Prompt::Tokens(prompt.clone()), greedy(1)).expect("prefill");
+        pre.push(c.prefill_tokens_per_second);
+        let c = gpu.generate_blocking(Prompt::Tokens(prompt[..8].to_vec()), greedy(128)).expect("decode");
+        dec.push(c.decode_tokens_per_second);
+    }
+    pre.remove(0);
+    dec.remove(0);
+    println!("  prefill 512: {:.0} tok/s; decode 128: {:.1} tok/s", median(pre), median(dec));
+    if let Some(d) = &diffusion {
+        let (dg, _) = load(&model, GpuMode::Cuda, Some(d));
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            let params = GenerateParams { max_tokens: 64, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None };
+            let c = dg.generate_blocking(Prompt::Text("The capital of France is".into()), params).expect("diffusion");
+            v.push(c.decode_tokens_per_second);
+        }
+        v.remove(0);
+        println!("  diffusion decode (64 tokens): {:.1} tok/s", median(v));
+    }
+    println!("{}", if ok { "GPU CHECK: PASS" } else { "GPU CHECK: FAIL" });
+    if !ok {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU checks, run on the lent GPU machine (NVIDIA H100/H200, CUDA 13 driver, nvcc, CMake; no
+# Rust, no Node, no network). Everything it runs is built here and carried there in pieces of
+# at most ~37 MB (see CONTRIBUTING.md "GPU"): `scripts/gpu-pack.sh` makes them, one folder per
+# command, and each command runs `scripts/gpu-check.sh put <folder>` to add its piece.
+#
+#   gpu-check.sh put DIR   adds DIR's pieces to $WORK: model.part* are appended to the model,
+#                          llama.tar.xz starts llama.cpp's CUDA build in the background (the
+#                          anchor), node.xz / gpu_check.xz / ruvllm.node.xz are unpacked
+#   gpu-check.sh check     correctness against the CPU path (examples/gpu_check.rs) and the
+#                          JavaScript API on the GPU (benches/gpu.mjs)
+#   gpu-check.sh bench     speed: ours and llama-bench alternately in fresh processes (3 rounds),
+#                          peak device memory and load time of each; prints the table last
+set -euo pipefail
+WORK=${RUVLLM_GPU_WORK:-/tmp/ruvllm-gpu}
+MODEL_SHA=${MODEL_SHA:-}
+mkdir -p "$WORK"
+cd "$(dirname "$0")/.."
+
+peak_mem() { # peak_mem OUTFILE cmd... : runs cmd, writes the peak GPU memory used (MiB) to OUTFILE
+  local out=$1; shift
+  local base; base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 50 > "$out.log" 2>/dev/null &
+  local mon=$!
+  "$@"
+  local rc=$?
+  kill $mon 2>/dev/null; wait $mon 2>/dev/null || true
+  echo $(( $(sort -n "$out.log" | tail -1) - base )) > "$out"
+  return $rc
+}
+
+case "${1:-}" in
+put)
+  dir=$2
+  for f in $(ls "$dir" | sort); do
+    case "$f" in
+      model.part*) cat "$dir/$f" >> "$WORK/model.gguf" ;;
+      llama.tar.xz)
+        tar xJf "$dir/$f" -C "$WORK"
+        (cd "$WORK/llama.cpp" && setsid nohup bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && cmake --build build --target llama-bench -j16 >> build.log 2>&1; echo done $? >> build.log' > /dev/null 2>&1 &) ;;
+      node.xz) xz -dc "$dir/$f" > "$WORK/node" && chmod +x "$WORK/node" ;;
+      gpu_check.xz) xz -dc "$dir/$f" > "$WORK/gpu_check" && chmod +x "$WORK/gpu_check" ;;
+      ruvllm.node.xz) xz -dc "$dir/$f" > "$WORK/ruvllm.linux-x64-gnu.node" ;;
+      *) echo "unknown piece $f" >&2; exit 1 ;;
+    esac
+  done
+  echo "put $dir: $(du -sh "$WORK" | cut -f1) in $WORK; model $(stat -c %s "$WORK/model.gguf" 2>/dev/null || echo 0) bytes"
+  ;;
+check)
+  sha256sum "$WORK/model.gguf"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  cp "$WORK/ruvllm.linux-x64-gnu.node" ./ruvllm.linux-x64-gnu.node
+  "$WORK/gpu_check" "$WORK/model.gguf" --diffusion crates/ruvllm-models/data/diffusion/gemma-3-270m-diffusion/lora.gguf ${TEXT:+--text "$TEXT"}
+  "$WORK/node" benches/gpu.mjs "$WORK/model.gguf"
+  ;;
+bench)
+  tail -2 "$WORK/llama.cpp/build.log"
+  LB="$WORK/llama.cpp/build/bin/llama-bench"
+  [ -x "$LB" ] || { echo "llama-bench is not built (see $WORK/llama.cpp/build.log)"; exit 1; }
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  for r in 1 2 3; do
+    echo "== round $r: ruvllm"
+    peak_mem "$WORK/mem.ours.$r" "$WORK/gpu_check" "$WORK/model.gguf" --speed-only | grep -E "prefill|decode|backend"
+    echo "== round $r: llama.cpp"
+    peak_mem "$WORK/mem.llama.$r" "$LB" -m "$WORK/model.gguf" -p 512 -n 128 -ngl 99 -r 5 -fa 0,1 -o csv 2>/dev/null | tee "$WORK/lb.$r.csv" | cut -d, -f1-3,30- | tail -4
+  done
+  echo "== load time (process wall time: load and one token)"
+  for r in 1 2 3; do
+    /usr/bin/time -f "ruvllm %e s" "$WORK/gpu_check" "$WORK/model.gguf" --load-only 2>&1 | tail -1
+    /usr/bin/time -f "llama.cpp %e s" "$LB" -m "$WORK/model.gguf" -p 0 -n 1 -r 1 -ngl 99 > /dev/null 2> "$WORK/t.err"; tail -1 "$WORK/t.err"
+  done
+  echo "== peak device memory (MiB above idle): ruvllm $(cat $WORK/mem.ours.* | xargs), llama-bench $(cat $WORK/mem.llama.* | xargs)"
+  ;;
+*) echo "usage: gpu-check.sh put DIR | check | bench" >&2; exit 2 ;;
+esac

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Makes the pieces scripts/gpu-check.sh puts together on the GPU machine, in .gpu/cNN folders of
+# at most ~37 MB (a device command carries 64 MiB with the checkout): llama.cpp's source (from
+# PyPI's llama-cpp-python sdist) with the first model bytes, the model in parts, then node, the
+# gpu_check example and the addon (built with `npm run build` and
+# `cargo build --release -p ruvllm-eval --example gpu_check` first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${1:?usage: gpu-pack.sh MODEL.gguf LLAMA_TAR_XZ}
+LLAMA=${2:?usage: gpu-pack.sh MODEL.gguf LLAMA_TAR_XZ}
+PART=$((37 * 1000 * 1000))
+rm -rf .gpu/c*; mkdir -p .gpu/parts
+cp "$LLAMA" .gpu/llama.tar.xz
+first=$((PART - $(stat -c %s .gpu/llama.tar.xz)))
+head -c $first "$MODEL" > .gpu/parts/model.part00
+tail -c +$((first + 1)) "$MODEL" | split -b $PART -d -a 2 --numeric-suffixes=1 - .gpu/parts/model.part
+mkdir -p .gpu/c00 && mv .gpu/llama.tar.xz .gpu/parts/model.part00 .gpu/c00/
+i=1
+for p in .gpu/parts/model.part*; do d=$(printf ".gpu/c%02d" $i); mkdir -p $d; mv "$p" $d/; i=$((i + 1)); done
+d=$(printf ".gpu/c%02d" $i); mkdir -p $d
+[ -f .gpu/node.xz ] || xz -9 -T2 -c "$(readlink -f "$(command -v node)")" > .gpu/node.xz
+cp .gpu/node.xz $d/node.xz
+xz -6 -c target/release/examples/gpu_check > $d/gpu_check.xz
+xz -6 -c ruvllm.linux-x64-gnu.node > $d/ruvllm.node.xz
+du -sh .gpu/c*
+sha256sum "$MODEL"
