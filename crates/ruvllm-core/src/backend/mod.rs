@@ -203,6 +203,9 @@ pub trait Backend {
     fn argmax(&mut self) -> Option<u32> {
         None
     }
+    /// Waits until the work asked for so far is done (a GPU runs it asynchronously): what a
+    /// timing of it must include. A no-op on the CPU.
+    fn finish(&mut self) {}
     /// The first failure since the last call (a GPU's failed launch, copy or allocation),
     /// after which the backend's results are void; always `Ok` on the CPU.
     fn status(&mut self) -> crate::Result<()> {

@@ -14,6 +14,7 @@ pub type CUstream = *mut c_void;
 pub type CUgraph = *mut c_void;
 pub type CUgraphExec = *mut c_void;
 pub type CUdeviceptr = u64;
+pub type CUevent = *mut c_void;
 
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
@@ -85,6 +86,10 @@ driver_api! {
     graph_exec_destroy = "cuGraphExecDestroy": fn(CUgraphExec);
     graph_destroy = "cuGraphDestroy": fn(CUgraph);
     get_error_string = "cuGetErrorString": fn(CUresult, *mut *const c_char);
+    event_create = "cuEventCreate": fn(*mut CUevent, c_uint);
+    event_record = "cuEventRecord": fn(CUevent, CUstream);
+    event_synchronize = "cuEventSynchronize": fn(CUevent);
+    event_elapsed_time = "cuEventElapsedTime": fn(*mut f32, CUevent, CUevent);
 }
 
 /// A driver call that failed: the call's name and the driver's code and message.

@@ -186,34 +186,121 @@ struct Mmv3 {
     float* y[3];
 };
 
+// Activations are rounded as the CPU path quantizes them (ggml's scheme): to Q8_0 (32-blocks,
+// scale amax/127 in f16) for weights in 32-blocks, to Q8_K (256-blocks, scale -max/127) for the
+// K-quants, not at all for float weights; the products then agree with the CPU's to float
+// rounding. ACT: 0 none, 1 Q8_0, 2 Q8_K.
+template <int T> struct Act { static const int kind = 0; };
+template <> struct Act<T_Q4_0> { static const int kind = 1; };
+template <> struct Act<T_Q4_1> { static const int kind = 1; };
+template <> struct Act<T_Q5_0> { static const int kind = 1; };
+template <> struct Act<T_Q5_1> { static const int kind = 1; };
+template <> struct Act<T_Q8_0> { static const int kind = 1; };
+template <> struct Act<T_Q4_K> { static const int kind = 2; };
+template <> struct Act<T_Q5_K> { static const int kind = 2; };
+template <> struct Act<T_Q6_K> { static const int kind = 2; };
+
+// x: elements lane*8.. of a warp-wide 256-element chunk; every lane of the warp calls it.
+template <int KIND>
+__device__ __forceinline__ void act_round(float* x, int lane) {
+    if (KIND == 1) {
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(x[i]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
+        const float d = __half2float(__float2half_rn(amax / 127.f));
+        const float id = amax != 0.f ? 127.f / amax : 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = (float)__float2int_rn(x[i] * id) * d;
+    } else if (KIND == 2) {
+        float amax = 0.f, mx = 0.f;
+        int idx = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); mx = x[i]; idx = lane * 8 + i; }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float oa = __shfl_xor_sync(0xffffffff, amax, o), om = __shfl_xor_sync(0xffffffff, mx, o);
+            const int oi = __shfl_xor_sync(0xffffffff, idx, o);
+            if (oa > amax || (oa == amax && oi < idx)) { amax = oa; mx = om; idx = oi; }
+        }
+        if (amax == 0.f) return;
+        const float iscale = -127.f / mx, d = 1.f / iscale;
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = (float)min(127, __float2int_rn(iscale * x[i])) * d;
+    }
+}
+
 template <int T, int NT>
-__device__ __forceinline__ void mmv_body(Mmv3 a, const float* __restrict__ X, int cols, int n) {
+__device__ __forceinline__ void mmv_body(const Mmv3& a, const float* __restrict__ X, int cols, int n) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + warp;
-    int k = 0;
-    if (r >= a.rows[0]) { r -= a.rows[0]; k = 1; if (r >= a.rows[1]) { r -= a.rows[1]; k = 2; if (r >= a.rows[2]) return; } }
-    const u8* row = a.w[k] + (size_t)r * a.rb[k];
+    const u8* w0;
+    long long rb;
+    float* y;
+    int rows;
+    if (r < a.rows[0]) { w0 = a.w[0]; rb = a.rb[0]; y = a.y[0]; rows = a.rows[0]; }
+    else if (r - a.rows[0] < a.rows[1]) { r -= a.rows[0]; w0 = a.w[1]; rb = a.rb[1]; y = a.y[1]; rows = a.rows[1]; }
+    else if (r - a.rows[0] - a.rows[1] < a.rows[2]) { r -= a.rows[0] + a.rows[1]; w0 = a.w[2]; rb = a.rb[2]; y = a.y[2]; rows = a.rows[2]; }
+    else return;
+    const u8* row = w0 + (size_t)r * rb;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    for (int j = lane * 8; j < cols; j += 256) {
+    for (int j0 = 0; j0 < cols; j0 += 256) {
+        const int j = j0 + lane * 8;
+        const bool in = j < cols;
         float w[8];
-        dq8<T>(row, j, w);
+        if (in) dq8<T>(row, j, w);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t < n) {
-                const float4* xp = (const float4*)(X + (size_t)t * cols + j);
-                float4 p = xp[0], q = xp[1];
-                acc[t] += w[0] * p.x + w[1] * p.y + w[2] * p.z + w[3] * p.w + w[4] * q.x + w[5] * q.y + w[6] * q.z + w[7] * q.w;
+                float x[8];
+                if (in) {
+                    const float4* xp = (const float4*)(X + (size_t)t * cols + j);
+                    float4 p = xp[0], q = xp[1];
+                    x[0] = p.x; x[1] = p.y; x[2] = p.z; x[3] = p.w; x[4] = q.x; x[5] = q.y; x[6] = q.z; x[7] = q.w;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) x[i] = 0.f;
+                }
+                act_round<Act<T>::kind>(x, lane);
+                if (in) {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[t] += w[i] * x[i];
+                }
             }
         }
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float s = warp_sum(acc[t]);
-        if (lane == 0 && t < n) a.y[k][(size_t)t * a.rows[k] + r] = s;
+        if (lane == 0 && t < n) y[(size_t)t * rows + r] = s;
     }
 }
+
+// The activation rounding of `act_round` for the tiled product's input: n rows of `cols`, one
+// warp per 256-element chunk (KIND as in act_round).
+template <int KIND>
+__device__ __forceinline__ void act_quant_body(const float* X, float* Xq, int cols, int n) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int chunks = (cols + 255) / 256;
+    const int c = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (c >= chunks * n) return;
+    const int t = c / chunks, j = (c % chunks) * 256 + lane * 8;
+    const bool in = j < cols;
+    float x[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) x[i] = in ? X[(size_t)t * cols + j + i] : 0.f;
+    act_round<KIND>(x, lane);
+    if (in) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) Xq[(size_t)t * cols + j + i] = x[i];
+    }
+}
+extern "C" __global__ void act_q8_0(const float* X, float* Xq, int cols, int n) { act_quant_body<1>(X, Xq, cols, n); }
+extern "C" __global__ void act_q8_k(const float* X, float* Xq, int cols, int n) { act_quant_body<2>(X, Xq, cols, n); }
 
 // ---------------------------------------------------------------------------------------------
 // Tiled product for many tokens: a block computes 64 rows × 64 tokens, stepping 32 columns at a

@@ -138,6 +138,7 @@ impl Drop for HostMem {
 /// One recorded kernel launch: the function, its geometry and its argument bytes (each argument
 /// at an 8-byte aligned offset of `args`).
 struct Launch {
+    name: String,
     func: CUfunction,
     grid: [u32; 3],
     block: u32,
@@ -208,6 +209,16 @@ fn type_suffix(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// How the products round a weight type's activations (as the CPU path does): the kernel that
+/// does it ahead of the tiled product, or none for float weights.
+fn act_kernel(ty: GgmlType) -> Option<&'static str> {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => Some("act_q8_0"),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some("act_q8_k"),
+        _ => None,
+    }
+}
+
 /// Can the CUDA backend run a weight of this type and width?
 pub fn supports(ty: GgmlType, cols: usize) -> bool {
     type_suffix(ty).is_some() && cols.is_multiple_of(8)
@@ -254,6 +265,8 @@ pub struct CudaBackend {
     att_part: Option<DevMem>,
     att_counters: Option<DevMem>,
     lr_tmp: Option<DevMem>,
+    /// Rounded activations for the tiled product (max_batch × the widest input).
+    act_buf: Option<DevMem>,
     hidden_host: Vec<f32>,
     weights: HashMap<(usize, usize), DevWeight>,
     /// Host vectors uploaded once (norm weights, biases, RoPE tables, LoRA factors), by
@@ -264,6 +277,8 @@ pub struct CudaBackend {
     graphs: HashMap<u64, Graph>,
     last_sig: u64,
     graphs_on: bool,
+    /// `RUVLLM_CUDA_PROFILE=1`: time every kernel with events (no graphs), report at drop.
+    profile: Option<HashMap<String, (u64, f64)>>,
     error: Option<Error>,
 }
 
@@ -314,6 +329,7 @@ impl CudaBackend {
             att_part: None,
             att_counters: None,
             lr_tmp: None,
+            act_buf: None,
             hidden_host: Vec::new(),
             weights: HashMap::new(),
             vectors: HashMap::new(),
@@ -321,7 +337,8 @@ impl CudaBackend {
             pending: Vec::new(),
             graphs: HashMap::new(),
             last_sig: 0,
-            graphs_on,
+            graphs_on: graphs_on && std::env::var_os("RUVLLM_CUDA_PROFILE").is_none(),
+            profile: std::env::var_os("RUVLLM_CUDA_PROFILE").map(|_| HashMap::new()),
             error: None,
         })
     }
@@ -430,7 +447,7 @@ impl CudaBackend {
             return;
         }
         let func = self.func(name);
-        self.pending.push(Launch { func, grid, block, args: args.words, offs: args.offs });
+        self.pending.push(Launch { name: name.to_string(), func, grid, block, args: args.words, offs: args.offs });
     }
 
     fn blocks(count: usize, per: usize) -> u32 {
@@ -479,6 +496,9 @@ impl CudaBackend {
                 }
                 self.last_sig = sig;
             }
+            if self.profile.is_some() {
+                return self.launch_profiled();
+            }
             self.launch_all()
         })();
         self.pending.clear();
@@ -501,6 +521,37 @@ impl CudaBackend {
                     "cuLaunchKernel",
                     (api.launch_kernel)(l.func, l.grid[0], l.grid[1], l.grid[2], l.block, 1, 1, 0, self.stream, params.as_mut_ptr(), std::ptr::null_mut()),
                 )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each launch between two events, timed (slow; for finding where a step's time goes).
+    fn launch_profiled(&mut self) -> std::result::Result<(), CudaError> {
+        let api = self.api;
+        let mut params: Vec<*mut c_void> = Vec::new();
+        let (mut e0, mut e1) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: events on our context and stream; parameters as in `launch_all`.
+        unsafe {
+            check(api, "cuEventCreate", (api.event_create)(&mut e0, 0))?;
+            check(api, "cuEventCreate", (api.event_create)(&mut e1, 0))?;
+            for l in &self.pending {
+                params.clear();
+                params.extend(l.offs.iter().map(|&o| l.args[o as usize..].as_ptr() as *mut c_void));
+                check(api, "cuEventRecord", (api.event_record)(e0, self.stream))?;
+                check(
+                    api,
+                    "cuLaunchKernel",
+                    (api.launch_kernel)(l.func, l.grid[0], l.grid[1], l.grid[2], l.block, 1, 1, 0, self.stream, params.as_mut_ptr(), std::ptr::null_mut()),
+                )?;
+                check(api, "cuEventRecord", (api.event_record)(e1, self.stream))?;
+                check(api, "cuEventSynchronize", (api.event_synchronize)(e1))?;
+                let mut ms = 0f32;
+                check(api, "cuEventElapsedTime", (api.event_elapsed_time)(&mut ms, e0, e1))?;
+                let key = format!("{} n={}", l.name, if self.step[1] <= MMV_MAX as i32 { "decode" } else { "batch" });
+                let e = self.profile.as_mut().unwrap().entry(key).or_default();
+                e.0 += 1;
+                e.1 += ms as f64;
             }
         }
         Ok(())
@@ -604,13 +655,31 @@ impl CudaBackend {
                 i = j;
             }
         } else {
+            let mut rounded: Option<&str> = None;
             for (k, w) in ws.iter().enumerate() {
+                let input = match act_kernel(w.ty) {
+                    Some(act) => {
+                        if rounded != Some(act) {
+                            self.act_round(act, x, cols, n);
+                            rounded = Some(act);
+                        }
+                        Self::ptr_of(&self.act_buf)
+                    }
+                    None => x,
+                };
                 let name = format!("gemm_{}", type_suffix(w.ty).unwrap_or("f32"));
                 let y = self.buf(dsts[k]);
-                let args = Args::new().ptr(up[k].0).i64(up[k].1 as i64).i32(w.rows as i32).ptr(x).i32(w.cols as i32).ptr(y).i32(w.rows as i32).i32(n as i32);
+                let args = Args::new().ptr(up[k].0).i64(up[k].1 as i64).i32(w.rows as i32).ptr(input).i32(w.cols as i32).ptr(y).i32(w.rows as i32).i32(n as i32);
                 self.push(&name, [Self::blocks(w.rows, 64), Self::blocks(n, 64), 1], 256, args);
             }
         }
+    }
+
+    /// `act_buf` = the activations `x` (n × cols) rounded as `act` does.
+    fn act_round(&mut self, act: &str, x: CUdeviceptr, cols: usize, n: usize) {
+        let out = Self::ptr_of(&self.act_buf);
+        let warps = cols.div_ceil(256) * n;
+        self.push(act, [Self::blocks(warps, 8), 1, 1], 256, Args::new().ptr(x).ptr(out).i32(cols as i32).i32(n as i32));
     }
 
     /// The LM head's kernels: norm of the step's head rows, product, soft-cap, argmax of row 0.
@@ -645,8 +714,15 @@ impl CudaBackend {
             let args = Args::new().words(&mmv3_words([wp, 0, 0], [rb as i64, 0, 0], [v as i32, 0, 0], [logits, 0, 0])).ptr(xn).i32(d as i32).i32(m as i32);
             self.push(&name, [Self::blocks(v, 8), 1, 1], 256, args);
         } else {
+            let input = match act_kernel(output.ty) {
+                Some(act) => {
+                    self.act_round(act, xn, d, m);
+                    Self::ptr_of(&self.act_buf)
+                }
+                None => xn,
+            };
             let name = format!("gemm_{}", type_suffix(output.ty).unwrap_or("f32"));
-            let args = Args::new().ptr(wp).i64(rb as i64).i32(v as i32).ptr(xn).i32(d as i32).ptr(logits).i32(v as i32).i32(m as i32);
+            let args = Args::new().ptr(wp).i64(rb as i64).i32(v as i32).ptr(input).i32(d as i32).ptr(logits).i32(v as i32).i32(m as i32);
             self.push(&name, [Self::blocks(v, 64), Self::blocks(m, 64), 1], 256, args);
         }
         if let Some(cap) = softcap {
@@ -676,6 +752,14 @@ fn signature(ls: &[Launch]) -> u64 {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let mut v: Vec<_> = p.iter().collect();
+            v.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            eprintln!("ruvllm cuda profile: kernel, launches, total ms, mean us");
+            for (k, (c, ms)) in v {
+                eprintln!("  {k:32} {c:8} {ms:10.3} {:8.2}", ms * 1000.0 / *c as f64);
+            }
+        }
         self.current();
         // SAFETY: our stream; graphs are destroyed before the memory they use.
         unsafe { (self.api.stream_synchronize)(self.stream) };
@@ -714,6 +798,8 @@ impl Backend for CudaBackend {
         self.argmax_out = self.alloc(16);
         self.argmax_host = HostMem::alloc(self.api, self.ctx, 16).map_err(|e| self.fail(gpu_error(&e))).ok();
         self.lr_tmp = self.alloc(max_batch * 64 * 4);
+        let widest = widths.d_model.max(widths.q_dim).max(widths.ff_dim);
+        self.act_buf = self.alloc(max_batch * widest * 4);
     }
 
     fn max_batch(&self) -> usize {
@@ -981,6 +1067,11 @@ impl Backend for CudaBackend {
                 &mut self.hidden_host
             }
         }
+    }
+
+    fn finish(&mut self) {
+        self.flush();
+        self.sync();
     }
 
     fn status(&mut self) -> Result<()> {

@@ -32,6 +32,7 @@ impl DecodeStrategy for Autoregressive {
             }
             ctx.model.forward(chunk, n_past + i * batch, ctx.cache, ctx.backend)?;
         }
+        ctx.backend.finish();
         let prefill_s = t_prefill.elapsed().as_secs_f64();
         let prefill_tokens = ids.len() - n_past;
 
