@@ -191,6 +191,34 @@ pub trait Backend {
     /// The logits of the last [`lm_head`](Backend::lm_head) call, for the sampler to modify.
     fn logits(&mut self) -> &mut [f32];
 
+    /// The residual step after a block: `X += post ? RMSNorm(Proj, post) : Proj`, then, when
+    /// `next` is given, `Xn = RMSNorm(X, next)` (the next block's input norm). A GPU runs it as
+    /// one kernel.
+    fn residual_norm(&mut self, post: Option<&[f32]>, next: Option<&[f32]>, eps: f32, n: usize) {
+        if let Some(w) = post {
+            self.rms_norm(Buf::Proj, Buf::Proj, w, eps, n);
+        }
+        self.add(Buf::X, Buf::Proj, n);
+        if let Some(w) = next {
+            self.rms_norm(Buf::X, Buf::Xn, w, eps, n);
+        }
+    }
+    /// Between the Q/K/V products and attention: the per-head norms of `Q` and `K` (when
+    /// given), RoPE of both at positions `pos0..`, and the store of `K` and `V` in `cache`. A
+    /// GPU runs it as one kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_rope_store(&mut self, q_norm: Option<&[f32]>, k_norm: Option<&[f32]>, eps: f32, rope: &RopeTable, head_dim: usize, cache: &mut LayerCache, pos0: usize, n: usize) {
+        if let Some(w) = q_norm {
+            self.rms_norm(Buf::Q, Buf::Q, w, eps, n);
+        }
+        if let Some(w) = k_norm {
+            self.rms_norm(Buf::K, Buf::K, w, eps, n);
+        }
+        self.rope(rope, Buf::Q, head_dim, pos0, n);
+        self.rope(rope, Buf::K, head_dim, pos0, n);
+        self.store_kv(cache, pos0, n);
+    }
+
     /// [`lm_head`](Backend::lm_head) whose logits may stay where they were computed until
     /// [`logits`](Backend::logits) or [`argmax`](Backend::argmax) asks (a GPU copies them back
     /// only when the sampler needs them all).

@@ -335,37 +335,24 @@ impl Transformer {
         // The request's adapters, which the cached keys and values are computed with; taken out
         // of the cache for the pass (no copy) and put back after it (nothing below returns early).
         let lora = std::mem::take(&mut cache.adapters);
+        // The first block's input norm; each later one comes with the residual step before it.
+        be.rms_norm(Buf::X, Buf::Xn, &self.layers[0].attn_norm, c.norm_eps, n);
         for (l, layer) in self.layers.iter().enumerate() {
             let swa = c.swa_layers[l];
             let rope = self.rope_for(l);
             // Attention block.
-            be.rms_norm(Buf::X, Buf::Xn, &layer.attn_norm, c.norm_eps, n);
             Linear::forward_fused(be, [&layer.wq, &layer.wk, &layer.wv], Buf::Xn, [Buf::Q, Buf::K, Buf::V], n, &lora);
-            if let Some(w) = &layer.q_norm {
-                be.rms_norm(Buf::Q, Buf::Q, w, c.norm_eps, n);
-            }
-            if let Some(w) = &layer.k_norm {
-                be.rms_norm(Buf::K, Buf::K, w, c.norm_eps, n);
-            }
-            be.rope(rope, Buf::Q, c.head_dim, pos0, n);
-            be.rope(rope, Buf::K, c.head_dim, pos0, n);
-            be.store_kv(&mut cache.layers[l], pos0, n);
+            be.qk_rope_store(layer.q_norm.as_deref(), layer.k_norm.as_deref(), c.norm_eps, rope, c.head_dim, &mut cache.layers[l], pos0, n);
             let window = if swa { c.sliding_window } else { None };
             be.attention(&cache.layers[l], shape, mask, window, pos0, n);
             layer.wo.forward(be, Buf::Attn, Buf::Proj, n, &lora);
-            if let Some(w) = &layer.post_attn_norm {
-                be.rms_norm(Buf::Proj, Buf::Proj, w, c.norm_eps, n);
-            }
-            be.add(Buf::X, Buf::Proj, n);
+            be.residual_norm(layer.post_attn_norm.as_deref(), Some(&layer.ffn_norm), c.norm_eps, n);
             // Feed-forward block.
-            be.rms_norm(Buf::X, Buf::Xn, &layer.ffn_norm, c.norm_eps, n);
             Linear::forward_fused(be, [&layer.ffn_gate, &layer.ffn_up], Buf::Xn, [Buf::Gate, Buf::Up], n, &lora);
             be.gated_activation(c.activation, n);
             layer.ffn_down.forward(be, Buf::Gate, Buf::Proj, n, &lora);
-            if let Some(w) = &layer.post_ffn_norm {
-                be.rms_norm(Buf::Proj, Buf::Proj, w, c.norm_eps, n);
-            }
-            be.add(Buf::X, Buf::Proj, n);
+            let next = self.layers.get(l + 1).map(|nl| nl.attn_norm.as_slice());
+            be.residual_norm(layer.post_ffn_norm.as_deref(), next, c.norm_eps, n);
         }
         cache.adapters = lora;
         cache.tokens.truncate(pos0);

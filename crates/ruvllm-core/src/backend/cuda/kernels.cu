@@ -28,6 +28,9 @@ typedef uint8_t u8;
 #define T_Q5_K 13
 #define T_Q6_K 14
 #define T_BF16 30
+// Q8_0 as uploaded: per 256 columns, the eight f16 scales (16 bytes) then the 256 8-bit values,
+// so a warp reads one such chunk with aligned 8-byte loads (the last chunk of a row may be short).
+#define T_Q8_0R 100
 
 __device__ __forceinline__ float ldh(const u8* p) { return __half2float(*(const __half*)p); }
 __device__ __forceinline__ uint32_t ld32u(const u8* p) {
@@ -74,6 +77,16 @@ template <> __device__ __forceinline__ void dq8<T_Q8_0>(const u8* row, int j, fl
         y[2 * i] = d * (float)(int8_t)(v & 0xFF);
         y[2 * i + 1] = d * (float)(int8_t)(v >> 8);
     }
+}
+template <> __device__ __forceinline__ void dq8<T_Q8_0R>(const u8* row, int j, float* y) {
+    const u8* c = row + (size_t)(j >> 8) * 272;
+    const int e = j & 255;
+    const float d = __half2float(((const __half*)c)[e >> 5]);
+    const uint2 v = *(const uint2*)(c + 16 + e);
+#pragma unroll
+    for (int i = 0; i < 4; i++) y[i] = d * (float)(int8_t)((v.x >> (8 * i)) & 0xFF);
+#pragma unroll
+    for (int i = 0; i < 4; i++) y[4 + i] = d * (float)(int8_t)((v.y >> (8 * i)) & 0xFF);
 }
 template <> __device__ __forceinline__ void dq8<T_Q4_0>(const u8* row, int j, float* y) {
     const u8* b = row + (size_t)(j >> 5) * 18;
@@ -196,6 +209,7 @@ template <> struct Act<T_Q4_1> { static const int kind = 1; };
 template <> struct Act<T_Q5_0> { static const int kind = 1; };
 template <> struct Act<T_Q5_1> { static const int kind = 1; };
 template <> struct Act<T_Q8_0> { static const int kind = 1; };
+template <> struct Act<T_Q8_0R> { static const int kind = 1; };
 template <> struct Act<T_Q4_K> { static const int kind = 2; };
 template <> struct Act<T_Q5_K> { static const int kind = 2; };
 template <> struct Act<T_Q6_K> { static const int kind = 2; };
@@ -408,6 +422,7 @@ INSTANTIATE(T_Q4_1, q4_1)
 INSTANTIATE(T_Q5_0, q5_0)
 INSTANTIATE(T_Q5_1, q5_1)
 INSTANTIATE(T_Q8_0, q8_0)
+INSTANTIATE(T_Q8_0R, q8_0r)
 INSTANTIATE(T_Q4_K, q4_k)
 INSTANTIATE(T_Q5_K, q5_k)
 INSTANTIATE(T_Q6_K, q6_k)
@@ -415,18 +430,119 @@ INSTANTIATE(T_Q6_K, q6_k)
 // ---------------------------------------------------------------------------------------------
 // Elementwise and normalisation kernels.
 
-// RMSNorm of `chunks` chunks of `len` floats, one warp per chunk: dst = src / rms · w.
-extern "C" __global__ void rms_norm(const float* src, float* dst, const float* w, int len, float eps, int chunks) {
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int c = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (c >= chunks) return;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.f;
+    return warp_sum(t);
+}
+
+// RMSNorm of `chunks` chunks of `len` floats, one block per chunk: dst = src / rms · w.
+extern "C" __global__ void rms_norm(const float* src, float* dst, const float* w, int len, float eps, int chunks) {
+    __shared__ float red[32];
+    const int c = blockIdx.x;
     const float* x = src + (size_t)c * len;
     float* y = dst + (size_t)c * len;
     float ss = 0.f;
-    for (int j = lane; j < len; j += 32) ss += x[j] * x[j];
-    ss = warp_sum(ss);
+    for (int j = threadIdx.x; j < len; j += blockDim.x) ss += x[j] * x[j];
+    ss = block_sum(ss, red);
     const float s = rsqrtf(ss / (float)len + eps);
-    for (int j = lane; j < len; j += 32) y[j] = x[j] * s * w[j];
+    for (int j = threadIdx.x; j < len; j += blockDim.x) y[j] = x[j] * s * w[j];
+}
+
+// The residual step between blocks, one block per token: X += post ? RMSNorm(P, post) : P, then
+// (when `next` is given) Xn = RMSNorm(X, next). d ≤ 32 · blockDim.x.
+#define RN_MAX 32
+extern "C" __global__ void residual_norm(float* X, const float* P, float* Xn, const float* post, const float* next, int d, float eps) {
+    __shared__ float red[32];
+    const int t = blockIdx.x;
+    float* x = X + (size_t)t * d;
+    const float* p = P + (size_t)t * d;
+    float v[RN_MAX], pv[RN_MAX];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < RN_MAX; k++) {
+        const int j = threadIdx.x + k * blockDim.x;
+        pv[k] = j < d ? p[j] : 0.f;
+        v[k] = j < d ? x[j] : 0.f;
+        ss += pv[k] * pv[k];
+    }
+    float s = 1.f;
+    if (post) {
+        ss = block_sum(ss, red);
+        s = rsqrtf(ss / (float)d + eps);
+    }
+    float ss2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < RN_MAX; k++) {
+        const int j = threadIdx.x + k * blockDim.x;
+        if (j < d) {
+            v[k] += post ? pv[k] * s * post[j] : pv[k];
+            x[j] = v[k];
+            ss2 += v[k] * v[k];
+        }
+    }
+    if (!next) return;
+    ss2 = block_sum(ss2, red);
+    const float s2 = rsqrtf(ss2 / (float)d + eps);
+    float* xn = Xn + (size_t)t * d;
+#pragma unroll
+    for (int k = 0; k < RN_MAX; k++) {
+        const int j = threadIdx.x + k * blockDim.x;
+        if (j < d) xn[j] = v[k] * s2 * next[j];
+    }
+}
+
+// After the Q/K/V products, one block per (head, token), head_dim threads: the per-head RMSNorm
+// of Q and K (when given), RoPE of both (style 0: adjacent pairs, 1: halves), and the store of
+// K and V at position pos0 + t (slot pos % capacity, f16 or f32). Blocks 0..n_head-1 take the
+// query heads, the others the KV heads.
+extern "C" __global__ void qk_rope_store(float* Q, const float* K, const float* V, const float* qn, const float* kn, float eps, const float* cosv, const float* sinv,
+                                         int rot_dim, int style, int n_head, int n_kv, int hd, void* kc, void* vc, int capacity, int f16, const int* step) {
+    __shared__ float red[32];
+    __shared__ float h[256];
+    const int head = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
+    const bool is_q = head < n_head;
+    const int kvh = head - n_head;
+    const float* src = is_q ? Q + ((size_t)t * n_head + head) * hd : K + ((size_t)t * n_kv + kvh) * hd;
+    const float* w = is_q ? qn : kn;
+    float v = src[i];
+    if (w) {
+        const float ss = block_sum(v * v, red);
+        v = v * rsqrtf(ss / (float)hd + eps) * w[i];
+    }
+    h[i] = v;
+    __syncthreads();
+    const int pos = step[0] + t;
+    const int half = rot_dim / 2;
+    float out = v;
+    if (i < rot_dim) {
+        int pair, k;
+        bool first;
+        if (style) { first = i < half; k = first ? i : i - half; pair = first ? i + half : i - half; }
+        else { first = (i & 1) == 0; k = i >> 1; pair = first ? i + 1 : i - 1; }
+        const float c = cosv[(size_t)pos * half + k], sn = sinv[(size_t)pos * half + k];
+        const float o = h[pair];
+        out = first ? v * c - o * sn : o * sn + v * c;
+    }
+    if (is_q) {
+        Q[((size_t)t * n_head + head) * hd + i] = out;
+    } else {
+        const size_t slot = (size_t)(pos % capacity);
+        const size_t at = slot * n_kv * hd + (size_t)kvh * hd + i;
+        const float vv = V[((size_t)t * n_kv + kvh) * hd + i];
+        if (f16) {
+            ((__half*)kc)[at] = __float2half_rn(out);
+            ((__half*)vc)[at] = __float2half_rn(vv);
+        } else {
+            ((float*)kc)[at] = out;
+            ((float*)vc)[at] = vv;
+        }
+    }
 }
 
 // The LM head's input: Xn[i] = RMSNorm(X[rows[i]]) for the step's `m` head rows.
@@ -641,18 +757,28 @@ extern "C" __global__ void __launch_bounds__(256) attention(const float* Q, floa
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // The last block of this (token, KV head): combine the splits, all loads independent.
+    __shared__ float wgt[64];
+    __shared__ float tot;
+    const size_t stride = (size_t)G * (hd + 2);
     for (int h = 0; h < G; h++) {
         const float* base = part + ((size_t)key * splits * G + h) * (hd + 2);
-        const size_t stride = (size_t)G * (hd + 2);
-        float M = -1e30f;
-        for (int i = 0; i < splits; i++) M = fmaxf(M, ((volatile const float*)base)[i * stride]);
-        float L = 0.f;
-        for (int i = 0; i < splits; i++) L += ((volatile const float*)base)[i * stride + 1] * __expf(((volatile const float*)base)[i * stride] - M);
+        if (threadIdx.x < 32) {
+            float mi = threadIdx.x < splits ? __ldcg(base + threadIdx.x * stride) : -1e30f;
+            float li = threadIdx.x < splits ? __ldcg(base + threadIdx.x * stride + 1) : 0.f;
+            const float M = warp_max(mi);
+            const float e = threadIdx.x < splits ? __expf(mi - M) : 0.f;
+            const float L = warp_sum(li * e);
+            if (threadIdx.x < splits) wgt[threadIdx.x] = e;
+            if (threadIdx.x == 0) tot = L;
+        }
+        __syncthreads();
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float A = 0.f;
-            for (int i = 0; i < splits; i++) A += ((volatile const float*)base)[i * stride + 2 + d] * __expf(((volatile const float*)base)[i * stride] - M);
-            O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / L;
+            for (int i = 0; i < splits; i++) A += __ldcg(base + i * stride + 2 + d) * wgt[i];
+            O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / tot;
         }
+        __syncthreads();
     }
     if (threadIdx.x == 0) counters[key] = 0;
 }

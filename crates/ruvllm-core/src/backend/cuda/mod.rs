@@ -191,7 +191,29 @@ fn mmv3_words(w: [CUdeviceptr; 3], rb: [i64; 3], rows: [i32; 3], y: [CUdeviceptr
     [w[0], w[1], w[2], rb[0] as u64, rb[1] as u64, rb[2] as u64, r(0) | (r(1) << 32), r(2), y[0], y[1], y[2]]
 }
 
-/// Kernel names by weight type.
+/// Q8_0 rows in the layout the kernels read (`T_Q8_0R` in kernels.cu): per 256 columns, the
+/// eight f16 scales then the 256 values; rows padded to 16 bytes. Returns the bytes and the row
+/// stride.
+fn repack_q8_0(src: &[u8], rows: usize, cols: usize) -> (Vec<u8>, usize) {
+    let blocks = cols / 32;
+    let chunks = cols.div_ceil(256);
+    let stride = (chunks * 16 + cols).div_ceil(16) * 16;
+    let mut out = vec![0u8; rows * stride];
+    for r in 0..rows {
+        let (row, dst) = (&src[r * blocks * 34..(r + 1) * blocks * 34], &mut out[r * stride..(r + 1) * stride]);
+        for b in 0..blocks {
+            let blk = &row[b * 34..(b + 1) * 34];
+            let (c, k) = (b / 8, b % 8);
+            let base = c * 272;
+            dst[base + 2 * k..base + 2 * k + 2].copy_from_slice(&blk[..2]);
+            let at = base + 16 + k * 32;
+            dst[at..at + 32].copy_from_slice(&blk[2..]);
+        }
+    }
+    (out, stride)
+}
+
+/// Kernel names by weight type (Q8_0 runs in its uploaded layout, `q8_0r`).
 fn type_suffix(ty: GgmlType) -> Option<&'static str> {
     Some(match ty {
         GgmlType::F32 => "f32",
@@ -201,7 +223,7 @@ fn type_suffix(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_1 => "q4_1",
         GgmlType::Q5_0 => "q5_0",
         GgmlType::Q5_1 => "q5_1",
-        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q8_0 => "q8_0r",
         GgmlType::Q4_K => "q4_k",
         GgmlType::Q5_K => "q5_k",
         GgmlType::Q6_K => "q6_k",
@@ -434,9 +456,11 @@ impl CudaBackend {
                 self.fail(Error::Gpu { code: "ERR_GPU", msg: format!("the CUDA kernels do not run {} weights", w.ty.name()) });
                 return None;
             }
-            let mem = self.alloc(bytes.len())?;
-            self.upload(mem.ptr, bytes);
-            self.weights.insert(key, DevWeight { mem, row_bytes: w.row_size() });
+            let (data, row_bytes) = if w.ty == GgmlType::Q8_0 { repack_q8_0(bytes, w.rows, w.cols) } else { (Vec::new(), w.row_size()) };
+            let src = if data.is_empty() { bytes } else { &data };
+            let mem = self.alloc(src.len())?;
+            self.upload(mem.ptr, src);
+            self.weights.insert(key, DevWeight { mem, row_bytes });
         }
         let d = &self.weights[&key];
         Some((d.mem.ptr, d.row_bytes))
@@ -847,7 +871,7 @@ impl Backend for CudaBackend {
         let chunks = n * self.widths.of(src) / w.len();
         let wp = self.vector(w);
         let args = Args::new().ptr(self.buf(src)).ptr(self.buf(dst)).ptr(wp).i32(w.len() as i32).f32(eps).i32(chunks as i32);
-        self.push("rms_norm", [Self::blocks(chunks, 8), 1, 1], 256, args);
+        self.push("rms_norm", [chunks as u32, 1, 1], 256, args);
     }
 
     fn matmul(&mut self, w: &QWeight, src: Buf, dst: Buf, n: usize) {
@@ -1001,6 +1025,55 @@ impl Backend for CudaBackend {
         let count = n * self.widths.ff_dim;
         let a = i32::from(act == Activation::Silu);
         self.push("gated", [Self::blocks(count, 256), 1, 1], 256, Args::new().ptr(self.buf(Buf::Gate)).ptr(self.buf(Buf::Up)).i32(count as i32).i32(a));
+    }
+
+    fn residual_norm(&mut self, post: Option<&[f32]>, next: Option<&[f32]>, eps: f32, n: usize) {
+        let d = self.widths.d_model;
+        let pp = post.map_or(0, |w| self.vector(w));
+        let np = next.map_or(0, |w| self.vector(w));
+        let block = (d.div_ceil(32) * 32).clamp(32, 1024) as u32;
+        let args = Args::new().ptr(self.buf(Buf::X)).ptr(self.buf(Buf::Proj)).ptr(self.buf(Buf::Xn)).ptr(pp).ptr(np).i32(d as i32).f32(eps);
+        self.push("residual_norm", [n as u32, 1, 1], block, args);
+    }
+
+    fn qk_rope_store(&mut self, q_norm: Option<&[f32]>, k_norm: Option<&[f32]>, eps: f32, rope: &RopeTable, head_dim: usize, cache: &mut LayerCache, pos0: usize, n: usize) {
+        self.begin_pass(pos0, n);
+        let KvRows::Device(d) = &cache.rows else {
+            self.fail(Error::Internal("the CUDA backend was given a host KV cache".into()));
+            return;
+        };
+        if d.k == 0 {
+            self.fail(Error::Gpu { code: "ERR_GPU_OOM", msg: "out of GPU memory for the KV cache".into() });
+            return;
+        }
+        let (kp, vp, f16) = (d.k, d.v, i32::from(d.elem == 2));
+        let qn = q_norm.map_or(0, |w| self.vector(w));
+        let kn = k_norm.map_or(0, |w| self.vector(w));
+        let (c, s) = rope.cos_sin();
+        let (cp, sp) = (self.vector(c), self.vector(s));
+        let style = i32::from(rope.style == RopeStyle::Neox);
+        let (n_head, n_kv) = (self.widths.q_dim / head_dim, self.widths.kv_dim / head_dim);
+        let step = Self::ptr_of(&self.step_dev);
+        let args = Args::new()
+            .ptr(self.buf(Buf::Q))
+            .ptr(self.buf(Buf::K))
+            .ptr(self.buf(Buf::V))
+            .ptr(qn)
+            .ptr(kn)
+            .f32(eps)
+            .ptr(cp)
+            .ptr(sp)
+            .i32(rope.rot_dim as i32)
+            .i32(style)
+            .i32(n_head as i32)
+            .i32(n_kv as i32)
+            .i32(head_dim as i32)
+            .ptr(kp)
+            .ptr(vp)
+            .i32(cache.capacity as i32)
+            .i32(f16)
+            .ptr(step);
+        self.push("qk_rope_store", [(n_head + n_kv) as u32, n as u32, 1], head_dim as u32, args);
     }
 
     fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) -> &mut [f32] {
