@@ -219,6 +219,13 @@ pub trait Backend {
         self.store_kv(cache, pos0, n);
     }
 
+    /// `Gate = act(gate·Xn) · (up·Xn)` for `n` rows in one pass, where the backend has such a
+    /// kernel (a GPU, for a few tokens); `false`: not done, run the products and
+    /// [`gated_activation`](Backend::gated_activation) instead.
+    fn matmul_gated(&mut self, _gate: &QWeight, _up: &QWeight, _act: Activation, _n: usize) -> bool {
+        false
+    }
+
     /// [`lm_head`](Backend::lm_head) whose logits may stay where they were computed until
     /// [`logits`](Backend::logits) or [`argmax`](Backend::argmax) asks (a GPU copies them back
     /// only when the sampler needs them all).

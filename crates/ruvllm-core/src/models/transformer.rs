@@ -348,8 +348,11 @@ impl Transformer {
             layer.wo.forward(be, Buf::Attn, Buf::Proj, n, &lora);
             be.residual_norm(layer.post_attn_norm.as_deref(), Some(&layer.ffn_norm), c.norm_eps, n);
             // Feed-forward block.
-            Linear::forward_fused(be, [&layer.ffn_gate, &layer.ffn_up], Buf::Xn, [Buf::Gate, Buf::Up], n, &lora);
-            be.gated_activation(c.activation, n);
+            let plain = layer.ffn_gate.bias.is_none() && layer.ffn_up.bias.is_none() && lora.terms(l, [Proj::Gate, Proj::Up]).is_empty();
+            if !(plain && be.matmul_gated(&layer.ffn_gate.weight, &layer.ffn_up.weight, c.activation, n)) {
+                Linear::forward_fused(be, [&layer.ffn_gate, &layer.ffn_up], Buf::Xn, [Buf::Gate, Buf::Up], n, &lora);
+                be.gated_activation(c.activation, n);
+            }
             layer.ffn_down.forward(be, Buf::Gate, Buf::Proj, n, &lora);
             let next = self.layers.get(l + 1).map(|nl| nl.attn_norm.as_slice());
             be.residual_norm(layer.post_ffn_norm.as_deref(), next, c.norm_eps, n);

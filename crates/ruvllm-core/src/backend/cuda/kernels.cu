@@ -294,6 +294,58 @@ __device__ __forceinline__ void mmv_body(const Mmv3& a, const float* __restrict_
     }
 }
 
+// Gate and up projections of one FFN row in one warp, for up to NT tokens:
+// G[t * rows + r] = act(Wg[r] · X[t]) · (Wu[r] · X[t]); act 0: GELU (tanh), 1: SiLU.
+__device__ __forceinline__ float gate_act(float g, int act) {
+    if (act == 0) {
+        const float c = 0.7978845608028654f;
+        return 0.5f * g * (1.f + tanhf(c * (g + 0.044715f * g * g * g)));
+    }
+    return g / (1.f + __expf(-g));
+}
+
+template <int T, int NT>
+__device__ __forceinline__ void mmvg_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ G, int n, int act) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (r >= rows) return;
+    const u8* rg = Wg + (size_t)r * rb;
+    const u8* ru = Wu + (size_t)r * rb;
+    float ag[NT], au[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) { ag[t] = 0.f; au[t] = 0.f; }
+    for (int j0 = 0; j0 < cols; j0 += 256) {
+        const int j = j0 + lane * 8;
+        const bool in = j < cols;
+        float wg[8], wu[8];
+        if (in) { dq8<T>(rg, j, wg); dq8<T>(ru, j, wu); }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < n) {
+                float x[8];
+                if (in) {
+                    const float4* xp = (const float4*)(X + (size_t)t * cols + j);
+                    float4 p = xp[0], q = xp[1];
+                    x[0] = p.x; x[1] = p.y; x[2] = p.z; x[3] = p.w; x[4] = q.x; x[5] = q.y; x[6] = q.z; x[7] = q.w;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) x[i] = 0.f;
+                }
+                act_round<Act<T>::kind>(x, lane);
+                if (in) {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) { ag[t] += wg[i] * x[i]; au[t] += wu[i] * x[i]; }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float g = warp_sum(ag[t]), u = warp_sum(au[t]);
+        if (lane == 0 && t < n) G[(size_t)t * rows + r] = gate_act(g, act) * u;
+    }
+}
+
 // The activation rounding of `act_round` for the tiled product's input: n rows of `cols`, one
 // warp per 256-element chunk (KIND as in act_round).
 template <int KIND>
@@ -407,6 +459,8 @@ __device__ __forceinline__ void embed_body(const u8* table, long long rb, const 
     extern "C" __global__ void __launch_bounds__(256) mmv2_##name(Mmv3 a, const float* X, int cols, int n) { mmv_body<T, 2>(a, X, cols, n); } \
     extern "C" __global__ void __launch_bounds__(256) mmv4_##name(Mmv3 a, const float* X, int cols, int n) { mmv_body<T, 4>(a, X, cols, n); } \
     extern "C" __global__ void __launch_bounds__(256) mmv8_##name(Mmv3 a, const float* X, int cols, int n) { mmv_body<T, 8>(a, X, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(256) mmvg1_##name(const u8* Wg, const u8* Wu, long long rb, int rows, const float* X, int cols, float* G, int n, int act) { mmvg_body<T, 1>(Wg, Wu, rb, rows, X, cols, G, n, act); } \
+    extern "C" __global__ void __launch_bounds__(256) mmvg8_##name(const u8* Wg, const u8* Wu, long long rb, int rows, const float* X, int cols, float* G, int n, int act) { mmvg_body<T, 8>(Wg, Wu, rb, rows, X, cols, G, n, act); } \
     extern "C" __global__ void __launch_bounds__(256) gemm_##name(const u8* W, long long rb, int rows, const float* X, int cols, float* Y, int ldy, int n) { \
         gemm_body<T>(W, rb, rows, X, cols, Y, ldy, n);                                                                   \
     }                                                                                                                     \
@@ -454,10 +508,46 @@ extern "C" __global__ void rms_norm(const float* src, float* dst, const float* w
     for (int j = threadIdx.x; j < len; j += blockDim.x) y[j] = x[j] * s * w[j];
 }
 
+// The residual step for d ≤ 1024, one warp per token (no block barriers): as residual_norm.
+extern "C" __global__ void residual_norm_warp(float* X, const float* P, float* Xn, const float* post, const float* next, int d, float eps, int n) {
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= n) return;
+    float* x = X + (size_t)t * d;
+    const float* p = P + (size_t)t * d;
+    float v[32], pv[32];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < 32; k++) {
+        const int j = lane + 32 * k;
+        pv[k] = j < d ? p[j] : 0.f;
+        v[k] = j < d ? x[j] : 0.f;
+        ss += pv[k] * pv[k];
+    }
+    const float s = post ? rsqrtf(warp_sum(ss) / (float)d + eps) : 1.f;
+    float ss2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < 32; k++) {
+        const int j = lane + 32 * k;
+        if (j < d) {
+            v[k] += post ? pv[k] * s * post[j] : pv[k];
+            x[j] = v[k];
+            ss2 += v[k] * v[k];
+        }
+    }
+    if (!next) return;
+    const float s2 = rsqrtf(warp_sum(ss2) / (float)d + eps);
+    float* xn = Xn + (size_t)t * d;
+#pragma unroll
+    for (int k = 0; k < 32; k++) {
+        const int j = lane + 32 * k;
+        if (j < d) xn[j] = v[k] * s2 * next[j];
+    }
+}
+
 // The residual step between blocks, one block per token: X += post ? RMSNorm(P, post) : P, then
-// (when `next` is given) Xn = RMSNorm(X, next). d ≤ 32 · blockDim.x.
-#define RN_MAX 32
-extern "C" __global__ void residual_norm(float* X, const float* P, float* Xn, const float* post, const float* next, int d, float eps) {
+// (when `next` is given) Xn = RMSNorm(X, next). d ≤ 16 · blockDim.x (256).
+#define RN_MAX 16
+extern "C" __global__ void __launch_bounds__(256) residual_norm(float* X, const float* P, float* Xn, const float* post, const float* next, int d, float eps) {
     __shared__ float red[32];
     const int t = blockIdx.x;
     float* x = X + (size_t)t * d;
@@ -678,6 +768,9 @@ extern "C" __global__ void __launch_bounds__(256) attention(const float* Q, floa
     end = max(end, pos + 1);
     const int lo = window > 0 ? max(0, pos + 1 - window) : 0;
     const int cnt = end - lo;
+    // Short spans take fewer splits (at least 64 positions each); the others leave at once.
+    splits = max(1, min(splits, (cnt + 63) / 64));
+    if (s >= splits) return;
     const int chunk = (cnt + splits - 1) / splits;
     const int a = lo + s * chunk, b = min(end, a + chunk);
     const int kv_dim = n_kv * hd;

@@ -1031,9 +1031,27 @@ impl Backend for CudaBackend {
         let d = self.widths.d_model;
         let pp = post.map_or(0, |w| self.vector(w));
         let np = next.map_or(0, |w| self.vector(w));
-        let block = (d.div_ceil(32) * 32).clamp(32, 1024) as u32;
         let args = Args::new().ptr(self.buf(Buf::X)).ptr(self.buf(Buf::Proj)).ptr(self.buf(Buf::Xn)).ptr(pp).ptr(np).i32(d as i32).f32(eps);
+        if d <= 1024 {
+            // One warp per token, four per block.
+            self.push("residual_norm_warp", [n.div_ceil(4) as u32, 1, 1], 128, args.i32(n as i32));
+            return;
+        }
+        let block = (d.div_ceil(32) * 32).clamp(32, 256) as u32;
         self.push("residual_norm", [n as u32, 1, 1], block, args);
+    }
+
+    fn matmul_gated(&mut self, gate: &QWeight, up: &QWeight, act: Activation, n: usize) -> bool {
+        if n > MMV_MAX || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
+            return false;
+        }
+        let (Some((gp, rb)), Some((upp, _))) = (self.weight(gate), self.weight(up)) else { return true };
+        let nt = if n == 1 { 1 } else { 8 };
+        let name = format!("mmvg{nt}_{}", type_suffix(gate.ty).unwrap_or("f32"));
+        let a = i32::from(act == Activation::Silu);
+        let args = Args::new().ptr(gp).ptr(upp).i64(rb as i64).i32(gate.rows as i32).ptr(self.buf(Buf::Xn)).i32(gate.cols as i32).ptr(self.buf(Buf::Gate)).i32(n as i32).i32(a);
+        self.push(&name, [Self::blocks(gate.rows, 8), 1, 1], 256, args);
+        true
     }
 
     fn qk_rope_store(&mut self, q_norm: Option<&[f32]>, k_norm: Option<&[f32]>, eps: f32, rope: &RopeTable, head_dim: usize, cache: &mut LayerCache, pos0: usize, n: usize) {
