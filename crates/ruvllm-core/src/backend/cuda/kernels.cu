@@ -508,42 +508,6 @@ extern "C" __global__ void rms_norm(const float* src, float* dst, const float* w
     for (int j = threadIdx.x; j < len; j += blockDim.x) y[j] = x[j] * s * w[j];
 }
 
-// The residual step for d ≤ 1024, one warp per token (no block barriers): as residual_norm.
-extern "C" __global__ void residual_norm_warp(float* X, const float* P, float* Xn, const float* post, const float* next, int d, float eps, int n) {
-    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (t >= n) return;
-    float* x = X + (size_t)t * d;
-    const float* p = P + (size_t)t * d;
-    float v[32], pv[32];
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < 32; k++) {
-        const int j = lane + 32 * k;
-        pv[k] = j < d ? p[j] : 0.f;
-        v[k] = j < d ? x[j] : 0.f;
-        ss += pv[k] * pv[k];
-    }
-    const float s = post ? rsqrtf(warp_sum(ss) / (float)d + eps) : 1.f;
-    float ss2 = 0.f;
-#pragma unroll
-    for (int k = 0; k < 32; k++) {
-        const int j = lane + 32 * k;
-        if (j < d) {
-            v[k] += post ? pv[k] * s * post[j] : pv[k];
-            x[j] = v[k];
-            ss2 += v[k] * v[k];
-        }
-    }
-    if (!next) return;
-    const float s2 = rsqrtf(warp_sum(ss2) / (float)d + eps);
-    float* xn = Xn + (size_t)t * d;
-#pragma unroll
-    for (int k = 0; k < 32; k++) {
-        const int j = lane + 32 * k;
-        if (j < d) xn[j] = v[k] * s2 * next[j];
-    }
-}
-
 // The residual step between blocks, one block per token: X += post ? RMSNorm(P, post) : P, then
 // (when `next` is given) Xn = RMSNorm(X, next). d ≤ 16 · blockDim.x (256).
 #define RN_MAX 16
@@ -768,9 +732,6 @@ extern "C" __global__ void __launch_bounds__(256) attention(const float* Q, floa
     end = max(end, pos + 1);
     const int lo = window > 0 ? max(0, pos + 1 - window) : 0;
     const int cnt = end - lo;
-    // Short spans take fewer splits (at least 64 positions each); the others leave at once.
-    splits = max(1, min(splits, (cnt + 63) / 64));
-    if (s >= splits) return;
     const int chunk = (cnt + splits - 1) / splits;
     const int a = lo + s * chunk, b = min(end, a + chunk);
     const int kv_dim = n_kv * hd;

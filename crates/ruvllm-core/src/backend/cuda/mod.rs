@@ -1032,11 +1032,6 @@ impl Backend for CudaBackend {
         let pp = post.map_or(0, |w| self.vector(w));
         let np = next.map_or(0, |w| self.vector(w));
         let args = Args::new().ptr(self.buf(Buf::X)).ptr(self.buf(Buf::Proj)).ptr(self.buf(Buf::Xn)).ptr(pp).ptr(np).i32(d as i32).f32(eps);
-        if d <= 1024 {
-            // One warp per token, four per block.
-            self.push("residual_norm_warp", [n.div_ceil(4) as u32, 1, 1], 128, args.i32(n as i32));
-            return;
-        }
         let block = (d.div_ceil(32) * 32).clamp(32, 256) as u32;
         self.push("residual_norm", [n as u32, 1, 1], block, args);
     }
