@@ -260,7 +260,8 @@ pub fn path_or_id(v: Option<Val>) -> Res<String> {
   }
 }
 
-const LOAD_KEYS: &[&str] = &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal", "diffusion", "learning", "gpu"];
+const LOAD_KEYS: &[&str] =
+  &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal", "diffusion", "learning", "gpu"];
 
 const LEARNING_KEYS: &[&str] = &[
   "dir",

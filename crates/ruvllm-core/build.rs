@@ -24,7 +24,17 @@ fn main() {
     });
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("ruvllm_kernels.fatbin");
     let status = Command::new(&nvcc)
-        .args(["-O3", "-fatbin", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_90,code=compute_90", "-o"])
+        .args([
+            "-O3",
+            "-fatbin",
+            "-gencode",
+            "arch=compute_80,code=sm_80",
+            "-gencode",
+            "arch=compute_90,code=sm_90",
+            "-gencode",
+            "arch=compute_90,code=compute_90",
+            "-o",
+        ])
         .arg(&out)
         .arg(src)
         .status()

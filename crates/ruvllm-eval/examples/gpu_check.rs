@@ -75,7 +75,12 @@ fn compare(label: &str, cpu: &Engine, prompt: &str, a: &[u32], b: &[u32], adapte
     let lp_b = *s.logprobs.last().unwrap();
     let gap = (lp_a - lp_b).abs();
     let tie = gap < 0.1;
-    println!("  {label}: part at token {i}: CPU {} (logp {lp_a:.4}) vs GPU {} (logp {lp_b:.4}), gap {gap:.4} nat: {}", a[i], b[i], if tie { "near-tie" } else { "MISMATCH" });
+    println!(
+        "  {label}: part at token {i}: CPU {} (logp {lp_a:.4}) vs GPU {} (logp {lp_b:.4}), gap {gap:.4} nat: {}",
+        a[i],
+        b[i],
+        if tie { "near-tie" } else { "MISMATCH" }
+    );
     tie
 }
 
@@ -90,7 +95,9 @@ fn random_adapter(e: &Engine, seed: u64) -> AdapterSet {
     let rank = 8;
     let mut pairs = Vec::new();
     for l in 0..cfg.n_layer {
-        for (p, din, dout) in [(Proj::Q, d, q), (Proj::K, d, kv), (Proj::V, d, kv), (Proj::O, q, d), (Proj::Gate, d, ff), (Proj::Up, d, ff), (Proj::Down, ff, d)] {
+        for (p, din, dout) in
+            [(Proj::Q, d, q), (Proj::K, d, kv), (Proj::V, d, kv), (Proj::O, q, d), (Proj::Gate, d, ff), (Proj::Up, d, ff), (Proj::Down, ff, d)]
+        {
             let a: Vec<f32> = (0..rank * din).map(|_| rnd() / (din as f32).sqrt()).collect();
             let b: Vec<f32> = (0..dout * rank).map(|_| rnd() * 0.05).collect();
             pairs.push((l, p, LoraPair::new(a, &b, rank, din, dout)));
@@ -150,7 +157,13 @@ fn main() {
         let max = diffs.iter().cloned().fold(0.0, f64::max);
         let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
         let top_same = sa.top_tokens.iter().zip(&sb.top_tokens).filter(|(x, y)| x == y).count();
-        println!("  {} tokens: max |dlogp| {max:.4} nat, mean {mean:.5}; ppl CPU {:.3} GPU {:.3}; top-1 equal {top_same}/{}", diffs.len(), sa.perplexity, sb.perplexity, diffs.len());
+        println!(
+            "  {} tokens: max |dlogp| {max:.4} nat, mean {mean:.5}; ppl CPU {:.3} GPU {:.3}; top-1 equal {top_same}/{}",
+            diffs.len(),
+            sa.perplexity,
+            sb.perplexity,
+            diffs.len()
+        );
         ok &= max < 0.05 && diffs.len() == ids.len() - 1;
 
         println!("3. random rank-8 LoRA on every projection, 3 prompts");

@@ -19,8 +19,14 @@ pub enum KvType {
 /// The key and value rows of one layer, of one [`KvType`], on huge pages (runtime::mem):
 /// decode's attention streams them every token.
 pub enum KvRows {
-    F16 { k: HugeVec<f16>, v: HugeVec<f16> },
-    F32 { k: HugeVec<f32>, v: HugeVec<f32> },
+    F16 {
+        k: HugeVec<f16>,
+        v: HugeVec<f16>,
+    },
+    F32 {
+        k: HugeVec<f32>,
+        v: HugeVec<f32>,
+    },
     /// Rows in a GPU's memory, which only that backend's kernels read and write.
     Device(DeviceRows),
 }

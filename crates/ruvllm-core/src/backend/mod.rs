@@ -207,7 +207,17 @@ pub trait Backend {
     /// given), RoPE of both at positions `pos0..`, and the store of `K` and `V` in `cache`. A
     /// GPU runs it as one kernel.
     #[allow(clippy::too_many_arguments)]
-    fn qk_rope_store(&mut self, q_norm: Option<&[f32]>, k_norm: Option<&[f32]>, eps: f32, rope: &RopeTable, head_dim: usize, cache: &mut LayerCache, pos0: usize, n: usize) {
+    fn qk_rope_store(
+        &mut self,
+        q_norm: Option<&[f32]>,
+        k_norm: Option<&[f32]>,
+        eps: f32,
+        rope: &RopeTable,
+        head_dim: usize,
+        cache: &mut LayerCache,
+        pos0: usize,
+        n: usize,
+    ) {
         if let Some(w) = q_norm {
             self.rms_norm(Buf::Q, Buf::Q, w, eps, n);
         }

@@ -414,7 +414,11 @@ fn open_cuda(model: &Transformer, context: usize) -> Result<(Box<dyn Backend + S
     }
     let c = &model.cfg;
     if c.head_dim > 256 || !c.head_dim.is_multiple_of(32) || c.n_head / c.n_kv_head.max(1) > 8 || c.d_model > 16 * 256 {
-        return Err(cuda::unavailable(format!("the CUDA attention kernel does not cover head_dim {} with {} heads per KV head", c.head_dim, c.n_head / c.n_kv_head.max(1))));
+        return Err(cuda::unavailable(format!(
+            "the CUDA attention kernel does not cover head_dim {} with {} heads per KV head",
+            c.head_dim,
+            c.n_head / c.n_kv_head.max(1)
+        )));
     }
     let mut be = cuda::CudaBackend::new()?;
     let max_batch = MAX_BATCH.min(context);

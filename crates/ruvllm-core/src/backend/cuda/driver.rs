@@ -172,8 +172,10 @@ pub fn first_device(api: &Api) -> Result<DeviceInfo, String> {
         let mut name = [0 as c_char; 128];
         check(api, "cuDeviceGetName", (api.device_get_name)(name.as_mut_ptr(), 128, dev)).map_err(|e| e.to_string())?;
         let (mut major, mut minor) = (0, 0);
-        check(api, "cuDeviceGetAttribute", (api.device_get_attribute)(&mut major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)).map_err(|e| e.to_string())?;
-        check(api, "cuDeviceGetAttribute", (api.device_get_attribute)(&mut minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)).map_err(|e| e.to_string())?;
+        check(api, "cuDeviceGetAttribute", (api.device_get_attribute)(&mut major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+            .map_err(|e| e.to_string())?;
+        check(api, "cuDeviceGetAttribute", (api.device_get_attribute)(&mut minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+            .map_err(|e| e.to_string())?;
         let mut total = 0usize;
         check(api, "cuDeviceTotalMem", (api.device_total_mem)(&mut total, dev)).map_err(|e| e.to_string())?;
         Ok(DeviceInfo { device: dev, name: CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned(), major, minor, total_mem: total })

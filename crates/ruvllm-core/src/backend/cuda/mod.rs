@@ -693,7 +693,8 @@ impl CudaBackend {
                 };
                 let name = format!("gemm_{}", type_suffix(w.ty).unwrap_or("f32"));
                 let y = self.buf(dsts[k]);
-                let args = Args::new().ptr(up[k].0).i64(up[k].1 as i64).i32(w.rows as i32).ptr(input).i32(w.cols as i32).ptr(y).i32(w.rows as i32).i32(n as i32);
+                let args =
+                    Args::new().ptr(up[k].0).i64(up[k].1 as i64).i32(w.rows as i32).ptr(input).i32(w.cols as i32).ptr(y).i32(w.rows as i32).i32(n as i32);
                 self.push(&name, [Self::blocks(w.rows, 64), Self::blocks(n, 64), 1], 256, args);
             }
         }
@@ -863,7 +864,8 @@ impl Backend for CudaBackend {
         };
         let name = format!("embed_{}", type_suffix(table.ty).unwrap_or("f32"));
         let step = Self::ptr_of(&self.step_dev);
-        let args = Args::new().ptr(wp).i64(rb as i64).ptr(step).ptr(self.buf(Buf::X)).i32(self.widths.d_model as i32).f32(scale.unwrap_or(1.0)).ptr(rp).i32(rid);
+        let args =
+            Args::new().ptr(wp).i64(rb as i64).ptr(step).ptr(self.buf(Buf::X)).i32(self.widths.d_model as i32).f32(scale.unwrap_or(1.0)).ptr(rp).i32(rid);
         self.push(&name, [n as u32, 1, 1], 256, args);
     }
 
@@ -904,7 +906,10 @@ impl Backend for CudaBackend {
                 let (Some(a), Some(b)) = (self.alloc(f.a.len() * 2), self.alloc(f.bt.len() * 2)) else { return };
                 // SAFETY: f16 as bytes.
                 let (ab, bb) = unsafe {
-                    (std::slice::from_raw_parts(f.a.as_ptr() as *const u8, f.a.len() * 2), std::slice::from_raw_parts(f.bt.as_ptr() as *const u8, f.bt.len() * 2))
+                    (
+                        std::slice::from_raw_parts(f.a.as_ptr() as *const u8, f.a.len() * 2),
+                        std::slice::from_raw_parts(f.bt.as_ptr() as *const u8, f.bt.len() * 2),
+                    )
                 };
                 self.upload(a.ptr, ab);
                 self.upload(b.ptr, bb);
@@ -915,7 +920,12 @@ impl Backend for CudaBackend {
                 (a.ptr, b.ptr)
             };
             let y = self.buf(dsts[k]);
-            self.push("low_rank_a", [Self::blocks(f.rank * n, 8), 1, 1], 256, Args::new().ptr(ap).ptr(x).ptr(tmp).i32(f.rank as i32).i32(f.d_in as i32).i32(n as i32));
+            self.push(
+                "low_rank_a",
+                [Self::blocks(f.rank * n, 8), 1, 1],
+                256,
+                Args::new().ptr(ap).ptr(x).ptr(tmp).i32(f.rank as i32).i32(f.d_in as i32).i32(n as i32),
+            );
             self.push(
                 "low_rank_b",
                 [Self::blocks(f.d_out * n, 256), 1, 1],
@@ -931,7 +941,8 @@ impl Backend for CudaBackend {
         let (cp, sp) = (self.vector(c), self.vector(s));
         let style = i32::from(table.style == RopeStyle::Neox);
         let step = Self::ptr_of(&self.step_dev);
-        let args = Args::new().ptr(self.buf(buf)).ptr(cp).ptr(sp).i32(self.widths.of(buf) as i32).i32(head_dim as i32).i32(table.rot_dim as i32).i32(style).ptr(step);
+        let args =
+            Args::new().ptr(self.buf(buf)).ptr(cp).ptr(sp).i32(self.widths.of(buf) as i32).i32(head_dim as i32).i32(table.rot_dim as i32).i32(style).ptr(step);
         self.push("rope", [n as u32, 1, 1], 128, args);
     }
 
@@ -966,7 +977,10 @@ impl Backend for CudaBackend {
         };
         let g = shape.n_head / shape.n_kv_head.max(1);
         if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || g > 8 || g == 0 {
-            self.fail(Error::Gpu { code: "ERR_GPU", msg: format!("attention shape {shape:?} is outside the CUDA kernel's (head_dim ≤ 256, multiple of 32; ≤ 8 query heads per KV head)") });
+            self.fail(Error::Gpu {
+                code: "ERR_GPU",
+                msg: format!("attention shape {shape:?} is outside the CUDA kernel's (head_dim ≤ 256, multiple of 32; ≤ 8 query heads per KV head)"),
+            });
             return;
         }
         // Decode: a fixed split count over the span (one graph for every step); prefill: one
@@ -1044,12 +1058,31 @@ impl Backend for CudaBackend {
         let nt = if n == 1 { 1 } else { 8 };
         let name = format!("mmvg{nt}_{}", type_suffix(gate.ty).unwrap_or("f32"));
         let a = i32::from(act == Activation::Silu);
-        let args = Args::new().ptr(gp).ptr(upp).i64(rb as i64).i32(gate.rows as i32).ptr(self.buf(Buf::Xn)).i32(gate.cols as i32).ptr(self.buf(Buf::Gate)).i32(n as i32).i32(a);
+        let args = Args::new()
+            .ptr(gp)
+            .ptr(upp)
+            .i64(rb as i64)
+            .i32(gate.rows as i32)
+            .ptr(self.buf(Buf::Xn))
+            .i32(gate.cols as i32)
+            .ptr(self.buf(Buf::Gate))
+            .i32(n as i32)
+            .i32(a);
         self.push(&name, [Self::blocks(gate.rows, 8), 1, 1], 256, args);
         true
     }
 
-    fn qk_rope_store(&mut self, q_norm: Option<&[f32]>, k_norm: Option<&[f32]>, eps: f32, rope: &RopeTable, head_dim: usize, cache: &mut LayerCache, pos0: usize, n: usize) {
+    fn qk_rope_store(
+        &mut self,
+        q_norm: Option<&[f32]>,
+        k_norm: Option<&[f32]>,
+        eps: f32,
+        rope: &RopeTable,
+        head_dim: usize,
+        cache: &mut LayerCache,
+        pos0: usize,
+        n: usize,
+    ) {
         self.begin_pass(pos0, n);
         let KvRows::Device(d) = &cache.rows else {
             self.fail(Error::Internal("the CUDA backend was given a host KV cache".into()));
