@@ -1,6 +1,6 @@
 // Bad inputs give Errors with stable codes, and the process lives on.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { mkdtempSync, openSync, readSync, closeSync, writeFileSync, rmSync } from 'node:fs'
+import { existsSync, mkdtempSync, openSync, readSync, closeSync, writeFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { CAPITALS, LLM, modelPath, rejectsWithCode, throwsWithCode, type LLMType } from './helpers.js'
@@ -47,6 +47,25 @@ describe('load errors', () => {
     expect(m.info.architecture).toBe('gemma3')
     expect((await m.generate(CAPITALS, { temperature: 0, maxTokens: 1 })).text).toBe(' Berlin')
     await m.close()
+  })
+
+  it('gpu: false runs on the CPU; gpu: \'cuda\' needs a usable GPU (else ERR_GPU_UNAVAILABLE); other gpu values are ERR_INVALID_ARG', async () => {
+    expect(llm.info.backend).toMatch(/^(cpu|cuda) \(/)
+    const cpu = await LLM.load(modelPath(), { contextSize: 64, gpu: false })
+    expect(cpu.info.backend).toMatch(/^cpu \(/)
+    expect((await cpu.generate(CAPITALS, { temperature: 0, maxTokens: 1 })).text).toBe(' Berlin')
+    await cpu.close()
+    if (existsSync('/dev/nvidiactl')) {
+      const gpu = await LLM.load(modelPath(), { contextSize: 64, gpu: 'cuda' })
+      expect(gpu.info.backend).toMatch(/^cuda \(/)
+      await gpu.close()
+    } else {
+      const e = await rejectsWithCode(LLM.load(modelPath(), { contextSize: 64, gpu: 'cuda' }), 'ERR_GPU_UNAVAILABLE')
+      expect(e.message).toMatch(/NVIDIA|CUDA|GPU/)
+    }
+    for (const bad of ['metal', true, 1, null]) {
+      await rejectsWithCode(LLM.load(modelPath(), { contextSize: 64, gpu: bad as any }), 'ERR_INVALID_ARG')
+    }
   })
 
   it('corrupt GGUF files are ERR_GGUF_INVALID', async () => {

@@ -1213,3 +1213,43 @@ fn content_id(a: &[half::f16], bt: &[half::f16]) -> u64 {
     }
     h.finish() | (1 << 63)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::repack_q8_0;
+    use crate::backend::cpu::{quant, GgmlType};
+
+    /// Element `j` of a row in the uploaded Q8_0 layout, read as kernels.cu's `dq8<T_Q8_0R>` does.
+    fn read_q8_0r(row: &[u8], j: usize) -> f32 {
+        let c = &row[(j / 256) * 272..];
+        let e = j % 256;
+        let d = half::f16::from_le_bytes([c[2 * (e / 32)], c[2 * (e / 32) + 1]]).to_f32();
+        d * (c[16 + e] as i8) as f32
+    }
+
+    #[test]
+    fn q8_0_upload_layout_holds_every_value() {
+        for cols in [32usize, 224, 256, 640, 1024] {
+            let rows = 3;
+            let mut state = 12345u32;
+            let mut bytes = Vec::with_capacity(rows * cols / 32 * 34);
+            for _ in 0..rows * cols / 32 {
+                state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+                bytes.extend_from_slice(&half::f16::from_f32(0.001 + (state >> 20) as f32 * 1e-5).to_le_bytes());
+                for _ in 0..32 {
+                    state = state.wrapping_mul(1664525).wrapping_add(1013904223);
+                    bytes.push((state >> 24) as u8);
+                }
+            }
+            let (packed, stride) = repack_q8_0(&bytes, rows, cols);
+            assert_eq!(stride % 16, 0);
+            for r in 0..rows {
+                let mut want = vec![0f32; cols];
+                quant::dequantize(GgmlType::Q8_0, &bytes[r * cols / 32 * 34..(r + 1) * cols / 32 * 34], &mut want);
+                for (j, w) in want.iter().enumerate() {
+                    assert_eq!(read_q8_0r(&packed[r * stride..(r + 1) * stride], j), *w, "cols {cols} row {r} col {j}");
+                }
+            }
+        }
+    }
+}
