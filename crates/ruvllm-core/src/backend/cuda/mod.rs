@@ -448,6 +448,25 @@ impl CudaBackend {
         p
     }
 
+    /// [`vector`](Self::vector) for a slice that may not outlive the model: keyed by its values.
+    fn vector_by_content(&mut self, v: &[f32]) -> CUdeviceptr {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for x in v {
+            x.to_bits().hash(&mut h);
+        }
+        let key = (h.finish() as usize | 1, usize::MAX - v.len());
+        if let Some(m) = self.vectors.get(&key) {
+            return m.ptr;
+        }
+        let Some(m) = self.alloc(v.len() * 4) else { return 0 };
+        // SAFETY: reinterpreting f32s as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) };
+        self.upload(m.ptr, bytes);
+        let p = m.ptr;
+        self.vectors.insert(key, m);
+        p
+    }
+
     fn weight(&mut self, w: &QWeight) -> Option<(CUdeviceptr, usize)> {
         let bytes = w.bytes();
         let key = (bytes.as_ptr() as usize, bytes.len());
@@ -599,7 +618,10 @@ impl CudaBackend {
         Ok(Graph { graph, exec })
     }
 
+    /// Destroys the captured graphs (call with the stream idle): before a buffer they use is
+    /// replaced or freed.
     fn clear_graphs(&mut self) {
+        self.last_sig = 0;
         for (_, g) in self.graphs.drain() {
             // SAFETY: graphs we created.
             unsafe {
@@ -718,6 +740,8 @@ impl CudaBackend {
         if self.logits_dev.as_ref().is_none_or(|l| l.bytes < m * v * 4) {
             self.flush();
             self.sync();
+            // Captured graphs point at the buffers being replaced.
+            self.clear_graphs();
             self.logits_dev = self.alloc(m * v * 4);
             self.current();
             self.logits_host = HostMem::alloc(self.api, self.ctx, m * v * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
@@ -859,7 +883,8 @@ impl Backend for CudaBackend {
         }
         let Some((wp, rb)) = self.weight(table) else { return };
         let (rp, rid) = match replace {
-            Some((id, r)) if r.len() == self.widths.d_model => (self.vector(r), id as i32),
+            // Keyed by content: an adapter's row may be freed and another take its address.
+            Some((id, r)) if r.len() == self.widths.d_model => (self.vector_by_content(r), id as i32),
             _ => (0, -1),
         };
         let name = format!("embed_{}", type_suffix(table.ty).unwrap_or("f32"));
@@ -901,6 +926,9 @@ impl Backend for CudaBackend {
             let key = if f.id != 0 { f.id } else { content_id(f.a, f.bt) };
             if !self.lora.contains_key(&key) {
                 if self.lora.len() > 4096 {
+                    self.flush();
+                    self.sync();
+                    self.clear_graphs();
                     self.lora.clear();
                 }
                 let (Some(a), Some(b)) = (self.alloc(f.a.len() * 2), self.alloc(f.bt.len() * 2)) else { return };
@@ -990,12 +1018,14 @@ impl Backend for CudaBackend {
         if self.att_part.as_ref().is_none_or(|p| p.bytes < need) {
             self.flush();
             self.sync();
+            self.clear_graphs();
             self.att_part = self.alloc(need);
         }
         let counters = n * shape.n_kv_head;
         if self.att_counters.as_ref().is_none_or(|p| p.bytes < counters * 4) {
             self.flush();
             self.sync();
+            self.clear_graphs();
             self.att_counters = self.alloc(counters * 4);
             if let Some(c) = &self.att_counters {
                 // SAFETY: zero fresh counters.
