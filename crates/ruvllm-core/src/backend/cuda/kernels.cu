@@ -246,6 +246,21 @@ __device__ __forceinline__ void act_round(float* x, int lane) {
     }
 }
 
+// x = elements j..j+7 of one activation row (zeros when !in), rounded as the CPU path rounds
+// activations for weight type T; every lane of the warp calls it.
+template <int T>
+__device__ __forceinline__ void load_x8(const float* __restrict__ row, int j, bool in, int lane, float* x) {
+    if (in) {
+        const float4* xp = (const float4*)(row + j);
+        const float4 p = xp[0], q = xp[1];
+        x[0] = p.x; x[1] = p.y; x[2] = p.z; x[3] = p.w; x[4] = q.x; x[5] = q.y; x[6] = q.z; x[7] = q.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = 0.f;
+    }
+    act_round<Act<T>::kind>(x, lane);
+}
+
 template <int T, int NT>
 __device__ __forceinline__ void mmv_body(const Mmv3& a, const float* __restrict__ X, int cols, int n) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -271,15 +286,7 @@ __device__ __forceinline__ void mmv_body(const Mmv3& a, const float* __restrict_
         for (int t = 0; t < NT; t++) {
             if (t < n) {
                 float x[8];
-                if (in) {
-                    const float4* xp = (const float4*)(X + (size_t)t * cols + j);
-                    float4 p = xp[0], q = xp[1];
-                    x[0] = p.x; x[1] = p.y; x[2] = p.z; x[3] = p.w; x[4] = q.x; x[5] = q.y; x[6] = q.z; x[7] = q.w;
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; i++) x[i] = 0.f;
-                }
-                act_round<Act<T>::kind>(x, lane);
+                load_x8<T>(X + (size_t)t * cols, j, in, lane, x);
                 if (in) {
 #pragma unroll
                     for (int i = 0; i < 8; i++) acc[t] += w[i] * x[i];
@@ -323,15 +330,7 @@ __device__ __forceinline__ void mmvg_body(const u8* __restrict__ Wg, const u8* _
         for (int t = 0; t < NT; t++) {
             if (t < n) {
                 float x[8];
-                if (in) {
-                    const float4* xp = (const float4*)(X + (size_t)t * cols + j);
-                    float4 p = xp[0], q = xp[1];
-                    x[0] = p.x; x[1] = p.y; x[2] = p.z; x[3] = p.w; x[4] = q.x; x[5] = q.y; x[6] = q.z; x[7] = q.w;
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; i++) x[i] = 0.f;
-                }
-                act_round<Act<T>::kind>(x, lane);
+                load_x8<T>(X + (size_t)t * cols, j, in, lane, x);
                 if (in) {
 #pragma unroll
                     for (int i = 0; i < 8; i++) { ag[t] += wg[i] * x[i]; au[t] += wu[i] * x[i]; }

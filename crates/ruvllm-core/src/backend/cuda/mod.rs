@@ -424,6 +424,21 @@ impl CudaBackend {
         }
     }
 
+    /// A layer's KV rows in device memory (recording the failure when they are not).
+    fn device_rows<'c>(&mut self, cache: &'c LayerCache) -> Option<&'c DeviceRows> {
+        match &cache.rows {
+            KvRows::Device(d) if d.k != 0 => Some(d),
+            KvRows::Device(_) => {
+                self.fail(Error::Gpu { code: "ERR_GPU_OOM", msg: "out of GPU memory for the KV cache".into() });
+                None
+            }
+            _ => {
+                self.fail(Error::Internal("the CUDA backend was given a host KV cache".into()));
+                None
+            }
+        }
+    }
+
     fn ptr_of(m: &Option<DevMem>) -> CUdeviceptr {
         m.as_ref().map_or(0, |m| m.ptr)
     }
@@ -976,14 +991,7 @@ impl Backend for CudaBackend {
 
     fn store_kv(&mut self, cache: &mut LayerCache, pos0: usize, n: usize) {
         self.begin_pass(pos0, n);
-        let KvRows::Device(d) = &cache.rows else {
-            self.fail(Error::Internal("the CUDA backend was given a host KV cache".into()));
-            return;
-        };
-        if d.k == 0 {
-            self.fail(Error::Gpu { code: "ERR_GPU_OOM", msg: "out of GPU memory for the KV cache".into() });
-            return;
-        }
+        let Some(d) = self.device_rows(cache) else { return };
         let step = Self::ptr_of(&self.step_dev);
         let args = Args::new()
             .ptr(self.buf(Buf::K))
@@ -999,10 +1007,7 @@ impl Backend for CudaBackend {
 
     fn attention(&mut self, cache: &LayerCache, shape: AttnShape, mask: AttentionMask, window: Option<usize>, pos0: usize, n: usize) {
         self.begin_pass(pos0, n);
-        let KvRows::Device(d) = &cache.rows else {
-            self.fail(Error::Internal("the CUDA backend was given a host KV cache".into()));
-            return;
-        };
+        let Some(d) = self.device_rows(cache) else { return };
         let g = shape.n_head / shape.n_kv_head.max(1);
         if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || g > 8 || g == 0 {
             self.fail(Error::Gpu {
@@ -1114,14 +1119,7 @@ impl Backend for CudaBackend {
         n: usize,
     ) {
         self.begin_pass(pos0, n);
-        let KvRows::Device(d) = &cache.rows else {
-            self.fail(Error::Internal("the CUDA backend was given a host KV cache".into()));
-            return;
-        };
-        if d.k == 0 {
-            self.fail(Error::Gpu { code: "ERR_GPU_OOM", msg: "out of GPU memory for the KV cache".into() });
-            return;
-        }
+        let Some(d) = self.device_rows(cache) else { return };
         let (kp, vp, f16) = (d.k, d.v, i32::from(d.elem == 2));
         let qn = q_norm.map_or(0, |w| self.vector(w));
         let kn = k_norm.map_or(0, |w| self.vector(w));
