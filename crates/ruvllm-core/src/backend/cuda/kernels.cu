@@ -844,14 +844,12 @@ __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
 }
 
-extern "C" __global__ void argmax1(const float* v, int count, float* pv, int* pi) {
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) better(bv, bi, v[i], i);
+// The block's best (value, index) into thread 0's bv, bi.
+__device__ __forceinline__ void block_best(float& bv, int& bi) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffff, bv, o);
-        int oi = __shfl_xor_sync(0xffffffff, bi, o);
+        const float ov = __shfl_xor_sync(0xffffffff, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffff, bi, o);
         better(bv, bi, ov, oi);
     }
     __shared__ float sv[32];
@@ -859,8 +857,16 @@ extern "C" __global__ void argmax1(const float* v, int count, float* pv, int* pi
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) better(bv, bi, sv[w], si[w]);
+}
+
+extern "C" __global__ void argmax1(const float* v, int count, float* pv, int* pi) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) better(bv, bi, v[i], i);
+    block_best(bv, bi);
+    if (threadIdx.x == 0) {
         pv[blockIdx.x] = bv;
         pi[blockIdx.x] = bi;
     }
@@ -870,19 +876,6 @@ extern "C" __global__ void argmax2(const float* pv, const int* pi, int parts, in
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) better(bv, bi, pv[i], pi[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffff, bv, o);
-        int oi = __shfl_xor_sync(0xffffffff, bi, o);
-        better(bv, bi, ov, oi);
-    }
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) better(bv, bi, sv[w], si[w]);
-        out[0] = bi == 0x7fffffff ? 0 : bi;
-    }
+    block_best(bv, bi);
+    if (threadIdx.x == 0) out[0] = bi == 0x7fffffff ? 0 : bi;
 }
