@@ -405,11 +405,8 @@ fn open_backend(mode: GpuMode, model: &Transformer, threads: usize, context: usi
 #[cfg(feature = "cuda")]
 fn open_cuda(model: &Transformer, context: usize) -> Result<(Box<dyn Backend + Send>, usize)> {
     use crate::backend::cuda;
-    let mut all = vec![&model.embed, &model.output];
-    for l in &model.layers {
-        all.extend([&l.wq.weight, &l.wk.weight, &l.wv.weight, &l.wo.weight, &l.ffn_gate.weight, &l.ffn_up.weight, &l.ffn_down.weight]);
-    }
-    if let Some(w) = all.iter().find(|w| !cuda::supports(w.ty, w.cols)) {
+    let mut all = [&model.embed, &model.output].into_iter().chain(model.layer_weights());
+    if let Some(w) = all.find(|w| !cuda::supports(w.ty, w.cols)) {
         return Err(cuda::unavailable(format!("the CUDA kernels do not run this model's {} weights ({} columns)", w.ty.name(), w.cols)));
     }
     let c = &model.cfg;

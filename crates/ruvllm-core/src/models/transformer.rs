@@ -192,13 +192,16 @@ impl Transformer {
     /// file's pages of a tied embedding are read back only for the rows the embedding gathers)
     /// and the activation buffers.
     pub fn prepare(&self, be: &mut dyn Backend, max_batch: usize) {
-        for l in &self.layers {
-            for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down] {
-                be.prepare_weight(&w.weight);
-            }
+        for w in self.layer_weights() {
+            be.prepare_weight(w);
         }
         be.prepare_weight(&self.output);
         self.reserve(be, max_batch);
+    }
+
+    /// The seven projection weights of every block, in order.
+    pub fn layer_weights(&self) -> impl Iterator<Item = &QWeight> {
+        self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down].map(|x| &x.weight))
     }
 
     /// Sizes `be`'s activation buffers for up to `max_batch` tokens per pass.

@@ -48,14 +48,14 @@ fn gpu_error(e: &CudaError) -> Error {
     }
 }
 
-/// Is a CUDA device usable here? `Err` says why not.
-pub fn probe() -> std::result::Result<String, String> {
-    let api = driver::api()?;
+/// The first CUDA device, if our kernels run on it, and its description; `Err` says why not.
+fn usable_device(api: &Api) -> std::result::Result<(driver::DeviceInfo, String), String> {
     let d = driver::first_device(api)?;
     if d.major < 8 {
         return Err(format!("{} has compute capability {}.{}; ruvllm's kernels need 8.0 or newer", d.name, d.major, d.minor));
     }
-    Ok(format!("{} (sm_{}{}, {} MiB)", d.name, d.major, d.minor, d.total_mem >> 20))
+    let desc = format!("{} (sm_{}{}, {} MiB)", d.name, d.major, d.minor, d.total_mem >> 20);
+    Ok((d, desc))
 }
 
 /// Device memory freed on drop.
@@ -313,8 +313,7 @@ impl CudaBackend {
     /// used (`ERR_GPU_UNAVAILABLE`).
     pub fn new() -> Result<Self> {
         let api = driver::api().map_err(unavailable)?;
-        let desc = probe().map_err(unavailable)?;
-        let dev = driver::first_device(api).map_err(unavailable)?;
+        let (dev, desc) = usable_device(api).map_err(unavailable)?;
         let mut ctx = std::ptr::null_mut();
         let mut module = std::ptr::null_mut();
         let mut stream = std::ptr::null_mut();
@@ -454,6 +453,11 @@ impl CudaBackend {
         if let Some(m) = self.vectors.get(&key) {
             return m.ptr;
         }
+        self.upload_vector(key, v)
+    }
+
+    /// Uploads `v` into new device memory kept under `key` in `vectors`.
+    fn upload_vector(&mut self, key: (usize, usize), v: &[f32]) -> CUdeviceptr {
         let Some(m) = self.alloc(v.len() * 4) else { return 0 };
         // SAFETY: reinterpreting f32s as bytes.
         let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) };
@@ -473,13 +477,7 @@ impl CudaBackend {
         if let Some(m) = self.vectors.get(&key) {
             return m.ptr;
         }
-        let Some(m) = self.alloc(v.len() * 4) else { return 0 };
-        // SAFETY: reinterpreting f32s as bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) };
-        self.upload(m.ptr, bytes);
-        let p = m.ptr;
-        self.vectors.insert(key, m);
-        p
+        self.upload_vector(key, v)
     }
 
     fn weight(&mut self, w: &QWeight) -> Option<(CUdeviceptr, usize)> {
@@ -505,7 +503,9 @@ impl CudaBackend {
             return;
         }
         let func = self.func(name);
-        self.pending.push(Launch { name: name.to_string(), func, grid, block, args: args.words, offs: args.offs });
+        // The name only labels the profile; decode records ~190 launches per token.
+        let name = if self.profile.is_some() { name.to_string() } else { String::new() };
+        self.pending.push(Launch { name, func, grid, block, args: args.words, offs: args.offs });
     }
 
     fn blocks(count: usize, per: usize) -> u32 {
@@ -528,7 +528,10 @@ impl CudaBackend {
                 unsafe { check(api, "cuStreamSynchronize", (api.stream_synchronize)(self.stream))? };
             }
             let n = self.step.len();
-            let host = self.step_host.as_mut().expect("reserve() first");
+            let Some(host) = self.step_host.as_mut() else {
+                // `reserve` could not allocate it (reported then); nothing can run.
+                return Err(CudaError { call: "cuMemAllocHost", code: driver::CUDA_ERROR_OUT_OF_MEMORY, message: "no step buffer".into() });
+            };
             host.as_i32(n).copy_from_slice(&self.step);
             let dst = Self::ptr_of(&self.step_dev);
             // SAFETY: both hold `n` i32s; the host memory is page-locked and not rewritten before
@@ -1162,16 +1165,15 @@ impl Backend for CudaBackend {
     fn argmax(&mut self) -> Option<u32> {
         self.flush();
         let out = Self::ptr_of(&self.argmax_out);
-        let dst = self.argmax_host.as_ref().map_or(std::ptr::null_mut(), |h| h.ptr);
-        if dst.is_null() {
-            return None;
-        }
+        let dst = self.argmax_host.as_ref()?.ptr;
         self.copy_back(dst, out, 4);
         self.sync();
-        if !self.ok() {
-            return Some(0);
+        let ok = self.ok();
+        match (&mut self.argmax_host, ok) {
+            (Some(h), true) => Some(h.as_i32(1)[0] as u32),
+            // The failure is reported by `status`.
+            _ => Some(0),
         }
-        Some(self.argmax_host.as_mut().unwrap().as_i32(1)[0] as u32)
     }
 
     fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32] {
