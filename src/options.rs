@@ -662,7 +662,7 @@ pub fn generate_options(v: Option<Val>, context: usize, default_seed: Option<u64
   let adapters = field(bag, "adapters")?;
   let diffusion = diffusion_options(field(bag, "diffusion")?)?;
   let on_step = function(bag, "onStep")?;
-  Ok((GenerateParams { max_tokens, sampling, stop, chat_template, diffusion }, JsHooks { signal, on_token, adapters, on_step }))
+  Ok((GenerateParams { max_tokens, sampling, stop, chat_template, diffusion, ..Default::default() }, JsHooks { signal, on_token, adapters, on_step }))
 }
 
 fn stop_strings(v: Option<Val>) -> Res<Vec<String>> {

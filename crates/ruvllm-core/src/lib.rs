@@ -11,6 +11,7 @@ pub mod models;
 pub mod nn;
 pub mod runtime;
 pub mod sampling;
+pub mod structured;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

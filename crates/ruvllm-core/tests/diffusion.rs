@@ -69,7 +69,7 @@ fn engine(diffusion: Vec<PathBuf>) -> ruvllm_core::Result<Engine> {
 
 fn params(max_tokens: usize, d: DiffusionParams, temperature: f32, seed: u64) -> GenerateParams {
     let sampling = if temperature == 0.0 { SamplingParams::greedy() } else { SamplingParams { temperature, seed, ..SamplingParams::default() } };
-    GenerateParams { max_tokens, sampling, stop: vec![], chat_template: None, diffusion: Some(d) }
+    GenerateParams { max_tokens, sampling, stop: vec![], chat_template: None, diffusion: Some(d), ..Default::default() }
 }
 
 /// Runs one request, collecting its events.

@@ -23,7 +23,7 @@ fn engine() -> Engine {
 }
 
 fn params(max_tokens: usize) -> GenerateParams {
-    GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None }
+    GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None, ..Default::default() }
 }
 
 /// A generate request whose events arrive on the returned channel.

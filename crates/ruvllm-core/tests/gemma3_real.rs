@@ -108,7 +108,7 @@ fn model_path() -> PathBuf {
 }
 
 fn generate(engine: &Engine, prompt: Prompt, max_tokens: usize) -> Completion {
-    let params = GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None };
+    let params = GenerateParams { max_tokens, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None, ..Default::default() };
     engine.generate_blocking(prompt, params).unwrap_or_else(|e| panic!("generation failed: {e}"))
 }
 

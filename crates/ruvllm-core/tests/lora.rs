@@ -86,7 +86,8 @@ fn engine(adapters: Vec<(PathBuf, f32)>) -> Result<Engine, ruvllm_core::Error> {
 }
 
 fn greedy(e: &Engine, prompt: &str, adapters: Option<AdapterSet>) -> Vec<u32> {
-    let params = GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None };
+    let params =
+        GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None, ..Default::default() };
     e.generate_blocking_with(Prompt::Text(prompt.into()), params, adapters).expect("generate").tokens
 }
 

@@ -13,7 +13,8 @@ fn main() {
     let engine = Engine::load(std::path::Path::new(path), LoadOptions { context_size: Some(1024), threads: Some(threads), seed: None, ..Default::default() })
         .expect("load");
     let ids: Vec<u32> = (0..prompt).map(|i| 2 + (i * 7919) % 20000).collect();
-    let params = GenerateParams { max_tokens: new, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None };
+    let params =
+        GenerateParams { max_tokens: new, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None, ..Default::default() };
     let c = engine.generate_blocking(Prompt::Tokens(ids), params).expect("generate");
     println!("prefill {:.1} tok/s, decode {:.1} tok/s ({} tokens)", c.prefill_tokens_per_second, c.decode_tokens_per_second, c.completion_tokens);
 }

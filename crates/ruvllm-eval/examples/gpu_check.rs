@@ -38,7 +38,7 @@ fn load(path: &Path, gpu: GpuMode, diffusion: Option<&PathBuf>) -> (Engine, f64)
 }
 
 fn greedy(n: usize) -> GenerateParams {
-    GenerateParams { max_tokens: n, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None }
+    GenerateParams { max_tokens: n, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None, ..Default::default() }
 }
 
 fn score(e: &Engine, prompt: Prompt, adapters: Option<AdapterSet>) -> Score {
@@ -182,7 +182,14 @@ fn main() {
             let (dc, _) = load(&model, GpuMode::Off, Some(d));
             let (dg, _) = load(&model, GpuMode::Cuda, Some(d));
             for (k, p) in ["The capital of France is", "Water boils at"].iter().enumerate() {
-                let params = GenerateParams { max_tokens: 32, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None };
+                let params = GenerateParams {
+                    max_tokens: 32,
+                    sampling: SamplingParams::greedy(),
+                    stop: vec![],
+                    chat_template: None,
+                    diffusion: None,
+                    ..Default::default()
+                };
                 let a = dc.generate_blocking(Prompt::Text(p.to_string()), params.clone()).expect("cpu diffusion");
                 let b = dg.generate_blocking(Prompt::Text(p.to_string()), params).expect("gpu diffusion");
                 let same = a.tokens == b.tokens;
@@ -208,7 +215,8 @@ fn main() {
         let (dg, _) = load(&model, GpuMode::Cuda, Some(d));
         let mut v = Vec::new();
         for _ in 0..4 {
-            let params = GenerateParams { max_tokens: 64, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None };
+            let params =
+                GenerateParams { max_tokens: 64, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None, ..Default::default() };
             let c = dg.generate_blocking(Prompt::Text("The capital of France is".into()), params).expect("diffusion");
             v.push(c.decode_tokens_per_second);
         }

@@ -808,6 +808,7 @@ impl Learner {
                     stop: Vec::new(),
                     chat_template: None,
                     diffusion: None,
+                    ..Default::default()
                 };
                 let c = self.engine.generate_blocking_with(Prompt::Text((*o).to_string()), params, Some(AdapterSet::default()))?;
                 let mut ids = c.prompt_ids;

@@ -61,6 +61,7 @@ fn feedback_instant_consolidate_export_restart() {
         stop: vec![],
         chat_template: None,
         diffusion: None,
+        ..Default::default()
     };
     // Bad feedback is refused with codes.
     assert_eq!(l.feedback("cmpl-nope", 1.0, None).unwrap_err().code(), "ERR_INVALID_ARG");
@@ -146,6 +147,7 @@ fn background_round_starts_by_itself() {
         stop: vec![],
         chat_template: None,
         diffusion: None,
+        ..Default::default()
     };
     for correction in [CORRECTION, "absent: AE1 B S AH0 N T\nabsorb: AH0 B Z AO1 R B\n"] {
         let c = e.generate_blocking(Prompt::Text(PROMPT.into()), params.clone()).unwrap();

@@ -22,6 +22,7 @@ use crate::kv::KvCache;
 use crate::models::{self, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
 use crate::sampling::{log_softmax_at, SamplingParams};
+use crate::structured::{Constraint, Tool, ToolCall, ToolChoice};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -98,7 +99,7 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct GenerateParams {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
@@ -107,6 +108,11 @@ pub struct GenerateParams {
     pub chat_template: Option<String>,
     /// Diffusion settings (only for a diffusion model, which uses the defaults without them).
     pub diffusion: Option<DiffusionParams>,
+    /// Constrains the output (JSON, a schema, a grammar); `None`: free text.
+    pub constraint: Option<Constraint>,
+    /// Tools offered to the model (rendered through the chat template of a `Prompt::Chat`).
+    pub tools: Vec<Tool>,
+    pub tool_choice: ToolChoice,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +150,9 @@ pub struct Completion {
     pub diffusion: Option<DiffusionStats>,
     /// For `adapters: 'auto'`: the adapters the resolver picked.
     pub adapters_used: Option<Vec<AdapterUse>>,
+    /// The tool calls the model made (with `GenerateParams::tools`); `text` then holds what it
+    /// wrote besides them.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// An adapter an `'auto'` request ran, as the resolver named it, with the similarity of its
@@ -1045,6 +1054,7 @@ impl Worker {
             decode_tokens_per_second: 0.0,
             diffusion: None,
             adapters_used: self.auto_used.take(),
+            tool_calls: Vec::new(),
         };
         if req.cancel.load(Ordering::Relaxed) {
             return Ok(c);
