@@ -42,6 +42,13 @@ pub struct LoadOptions {
   /// not) or `false` (the CPU). `llm.info.backend` says which was taken.
   #[napi(ts_type = "'auto' | 'cuda' | false")]
   pub gpu: Option<serde_json::Value>,
+  /// Most requests decoded together (continuous batching: one forward pass per step serves
+  /// them all); more wait in order. Default 8, at most 256.
+  pub parallel: Option<u32>,
+  /// MiB of KV cache kept from finished requests for the prompt prefixes they hold (a repeated
+  /// system prompt or a growing chat is not evaluated again), least recently used evicted
+  /// first. Default 256; 0 keeps none.
+  pub prefix_cache_mb: Option<u32>,
 }
 
 /// `LLM.load(_, { learning })`: the model learns from feedback. Everything but `dir` has a
