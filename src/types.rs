@@ -342,6 +342,9 @@ pub struct Usage {
   pub prompt_tokens: u32,
   /// Tokens generated.
   pub completion_tokens: u32,
+  /// Prompt tokens taken from the prefix cache (a prompt prefix an earlier or concurrent
+  /// request evaluated), not evaluated again.
+  pub cached_tokens: u32,
 }
 
 /// Speed of a finished request.
@@ -493,7 +496,7 @@ impl From<ruvllm_core::engine::Completion> for Completion {
       text: c.text,
       tokens: c.tokens,
       finish_reason: c.finish_reason.as_str().to_string(),
-      usage: Usage { prompt_tokens: clamp_u32(c.prompt_tokens), completion_tokens: clamp_u32(c.completion_tokens) },
+      usage: Usage { prompt_tokens: clamp_u32(c.prompt_tokens), completion_tokens: clamp_u32(c.completion_tokens), cached_tokens: clamp_u32(c.cached_tokens) },
       timings: Timings { ttft_ms: c.ttft_ms, prefill_tokens_per_second: c.prefill_tokens_per_second, decode_tokens_per_second: c.decode_tokens_per_second },
       diffusion: c.diffusion.map(|d| DiffusionCompletion {
         steps: clamp_u32(d.steps),
