@@ -19,6 +19,9 @@ fn main() {
     let parallel = *levels.iter().max().unwrap_or(&1);
     let opts = LoadOptions { context_size: Some(1024), threads: Some(threads), parallel: Some(parallel), prefix_cache_mb: Some(0), ..Default::default() };
     let engine = Engine::load(std::path::Path::new(path), opts).expect("load");
+    // Warm-up: the first request after load faults in the weights' pages.
+    let warm = GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), ..Default::default() };
+    engine.generate_blocking(Prompt::Text("Warm-up".into()), warm).expect("warm-up");
     println!("| concurrent requests | completion tokens | wall s | aggregate tok/s | × one request |");
     println!("|---|---|---|---|---|");
     let mut single = None;

@@ -70,17 +70,24 @@ struct Work {
     head: bool,
 }
 
-/// The caches of finished sequences, kept for the prefixes they hold.
+/// The caches of finished sequences, kept for the prefixes they hold, and emptied caches kept
+/// for the next sequences (their memory already resident: a new request does not fault in
+/// fresh pages).
 pub(super) struct CachePool {
     parked: Vec<(KvCache, u64)>,
     /// Most bytes of keys and values the parked caches may have touched.
     budget: usize,
     clock: u64,
+    /// Emptied caches, at most `keep_free`.
+    free: Vec<KvCache>,
+    keep_free: usize,
 }
 
 impl CachePool {
-    pub fn new(budget: usize) -> Self {
-        CachePool { parked: Vec::new(), budget, clock: 0 }
+    /// A pool whose parked caches stay within `budget` bytes and that keeps up to `keep_free`
+    /// emptied caches (one batch's worth).
+    pub fn new(budget: usize, keep_free: usize) -> Self {
+        CachePool { parked: Vec::new(), budget, clock: 0, free: Vec::new(), keep_free }
     }
 
     /// Parks a finished sequence's cache, then evicts the least recently used beyond the budget.
@@ -90,7 +97,12 @@ impl CachePool {
         let mut total: usize = self.parked.iter().map(|(c, _)| c.touched_bytes()).sum();
         while total > self.budget {
             let Some(lru) = self.parked.iter().enumerate().min_by_key(|(_, (_, t))| *t).map(|(i, _)| i) else { break };
-            total -= self.parked.swap_remove(lru).0.touched_bytes();
+            let (mut evicted, _) = self.parked.swap_remove(lru);
+            total -= evicted.touched_bytes();
+            if self.free.len() < self.keep_free {
+                evicted.tokens.clear();
+                self.free.push(evicted);
+            }
         }
     }
 }
@@ -161,9 +173,11 @@ impl Worker {
             cache.tokens.truncate(p_n);
             return (cache, p_n);
         }
-        // A fresh cache: the least recently used parked one once as many caches as two full
-        // batches exist (its memory is already resident), else a new one.
-        let mut cache = if !self.pool.parked.is_empty() && self.pool.parked.len() + active.len() >= 2 * self.parallel {
+        // A fresh cache: an emptied one, or the least recently used parked one once as many
+        // caches as two full batches exist (their memory is already resident), else a new one.
+        let mut cache = if let Some(c) = self.pool.free.pop() {
+            c
+        } else if !self.pool.parked.is_empty() && self.pool.parked.len() + active.len() >= 2 * self.parallel {
             let lru = self.pool.parked.iter().enumerate().min_by_key(|(_, (_, t))| *t).map_or(0, |(i, _)| i);
             let (mut c, _) = self.pool.parked.swap_remove(lru);
             c.tokens.clear();
@@ -325,14 +339,24 @@ impl Worker {
             return Ok(());
         }
         let v = model.cfg.vocab_size;
-        // One greedy sequence: the backend's argmax (a GPU then hands back one id, not the logits).
+        // One greedy sequence: the backend's argmax (a GPU then hands back one id, not the
+        // logits); where the backend has none, the logits the same LM head left.
         if let [(i, row)] = rows[..] {
             if active[i].ar.plain_greedy() {
                 model.head_deferred(be, row);
-                if let Some(id) = be.argmax() {
-                    be.status()?;
-                    return self.take(&mut active[i], id);
-                }
+                let id = match be.argmax() {
+                    Some(id) => id,
+                    None => {
+                        be.status()?;
+                        let logits = be.logits();
+                        if logits.len() < v {
+                            return Err(Error::Internal(format!("the LM head gave {} logits", logits.len())));
+                        }
+                        active[i].ar.pick(&mut logits[..v])
+                    }
+                };
+                be.status()?;
+                return self.take(&mut active[i], id);
             }
         }
         let head_rows: Vec<usize> = rows.iter().map(|r| r.1).collect();

@@ -535,7 +535,7 @@ impl Engine {
                     closing: worker_closing,
                     busy: worker_busy,
                     parallel,
-                    pool: batch::CachePool::new(prefix_budget),
+                    pool: batch::CachePool::new(prefix_budget, parallel),
                     turn: 0,
                 };
                 worker.run(rx, opts.seed)
