@@ -224,7 +224,15 @@ impl Worker {
                 return None;
             }
         };
-        let (mut cache, reused) = self.acquire_cache(&ids, &adapters, active);
+        let acquired = catch_unwind(AssertUnwindSafe(|| self.acquire_cache(&ids, &adapters, active)));
+        let (mut cache, reused) = match acquired {
+            Ok(c) => c,
+            Err(panic) => {
+                let e = Error::from_panic(panic);
+                let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(Event::Error(e))));
+                return None;
+            }
+        };
         cache.adapters = adapters;
         let id = format!("cmpl-{}-{}", std::process::id(), REQUEST_COUNTER.fetch_add(1, Ordering::Relaxed));
         let ar = ArSequence::new(tok, &ids, &req.params, self.context, start);
@@ -237,8 +245,7 @@ impl Worker {
         for s in active.iter_mut().filter(|s| s.outcome.is_none()) {
             if s.req.cancel.load(Ordering::Relaxed) {
                 s.outcome = Some(Ok(FinishReason::Abort));
-            } else if !s.prefilling() && s.prefill_end.is_none() && s.ar.wants_none() {
-                s.prefill_end = Some(Instant::now());
+            } else if !s.prefilling() && s.ar.wants_none() {
                 s.outcome = Some(Ok(FinishReason::Length));
             }
         }

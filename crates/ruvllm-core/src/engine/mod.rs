@@ -868,7 +868,14 @@ impl Worker {
                 }
             }
             self.busy.store(true, Ordering::Relaxed);
-            self.step(&mut active);
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.step(&mut active))) {
+                // Whatever was running may be half-done: it ends with the panic's error.
+                let msg = Error::from_panic(panic).to_string();
+                for s in active.drain(..) {
+                    let mut sink = s.req.sink;
+                    let _ = catch_unwind(AssertUnwindSafe(|| sink(Event::Error(Error::Internal(msg.clone())))));
+                }
+            }
             let mut i = 0;
             while i < active.len() {
                 if active[i].finished() {
