@@ -24,7 +24,14 @@ use crate::types::Completion;
 type TokenChunk = OrError<crate::types::TokenChunk>;
 
 enum State {
-  Pending { engine: Arc<Engine>, prompt: Prompt, params: Box<GenerateParams>, adapters: Option<AdapterSet>, hook: Option<SignalHook>, on_step: Option<StepCallback> },
+  Pending {
+    engine: Arc<Engine>,
+    prompt: Prompt,
+    params: Box<GenerateParams>,
+    adapters: Option<AdapterSet>,
+    hook: Option<SignalHook>,
+    on_step: Option<StepCallback>,
+  },
   Running(Request),
   Failed(CodedError),
   Finished(Option<Box<ruvllm_core::engine::Completion>>),
