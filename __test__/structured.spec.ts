@@ -48,7 +48,14 @@ const chat = (text: string) => [{ role: 'user', content: text }]
 
 describe('responseFormat', () => {
   it('json_object: the output is a JSON object', async () => {
-    const out = await llm.generate('Describe a cat as JSON:', { responseFormat: { type: 'json_object' }, maxTokens: 96, temperature: 0 })
+    // Any object: the small model must choose to close it, so the prompt asks for a short one
+    // (a free-form "describe" prompt makes it repeat keys until maxTokens).
+    const out = await llm.generate(chat('Give a JSON object with the name and colour of a cat.'), {
+      chatTemplate: templates.gemma,
+      responseFormat: { type: 'json_object' },
+      maxTokens: 96,
+      temperature: 0,
+    })
     expect(out.finishReason).toBe('stop')
     const v = JSON.parse(out.text)
     expect(typeof v).toBe('object')

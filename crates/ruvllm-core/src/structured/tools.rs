@@ -141,7 +141,8 @@ pub(crate) fn compact_json(mut schema: Value) -> Value {
     schema
 }
 
-/// The Lark grammar of one or more calls (one for Llama 3) of the tools `choice` allows.
+/// The Lark grammar of one or more calls (one for Llama 3 or a named function) of the tools
+/// `choice` allows.
 pub fn calls_grammar(tools: &[Tool], choice: &ToolChoice, format: ToolFormat) -> Result<String> {
     let allowed: Vec<&Tool> = match choice {
         ToolChoice::Function(name) => tools.iter().filter(|t| &t.name == name).collect(),
@@ -153,7 +154,9 @@ pub fn calls_grammar(tools: &[Tool], choice: &ToolChoice, format: ToolFormat) ->
     let quote = |s: &str| serde_json::to_string(s).map_err(|e| Error::Grammar(e.to_string()));
     let (open, close) = format.wrap();
     let mut g = String::new();
-    g.push_str(if format == ToolFormat::Llama3 { "start: call\n" } else { "start: call (\"\\n\" call)*\n" });
+    // Llama 3 writes one call per answer; a named function is called once, as OpenAI does.
+    let single = format == ToolFormat::Llama3 || matches!(choice, ToolChoice::Function(_));
+    g.push_str(if single { "start: call\n" } else { "start: call (\"\\n\" call)*\n" });
     let alternatives: Vec<String> = (0..allowed.len()).map(|i| format!("tool_{i}")).collect();
     g.push_str(&format!("call: {} ({}) {}\n", quote(open)?, alternatives.join(" | "), quote(close)?));
     for (i, t) in allowed.iter().enumerate() {
