@@ -25,6 +25,7 @@ use crate::backend::Backend;
 use crate::kv::KvCache;
 use crate::models::{Segment, Transformer};
 use crate::nn::{AdapterSet, AttentionMask};
+use crate::structured::OutputConstraint;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -198,7 +199,12 @@ impl Worker {
     /// when the request failed (its sink has the error).
     pub(super) fn admit<'t>(&mut self, mut req: GenerateRequest, start: Instant, tok: &'t Tokenizer, active: &[Seq<'t>]) -> Option<Seq<'t>> {
         let prepared = catch_unwind(AssertUnwindSafe(|| -> Result<_> {
-            let ids = self.prompt_ids(&req.prompt, req.params.chat_template.as_deref())?;
+            // Compiled before the prompt is evaluated, so a bad schema or grammar fails at once.
+            let constraint = match OutputConstraint::needed(&req.params) {
+                true => Some(OutputConstraint::new(&self.shared.token_env()?, &req.params, self.shared.tool_format(req.params.chat_template.as_deref()))?),
+                false => None,
+            };
+            let ids = self.prompt_ids(&req.prompt, req.params.chat_template.as_deref(), &req.params.tools)?;
             if ids.len() >= self.context {
                 return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
             }
@@ -211,13 +217,13 @@ impl Worker {
             self.use_adapters(req.adapters.take());
             self.resolve_auto(&ids, &req.cancel)?;
             let adapters = self.cache.adapters.clone();
-            Ok((ids, adapters, self.auto_used.take()))
+            Ok((ids, adapters, self.auto_used.take(), constraint))
         }));
         let prepared = prepared.unwrap_or_else(|panic| {
             self.cache.tokens.clear();
             Err(Error::from_panic(panic))
         });
-        let (ids, adapters, adapters_used) = match prepared {
+        let (ids, adapters, adapters_used, constraint) = match prepared {
             Ok(p) => p,
             Err(e) => {
                 let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(Event::Error(e))));
@@ -235,7 +241,7 @@ impl Worker {
         };
         cache.adapters = adapters;
         let id = format!("cmpl-{}-{}", std::process::id(), REQUEST_COUNTER.fetch_add(1, Ordering::Relaxed));
-        let ar = ArSequence::new(tok, &ids, &req.params, self.context, start);
+        let ar = ArSequence::new(tok, &ids, &req.params, constraint, self.context, start);
         Some(Seq { req, id, ids, cache, done: reused, reused, ar, admitted: Instant::now(), prefill_end: None, adapters_used, outcome: None })
     }
 
@@ -359,7 +365,7 @@ impl Worker {
                         if logits.len() < v {
                             return Err(Error::Internal(format!("the LM head gave {} logits", logits.len())));
                         }
-                        active[i].ar.pick(&mut logits[..v])
+                        active[i].ar.pick(&mut logits[..v])?
                     }
                 };
                 be.status()?;
@@ -370,7 +376,11 @@ impl Worker {
         let logits = model.logits_rows(be, &head_rows)?;
         let mut picks = Vec::with_capacity(rows.len());
         for (k, &(i, _)) in rows.iter().enumerate() {
-            picks.push((i, active[i].ar.pick(&mut logits[k * v..(k + 1) * v])));
+            // A constraint's failure is the sequence's own.
+            match active[i].ar.pick(&mut logits[k * v..(k + 1) * v]) {
+                Ok(id) => picks.push((i, id)),
+                Err(e) => active[i].outcome = Some(Err(e)),
+            }
         }
         for (i, id) in picks {
             self.take(&mut active[i], id)?;
@@ -399,7 +409,7 @@ impl Worker {
         let event = match outcome {
             Ok(FinishReason::Abort) if self.closing.load(Ordering::SeqCst) => Event::Error(Error::Closed),
             Ok(reason) => {
-                let d = s.ar.finish(reason, &mut sink, s.ids.len() - s.reused, prefill_s, decode_s);
+                let (d, tool_calls) = s.ar.finish(reason, &mut sink, s.ids.len() - s.reused, prefill_s, decode_s);
                 let decoded = d.tokens.len().saturating_sub(1);
                 let c = Completion {
                     id: s.id,
@@ -415,7 +425,7 @@ impl Worker {
                     decode_tokens_per_second: if d.decode_s > 0.0 && decoded > 0 { decoded as f64 / d.decode_s } else { 0.0 },
                     diffusion: None,
                     adapters_used: s.adapters_used,
-                    tool_calls: Vec::new(),
+                    tool_calls,
                 };
                 let observer = super::lock(&self.hooks).observer.clone();
                 if let Some(f) = observer {

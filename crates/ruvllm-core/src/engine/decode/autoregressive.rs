@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::{Decoded, Sink};
 use crate::engine::{Event, FinishReason, GenerateParams};
 use crate::sampling::{Sampler, StopMatcher, StopResult};
+use crate::structured::{OutputConstraint, ToolCall};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
 
@@ -26,12 +27,15 @@ pub struct ArSequence<'t> {
     start: Instant,
     ttft_ms: Option<f64>,
     stopped_by_string: bool,
+    /// The output constraint (JSON, a grammar, tool calls): each step's logits are masked by
+    /// it and each token committed to it.
+    constraint: Option<OutputConstraint>,
 }
 
 impl<'t> ArSequence<'t> {
-    /// A sequence for `prompt` (shorter than `context`) under `params`; `start` is when the
-    /// request started (for the time to its first token).
-    pub fn new(tok: &'t Tokenizer, prompt: &[u32], params: &GenerateParams, context: usize, start: Instant) -> Self {
+    /// A sequence for `prompt` (shorter than `context`) under `params` and `constraint`;
+    /// `start` is when the request started (for the time to its first token).
+    pub fn new(tok: &'t Tokenizer, prompt: &[u32], params: &GenerateParams, constraint: Option<OutputConstraint>, context: usize, start: Instant) -> Self {
         ArSequence {
             tok,
             sampler: Sampler::new(params.sampling.clone()),
@@ -44,6 +48,7 @@ impl<'t> ArSequence<'t> {
             start,
             ttft_ms: None,
             stopped_by_string: false,
+            constraint,
         }
     }
 
@@ -52,15 +57,18 @@ impl<'t> ArSequence<'t> {
         self.max_new == 0
     }
 
-    /// Whether the next token is a plain argmax of the logits (greedy, no penalties), which a
-    /// backend can find where the logits are.
+    /// Whether the next token is a plain argmax of the logits (greedy, no penalties, no
+    /// constraint), which a backend can find where the logits are.
     pub fn plain_greedy(&self) -> bool {
-        self.sampler.is_plain_greedy()
+        self.sampler.is_plain_greedy() && self.constraint.is_none()
     }
 
-    /// Picks the next token from its logits (which may be modified).
-    pub fn pick(&mut self, logits: &mut [f32]) -> u32 {
-        self.sampler.sample(logits, &self.history)
+    /// Picks the next token from its logits (which may be modified), within the constraint.
+    pub fn pick(&mut self, logits: &mut [f32]) -> Result<u32> {
+        if let Some(m) = self.constraint.as_mut() {
+            m.mask(logits)?;
+        }
+        Ok(self.sampler.sample(logits, &self.history))
     }
 
     /// The token to evaluate next and its position: the last one taken.
@@ -77,6 +85,9 @@ impl<'t> ArSequence<'t> {
         if self.tok.is_end_of_generation(next) {
             return Ok(Some(FinishReason::Stop));
         }
+        if let Some(m) = self.constraint.as_mut() {
+            m.commit(next)?;
+        }
         self.history.push(next);
         let piece = self.decoder.push(next)?;
         let (emit, stopped) = match self.stops.push(&piece) {
@@ -89,17 +100,26 @@ impl<'t> ArSequence<'t> {
             self.stopped_by_string = true;
             return Ok(Some(FinishReason::Stop));
         }
+        // A complete constrained output can only end: no forward pass to pick the end.
+        if self.constraint.as_ref().is_some_and(|m| m.is_done()) {
+            return Ok(Some(FinishReason::Stop));
+        }
         Ok((self.history.len() - self.prompt_len >= self.max_new).then_some(FinishReason::Length))
     }
 
     /// Ends the sequence for `reason`: sends what the decoder and stop matcher still hold back
     /// and returns the output with its timings (`prefill_s` / `decode_s` measured by the
-    /// scheduler).
-    pub fn finish(mut self, reason: FinishReason, sink: &mut Sink, prefill_tokens: usize, prefill_s: f64, decode_s: f64) -> Decoded {
+    /// scheduler) and the tool calls it made (the text then holds what was written besides).
+    pub fn finish(mut self, reason: FinishReason, sink: &mut Sink, prefill_tokens: usize, prefill_s: f64, decode_s: f64) -> (Decoded, Vec<ToolCall>) {
         let tokens = self.history.split_off(self.prompt_len);
         if !self.stopped_by_string {
             super::flush_held(self.decoder, &mut self.stops, &mut self.text, tokens.last().copied().unwrap_or(0), sink);
         }
-        Decoded { tokens, text: self.text, finish_reason: reason, ttft_ms: self.ttft_ms.unwrap_or(0.0), prefill_tokens, prefill_s, decode_s, diffusion: None }
+        let (text, calls) = match &self.constraint {
+            Some(m) => m.finish(self.text),
+            None => (self.text, Vec::new()),
+        };
+        let d = Decoded { tokens, text, finish_reason: reason, ttft_ms: self.ttft_ms.unwrap_or(0.0), prefill_tokens, prefill_s, decode_s, diffusion: None };
+        (d, calls)
     }
 }
