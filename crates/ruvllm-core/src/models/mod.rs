@@ -21,6 +21,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
         [_, v] => *v as usize,
         d => return Err(Error::gguf(&file.path, format!("tensor 'token_embd.weight' has shape {d:?}, expected 2-D"))),
     };
+    // Checked before the family reads it: per-layer tables are sized by it.
+    if let Some(n) = file.get(&format!("{arch}.block_count")).and_then(|v| v.as_u64()).filter(|&n| n > MAX_DIM as u64) {
+        return Err(Error::gguf(&file.path, format!("implausible {arch}.block_count {n}")));
+    }
     let cfg = match arch {
         "gemma3" => gemma3::config(file, vocab)?,
         "llama" | "mistral" | "qwen2" => llama::config(file, arch, vocab)?,
@@ -32,10 +36,13 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
     Ok(cfg)
 }
 
+/// The largest model dimension (layers, widths, heads, vocabulary) taken as plausible.
+const MAX_DIM: usize = 1 << 20;
+
 fn validate(file: &GgufFile, c: &TransformerConfig) -> Result<()> {
     let bad = |m: String| Err(Error::gguf(&file.path, m));
     let dims = [c.n_layer, c.d_model, c.n_head, c.n_kv_head, c.head_dim, c.ff_dim, c.vocab_size];
-    if dims.iter().any(|&v| v == 0 || v > 1 << 20) {
+    if dims.iter().any(|&v| v == 0 || v > MAX_DIM) {
         return bad(format!("implausible model dimensions {dims:?}"));
     }
     if !c.n_head.is_multiple_of(c.n_kv_head) {
