@@ -24,7 +24,15 @@ use crate::types::Completion;
 type TokenChunk = OrError<crate::types::TokenChunk>;
 
 enum State {
-  Pending { engine: Arc<Engine>, prompt: Prompt, params: GenerateParams, adapters: Option<AdapterSet>, hook: Option<SignalHook>, on_step: Option<StepCallback> },
+  // Boxed: the parameters (constraint, tools) dwarf the other states.
+  Pending {
+    engine: Arc<Engine>,
+    prompt: Prompt,
+    params: Box<GenerateParams>,
+    adapters: Option<AdapterSet>,
+    hook: Option<SignalHook>,
+    on_step: Option<StepCallback>,
+  },
   Running(Request),
   Failed(CodedError),
   Finished(Option<Box<ruvllm_core::engine::Completion>>),
@@ -48,7 +56,7 @@ impl TokenStream {
     hook: Option<SignalHook>,
     on_step: Option<StepCallback>,
   ) -> Self {
-    TokenStream { state: Arc::new(Mutex::new(State::Pending { engine, prompt, params, adapters, hook, on_step })), cancel }
+    TokenStream { state: Arc::new(Mutex::new(State::Pending { engine, prompt, params: Box::new(params), adapters, hook, on_step })), cancel }
   }
 
   pub(crate) fn failed(err: CodedError) -> Self {
@@ -91,7 +99,7 @@ impl AsyncGenerator for TokenStream {
             } else if cancel.aborted() {
               State::Failed(CodedError::aborted(None))
             } else {
-              match Request::submit(&engine, prompt, params, adapters, cancel.clone(), hook, on_step) {
+              match Request::submit(&engine, prompt, *params, adapters, cancel.clone(), hook, on_step) {
                 Ok(r) => State::Running(r),
                 Err(e) => State::Failed(e),
               }

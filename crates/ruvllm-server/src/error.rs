@@ -53,6 +53,11 @@ impl ApiError {
         Self::new(503, "server_error", "ERR_CLOSED", "the model was closed")
     }
 
+    /// A request cut short because the server is closing.
+    pub fn closing() -> Self {
+        Self::new(503, "server_error", "ERR_CLOSED", "the server is closing")
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "server_error", "ERR_INTERNAL", message)
     }

@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use ruvllm_core::engine::{EmbedRequest, Event, GenerateRequest};
+use ruvllm_core::engine::{EmbedRequest, Event, FinishReason, GenerateRequest};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
@@ -167,6 +167,8 @@ async fn generate(state: Arc<State>, req: Request<Incoming>, endpoint: Endpoint)
     loop {
         match rx.recv().await.ok_or_else(closed)? {
             Event::Token { .. } | Event::Step(_) => {}
+            // Cancelled by `close` (a gone client reads nothing): not an answer.
+            Event::Done(c) if c.finish_reason == FinishReason::Abort => return Err(ApiError::closing()),
             Event::Done(c) => {
                 drop((guard, permit));
                 return Ok(json_response(200, &openai::completion_json(endpoint, &state.model, &c)));

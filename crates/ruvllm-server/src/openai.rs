@@ -423,6 +423,7 @@ fn tool_calls_json(calls: &[ToolCall], with_index: bool) -> Value {
 
 /// The response id: the engine's completion id under OpenAI's prefix for the endpoint.
 pub fn response_id(endpoint: Endpoint, engine_id: &str) -> String {
+    let engine_id = engine_id.strip_prefix("cmpl-").unwrap_or(engine_id);
     match endpoint {
         Endpoint::Chat => format!("chatcmpl-{engine_id}"),
         Endpoint::Completions => format!("cmpl-{engine_id}"),

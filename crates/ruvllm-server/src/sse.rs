@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame};
-use ruvllm_core::engine::Event;
+use ruvllm_core::engine::{Event, FinishReason};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::OwnedSemaphorePermit;
@@ -58,6 +58,9 @@ impl SseBody {
         match e {
             Event::Token { text, .. } if !self.hold_text && !text.is_empty() => self.pending.push_back(data(&self.writer.text(&text))),
             Event::Token { .. } | Event::Step(_) => {}
+            // The server cancels a request only when its client is gone or the server closes;
+            // a client that is still reading is told the request did not finish.
+            Event::Done(c) if c.finish_reason == FinishReason::Abort => self.fail(ApiError::closing()),
             Event::Done(c) => {
                 if self.hold_text && !c.text.is_empty() {
                     self.pending.push_back(data(&self.writer.text(&c.text)));

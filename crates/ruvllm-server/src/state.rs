@@ -88,7 +88,7 @@ impl State {
     /// Waits for a slot to hand a request to the engine; 429 when `max_queue` requests already
     /// wait, 503 once the server is closing.
     pub async fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
-        let closing = || ApiError::new(503, "server_error", "ERR_CLOSED", "the server is shutting down");
+        let closing = ApiError::closing;
         if self.closing.load(Ordering::SeqCst) {
             return Err(closing());
         }
