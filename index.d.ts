@@ -349,10 +349,16 @@ export interface CachedModelFile {
 
 /** One chat message, for `generate(messages)` / `stream(messages)`. */
 export interface ChatMessage {
-  /** Who speaks: usually `'system'`, `'user'` or `'assistant'` (the template decides what is allowed). */
+  /** Who speaks: usually `'system'`, `'user'`, `'assistant'` or `'tool'` (the template decides what is allowed). */
   role: string
-  /** The message text. */
-  content: string
+  /** The message text (may be left out on an assistant message that only has `toolCalls`). */
+  content?: string
+  /** An assistant message's tool calls, as a completion's `toolCalls` returned them. */
+  toolCalls?: Array<ToolCall>
+  /** A `'tool'` message: the `id` of the call it answers. */
+  toolCallId?: string
+  /** A `'tool'` message: the function's name. */
+  name?: string
 }
 
 /** The result of `llm.generate`. */
@@ -376,6 +382,11 @@ export interface Completion {
   diffusion?: DiffusionCompletion
   /** With `adapters: 'auto'`: the bank adapters the request ran (nearest first). */
   adaptersUsed?: Array<AdapterUse>
+  /**
+   * The function calls the model made (with `tools`; empty otherwise). `text` then holds
+   * only what it wrote besides the calls.
+   */
+  toolCalls: Array<ToolCall>
 }
 
 /**
@@ -545,6 +556,30 @@ export interface GenerateOptions {
    * cancels the request with that error.
    */
   onStep?: (step: DiffusionStepInfo) => unknown
+  /**
+   * Constrains the output so it always parses: `{ type: 'json_object' }` (any JSON object) or
+   * `{ type: 'json_schema', schema }` (JSON valid against the schema). JSON is written on one
+   * line unless the schema sets llguidance's `x-guidance` options. A schema that cannot be
+   * compiled rejects with `code: 'ERR_GRAMMAR'`.
+   */
+  responseFormat?: { type: 'text' } | { type: 'json_object' } | { type: 'json_schema', schema: Record<string, unknown> | boolean }
+  /**
+   * Constrains the output to a grammar: `{ lark }` (llguidance's Lark dialect), `{ gbnf }`
+   * (llama.cpp's GBNF, with a `root` rule), or a string, read as GBNF. Not with
+   * `responseFormat`. A grammar that cannot be compiled rejects with `code: 'ERR_GRAMMAR'`.
+   */
+  grammar?: string | { lark: string } | { gbnf: string }
+  /**
+   * Functions the model may call (OpenAI's format), shown to it through the chat template;
+   * the calls come back in `toolCalls`, their arguments valid against `parameters`.
+   */
+  tools?: Array<{ type: 'function', function: { name: string, description?: string, parameters?: Record<string, unknown> } }>
+  /**
+   * `'auto'` (default: text or calls, as the model decides; the output is held to a valid
+   * call once the model starts one), `'none'`, `'required'` (at least one call) or
+   * `{ type: 'function', function: { name } }` (a call of that function).
+   */
+  toolChoice?: 'auto' | 'none' | 'required' | { type: 'function', function: { name: string } }
   /**
    * LoRA adapters for this request only (instead of the ones given at load and the learned
    * ones): `Adapter`s from `llm.loadAdapter`, or `{ adapter, scale }`; or `'auto'` (a model
@@ -968,6 +1003,16 @@ export interface TokenChunk {
 export interface TokenizeOptions {
   /** Add the model's special tokens (BOS for Gemma and Llama), as generation does. Default true. */
   addSpecial?: boolean
+}
+
+/** A function call the model made (with the `tools` option). */
+export interface ToolCall {
+  /** Unique id (`call_…`), for the `'tool'` message that answers the call. */
+  id: string
+  /** The function's name, one of the offered tools. */
+  name: string
+  /** The arguments as JSON text, valid against the tool's `parameters` schema. */
+  arguments: string
 }
 
 /** Token counts of a finished request. */

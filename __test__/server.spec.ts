@@ -3,9 +3,10 @@
 // Structured output (json_schema, tools) is checked against ajv and the tool's schema.
 import OpenAI from 'openai'
 import Ajv from 'ajv'
-import { basename } from 'node:path'
+import { basename, join } from 'node:path'
+import { spawn, spawnSync } from 'node:child_process'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { addon, LLM, modelPath, templates, type LLMType } from './helpers.js'
+import { addon, LLM, modelPath, ROOT, templates, type LLMType } from './helpers.js'
 
 const { createServer } = addon as any
 
@@ -209,44 +210,150 @@ describe('server: a model by path, with an API key', () => {
   })
 })
 
-// These need the constrained sampler and tool calling in the engine; until the core honours
-// `GenerateParams::constraint` and `tools` a 270M base model writes free text here.
-describe.skip('server: structured output (awaits the constrained sampler)', () => {
-  const ajv = new Ajv()
+describe('server: the CLI', () => {
+  const CLI = join(ROOT, 'bin', 'ruvllm.js')
 
-  it('response_format json_schema gives JSON that validates', async () => {
-    const schema = { type: 'object', properties: { name: { type: 'string' }, age: { type: 'integer' } }, required: ['name', 'age'], additionalProperties: false }
-    const r = await client.chat.completions.create({
-      model: 'x',
-      messages: [{ role: 'user', content: 'Invent a person.' }],
-      max_tokens: 64,
-      response_format: { type: 'json_schema', json_schema: { name: 'person', schema, strict: true } },
+  it('bench serve (short mode) drives a running server and reports a row per client count', () => {
+    // The server runs on its own threads: a synchronous child does not starve it.
+    const r = spawnSync(process.execPath, [CLI, 'bench', 'serve', '--url', server.url, '--duration', '2', '--clients', '1,2', '--max-tokens', '8', '--json'], {
+      encoding: 'utf8',
+      timeout: 60_000,
     })
+    expect(r.status, r.stderr).toBe(0)
+    const out = JSON.parse(r.stdout)
+    expect(out.rows.map((x: any) => x.clients)).toEqual([1, 2])
+    for (const row of out.rows) {
+      expect(row.errors).toBe(0)
+      expect(row.requests).toBeGreaterThan(0)
+      expect(row.tokensPerSecond).toBeGreaterThan(0)
+      expect(row.ttftP50).toBeGreaterThan(0)
+      expect(row.rssStartMiB).toBeGreaterThan(0)
+    }
+    const far = spawnSync(process.execPath, [CLI, 'bench', 'serve', '--url', 'http://192.0.2.1:8080'], { encoding: 'utf8' })
+    expect(far.status).toBe(2)
+    expect(far.stderr).toContain('ERR_USAGE')
+  })
+
+  it('serve listens until SIGINT', async () => {
+    const child = spawn(process.execPath, [CLI, 'serve', '--model', modelPath(), '--port', '0', '--context-size', '512'], { stdio: ['ignore', 'ignore', 'pipe'] })
+    let stderr = ''
+    const url = await new Promise<string>((resolve, reject) => {
+      child.stderr.on('data', (d) => {
+        stderr += d
+        const m = /serving .* at (http:\/\/\S+)\/v1/.exec(stderr)
+        if (m) resolve(m[1])
+      })
+      child.on('exit', () => reject(new Error(stderr)))
+    })
+    const models = await new OpenAI({ baseURL: `${url}/v1`, apiKey: 'x', maxRetries: 0 }).models.list()
+    expect(models.data.length).toBe(1)
+    const exited = new Promise((r) => child.on('exit', r))
+    child.kill('SIGINT')
+    expect(await exited).toBe(0)
+  })
+})
+
+// Constrained sampling: whatever the small model would write, the output parses.
+describe('server: structured output', () => {
+  const ajv = new Ajv()
+  const book = {
+    type: 'object',
+    properties: {
+      title: { type: 'string', maxLength: 24 },
+      year: { type: 'integer', minimum: 1450, maximum: 2030 },
+      genre: { enum: ['novel', 'poetry', 'essay'] },
+    },
+    required: ['title', 'year', 'genre'],
+    additionalProperties: false,
+  }
+  const stock = {
+    type: 'function' as const,
+    function: {
+      name: 'get_stock_price',
+      description: 'The latest price of a stock',
+      parameters: {
+        type: 'object',
+        properties: { symbol: { type: 'string', maxLength: 8 }, currency: { enum: ['USD', 'EUR'] } },
+        required: ['symbol', 'currency'],
+        additionalProperties: false,
+      },
+    },
+  }
+
+  it('response_format json_schema gives JSON that validates, streamed too', async () => {
+    const body = {
+      model: 'x',
+      messages: [{ role: 'user' as const, content: 'Name a famous book.' }],
+      max_tokens: 128,
+      temperature: 0,
+      response_format: { type: 'json_schema' as const, json_schema: { name: 'book', schema: book, strict: true } },
+    }
+    const r = await client.chat.completions.create(body)
+    expect(r.choices[0].finish_reason).toBe('stop')
     const value = JSON.parse(r.choices[0].message.content!)
-    expect(ajv.validate(schema, value)).toBe(true)
+    expect(ajv.validate(book, value), JSON.stringify(ajv.errors)).toBe(true)
+    let text = ''
+    for await (const c of await client.chat.completions.create({ ...body, stream: true })) text += c.choices[0]?.delta.content ?? ''
+    expect(text).toBe(r.choices[0].message.content)
   })
 
   it('response_format json_object gives a JSON object', async () => {
-    const r = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'A JSON object please.' }], max_tokens: 48, response_format: { type: 'json_object' } })
-    expect(typeof JSON.parse(r.choices[0].message.content!)).toBe('object')
+    const r = await client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'Give a JSON object with the name and colour of a cat.' }],
+      max_tokens: 96,
+      temperature: 0,
+      response_format: { type: 'json_object' },
+    })
+    const v = JSON.parse(r.choices[0].message.content!)
+    expect(typeof v === 'object' && !Array.isArray(v)).toBe(true)
   })
 
-  it('tools: a required call comes back as tool_calls with valid arguments, streamed too', async () => {
-    const parameters = { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] }
+  it('a bad schema is a 400 ERR_GRAMMAR', async () => {
+    const p = client.chat.completions.create({
+      model: 'x',
+      messages: [{ role: 'user', content: 'x' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'bad', schema: { type: 'nonsense' } } },
+    })
+    await expect(p).rejects.toMatchObject({ status: 400, code: 'ERR_GRAMMAR' })
+  })
+
+  it('tools: a required call comes back as tool_calls with valid arguments, streamed too, and goes back as history', async () => {
     const body = {
       model: 'x',
-      messages: [{ role: 'user' as const, content: 'What is the weather in Paris?' }],
-      max_tokens: 64,
-      tools: [{ type: 'function' as const, function: { name: 'get_weather', description: 'Weather for a city', parameters } }],
+      messages: [{ role: 'user' as const, content: 'What is the price of Apple stock?' }],
+      max_tokens: 96,
+      temperature: 0,
+      tools: [stock],
       tool_choice: 'required' as const,
     }
     const r = await client.chat.completions.create(body)
     expect(r.choices[0].finish_reason).toBe('tool_calls')
     const call = r.choices[0].message.tool_calls![0]
-    expect(call.function.name).toBe('get_weather')
-    expect(ajv.validate(parameters, JSON.parse(call.function.arguments))).toBe(true)
+    expect(call.id).toMatch(/^call_/)
+    expect(call.function.name).toBe('get_stock_price')
+    expect(ajv.validate(stock.function.parameters, JSON.parse(call.function.arguments))).toBe(true)
     let streamed: any
-    for await (const c of await client.chat.completions.create({ ...body, stream: true })) streamed ??= c.choices[0]?.delta.tool_calls?.[0]
-    expect(streamed.function.name).toBe('get_weather')
+    let finish: string | null = null
+    for await (const c of await client.chat.completions.create({ ...body, stream: true })) {
+      streamed ??= c.choices[0]?.delta.tool_calls?.[0]
+      finish = c.choices[0]?.finish_reason ?? finish
+    }
+    expect(streamed.function).toEqual(call.function)
+    expect(finish).toBe('tool_calls')
+    const followUp = await client.chat.completions.create({
+      model: 'x',
+      messages: [
+        { role: 'user', content: 'What is the price of Apple stock?' },
+        { role: 'assistant', content: null, tool_calls: [call] },
+        { role: 'user', content: 'The tool said: 190 USD. Summarise.' },
+      ],
+      max_tokens: 8,
+      temperature: 0,
+      tools: [stock],
+      tool_choice: 'none',
+    })
+    expect(followUp.choices[0].message.content!.length).toBeGreaterThan(0)
+    expect(followUp.choices[0].message.tool_calls).toBeUndefined()
   })
 })

@@ -12,6 +12,7 @@ use napi::{sys, Env, JsValue, ValueType};
 use ruvllm_core::chat::ChatMessage;
 use ruvllm_core::engine::{DiffusionParams, ElboParams, GenerateParams, GpuMode, LoadOptions, Prompt, Remasking, Schedule};
 use ruvllm_core::sampling::SamplingParams;
+use ruvllm_core::structured::{Constraint, Tool, ToolChoice};
 
 use crate::error::{CodedError, Res};
 
@@ -526,13 +527,110 @@ pub fn prompt(v: Option<Val>, vocab_size: usize) -> Res<Prompt> {
         if role.is_empty() {
           return Err(CodedError::out_of_range(format!("prompt[{i}].role must not be empty")));
         }
-        let content = string(&m.prop("content")?, &format!("prompt[{i}].content"))?;
-        msgs.push(ChatMessage { role, content });
+        msgs.push(chat_message(&m, i, role)?);
       }
       Ok(Prompt::Chat(msgs))
     }
     _ => Err(CodedError::invalid_type(format!("{EXPECT}, got {}", type_name(&v)))),
   }
+}
+
+/// One chat message: `{ role, content, toolCalls?, toolCallId?, name? }`; `content` may be
+/// left out (or null) on an assistant message that only calls tools.
+fn chat_message(m: &Val, i: u32, role: String) -> Res<ChatMessage> {
+  let tool_calls = match m.prop("toolCalls")?.ty()? {
+    ValueType::Undefined | ValueType::Null => Vec::new(),
+    _ => {
+      let v = json(&m.prop("toolCalls")?)?;
+      let calls = v.as_array().ok_or_else(|| CodedError::invalid_type(format!("prompt[{i}].toolCalls must be an array of {{ id, name, arguments }}")))?;
+      let mut out = Vec::with_capacity(calls.len());
+      for (j, c) in calls.iter().enumerate() {
+        let field = |k: &str| c.get(k).and_then(serde_json::Value::as_str).map(str::to_string);
+        let (Some(id), Some(name), Some(arguments)) = (field("id"), field("name"), field("arguments")) else {
+          return Err(CodedError::invalid_type(format!("prompt[{i}].toolCalls[{j}] must be {{ id, name, arguments }} strings")));
+        };
+        out.push(ruvllm_core::structured::ToolCall { id, name, arguments });
+      }
+      out
+    }
+  };
+  let optional = |key: &str| -> Res<Option<String>> {
+    let v = m.prop(key)?;
+    match v.ty()? {
+      ValueType::Undefined | ValueType::Null => Ok(None),
+      _ => string(&v, &format!("prompt[{i}].{key}")).map(Some),
+    }
+  };
+  let content = match optional("content")? {
+    Some(c) => c,
+    None if !tool_calls.is_empty() => String::new(),
+    None => return Err(CodedError::invalid_type(format!("prompt[{i}].content must be a string, got undefined"))),
+  };
+  let mut msg = ChatMessage::new(role, content);
+  msg.tool_calls = tool_calls;
+  msg.tool_call_id = optional("toolCallId")?;
+  msg.name = optional("name")?;
+  Ok(msg)
+}
+
+/// A plain JS value (object, array, string...) as JSON.
+fn json(v: &Val) -> Res<serde_json::Value> {
+  v.get::<serde_json::Value>()
+}
+
+/// `responseFormat` and `grammar` (at most one): the output constraint.
+fn constraint_options(bag: Option<Val>) -> Res<Option<Constraint>> {
+  let format = match field(bag, "responseFormat")? {
+    None => None,
+    Some(v) => {
+      if v.ty()? != ValueType::Object || v.is_array() {
+        return Err(CodedError::invalid_type(format!(
+          "responseFormat must be {{ type: 'json_object' }} or {{ type: 'json_schema', schema }}, got {}",
+          type_name(&v)
+        )));
+      }
+      Constraint::from_response_format(&json(&v)?, "responseFormat")?
+    }
+  };
+  let grammar = match field(bag, "grammar")? {
+    None => None,
+    Some(v) => Some(match v.ty()? {
+      ValueType::String => Constraint::Gbnf(string(&v, "grammar")?),
+      ValueType::Object if !v.is_array() => {
+        let g = option_bag(Some(v), "grammar", &["lark", "gbnf"])?;
+        match (field(g, "lark")?, field(g, "gbnf")?) {
+          (Some(l), None) => Constraint::Lark(string(&l, "grammar.lark")?),
+          (None, Some(b)) => Constraint::Gbnf(string(&b, "grammar.gbnf")?),
+          _ => return Err(CodedError::invalid_type("grammar must have exactly one of lark or gbnf")),
+        }
+      }
+      _ => return Err(CodedError::invalid_type(format!("grammar must be a GBNF string, {{ gbnf }} or {{ lark }}, got {}", type_name(&v)))),
+    }),
+  };
+  match (format, grammar) {
+    (Some(_), Some(_)) => Err(CodedError::out_of_range("give responseFormat or grammar, not both")),
+    (f, g) => Ok(f.or(g)),
+  }
+}
+
+/// `tools` (OpenAI function tools) and `toolChoice`.
+fn tool_options(bag: Option<Val>) -> Res<(Vec<Tool>, ToolChoice)> {
+  let tools = match field(bag, "tools")? {
+    None => Vec::new(),
+    Some(v) => {
+      if !v.is_array() {
+        return Err(CodedError::invalid_type(format!("tools must be an array of {{ type: 'function', function }}, got {}", type_name(&v))));
+      }
+      let list = json(&v)?;
+      let items = list.as_array().map(Vec::as_slice).unwrap_or_default();
+      items.iter().enumerate().map(|(i, t)| Tool::from_openai(t, &format!("tools[{i}]"))).collect::<Result<Vec<_>, _>>()?
+    }
+  };
+  let choice = match field(bag, "toolChoice")? {
+    None => ToolChoice::Auto,
+    Some(v) => ToolChoice::from_openai(&json(&v)?, "toolChoice")?,
+  };
+  Ok((tools, choice))
 }
 
 pub const GENERATE_KEYS: &[&str] = &[
@@ -553,6 +651,10 @@ pub const GENERATE_KEYS: &[&str] = &[
   "adapters",
   "diffusion",
   "onStep",
+  "responseFormat",
+  "grammar",
+  "tools",
+  "toolChoice",
 ];
 
 /// The parts of a generate option bag that are JS objects, for the caller to wire up.
@@ -662,7 +764,9 @@ pub fn generate_options(v: Option<Val>, context: usize, default_seed: Option<u64
   let adapters = field(bag, "adapters")?;
   let diffusion = diffusion_options(field(bag, "diffusion")?)?;
   let on_step = function(bag, "onStep")?;
-  Ok((GenerateParams { max_tokens, sampling, stop, chat_template, diffusion, ..Default::default() }, JsHooks { signal, on_token, adapters, on_step }))
+  let constraint = constraint_options(bag)?;
+  let (tools, tool_choice) = tool_options(bag)?;
+  Ok((GenerateParams { max_tokens, sampling, stop, chat_template, diffusion, constraint, tools, tool_choice }, JsHooks { signal, on_token, adapters, on_step }))
 }
 
 fn stop_strings(v: Option<Val>) -> Res<Vec<String>> {

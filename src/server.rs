@@ -112,6 +112,22 @@ pub fn create_server<'env>(env: &'env Env, options: Unknown) -> napi::Result<Pro
   )
 }
 
+/// A server dropped without `close()` (its JS object collected) closes on a thread of its own:
+/// closing waits for connections, which must not stall the JS thread running the finalizer.
+impl Drop for Server {
+  fn drop(&mut self) {
+    if let Some(server) = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take() {
+      let owned = self.owned.take();
+      let _ = std::thread::Builder::new().name("ruvllm-server-close".into()).spawn(move || {
+        drop(server);
+        if let Some(engine) = owned {
+          engine.close();
+        }
+      });
+    }
+  }
+}
+
 #[napi]
 impl Server {
   /// The base URL, e.g. `http://127.0.0.1:8080` (an OpenAI client's `baseURL` is this + `/v1`).

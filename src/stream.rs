@@ -24,7 +24,7 @@ use crate::types::Completion;
 type TokenChunk = OrError<crate::types::TokenChunk>;
 
 enum State {
-  // Boxed: the parameters (constraint, tools) dwarf the other states.
+  // The params are boxed: with tools and schemas they dwarf the other states.
   Pending {
     engine: Arc<Engine>,
     prompt: Prompt,

@@ -214,10 +214,27 @@ pub struct DiffusionCompletion {
 /// One chat message, for `generate(messages)` / `stream(messages)`.
 #[napi(object)]
 pub struct ChatMessage {
-  /// Who speaks: usually `'system'`, `'user'` or `'assistant'` (the template decides what is allowed).
+  /// Who speaks: usually `'system'`, `'user'`, `'assistant'` or `'tool'` (the template decides what is allowed).
   pub role: String,
-  /// The message text.
-  pub content: String,
+  /// The message text (may be left out on an assistant message that only has `toolCalls`).
+  pub content: Option<String>,
+  /// An assistant message's tool calls, as a completion's `toolCalls` returned them.
+  pub tool_calls: Option<Vec<ToolCall>>,
+  /// A `'tool'` message: the `id` of the call it answers.
+  pub tool_call_id: Option<String>,
+  /// A `'tool'` message: the function's name.
+  pub name: Option<String>,
+}
+
+/// A function call the model made (with the `tools` option).
+#[napi(object)]
+pub struct ToolCall {
+  /// Unique id (`call_…`), for the `'tool'` message that answers the call.
+  pub id: String,
+  /// The function's name, one of the offered tools.
+  pub name: String,
+  /// The arguments as JSON text, valid against the tool's `parameters` schema.
+  pub arguments: String,
 }
 
 /// Options for `llm.generate` and `llm.stream`. Every field is optional; a value of the wrong
@@ -265,6 +282,26 @@ pub struct GenerateOptions {
   /// cancels the request with that error.
   #[napi(ts_type = "(step: DiffusionStepInfo) => unknown")]
   pub on_step: Option<serde_json::Value>,
+  /// Constrains the output so it always parses: `{ type: 'json_object' }` (any JSON object) or
+  /// `{ type: 'json_schema', schema }` (JSON valid against the schema). JSON is written on one
+  /// line unless the schema sets llguidance's `x-guidance` options. A schema that cannot be
+  /// compiled rejects with `code: 'ERR_GRAMMAR'`.
+  #[napi(ts_type = "{ type: 'text' } | { type: 'json_object' } | { type: 'json_schema', schema: Record<string, unknown> | boolean }")]
+  pub response_format: Option<serde_json::Value>,
+  /// Constrains the output to a grammar: `{ lark }` (llguidance's Lark dialect), `{ gbnf }`
+  /// (llama.cpp's GBNF, with a `root` rule), or a string, read as GBNF. Not with
+  /// `responseFormat`. A grammar that cannot be compiled rejects with `code: 'ERR_GRAMMAR'`.
+  #[napi(ts_type = "string | { lark: string } | { gbnf: string }")]
+  pub grammar: Option<serde_json::Value>,
+  /// Functions the model may call (OpenAI's format), shown to it through the chat template;
+  /// the calls come back in `toolCalls`, their arguments valid against `parameters`.
+  #[napi(ts_type = "Array<{ type: 'function', function: { name: string, description?: string, parameters?: Record<string, unknown> } }>")]
+  pub tools: Option<serde_json::Value>,
+  /// `'auto'` (default: text or calls, as the model decides; the output is held to a valid
+  /// call once the model starts one), `'none'`, `'required'` (at least one call) or
+  /// `{ type: 'function', function: { name } }` (a call of that function).
+  #[napi(ts_type = "'auto' | 'none' | 'required' | { type: 'function', function: { name: string } }")]
+  pub tool_choice: Option<serde_json::Value>,
   /// LoRA adapters for this request only (instead of the ones given at load and the learned
   /// ones): `Adapter`s from `llm.loadAdapter`, or `{ adapter, scale }`; or `'auto'` (a model
   /// loaded with `learning`): the adapter bank's nearest adapter to the prompt, reported in
@@ -369,6 +406,9 @@ pub struct Completion {
   pub diffusion: Option<DiffusionCompletion>,
   /// With `adapters: 'auto'`: the bank adapters the request ran (nearest first).
   pub adapters_used: Option<Vec<AdapterUse>>,
+  /// The function calls the model made (with `tools`; empty otherwise). `text` then holds
+  /// only what it wrote besides the calls.
+  pub tool_calls: Vec<ToolCall>,
 }
 
 /// An adapter an `adapters: 'auto'` request ran.
@@ -495,6 +535,7 @@ impl From<ruvllm_core::engine::Completion> for Completion {
         forward_passes: clamp_u32(d.forward_passes),
       }),
       adapters_used: adapters_used(c.adapters_used),
+      tool_calls: c.tool_calls.into_iter().map(|t| ToolCall { id: t.id, name: t.name, arguments: t.arguments }).collect(),
     }
   }
 }

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, ErrorKind, Value};
 
+use crate::structured::{template_tool, Tool, ToolCall};
 use crate::{Error, Result};
 
 /// One message of a conversation.
@@ -17,12 +18,46 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant message's tool calls (as a completion returned them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     /// A message with the given role and content.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None, name: None }
+    }
+
+    /// The message as HF templates read it: tool calls as
+    /// `{id, type: "function", function: {name, arguments}}` with the arguments as an object
+    /// (templates `tojson` them).
+    fn template_value(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({ "role": self.role, "content": self.content });
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<serde_json::Value> = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    let args = serde_json::from_str::<serde_json::Value>(&c.arguments).unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone()));
+                    serde_json::json!({ "id": c.id, "type": "function", "function": { "name": c.name, "arguments": args } })
+                })
+                .collect();
+            v["tool_calls"] = serde_json::Value::Array(calls);
+        }
+        if let Some(id) = &self.tool_call_id {
+            v["tool_call_id"] = serde_json::json!(id);
+        }
+        if let Some(name) = &self.name {
+            v["name"] = serde_json::json!(name);
+        }
+        v
     }
 }
 
@@ -31,6 +66,8 @@ const TEMPLATE_NAME: &str = "chat_template";
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template text (what it supports, e.g. tools, is read from it).
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -72,7 +109,7 @@ impl ChatTemplate {
         env.set_formatter(python_formatter);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| Error::ChatTemplate(format!("the chat template does not compile: {}", describe(&e))))?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+        Ok(ChatTemplate { env, source: source.to_string(), bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
     }
 
     /// From the GGUF (`tokenizer.chat_template`); `Ok(None)` when the model ships none.
@@ -84,11 +121,30 @@ impl ChatTemplate {
         Self::new(source, &text(tok.bos_id()), &text(tok.eos_id())).map(Some)
     }
 
+    /// The template's source text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether the template renders a `tools` variable (HF tool-use templates do).
+    pub fn reads_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
     /// Renders messages (`add_generation_prompt` = start the assistant's turn).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// Renders messages with `tools` in the template's `tools` variable (left undefined when
+    /// there are none, as templates test `if tools`).
+    pub fn render_with_tools(&self, messages: &[ChatMessage], tools: &[Tool], add_generation_prompt: bool) -> Result<String> {
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| Error::ChatTemplate(describe(&e)))?;
+        let messages: Vec<serde_json::Value> = messages.iter().map(ChatMessage::template_value).collect();
+        let tools: Option<Vec<serde_json::Value>> = (!tools.is_empty()).then(|| tools.iter().map(template_tool).collect());
         let ctx = minijinja::context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,

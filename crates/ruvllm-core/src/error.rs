@@ -24,6 +24,10 @@ pub enum Error {
     Tokenizer(String),
     #[error("chat template error: {0}")]
     ChatTemplate(String),
+    /// A JSON schema, Lark or GBNF grammar (or a tool's parameter schema) that cannot be
+    /// compiled into a constraint.
+    #[error("grammar error: {0}")]
+    Grammar(String),
     #[error("the prompt has {tokens} tokens but the context holds {context}")]
     ContextOverflow { tokens: usize, context: usize },
     #[error("I/O error on {path}: {source}")]
@@ -51,6 +55,7 @@ impl Error {
             Error::InvalidArg(_) => "ERR_INVALID_ARG",
             Error::Tokenizer(_) => "ERR_TOKENIZER",
             Error::ChatTemplate(_) => "ERR_CHAT_TEMPLATE",
+            Error::Grammar(_) => "ERR_GRAMMAR",
             Error::ContextOverflow { .. } => "ERR_CONTEXT_OVERFLOW",
             Error::Io { .. } => "ERR_IO",
             Error::Closed => "ERR_CLOSED",

@@ -347,3 +347,70 @@ fn recent_template_constructs() {
         vec![ChatMessage::new("user", "hello world"), ChatMessage::new("assistant", "<think>\nhmm\n</think>\n\nanswer"), ChatMessage::new("user", "now what?")];
     assert_eq!(t.render(&msgs, false).unwrap(), "0|user|Hell0 w0rld|2|61|assistant|hmm|answer|False2|user|N0w what?|1|2");
 }
+
+fn weather_tool() -> ruvllm_core::structured::Tool {
+    ruvllm_core::structured::Tool {
+        name: "get_weather".into(),
+        description: Some("Current weather in a city".into()),
+        parameters: serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    }
+}
+
+/// A conversation with a call and its answer.
+fn tool_conversation() -> Vec<ChatMessage> {
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = vec![ruvllm_core::structured::ToolCall { id: "call_1".into(), name: "get_weather".into(), arguments: "{\"city\":\"Oslo\"}".into() }];
+    let mut answer = ChatMessage::new("tool", "{\"temp\": 3}");
+    answer.tool_call_id = Some("call_1".into());
+    answer.name = Some("get_weather".into());
+    vec![ChatMessage::new("user", "Weather in Oslo?"), call, answer]
+}
+
+#[test]
+fn tools_render_through_a_template_that_reads_them() {
+    use ruvllm_core::structured::ToolFormat;
+    // Qwen2.5's template from a synthetic GGUF: the tools in its <tools> block, the earlier
+    // call as a <tool_call> with the arguments as an object, the answer as a tool response.
+    let file = gguf_with(Some(MetadataValue::String(QWEN25.into())));
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    let t = ChatTemplate::from_gguf(&file, &tok).unwrap().unwrap();
+    assert!(t.reads_tools());
+    assert_eq!(ToolFormat::for_template(Some(t.source())), ToolFormat::Hermes);
+    let out = t.render_with_tools(&tool_conversation(), &[weather_tool()], true).unwrap();
+    assert!(out.contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {"), "{out}");
+    assert!(out.contains("\"description\": \"Current weather in a city\""), "{out}");
+    assert!(out.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"), "{out}");
+    assert!(out.contains("<tool_response>\n{\"temp\": 3}\n</tool_response>"), "{out}");
+    assert!(out.ends_with("<|im_start|>assistant\n"));
+    // Without tools the output is what it always was.
+    assert_eq!(t.render_with_tools(&conversation(), &[], true).unwrap(), EXPECTED_QWEN25);
+}
+
+#[test]
+fn tools_are_described_in_a_system_message_for_templates_without_tool_support() {
+    use ruvllm_core::structured::{messages_with_tools_prompt, ToolFormat};
+    for (src, bos, format, call_start) in [
+        (GEMMA3, "<bos>", ToolFormat::Fenced, "```tool_call\n{\"name\": <function name>, \"arguments\""),
+        (LLAMA3, "<bos>", ToolFormat::Llama3, "\n{\"name\": <function name>, \"parameters\""),
+        (QWEN2, "", ToolFormat::Hermes, "<tool_call>\n{\"name\": <function name>, \"arguments\""),
+    ] {
+        let file = gguf_with(Some(MetadataValue::String(src.into())));
+        let tok = Tokenizer::from_gguf(&file).unwrap();
+        let t = ChatTemplate::from_gguf(&file, &tok).unwrap().unwrap();
+        assert!(!t.reads_tools());
+        assert_eq!(ToolFormat::for_template(Some(t.source())), format);
+        let msgs = messages_with_tools_prompt(&[ChatMessage::new("user", "Weather in Oslo?")], &[weather_tool()], format);
+        let out = t.render(&msgs, true).unwrap();
+        assert!(out.starts_with(bos), "{out}");
+        assert!(out.contains("You can call these functions:") && out.contains("\"name\": \"get_weather\""), "{out}");
+        assert!(out.contains(call_start), "{format:?}: {out}");
+        assert!(out.contains("Weather in Oslo?"));
+    }
+}
+
+#[test]
+fn messages_without_tool_fields_still_deserialize() {
+    let m: ChatMessage = serde_json::from_str("{\"role\": \"user\", \"content\": \"hi\"}").unwrap();
+    assert_eq!(m, ChatMessage::new("user", "hi"));
+    assert_eq!(serde_json::to_string(&m).unwrap(), "{\"role\":\"user\",\"content\":\"hi\"}");
+}

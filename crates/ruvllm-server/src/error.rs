@@ -72,7 +72,7 @@ impl From<ruvllm_core::Error> for ApiError {
     fn from(e: ruvllm_core::Error) -> Self {
         let code = e.code();
         let (status, kind) = match code {
-            "ERR_INVALID_ARG" | "ERR_CONTEXT_OVERFLOW" | "ERR_CHAT_TEMPLATE" | "ERR_TOKENIZER" => (400, "invalid_request_error"),
+            "ERR_INVALID_ARG" | "ERR_CONTEXT_OVERFLOW" | "ERR_CHAT_TEMPLATE" | "ERR_TOKENIZER" | "ERR_GRAMMAR" => (400, "invalid_request_error"),
             // The model was closed under the server (or the server is closing): not the
             // client's fault, and another instance may serve it.
             "ERR_CLOSED" | "ABORT_ERR" | "ERR_GPU_OOM" => (503, "server_error"),

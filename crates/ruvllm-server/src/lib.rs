@@ -35,6 +35,9 @@ use state::State;
 /// client then loses its connection (headers) or gets 408 (body) instead of holding a slot.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most open connections; one more is closed as soon as it is accepted, so idle or slow
+/// clients cannot exhaust the process's file descriptors.
+const MAX_CONNECTIONS: usize = 1024;
 /// How long `close` waits for open connections after cancelling their requests.
 const CLOSE_GRACE: Duration = Duration::from_secs(10);
 
@@ -180,18 +183,21 @@ impl Drop for Server {
 
 async fn serve(listener: TcpListener, state: Arc<State>, mut stopped: oneshot::Receiver<()>) {
     let graceful = GracefulShutdown::new();
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    let Ok(slot) = connections.clone().try_acquire_owned() else { continue };
                     let _ = stream.set_nodelay(true);
                     let st = state.clone();
                     let conn = builder.serve_connection(TokioIo::new(stream), service_fn(move |req| handlers::handle(st.clone(), req)));
                     let conn = graceful.watch(conn);
                     tokio::spawn(async move {
                         let _ = conn.await;
+                        drop(slot);
                     });
                 }
                 // Out of file descriptors and the like: back off instead of spinning.

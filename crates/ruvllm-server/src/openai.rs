@@ -213,21 +213,30 @@ fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 Some(r) => return Err(ApiError::invalid(&format!("{param}.role"), format!("unknown role '{r}'"))),
                 None => return Err(ApiError::invalid(&format!("{param}.role"), "'role' is required and must be a string")),
             };
-            let mut content = content_text(m.get("content"), &format!("{param}.content"))?;
-            // An earlier assistant turn that called tools: the calls are part of what it said,
-            // so the model sees them as JSON in that turn (chat messages carry text only).
+            let mut msg = ChatMessage::new(role, content_text(m.get("content"), &format!("{param}.content"))?);
             if let Some(calls) = field(m, "tool_calls") {
-                let calls = calls.as_array().ok_or_else(|| ApiError::invalid(&format!("{param}.tool_calls"), "'tool_calls' must be an array"))?;
-                for c in calls {
-                    let f = c.get("function").ok_or_else(|| ApiError::invalid(&format!("{param}.tool_calls"), "a tool call needs a 'function'"))?;
-                    let call = json!({ "name": f.get("name"), "arguments": f.get("arguments") });
-                    if !content.is_empty() {
-                        content.push('\n');
-                    }
-                    content.push_str(&call.to_string());
-                }
+                let at = format!("{param}.tool_calls");
+                let calls = calls.as_array().ok_or_else(|| ApiError::invalid(&at, "'tool_calls' must be an array"))?;
+                msg.tool_calls = calls
+                    .iter()
+                    .map(|c| {
+                        let f = c.get("function");
+                        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+                        let arguments = f.and_then(|f| f.get("arguments")).and_then(Value::as_str);
+                        match (name, arguments) {
+                            (Some(name), Some(arguments)) => Ok(ToolCall {
+                                id: c.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                                name: name.to_string(),
+                                arguments: arguments.to_string(),
+                            }),
+                            _ => Err(ApiError::invalid(&at, "a tool call must be { id, type: 'function', function: { name, arguments: string } }")),
+                        }
+                    })
+                    .collect::<Result<_, _>>()?;
             }
-            Ok(ChatMessage::new(role, content))
+            msg.tool_call_id = m.get("tool_call_id").and_then(Value::as_str).map(str::to_string);
+            msg.name = m.get("name").and_then(Value::as_str).map(str::to_string);
+            Ok(msg)
         })
         .collect()
 }
@@ -591,6 +600,24 @@ mod tests {
             let e = chat_request(&obj(body.clone()), 4096).expect_err("invalid request");
             assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{body}");
         }
+    }
+
+    #[test]
+    fn tool_history_maps_to_messages() {
+        let b = chat_request(
+            &obj(json!({ "messages": [
+                { "role": "user", "content": "weather?" },
+                { "role": "assistant", "content": null, "tool_calls": [{ "id": "call_1", "type": "function", "function": { "name": "w", "arguments": "{}" } }] },
+                { "role": "tool", "tool_call_id": "call_1", "name": "w", "content": "sunny" },
+            ] })),
+            4096,
+        )
+        .expect("valid request");
+        let Prompt::Chat(m) = b.prompt else { panic!("not a chat prompt") };
+        assert_eq!(m[1].tool_calls, vec![ToolCall { id: "call_1".into(), name: "w".into(), arguments: "{}".into() }]);
+        assert_eq!((m[2].tool_call_id.as_deref(), m[2].name.as_deref(), m[2].content.as_str()), (Some("call_1"), Some("w"), "sunny"));
+        let bad = json!({ "messages": [{ "role": "assistant", "tool_calls": [{ "function": { "name": "w", "arguments": {} } }] }] });
+        assert_eq!(chat_request(&obj(bad), 4096).map(|_| ()).map_err(|e| e.param), Err(Some("messages[0].tool_calls".into())));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::kv::KvCache;
 use crate::models::{self, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
 use crate::sampling::{log_softmax_at, SamplingParams};
-use crate::structured::{Constraint, Tool, ToolCall, ToolChoice};
+use crate::structured::{Constraint, OutputConstraint, TokenEnv, Tool, ToolCall, ToolChoice, ToolFormat};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -218,6 +218,8 @@ struct Shared {
     template: Option<ChatTemplate>,
     /// The BOS token's text ("" when the model has none), to see if a rendered chat has it.
     bos_text: String,
+    /// The vocabulary compiled for constrained decoding, built by the first request that needs it.
+    token_env: std::sync::OnceLock<Arc<TokenEnv>>,
 }
 
 /// Scores a text: the log-probability the model gives each token after the ones before it.
@@ -276,7 +278,8 @@ pub struct EmbedRequest {
 pub type EmbedReply = Box<dyn FnOnce(Result<Vec<Vec<f32>>>) + Send>;
 
 enum Command {
-    Generate(GenerateRequest),
+    // Boxed: a request (prompt, params, tools) is far larger than the other commands.
+    Generate(Box<GenerateRequest>),
     Score(ScoreRequest),
     Embed(EmbedRequest),
     Close,
@@ -482,7 +485,7 @@ impl Engine {
         info.diffusion = diffusion.is_some();
         info.backend = backend.describe();
         let bos_text = tokenizer.bos_id().and_then(|b| tokenizer.decode(&[b], false).ok()).unwrap_or_default();
-        let shared = Arc::new(Shared { file, tokenizer, template, bos_text });
+        let shared = Arc::new(Shared { file, tokenizer, template, bos_text, token_env: Default::default() });
         let (tx, rx) = channel();
         let worker_shared = shared.clone();
         let worker_adapters = default_adapters.clone();
@@ -602,7 +605,7 @@ impl Engine {
 
     /// Renders chat messages to the prompt text (the model's template, or `template`).
     pub fn apply_chat_template(&self, messages: &[ChatMessage], template: Option<&str>) -> Result<String> {
-        self.shared()?.render_chat(messages, template)
+        self.shared()?.render_chat(messages, template, &[])
     }
 
     /// Queues a command whose cancel flag is `cancel`, for `stop` to set. A command sent while
@@ -621,7 +624,7 @@ impl Engine {
     /// Queues a request. `Closed` is returned here; everything after goes to the sink.
     pub fn submit(&self, req: GenerateRequest) -> Result<()> {
         let cancel = req.cancel.clone();
-        self.send(&cancel, Command::Generate(req))
+        self.send(&cancel, Command::Generate(Box::new(req)))
     }
 
     /// Runs a generation and waits for it (tokens are not streamed; no cancellation): for Rust
@@ -710,21 +713,48 @@ impl Drop for Engine {
 }
 
 impl Shared {
-    fn render_chat(&self, messages: &[ChatMessage], template: Option<&str>) -> Result<String> {
+    /// Renders messages, and `tools` through the template's `tools` variable, or, for a
+    /// template that has none, described in a system message.
+    fn render_chat(&self, messages: &[ChatMessage], template: Option<&str>, tools: &[Tool]) -> Result<String> {
         if messages.is_empty() {
             return Err(Error::InvalidArg("messages must not be empty".into()));
         }
         let tok = &self.tokenizer;
         let piece = |id: Option<u32>| id.and_then(|i| tok.decode(&[i], false).ok()).unwrap_or_default();
-        match template {
-            Some(src) => ChatTemplate::new(src, &piece(tok.bos_id()), &piece(tok.eos_id()))?.render(messages, true),
-            None => match &self.template {
-                Some(t) => t.render(messages, true),
-                None => Err(Error::ChatTemplate(
+        let given;
+        let t = match (template, &self.template) {
+            (Some(src), _) => {
+                given = ChatTemplate::new(src, &piece(tok.bos_id()), &piece(tok.eos_id()))?;
+                &given
+            }
+            (None, Some(t)) => t,
+            (None, None) => {
+                return Err(Error::ChatTemplate(
                     "this model ships no chat template (tokenizer.chat_template); pass a prompt string, or give one with the chatTemplate option".into(),
-                )),
-            },
+                ))
+            }
+        };
+        if tools.is_empty() || t.reads_tools() {
+            t.render_with_tools(messages, tools, true)
+        } else {
+            t.render(&crate::structured::messages_with_tools_prompt(messages, tools, ToolFormat::for_template(Some(t.source()))), true)
         }
+    }
+
+    /// How the model writes tool calls, from the chat template a request uses.
+    fn tool_format(&self, template: Option<&str>) -> ToolFormat {
+        ToolFormat::for_template(template.or(self.template.as_ref().map(ChatTemplate::source)))
+    }
+
+    /// The vocabulary for constrained decoding, built on first use.
+    fn token_env(&self) -> Result<Arc<TokenEnv>> {
+        if let Some(env) = self.token_env.get() {
+            return Ok(env.clone());
+        }
+        let env = TokenEnv::new(&self.tokenizer)?;
+        // Only the worker builds it, so no other value can have been set meanwhile.
+        let _ = self.token_env.set(env.clone());
+        Ok(env)
     }
 }
 
@@ -888,7 +918,7 @@ impl Worker {
     }
 
     /// The token ids of a prompt (BOS added to text; chat rendered with its template).
-    fn prompt_ids(&self, prompt: &Prompt, chat_template: Option<&str>) -> Result<Vec<u32>> {
+    fn prompt_ids(&self, prompt: &Prompt, chat_template: Option<&str>, tools: &[Tool]) -> Result<Vec<u32>> {
         let tok = &self.shared.tokenizer;
         let ids = match prompt {
             Prompt::Text(text) => tok.encode(text, true, true)?,
@@ -899,7 +929,7 @@ impl Worker {
                 ids.clone()
             }
             Prompt::Chat(messages) => {
-                let text = self.shared.render_chat(messages, chat_template)?;
+                let text = self.shared.render_chat(messages, chat_template, tools)?;
                 // Templates usually write the BOS text themselves; don't add a second one.
                 let add_special = self.shared.bos_text.is_empty() || !text.starts_with(&self.shared.bos_text);
                 tok.encode(&text, add_special, true)?
@@ -951,7 +981,7 @@ impl Worker {
 
     /// Evaluates `prompt` from position 0 and returns each token's log-probability.
     fn score(&mut self, prompt: &Prompt, chat_template: Option<&str>, cancel: &AtomicBool) -> Result<Score> {
-        let ids = self.prompt_ids(prompt, chat_template)?;
+        let ids = self.prompt_ids(prompt, chat_template, &[])?;
         if ids.len() > self.context {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
         }
@@ -986,7 +1016,7 @@ impl Worker {
         let Some(dm) = self.diffusion.clone() else {
             return Err(Error::InvalidArg("elbo needs a diffusion model: load 'gemma-3-270m-diffusion', or a GGUF with { diffusion: { adapter } }".into()));
         };
-        let ids = self.prompt_ids(prompt, chat_template)?;
+        let ids = self.prompt_ids(prompt, chat_template, &[])?;
         let start = Instant::now();
         let shared = self.shared.clone();
         let mut ctx =
@@ -1036,7 +1066,15 @@ impl Worker {
         let start = Instant::now();
         let id = format!("cmpl-{}-{}", std::process::id(), REQUEST_COUNTER.fetch_add(1, Ordering::Relaxed));
         let shared = self.shared.clone();
-        let ids = self.prompt_ids(&req.prompt, req.params.chat_template.as_deref())?;
+        if self.diffusion.is_some() && (req.params.constraint.is_some() || !req.params.tools.is_empty()) {
+            return Err(Error::InvalidArg("responseFormat, grammar and tools need an autoregressive model; a diffusion model cannot be constrained".into()));
+        }
+        // Compiled before the prompt is evaluated, so a bad schema or grammar fails at once.
+        let mut constraint = match OutputConstraint::needed(&req.params) {
+            true => Some(OutputConstraint::new(&shared.token_env()?, &req.params, shared.tool_format(req.params.chat_template.as_deref()))?),
+            false => None,
+        };
+        let ids = self.prompt_ids(&req.prompt, req.params.chat_template.as_deref(), &req.params.tools)?;
         if ids.len() >= self.context {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
         }
@@ -1071,7 +1109,15 @@ impl Worker {
         let n_past = if diffusion.is_some() { 0 } else { self.reusable_prefix(&ids) };
         let mut ctx =
             DecodeContext { model: &self.model, cache: &mut self.cache, backend: &mut *self.backend, tokenizer: &shared.tokenizer, context: self.context };
-        let request = DecodeRequest { prompt: &ids, reusable: n_past, params: &req.params, cancel: &req.cancel, sink: &mut req.sink, start };
+        let request = DecodeRequest {
+            prompt: &ids,
+            reusable: n_past,
+            params: &req.params,
+            cancel: &req.cancel,
+            sink: &mut req.sink,
+            start,
+            constraint: constraint.as_mut(),
+        };
         let d = match &diffusion {
             Some((model, params)) => {
                 let d = Diffusion { model, params }.decode(&mut ctx, request);
@@ -1083,7 +1129,10 @@ impl Worker {
         };
         c.diffusion = d.diffusion.clone();
         c.completion_tokens = d.tokens.len();
-        c.text = d.text;
+        (c.text, c.tool_calls) = match &constraint {
+            Some(m) => m.finish(d.text),
+            None => (d.text, Vec::new()),
+        };
         c.tokens = d.tokens;
         c.finish_reason = d.finish_reason;
         c.ttft_ms = d.ttft_ms;

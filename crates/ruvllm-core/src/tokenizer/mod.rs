@@ -231,6 +231,26 @@ impl Tokenizer {
         &self.hf
     }
 
+    /// The bytes token `id` stands for in generated text, for a constrained-decoding trie:
+    /// `▁` is a space and `<0xAB>` the byte 0xAB. Control and unknown tokens come back as
+    /// `0xFF` followed by their text (the marker llguidance's `TokTrie` reads as "special", so a
+    /// grammar never matches them as text); unused ones as no bytes (never allowed).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match self.types.get(id as usize) {
+            Some(TokenType::Control | TokenType::Unknown) => {
+                let mut out = vec![0xFF];
+                out.extend_from_slice(self.tokens[id as usize].as_bytes());
+                out
+            }
+            _ => {
+                let mut out = Vec::new();
+                // Only fails for an id outside the vocabulary: no bytes, so never allowed.
+                let _ = self.piece_into(id, false, false, &mut out);
+                out
+            }
+        }
+    }
+
     /// Appends the bytes of token `id` (llama.cpp `token_to_piece`). `first`: the token starts
     /// the sequence, so with `add_space_prefix` one leading space is dropped (as `detokenize`).
     fn piece_into(&self, id: u32, special: bool, first: bool, out: &mut Vec<u8>) -> Result<()> {

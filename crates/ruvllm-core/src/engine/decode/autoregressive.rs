@@ -47,17 +47,23 @@ impl DecodeStrategy for Autoregressive {
         let t_decode = Instant::now();
         let mut reason = FinishReason::Length;
         let mut stopped_by_string = false;
+        let mut constraint = req.constraint;
         while generated.len() < max_new {
             if req.cancel.load(Ordering::Relaxed) {
                 reason = FinishReason::Abort;
                 break;
             }
             // Greedy without penalties: the backend's argmax (a GPU then hands back one id, not
-            // the logits).
-            let device_pick = if sampler.is_plain_greedy() { ctx.backend.argmax() } else { None };
-            let next = match device_pick {
-                Some(id) => id,
-                None => sampler.sample(ctx.backend.logits(), &history),
+            // the logits). A constraint masks the logits first, so it always samples on the host.
+            let device_pick = if sampler.is_plain_greedy() && constraint.is_none() { ctx.backend.argmax() } else { None };
+            let next = match (device_pick, constraint.as_deref_mut()) {
+                (Some(id), _) => id,
+                (None, Some(m)) => {
+                    let logits = ctx.backend.logits();
+                    m.mask(logits)?;
+                    sampler.sample(logits, &history)
+                }
+                (None, None) => sampler.sample(ctx.backend.logits(), &history),
             };
             ctx.backend.status()?;
             if ttft.is_none() {
@@ -66,6 +72,9 @@ impl DecodeStrategy for Autoregressive {
             if tok.is_end_of_generation(next) {
                 reason = FinishReason::Stop;
                 break;
+            }
+            if let Some(m) = constraint.as_deref_mut() {
+                m.commit(next)?;
             }
             generated.push(next);
             history.push(next);
@@ -81,7 +90,12 @@ impl DecodeStrategy for Autoregressive {
                 stopped_by_string = true;
                 break;
             }
-            if generated.len() == max_new {
+            // A complete output can only end: skip the forward pass that would pick the end.
+            let done = constraint.as_ref().is_some_and(|m| m.is_done());
+            if done {
+                reason = FinishReason::Stop;
+            }
+            if done || generated.len() == max_new {
                 break;
             }
             let pos = history.len() - 1;

@@ -16,6 +16,7 @@ use crate::backend::Backend;
 use crate::kv::KvCache;
 use crate::models::Transformer;
 use crate::sampling::{StopMatcher, StopResult};
+use crate::structured::OutputConstraint;
 use crate::tokenizer::StreamDecoder;
 use crate::tokenizer::Tokenizer;
 use crate::Result;
@@ -50,6 +51,9 @@ pub struct DecodeRequest<'a> {
     pub sink: &'a mut Sink,
     /// When the request started (for the time to first token).
     pub start: Instant,
+    /// The request's output constraint (JSON, grammar, tool calls), if any: each step's logits
+    /// go through `mask` before sampling and the sampled token through `commit`.
+    pub constraint: Option<&'a mut OutputConstraint>,
 }
 
 /// What a strategy produced, with its timings.
