@@ -752,6 +752,17 @@ export interface LoadOptions {
    * not) or `false` (the CPU). `llm.info.backend` says which was taken.
    */
   gpu?: 'auto' | 'cuda' | false
+  /**
+   * Most requests decoded together (continuous batching: one forward pass per step serves
+   * them all); more wait in order. Default 8, at most 256.
+   */
+  parallel?: number
+  /**
+   * MiB of KV cache kept from finished requests for the prompt prefixes they hold (a repeated
+   * system prompt or a growing chat is not evaluated again), least recently used evicted
+   * first. Default 256; 0 keeps none.
+   */
+  prefixCacheMb?: number
 }
 
 /** A model the manager knows (built in or imported), and whether it is on disk. */
@@ -1021,4 +1032,9 @@ export interface Usage {
   promptTokens: number
   /** Tokens generated. */
   completionTokens: number
+  /**
+   * Prompt tokens taken from the prefix cache (a prompt prefix an earlier or concurrent
+   * request evaluated), not evaluated again.
+   */
+  cachedTokens: number
 }

@@ -108,6 +108,9 @@ describe('load errors', () => {
     await rejectsWithCode(LLM.load(modelPath(), { contxtSize: 5 } as any), 'ERR_INVALID_ARG')
     await rejectsWithCode(LLM.load(modelPath(), { download: 'yes' } as any), 'ERR_INVALID_ARG')
     await rejectsWithCode(LLM.load(modelPath(), 'opts' as any), 'ERR_INVALID_ARG')
+    await rejectsWithCode(LLM.load(modelPath(), { parallel: 0 }), 'ERR_INVALID_ARG')
+    await rejectsWithCode(LLM.load(modelPath(), { parallel: 257 }), 'ERR_INVALID_ARG')
+    await rejectsWithCode(LLM.load(modelPath(), { prefixCacheMb: -1 }), 'ERR_INVALID_ARG')
   })
 })
 

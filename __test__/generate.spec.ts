@@ -43,7 +43,7 @@ describe('LLM', () => {
     expect(out.text.startsWith(' Berlin')).toBe(true)
     expect(out.tokens.length).toBe(8)
     expect(out.finishReason).toBe('length')
-    expect(out.usage).toEqual({ promptTokens: llm.tokenize(CAPITALS).length, completionTokens: 8 })
+    expect(out.usage).toEqual({ promptTokens: llm.tokenize(CAPITALS).length, completionTokens: 8, cachedTokens: 0 })
     expect(typeof out.id).toBe('string')
     expect(out.id.length).toBeGreaterThan(0)
     expect(out.timings.ttftMs).toBeGreaterThan(0)

@@ -261,8 +261,22 @@ pub fn path_or_id(v: Option<Val>) -> Res<String> {
   }
 }
 
-const LOAD_KEYS: &[&str] =
-  &["contextSize", "threads", "seed", "adapters", "download", "source", "onProgress", "onNotice", "signal", "diffusion", "learning", "gpu"];
+const LOAD_KEYS: &[&str] = &[
+  "contextSize",
+  "threads",
+  "seed",
+  "adapters",
+  "download",
+  "source",
+  "onProgress",
+  "onNotice",
+  "signal",
+  "diffusion",
+  "learning",
+  "gpu",
+  "parallel",
+  "prefixCacheMb",
+];
 
 const LEARNING_KEYS: &[&str] = &[
   "dir",
@@ -402,6 +416,8 @@ pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
     seed: int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER)?.map(|n| n as u64),
     diffusion: diffusion_load(field(bag, "diffusion")?)?,
     gpu: gpu_mode(field(bag, "gpu")?)?,
+    parallel: int_in(bag, "parallel", 1.0, ruvllm_core::engine::MAX_PARALLEL as f64)?.map(|n| n as usize),
+    prefix_cache_mb: int_in(bag, "prefixCacheMb", 0.0, 1048576.0)?.map(|n| n as usize),
   })
 }
 

@@ -42,6 +42,13 @@ pub struct LoadOptions {
   /// not) or `false` (the CPU). `llm.info.backend` says which was taken.
   #[napi(ts_type = "'auto' | 'cuda' | false")]
   pub gpu: Option<serde_json::Value>,
+  /// Most requests decoded together (continuous batching: one forward pass per step serves
+  /// them all); more wait in order. Default 8, at most 256.
+  pub parallel: Option<u32>,
+  /// MiB of KV cache kept from finished requests for the prompt prefixes they hold (a repeated
+  /// system prompt or a growing chat is not evaluated again), least recently used evicted
+  /// first. Default 256; 0 keeps none.
+  pub prefix_cache_mb: Option<u32>,
 }
 
 /// `LLM.load(_, { learning })`: the model learns from feedback. Everything but `dir` has a
@@ -372,6 +379,9 @@ pub struct Usage {
   pub prompt_tokens: u32,
   /// Tokens generated.
   pub completion_tokens: u32,
+  /// Prompt tokens taken from the prefix cache (a prompt prefix an earlier or concurrent
+  /// request evaluated), not evaluated again.
+  pub cached_tokens: u32,
 }
 
 /// Speed of a finished request.
@@ -526,7 +536,7 @@ impl From<ruvllm_core::engine::Completion> for Completion {
       text: c.text,
       tokens: c.tokens,
       finish_reason: c.finish_reason.as_str().to_string(),
-      usage: Usage { prompt_tokens: clamp_u32(c.prompt_tokens), completion_tokens: clamp_u32(c.completion_tokens) },
+      usage: Usage { prompt_tokens: clamp_u32(c.prompt_tokens), completion_tokens: clamp_u32(c.completion_tokens), cached_tokens: clamp_u32(c.cached_tokens) },
       timings: Timings { ttft_ms: c.ttft_ms, prefill_tokens_per_second: c.prefill_tokens_per_second, decode_tokens_per_second: c.decode_tokens_per_second },
       diffusion: c.diffusion.map(|d| DiffusionCompletion {
         steps: clamp_u32(d.steps),

@@ -15,12 +15,14 @@ pub struct KvCache {
     /// The LoRA adapters the forward pass applies, and so the ones the stored keys and values
     /// were computed with: a prefix is reusable only under the same set.
     pub adapters: AdapterSet,
+    /// The most positions ever written: the cache's memory that has been touched.
+    high_water: usize,
 }
 
 impl KvCache {
     /// A cache of the given layers (see [`crate::backend::Backend::new_layer_cache`]).
     pub fn from_layers(layers: Vec<LayerCache>, row: usize) -> Self {
-        KvCache { layers, row, tokens: Vec::new(), adapters: AdapterSet::default() }
+        KvCache { layers, row, tokens: Vec::new(), adapters: AdapterSet::default(), high_water: 0 }
     }
 
     /// `capacities[l]` slots for layer `l`, f16 ([`KvType::F16`]), in host memory.
@@ -31,6 +33,17 @@ impl KvCache {
     /// `capacities[l]` slots for layer `l`, keys and values stored as `ty`, in host memory.
     pub fn with_type(capacities: &[usize], row: usize, ty: KvType) -> Self {
         Self::from_layers(capacities.iter().map(|&c| LayerCache::new(c, row, ty)).collect(), row)
+    }
+
+    /// Records that positions `0..end` have been written.
+    pub fn note_written(&mut self, end: usize) {
+        self.high_water = self.high_water.max(end);
+    }
+
+    /// Bytes of keys and values written so far (what the cache has made resident): per layer,
+    /// the positions written, at most its capacity.
+    pub fn touched_bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.bytes() / l.capacity.max(1) * self.high_water.min(l.capacity)).sum()
     }
 
     /// Bytes held by the cache.

@@ -375,7 +375,7 @@ fn check_tile_gemm<A: Default + Clone>(
         let nb = cols / block;
         let p = gemm::Packed::new(&pool, ty, qw.bytes(), rows, nb).unwrap();
         assert_eq!(p.tiles(), rows.div_ceil(16));
-        for n in [1usize, 4, 6, 7] {
+        for n in [1usize, 4, 6, 7, 8, 13] {
             let mut rng = Rng::new(n as u64 + 100);
             let x = rng.vec(n * cols, 1.0);
             let mut act = vec![A::default(); n * nb];

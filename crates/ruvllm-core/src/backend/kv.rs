@@ -89,6 +89,30 @@ impl LayerCache {
         pos % self.capacity
     }
 
+    /// Copies the key and value rows of positions `positions` from `src` (rows of `row`
+    /// values of the same type, each cache holding those positions in its slots). `false`:
+    /// nothing copied, the rows being in device memory or of different types.
+    pub fn copy_positions(&mut self, src: &LayerCache, positions: std::ops::Range<usize>, row: usize) -> bool {
+        fn copy<T: Copy>(dst: &mut [T], src: &[T], slots: impl Iterator<Item = (usize, usize)>, row: usize) {
+            for (d, s) in slots {
+                dst[d * row..(d + 1) * row].copy_from_slice(&src[s * row..(s + 1) * row]);
+            }
+        }
+        let slots: Vec<_> = positions.map(|p| (self.slot(p), src.slot(p))).collect();
+        match (&mut self.rows, &src.rows) {
+            (KvRows::F16 { k, v }, KvRows::F16 { k: sk, v: sv }) => {
+                copy(k, sk, slots.iter().copied(), row);
+                copy(v, sv, slots.into_iter(), row);
+            }
+            (KvRows::F32 { k, v }, KvRows::F32 { k: sk, v: sv }) => {
+                copy(k, sk, slots.iter().copied(), row);
+                copy(v, sv, slots.into_iter(), row);
+            }
+            _ => return false,
+        }
+        true
+    }
+
     /// Stores the key and value rows of position `pos`.
     pub fn store(&mut self, pos: usize, k_row: &[f32], v_row: &[f32]) {
         let row = k_row.len();

@@ -96,6 +96,21 @@ pub struct AttnShape {
     pub scale: f32,
 }
 
+/// The per-head RMSNorm weights of queries and keys (when the model has them) and their epsilon.
+#[derive(Debug, Clone, Copy)]
+pub struct QkNorms<'a> {
+    pub q: Option<&'a [f32]>,
+    pub k: Option<&'a [f32]>,
+    pub eps: f32,
+}
+
+/// What a query attends to: the mask, within an optional sliding window.
+#[derive(Debug, Clone, Copy)]
+pub struct Span {
+    pub mask: AttentionMask,
+    pub window: Option<usize>,
+}
+
 /// One low-rank factor pair (a LoRA adapter's projection): `delta = B·(A·x)`, factors in half
 /// precision.
 #[derive(Debug, Clone, Copy)]
@@ -227,6 +242,33 @@ pub trait Backend {
         self.rope(rope, Buf::Q, head_dim, pos0, n);
         self.rope(rope, Buf::K, head_dim, pos0, n);
         self.store_kv(cache, pos0, n);
+    }
+
+    /// Whether [`segment_attention`](Backend::segment_attention) takes rows other than from
+    /// row 0, so one pass can carry several sequences (their products batched, attention per
+    /// sequence over its own cache). `false`: one sequence per pass.
+    fn runs_segments(&self) -> bool {
+        false
+    }
+    /// [`qk_rope_store`](Backend::qk_rope_store) then [`attention`](Backend::attention) for
+    /// the `n` rows `row0..row0 + n` of `Q`/`K`/`V`/`Attn`: one sequence (at positions
+    /// `pos0..` of its `cache`) of a pass that may carry others. A backend that does not
+    /// [`run segments`](Backend::runs_segments) is only called with `row0 == 0`.
+    #[allow(clippy::too_many_arguments)]
+    fn segment_attention(
+        &mut self,
+        norms: QkNorms,
+        rope: &RopeTable,
+        cache: &mut LayerCache,
+        shape: AttnShape,
+        span: Span,
+        row0: usize,
+        pos0: usize,
+        n: usize,
+    ) {
+        assert_eq!(row0, 0, "segment_attention: this backend runs one sequence per pass");
+        self.qk_rope_store(norms.q, norms.k, norms.eps, rope, shape.head_dim, cache, pos0, n);
+        self.attention(cache, shape, span.mask, span.window, pos0, n);
     }
 
     /// `Gate = act(gate·Xn) · (up·Xn)` for `n` rows in one pass, where the backend has such a

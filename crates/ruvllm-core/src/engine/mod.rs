@@ -5,7 +5,7 @@
 //! A panic inside the worker is caught and reported as `Error::Internal`. How a completion's
 //! tokens are produced is a [`decode::DecodeStrategy`] (today: autoregressive).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,13 +22,14 @@ use crate::kv::KvCache;
 use crate::models::{self, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
 use crate::sampling::{log_softmax_at, SamplingParams};
-use crate::structured::{Constraint, OutputConstraint, TokenEnv, Tool, ToolCall, ToolChoice, ToolFormat};
+use crate::structured::{Constraint, TokenEnv, Tool, ToolCall, ToolChoice, ToolFormat};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
+mod batch;
 pub mod decode;
 
-use decode::{Autoregressive, DecodeContext, DecodeRequest, DecodeStrategy, Diffusion, DiffusionModel};
+use decode::{DecodeContext, DecodeRequest, DecodeStrategy, Diffusion, DiffusionModel};
 pub use decode::{DiffusionParams, DiffusionStats, DiffusionStep, ElboParams, Remasking, Schedule};
 
 /// Options for loading a model.
@@ -48,6 +49,11 @@ pub struct LoadOptions {
     pub diffusion: Vec<PathBuf>,
     /// Where the forward pass runs (default [`GpuMode::Auto`]).
     pub gpu: GpuMode,
+    /// Most requests decoded together (default [`DEFAULT_PARALLEL`]); more wait in a queue.
+    pub parallel: Option<usize>,
+    /// Memory budget in MiB for the KV caches of finished requests, kept for the prompt
+    /// prefixes they hold (default [`DEFAULT_PREFIX_CACHE_MB`]; 0 keeps none).
+    pub prefix_cache_mb: Option<usize>,
 }
 
 /// Where the forward pass runs.
@@ -142,6 +148,8 @@ pub struct Completion {
     pub prompt_ids: Vec<u32>,
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values came from the prefix cache (not evaluated again).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub ttft_ms: f64,
     pub prefill_tokens_per_second: f64,
@@ -210,6 +218,12 @@ pub struct GenerateRequest {
 pub const MAX_BATCH: usize = 512;
 /// Default KV cache length when the caller gives none.
 pub const DEFAULT_CONTEXT: usize = 4096;
+/// Default for [`LoadOptions::parallel`].
+pub const DEFAULT_PARALLEL: usize = 8;
+/// Most requests decoded together that [`LoadOptions::parallel`] may ask for.
+pub const MAX_PARALLEL: usize = 256;
+/// Default for [`LoadOptions::prefix_cache_mb`].
+pub const DEFAULT_PREFIX_CACHE_MB: usize = 256;
 
 /// What the request path shares with the worker: the file (metadata, mmap), tokenizer, template.
 struct Shared {
@@ -333,6 +347,12 @@ struct Worker {
     closing: Arc<AtomicBool>,
     /// Set while a request is being served ([`Engine::busy`]).
     busy: Arc<AtomicBool>,
+    /// Most sequences decoded together.
+    parallel: usize,
+    /// The caches of finished sequences, for their prefixes.
+    pool: batch::CachePool,
+    /// Rotates which adapter group a step serves first.
+    turn: usize,
 }
 
 static REQUEST_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -460,6 +480,12 @@ impl Engine {
             Some(c) => c,
             None => cfg.train_context.min(DEFAULT_CONTEXT),
         };
+        let parallel = match opts.parallel {
+            Some(p) if p == 0 || p > MAX_PARALLEL => return Err(Error::InvalidArg(format!("parallel must be between 1 and {MAX_PARALLEL}, got {p}"))),
+            Some(p) => p,
+            None => DEFAULT_PARALLEL,
+        };
+        let prefix_budget = opts.prefix_cache_mb.unwrap_or(DEFAULT_PREFIX_CACHE_MB).saturating_mul(1 << 20);
         let threads = match opts.threads {
             Some(0) => return Err(Error::InvalidArg("threads must be at least 1".into())),
             Some(t) => t,
@@ -511,6 +537,9 @@ impl Engine {
                     diffusion,
                     closing: worker_closing,
                     busy: worker_busy,
+                    parallel,
+                    pool: batch::CachePool::new(prefix_budget, parallel),
+                    turn: 0,
                 };
                 worker.run(rx, opts.seed)
             })
@@ -802,62 +831,125 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 impl Worker {
+    /// Serves commands until closed: generation requests join the batch of decoding sequences
+    /// (up to `parallel`, the rest wait in order); scoring, embedding and a diffusion model's
+    /// generation run alone between two steps of the batch.
     fn run(mut self, rx: Receiver<Command>, default_seed: Option<u64>) {
-        while let Some(cmd) = next_command(&rx, &self.busy) {
-            if self.closing.load(Ordering::SeqCst) && !matches!(cmd, Command::Close) {
-                refuse(cmd);
-                continue;
+        let shared = self.shared.clone();
+        let tok = &shared.tokenizer;
+        let mut waiting: VecDeque<(GenerateRequest, Instant)> = VecDeque::new();
+        let mut active: Vec<batch::Seq<'_>> = Vec::new();
+        let mut open = true;
+        while open {
+            // Wait for a command when there is nothing to decode; else take what has arrived.
+            let mut cmds = Vec::new();
+            if active.is_empty() && waiting.is_empty() {
+                match next_command(&rx, &self.busy) {
+                    Some(c) => cmds.push(c),
+                    None => break,
+                }
             }
-            let mut req = match cmd {
-                Command::Close => break,
-                Command::Generate(req) => req,
-                Command::Embed(req) => {
-                    let EmbedRequest { texts, adapters, cancel, reply } = req;
-                    self.use_adapters(adapters);
-                    self.answer(|w| w.embed(&texts, &cancel), reply);
+            while let Ok(c) = rx.try_recv() {
+                cmds.push(c);
+            }
+            for cmd in cmds {
+                if !open || (self.closing.load(Ordering::SeqCst) && !matches!(cmd, Command::Close)) {
+                    refuse(cmd);
                     continue;
                 }
-                Command::Score(req) => {
-                    let ScoreRequest { prompt, adapters, chat_template, cancel, elbo, reply } = req;
-                    match elbo {
-                        Some(p) => self.answer(|w| w.score_elbo(&prompt, chat_template.as_deref(), p, &cancel), reply),
-                        None => {
-                            self.use_adapters(adapters);
-                            self.answer(|w| w.score(&prompt, chat_template.as_deref(), &cancel), reply);
+                match cmd {
+                    Command::Close => open = false,
+                    Command::Generate(mut req) => {
+                        if let Some(seed) = default_seed {
+                            if req.params.sampling.seed == 0 {
+                                req.params.sampling.seed = seed;
+                            }
+                        }
+                        if self.diffusion.is_some() {
+                            self.generate_alone(*req);
+                        } else {
+                            waiting.push_back((*req, Instant::now()));
                         }
                     }
-                    continue;
-                }
-            };
-            if let Some(seed) = default_seed {
-                if req.params.sampling.seed == 0 {
-                    req.params.sampling.seed = seed;
+                    Command::Embed(req) => {
+                        let EmbedRequest { texts, adapters, cancel, reply } = req;
+                        self.use_adapters(adapters);
+                        self.answer(|w| w.embed(&texts, &cancel), reply);
+                    }
+                    Command::Score(req) => {
+                        let ScoreRequest { prompt, adapters, chat_template, cancel, elbo, reply } = req;
+                        match elbo {
+                            Some(p) => self.answer(|w| w.score_elbo(&prompt, chat_template.as_deref(), p, &cancel), reply),
+                            None => {
+                                self.use_adapters(adapters);
+                                self.answer(|w| w.score(&prompt, chat_template.as_deref(), &cancel), reply);
+                            }
+                        }
+                    }
                 }
             }
-            self.use_adapters(req.adapters.take());
-            let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(&mut req)));
-            let event = match outcome {
-                Ok(Ok(done)) if done.finish_reason == FinishReason::Abort && self.closing.load(Ordering::SeqCst) => Event::Error(Error::Closed),
-                Ok(Ok(done)) => {
-                    let observer = lock(&self.hooks).observer.clone();
-                    if let Some(f) = observer {
-                        let _ = catch_unwind(AssertUnwindSafe(|| f(&done)));
-                    }
-                    Event::Done(done)
+            if !open || self.closing.load(Ordering::SeqCst) {
+                break;
+            }
+            while active.len() < self.parallel {
+                let Some((req, start)) = waiting.pop_front() else { break };
+                if let Some(s) = self.admit(req, start, tok, &active) {
+                    active.push(s);
                 }
-                Ok(Err(e)) => Event::Error(e),
-                Err(panic) => {
-                    // The cache may be half-written: forget it.
-                    self.cache.tokens.clear();
-                    Event::Error(Error::from_panic(panic))
+            }
+            self.busy.store(true, Ordering::Relaxed);
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.step(&mut active))) {
+                // Whatever was running may be half-done: it ends with the panic's error.
+                let msg = Error::from_panic(panic).to_string();
+                for s in active.drain(..) {
+                    let mut sink = s.req.sink;
+                    let _ = catch_unwind(AssertUnwindSafe(|| sink(Event::Error(Error::Internal(msg.clone())))));
                 }
-            };
-            let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(event)));
+            }
+            let mut i = 0;
+            while i < active.len() {
+                if active[i].finished() {
+                    let s = active.swap_remove(i);
+                    self.retire(s);
+                } else {
+                    i += 1;
+                }
+            }
         }
-        // Fail whatever is still queued.
+        // Closed: what is decoding, waiting or still queued ends with `Closed`.
+        for s in active {
+            let mut sink = s.req.sink;
+            let _ = catch_unwind(AssertUnwindSafe(|| sink(Event::Error(Error::Closed))));
+        }
+        for (req, _) in waiting {
+            refuse(Command::Generate(Box::new(req)));
+        }
         while let Ok(cmd) = rx.try_recv() {
             refuse(cmd);
         }
+    }
+
+    /// A diffusion model's generation, run alone on the worker's cache.
+    fn generate_alone(&mut self, mut req: GenerateRequest) {
+        self.use_adapters(req.adapters.take());
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(&mut req)));
+        let event = match outcome {
+            Ok(Ok(done)) if done.finish_reason == FinishReason::Abort && self.closing.load(Ordering::SeqCst) => Event::Error(Error::Closed),
+            Ok(Ok(done)) => {
+                let observer = lock(&self.hooks).observer.clone();
+                if let Some(f) = observer {
+                    let _ = catch_unwind(AssertUnwindSafe(|| f(&done)));
+                }
+                Event::Done(done)
+            }
+            Ok(Err(e)) => Event::Error(e),
+            Err(panic) => {
+                // The cache may be half-written: forget it.
+                self.cache.tokens.clear();
+                Event::Error(Error::from_panic(panic))
+            }
+        };
+        let _ = catch_unwind(AssertUnwindSafe(|| (req.sink)(event)));
     }
 
     /// Makes `set` (or, for `None`, the load-time adapters) the ones the forward pass applies.
@@ -900,21 +992,6 @@ impl Worker {
         self.use_adapters(Some(set));
         self.auto_used = Some(used);
         Ok(())
-    }
-
-    /// How much of the cached sequence can be kept for `ids` (at least one token is always
-    /// re-evaluated to get logits). Sliding-window rings only keep their window when the old
-    /// sequence did not run far past the shared prefix.
-    fn reusable_prefix(&self, ids: &[u32]) -> usize {
-        let old = &self.cache.tokens;
-        let mut n = common_prefix(old, ids).min(ids.len() - 1);
-        if let Some(window) = self.model.cfg.sliding_window {
-            let ring = self.cache.layers.iter().map(|l| l.capacity).min().unwrap_or(0);
-            if ring < self.context && old.len() > n + ring.saturating_sub(window) {
-                n = 0;
-            }
-        }
-        n
     }
 
     /// The token ids of a prompt (BOS added to text; chat rendered with its template).
@@ -1066,14 +1143,9 @@ impl Worker {
         let start = Instant::now();
         let id = format!("cmpl-{}-{}", std::process::id(), REQUEST_COUNTER.fetch_add(1, Ordering::Relaxed));
         let shared = self.shared.clone();
-        if self.diffusion.is_some() && (req.params.constraint.is_some() || !req.params.tools.is_empty()) {
+        if req.params.constraint.is_some() || !req.params.tools.is_empty() {
             return Err(Error::InvalidArg("responseFormat, grammar and tools need an autoregressive model; a diffusion model cannot be constrained".into()));
         }
-        // Compiled before the prompt is evaluated, so a bad schema or grammar fails at once.
-        let mut constraint = match OutputConstraint::needed(&req.params) {
-            true => Some(OutputConstraint::new(&shared.token_env()?, &req.params, shared.tool_format(req.params.chat_template.as_deref()))?),
-            false => None,
-        };
         let ids = self.prompt_ids(&req.prompt, req.params.chat_template.as_deref(), &req.params.tools)?;
         if ids.len() >= self.context {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
@@ -1086,6 +1158,7 @@ impl Worker {
             prompt_ids: ids.clone(),
             finish_reason: FinishReason::Abort,
             prompt_tokens: ids.len(),
+            cached_tokens: 0,
             completion_tokens: 0,
             ttft_ms: 0.0,
             prefill_tokens_per_second: 0.0,
@@ -1106,33 +1179,19 @@ impl Worker {
             (Some(m), p) => Some((m.clone(), p.clone().unwrap_or_default())),
             (None, None) => None,
         };
-        let n_past = if diffusion.is_some() { 0 } else { self.reusable_prefix(&ids) };
+        let Some((model, params)) = diffusion else {
+            return Err(Error::Internal("generate_alone runs diffusion models only".into()));
+        };
         let mut ctx =
             DecodeContext { model: &self.model, cache: &mut self.cache, backend: &mut *self.backend, tokenizer: &shared.tokenizer, context: self.context };
-        let request = DecodeRequest {
-            prompt: &ids,
-            reusable: n_past,
-            params: &req.params,
-            cancel: &req.cancel,
-            sink: &mut req.sink,
-            start,
-            constraint: constraint.as_mut(),
-        };
-        let d = match &diffusion {
-            Some((model, params)) => {
-                let d = Diffusion { model, params }.decode(&mut ctx, request);
-                // The cache now holds diffusion rows: no later request may reuse them.
-                self.cache.tokens.clear();
-                d?
-            }
-            None => Autoregressive.decode(&mut ctx, request)?,
-        };
+        let request = DecodeRequest { prompt: &ids, reusable: 0, params: &req.params, cancel: &req.cancel, sink: &mut req.sink, start };
+        let d = Diffusion { model: &model, params: &params }.decode(&mut ctx, request);
+        // The cache now holds diffusion rows: no later request may reuse them.
+        self.cache.tokens.clear();
+        let d = d?;
         c.diffusion = d.diffusion.clone();
         c.completion_tokens = d.tokens.len();
-        (c.text, c.tool_calls) = match &constraint {
-            Some(m) => m.finish(d.text),
-            None => (d.text, Vec::new()),
-        };
+        c.text = d.text;
         c.tokens = d.tokens;
         c.finish_reason = d.finish_reason;
         c.ttft_ms = d.ttft_ms;

@@ -5,7 +5,7 @@ pub mod gemma3;
 pub mod llama;
 pub mod transformer;
 
-pub use transformer::{Transformer, TransformerConfig, WeightLoader};
+pub use transformer::{Segment, Transformer, TransformerConfig, WeightLoader};
 
 use crate::gguf::GgufFile;
 use crate::{Error, Result};

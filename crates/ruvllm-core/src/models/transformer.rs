@@ -6,11 +6,19 @@
 use std::sync::Arc;
 
 pub use crate::backend::Activation;
-use crate::backend::{AttnShape, Backend, Buf, BufWidths, QWeight, RopeStyle, RopeTable, WeightData};
+use crate::backend::{AttnShape, Backend, Buf, BufWidths, QWeight, QkNorms, RopeStyle, RopeTable, Span, WeightData};
 use crate::gguf::{GgmlType, GgufFile, TensorInfo};
 use crate::kv::{KvCache, KvType};
 use crate::nn::{AttentionMask, Linear, Proj};
 use crate::{Error, Result};
+
+/// One sequence's rows in a pass of [`Transformer::forward_segments`]: its tokens at positions
+/// `pos0..` of its cache.
+pub struct Segment<'a> {
+    pub tokens: &'a [u32],
+    pub pos0: usize,
+    pub cache: &'a mut KvCache,
+}
 
 /// Everything the forward pass needs to know about an architecture instance.
 #[derive(Debug, Clone)]
@@ -322,32 +330,64 @@ impl Transformer {
 
     /// The layers: leaves the final hidden state of every token in `X`.
     fn forward_hidden(&self, tokens: &[u32], pos0: usize, mask: AttentionMask, cache: &mut KvCache, be: &mut dyn Backend) -> Result<()> {
+        self.forward_segments(&mut [Segment { tokens, pos0, cache }], mask, be)
+    }
+
+    /// Runs several sequences in one pass: the rows of `segs` one after another (at most
+    /// `be.max_batch()` tokens in all), the products over all of them (each weight read once
+    /// for every sequence), RoPE, the KV store and attention per sequence at its own positions
+    /// in its own cache. Leaves the final hidden state of every row in `X`, in the order of
+    /// `segs`: the LM head then takes the rows it wants ([`Self::logits_rows`]). All segments
+    /// run under the first one's adapters (the caller groups sequences by adapter set), and
+    /// more than one segment needs a backend that [runs segments](Backend::runs_segments).
+    pub fn forward_segments(&self, segs: &mut [Segment<'_>], mask: AttentionMask, be: &mut dyn Backend) -> Result<()> {
         let c = &self.cfg;
-        let n = tokens.len();
-        if n == 0 || n > be.max_batch() {
-            return Err(Error::Internal(format!("forward called with {n} tokens (max {})", be.max_batch())));
+        let n: usize = segs.iter().map(|s| s.tokens.len()).sum();
+        if n == 0 || n > be.max_batch() || segs.iter().any(|s| s.tokens.is_empty()) {
+            return Err(Error::Internal(format!("forward called with {n} tokens in {} segments (max {})", segs.len(), be.max_batch())));
         }
-        if pos0 + n > self.rope.max_pos() {
-            return Err(Error::ContextOverflow { tokens: pos0 + n, context: self.rope.max_pos() });
+        if segs.len() > 1 && !be.runs_segments() {
+            return Err(Error::Internal("this backend runs one sequence per pass".into()));
         }
-        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::InvalidArg(format!("token id {tok} is outside the vocabulary ({})", c.vocab_size)));
+        if segs.iter().skip(1).any(|s| !s.cache.adapters.same_as(&segs[0].cache.adapters)) {
+            return Err(Error::Internal("the sequences of one pass must share their adapters".into()));
         }
-        be.embed(&self.embed, tokens, c.embed_scale, cache.adapters.mask_embedding());
+        for s in segs.iter() {
+            if s.pos0 + s.tokens.len() > self.rope.max_pos() {
+                return Err(Error::ContextOverflow { tokens: s.pos0 + s.tokens.len(), context: self.rope.max_pos() });
+            }
+            if let Some(&tok) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(Error::InvalidArg(format!("token id {tok} is outside the vocabulary ({})", c.vocab_size)));
+            }
+        }
+        let all: Vec<u32>;
+        let tokens = match segs {
+            [one] => one.tokens,
+            _ => {
+                all = segs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+                &all
+            }
+        };
+        be.embed(&self.embed, tokens, c.embed_scale, segs[0].cache.adapters.mask_embedding());
         let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, scale: c.attn_scale };
-        // The request's adapters, which the cached keys and values are computed with; taken out
-        // of the cache for the pass (no copy) and put back after it (nothing below returns early).
-        let lora = std::mem::take(&mut cache.adapters);
+        // The first sequence's adapters, which the cached keys and values are computed with;
+        // taken out of its cache for the pass (no copy) and put back after it (nothing below
+        // returns early).
+        let lora = std::mem::take(&mut segs[0].cache.adapters);
         // The first block's input norm; each later one comes with the residual step before it.
         be.rms_norm(Buf::X, Buf::Xn, &self.layers[0].attn_norm, c.norm_eps, n);
         for (l, layer) in self.layers.iter().enumerate() {
-            let swa = c.swa_layers[l];
             let rope = self.rope_for(l);
             // Attention block.
             Linear::forward_fused(be, [&layer.wq, &layer.wk, &layer.wv], Buf::Xn, [Buf::Q, Buf::K, Buf::V], n, &lora);
-            be.qk_rope_store(layer.q_norm.as_deref(), layer.k_norm.as_deref(), c.norm_eps, rope, c.head_dim, &mut cache.layers[l], pos0, n);
-            let window = if swa { c.sliding_window } else { None };
-            be.attention(&cache.layers[l], shape, mask, window, pos0, n);
+            let norms = QkNorms { q: layer.q_norm.as_deref(), k: layer.k_norm.as_deref(), eps: c.norm_eps };
+            let span = Span { mask, window: if c.swa_layers[l] { c.sliding_window } else { None } };
+            let mut row0 = 0;
+            for s in segs.iter_mut() {
+                let len = s.tokens.len();
+                be.segment_attention(norms, rope, &mut s.cache.layers[l], shape, span, row0, s.pos0, len);
+                row0 += len;
+            }
             layer.wo.forward(be, Buf::Attn, Buf::Proj, n, &lora);
             be.residual_norm(layer.post_attn_norm.as_deref(), Some(&layer.ffn_norm), c.norm_eps, n);
             // Feed-forward block.
@@ -360,9 +400,32 @@ impl Transformer {
             let next = self.layers.get(l + 1).map(|nl| nl.attn_norm.as_slice());
             be.residual_norm(layer.post_ffn_norm.as_deref(), next, c.norm_eps, n);
         }
-        cache.adapters = lora;
-        cache.tokens.truncate(pos0);
-        cache.tokens.extend_from_slice(tokens);
+        segs[0].cache.adapters = lora;
+        for s in segs.iter_mut() {
+            s.cache.tokens.truncate(s.pos0);
+            s.cache.tokens.extend_from_slice(s.tokens);
+            s.cache.note_written(s.pos0 + s.tokens.len());
+        }
         Ok(())
+    }
+
+    /// The LM head for row `row` of the last pass, its logits left where the backend computed
+    /// them until `be.argmax()` or `be.logits()` asks.
+    pub fn head_deferred(&self, be: &mut dyn Backend, row: usize) {
+        be.lm_head_deferred(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, &[row]);
+    }
+
+    /// The logits of rows `rows` of the last pass's hidden states (final norm, LM head,
+    /// soft-capping), `rows.len() × vocab` in the order of `rows`: one LM head product for the
+    /// sequences of a [`Self::forward_segments`] pass.
+    pub fn logits_rows<'b>(&self, be: &'b mut dyn Backend, rows: &[usize]) -> Result<&'b mut [f32]> {
+        self.head(be, rows);
+        be.status()?;
+        let v = self.cfg.vocab_size;
+        let out = be.logits();
+        if out.len() < rows.len() * v {
+            return Err(Error::Internal(format!("the LM head gave {} logits for {} rows", out.len(), rows.len())));
+        }
+        Ok(&mut out[..rows.len() * v])
     }
 }

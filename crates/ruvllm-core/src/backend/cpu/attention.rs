@@ -5,7 +5,7 @@
 use super::arch::x86::vec as simd;
 use super::ops::{self, axpy, dot, KvElem};
 use crate::backend::kv::{KvRows, LayerCache};
-use crate::backend::{AttentionMask, AttnShape};
+use crate::backend::AttnShape;
 use crate::runtime::{SharedMut, ThreadPool};
 
 /// Attention scores over cached keys: `out[j] = dot(q, k[offs[j]..][..q.len()]) * scale`, the
@@ -293,12 +293,7 @@ fn split<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
     });
 }
 
-/// What one layer's queries see: the call's mask, within the layer's sliding window.
-#[derive(Clone, Copy)]
-pub struct Span {
-    pub mask: AttentionMask,
-    pub window: Option<usize>,
-}
+pub use crate::backend::Span;
 
 impl Span {
     /// (first position, count) for the query at `pos` with `0..stored` in the cache.

@@ -24,7 +24,7 @@ pub mod vec;
 pub use matmul::{matmul, QWeight};
 pub mod low_rank;
 
-use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, RopeTable};
+use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QkNorms, RopeTable, Span};
 use crate::runtime::ThreadPool;
 
 /// The CPU backend: this process's kernels on a thread pool, activation buffers in host memory,
@@ -195,6 +195,42 @@ impl Backend for CpuBackend {
         let q = Self::split(&mut self.bufs, self.widths, Buf::Q, &[Buf::Attn], n, &mut out);
         let [attn, ..] = out;
         let span = attention::Span { mask, window };
+        attention::run(attention::Call { pool: &self.pool, cache, q, attn, scores: &mut self.att_scores, shape, span, pos0, n });
+    }
+
+    fn runs_segments(&self) -> bool {
+        true
+    }
+
+    fn segment_attention(
+        &mut self,
+        norms: QkNorms,
+        rope: &RopeTable,
+        cache: &mut LayerCache,
+        shape: AttnShape,
+        span: Span,
+        row0: usize,
+        pos0: usize,
+        n: usize,
+    ) {
+        let (qd, kd, hd) = (self.widths.q_dim, self.widths.kv_dim, shape.head_dim);
+        // Buffers in `Buf` order: X, Xn, Q, K, V, Attn, ...
+        let [_, _, q, k, v, attn, ..] = &mut self.bufs;
+        let q = &mut q[row0 * qd..(row0 + n) * qd];
+        let k = &mut k[row0 * kd..(row0 + n) * kd];
+        let v = &v[row0 * kd..(row0 + n) * kd];
+        if let Some(w) = norms.q {
+            ops::rms_norm_chunks_inplace(q, w, norms.eps);
+        }
+        if let Some(w) = norms.k {
+            ops::rms_norm_chunks_inplace(k, w, norms.eps);
+        }
+        for t in 0..n {
+            rope.apply(&mut q[t * qd..(t + 1) * qd], hd, pos0 + t);
+            rope.apply(&mut k[t * kd..(t + 1) * kd], hd, pos0 + t);
+            cache.store(pos0 + t, &k[t * kd..(t + 1) * kd], &v[t * kd..(t + 1) * kd]);
+        }
+        let attn = &mut attn[row0 * qd..(row0 + n) * qd];
         attention::run(attention::Call { pool: &self.pool, cache, q, attn, scores: &mut self.att_scores, shape, span, pos0, n });
     }
 

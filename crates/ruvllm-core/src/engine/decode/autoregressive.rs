@@ -1,118 +1,125 @@
-//! Autoregressive decoding: evaluate the prompt (reusing the cached prefix), then sample one
-//! token at a time, each from the logits of a forward pass over the previous one, under the
-//! causal mask; stop at an end-of-generation token, a stop string, the token budget, the end of
-//! the context or a cancel.
+//! Autoregressive decoding, one sequence's state: after its prompt is evaluated, each step
+//! samples one token from the logits of a forward pass over the previous one, under the causal
+//! mask; it stops at an end-of-generation token, a stop string, the token budget, the end of
+//! the context or a cancel. The engine's scheduler owns the forward passes (many sequences
+//! share one) and hands each sequence its logits row; this type decides and streams the tokens.
 
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{DecodeContext, DecodeRequest, DecodeStrategy, Decoded};
-use crate::engine::{Event, FinishReason};
+use super::{Decoded, Sink};
+use crate::engine::{Event, FinishReason, GenerateParams};
 use crate::sampling::{Sampler, StopMatcher, StopResult};
-use crate::tokenizer::StreamDecoder;
+use crate::structured::{OutputConstraint, ToolCall};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
 
-/// The decoder-LM strategy.
-pub struct Autoregressive;
+/// One sequence being decoded autoregressively.
+pub struct ArSequence<'t> {
+    tok: &'t Tokenizer,
+    sampler: Sampler,
+    /// Prompt and output tokens (what the penalties look at).
+    history: Vec<u32>,
+    prompt_len: usize,
+    text: String,
+    decoder: StreamDecoder<'t>,
+    stops: StopMatcher,
+    max_new: usize,
+    start: Instant,
+    ttft_ms: Option<f64>,
+    stopped_by_string: bool,
+    /// The output constraint (JSON, a grammar, tool calls): each step's logits are masked by
+    /// it and each token committed to it.
+    constraint: Option<OutputConstraint>,
+}
 
-impl DecodeStrategy for Autoregressive {
-    fn decode(&self, ctx: &mut DecodeContext<'_>, req: DecodeRequest<'_>) -> Result<Decoded> {
-        let ids = req.prompt;
-        let tok = ctx.tokenizer;
-        let max_new = req.params.max_tokens.min(ctx.context - ids.len());
+impl<'t> ArSequence<'t> {
+    /// A sequence for `prompt` (shorter than `context`) under `params` and `constraint`;
+    /// `start` is when the request started (for the time to its first token).
+    pub fn new(tok: &'t Tokenizer, prompt: &[u32], params: &GenerateParams, constraint: Option<OutputConstraint>, context: usize, start: Instant) -> Self {
+        ArSequence {
+            tok,
+            sampler: Sampler::new(params.sampling.clone()),
+            history: prompt.to_vec(),
+            prompt_len: prompt.len(),
+            text: String::new(),
+            decoder: StreamDecoder::new(tok),
+            stops: StopMatcher::new(params.stop.clone()),
+            max_new: params.max_tokens.min(context.saturating_sub(prompt.len())),
+            start,
+            ttft_ms: None,
+            stopped_by_string: false,
+            constraint,
+        }
+    }
 
-        // Prefill.
-        let t_prefill = Instant::now();
-        let n_past = req.reusable;
-        let batch = ctx.backend.max_batch();
-        for (i, chunk) in ids[n_past..].chunks(batch).enumerate() {
-            if req.cancel.load(Ordering::Relaxed) {
-                ctx.cache.tokens.truncate(n_past + i * batch);
-                return Ok(Decoded::aborted());
-            }
-            ctx.model.forward(chunk, n_past + i * batch, ctx.cache, ctx.backend)?;
-        }
-        ctx.backend.finish();
-        let prefill_s = t_prefill.elapsed().as_secs_f64();
-        let prefill_tokens = ids.len() - n_past;
+    /// Whether the budget allows no token at all (the prompt is evaluated, nothing sampled).
+    pub fn wants_none(&self) -> bool {
+        self.max_new == 0
+    }
 
-        // Decode.
-        let mut sampler = Sampler::new(req.params.sampling.clone());
-        let mut history = ids.to_vec();
-        let mut generated = Vec::new();
-        let mut text = String::new();
-        let mut decoder = StreamDecoder::new(tok);
-        let mut stops = StopMatcher::new(req.params.stop.clone());
-        let mut ttft = None;
-        let t_decode = Instant::now();
-        let mut reason = FinishReason::Length;
-        let mut stopped_by_string = false;
-        let mut constraint = req.constraint;
-        while generated.len() < max_new {
-            if req.cancel.load(Ordering::Relaxed) {
-                reason = FinishReason::Abort;
-                break;
-            }
-            // Greedy without penalties: the backend's argmax (a GPU then hands back one id, not
-            // the logits). A constraint masks the logits first, so it always samples on the host.
-            let device_pick = if sampler.is_plain_greedy() && constraint.is_none() { ctx.backend.argmax() } else { None };
-            let next = match (device_pick, constraint.as_deref_mut()) {
-                (Some(id), _) => id,
-                (None, Some(m)) => {
-                    let logits = ctx.backend.logits();
-                    m.mask(logits)?;
-                    sampler.sample(logits, &history)
-                }
-                (None, None) => sampler.sample(ctx.backend.logits(), &history),
-            };
-            ctx.backend.status()?;
-            if ttft.is_none() {
-                ttft = Some(req.start.elapsed().as_secs_f64() * 1000.0);
-            }
-            if tok.is_end_of_generation(next) {
-                reason = FinishReason::Stop;
-                break;
-            }
-            if let Some(m) = constraint.as_deref_mut() {
-                m.commit(next)?;
-            }
-            generated.push(next);
-            history.push(next);
-            let piece = decoder.push(next)?;
-            let (emit, stopped) = match stops.push(&piece) {
-                StopResult::Continue(t) => (t, false),
-                StopResult::Stop(t) => (t, true),
-            };
-            text.push_str(&emit);
-            (req.sink)(Event::Token { id: next, text: emit });
-            if stopped {
-                reason = FinishReason::Stop;
-                stopped_by_string = true;
-                break;
-            }
-            // A complete output can only end: skip the forward pass that would pick the end.
-            let done = constraint.as_ref().is_some_and(|m| m.is_done());
-            if done {
-                reason = FinishReason::Stop;
-            }
-            if done || generated.len() == max_new {
-                break;
-            }
-            let pos = history.len() - 1;
-            ctx.model.forward(&[next], pos, ctx.cache, ctx.backend)?;
+    /// Whether the next token is a plain argmax of the logits (greedy, no penalties, no
+    /// constraint), which a backend can find where the logits are.
+    pub fn plain_greedy(&self) -> bool {
+        self.sampler.is_plain_greedy() && self.constraint.is_none()
+    }
+
+    /// Picks the next token from its logits (which may be modified), within the constraint.
+    pub fn pick(&mut self, logits: &mut [f32]) -> Result<u32> {
+        if let Some(m) = self.constraint.as_mut() {
+            m.mask(logits)?;
         }
-        if !stopped_by_string {
-            super::flush_held(decoder, &mut stops, &mut text, generated.last().copied().unwrap_or(0), req.sink);
+        Ok(self.sampler.sample(logits, &self.history))
+    }
+
+    /// The token to evaluate next and its position: the last one taken.
+    pub fn last(&self) -> (u32, usize) {
+        (self.history[self.history.len() - 1], self.history.len() - 1)
+    }
+
+    /// Takes the chosen token `next`: streams its text (held back while it may still begin a
+    /// stop string) and says whether the sequence is finished, and why.
+    pub fn take(&mut self, next: u32, sink: &mut Sink) -> Result<Option<FinishReason>> {
+        if self.ttft_ms.is_none() {
+            self.ttft_ms = Some(self.start.elapsed().as_secs_f64() * 1000.0);
         }
-        Ok(Decoded {
-            tokens: generated,
-            text,
-            finish_reason: reason,
-            ttft_ms: ttft.unwrap_or(0.0),
-            prefill_tokens,
-            prefill_s,
-            decode_s: t_decode.elapsed().as_secs_f64(),
-            diffusion: None,
-        })
+        if self.tok.is_end_of_generation(next) {
+            return Ok(Some(FinishReason::Stop));
+        }
+        if let Some(m) = self.constraint.as_mut() {
+            m.commit(next)?;
+        }
+        self.history.push(next);
+        let piece = self.decoder.push(next)?;
+        let (emit, stopped) = match self.stops.push(&piece) {
+            StopResult::Continue(t) => (t, false),
+            StopResult::Stop(t) => (t, true),
+        };
+        self.text.push_str(&emit);
+        sink(Event::Token { id: next, text: emit });
+        if stopped {
+            self.stopped_by_string = true;
+            return Ok(Some(FinishReason::Stop));
+        }
+        // A complete constrained output can only end: no forward pass to pick the end.
+        if self.constraint.as_ref().is_some_and(|m| m.is_done()) {
+            return Ok(Some(FinishReason::Stop));
+        }
+        Ok((self.history.len() - self.prompt_len >= self.max_new).then_some(FinishReason::Length))
+    }
+
+    /// Ends the sequence for `reason`: sends what the decoder and stop matcher still hold back
+    /// and returns the output with its timings (`prefill_s` / `decode_s` measured by the
+    /// scheduler) and the tool calls it made (the text then holds what was written besides).
+    pub fn finish(mut self, reason: FinishReason, sink: &mut Sink, prefill_tokens: usize, prefill_s: f64, decode_s: f64) -> (Decoded, Vec<ToolCall>) {
+        let tokens = self.history.split_off(self.prompt_len);
+        if !self.stopped_by_string {
+            super::flush_held(self.decoder, &mut self.stops, &mut self.text, tokens.last().copied().unwrap_or(0), sink);
+        }
+        let (text, calls) = match &self.constraint {
+            Some(m) => m.finish(self.text),
+            None => (self.text, Vec::new()),
+        };
+        let d = Decoded { tokens, text, finish_reason: reason, ttft_ms: self.ttft_ms.unwrap_or(0.0), prefill_tokens, prefill_s, decode_s, diffusion: None };
+        (d, calls)
     }
 }

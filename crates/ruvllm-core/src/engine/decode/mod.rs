@@ -1,9 +1,10 @@
 //! Decode strategies: how a completion's tokens are produced from a prompt. The worker hands a
 //! strategy the model with its KV cache and buffers and the request; the strategy evaluates,
-//! samples and streams tokens through the request's sink. [`Autoregressive`] (prefill, then one
-//! token per forward pass under the causal mask) is the strategy of decoder LMs; a
-//! masked-diffusion decoder (many positions per pass under a bidirectional or block-causal
-//! mask) is another implementation of the same trait.
+//! samples and streams tokens through the request's sink. Autoregressive decoding (prefill,
+//! then one token per forward pass under the causal mask) is a per-sequence state
+//! ([`ArSequence`]) that the engine's scheduler steps, many sequences sharing a forward pass;
+//! the masked-diffusion decoder (many positions per pass under a bidirectional or block-causal
+//! mask) is a [`DecodeStrategy`] that runs a request alone.
 
 mod autoregressive;
 mod diffusion;
@@ -16,12 +17,11 @@ use crate::backend::Backend;
 use crate::kv::KvCache;
 use crate::models::Transformer;
 use crate::sampling::{StopMatcher, StopResult};
-use crate::structured::OutputConstraint;
 use crate::tokenizer::StreamDecoder;
 use crate::tokenizer::Tokenizer;
 use crate::Result;
 
-pub use autoregressive::Autoregressive;
+pub use autoregressive::ArSequence;
 pub use diffusion::{elbo, Diffusion, DiffusionModel, DiffusionParams, DiffusionStats, DiffusionStep, ElboParams, Remasking, Schedule, MASK_GLYPH};
 
 /// What a strategy works with: the worker's model, cache and backend.
@@ -51,9 +51,6 @@ pub struct DecodeRequest<'a> {
     pub sink: &'a mut Sink,
     /// When the request started (for the time to first token).
     pub start: Instant,
-    /// The request's output constraint (JSON, grammar, tool calls), if any: each step's logits
-    /// go through `mask` before sampling and the sampled token through `commit`.
-    pub constraint: Option<&'a mut OutputConstraint>,
 }
 
 /// What a strategy produced, with its timings.

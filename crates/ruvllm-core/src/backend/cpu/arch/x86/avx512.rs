@@ -18,23 +18,26 @@ const Q4: u8 = 2;
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
-    let (four, one): (Tokens<BlockQ8>, Tokens<BlockQ8>) = match kind {
-        PackKind::Q8 => (tokens::<Q8, 4>, tokens::<Q8, 1>),
-        PackKind::Q5 => (tokens::<Q5, 4>, tokens::<Q5, 1>),
-        PackKind::Q4 => (tokens::<Q4, 4>, tokens::<Q4, 1>),
+    let (eight, four, one): (Tokens<BlockQ8>, Tokens<BlockQ8>, Tokens<BlockQ8>) = match kind {
+        PackKind::Q8 => (tokens::<Q8, 8>, tokens::<Q8, 4>, tokens::<Q8, 1>),
+        PackKind::Q5 => (tokens::<Q5, 8>, tokens::<Q5, 4>, tokens::<Q5, 1>),
+        PackKind::Q4 => (tokens::<Q4, 8>, tokens::<Q4, 4>, tokens::<Q4, 1>),
         PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
     };
-    groups(four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
+    groups(Some(eight), four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
 }
 
 /// Some consecutive tokens over all blocks of a tile: `(tile, nb, their activations, their
 /// first output, ystride, store mask)`.
 type Tokens<A> = unsafe fn(*const u8, usize, *const A, *mut f32, usize, __mmask16);
 
-/// Checks the lengths, then runs `four` on the tokens four at a time and `one` on the rest.
+/// Checks the lengths, then runs `eight` (when given) on the tokens eight at a time, `four` on
+/// the rest four at a time and `one` on the rest. Each token's sums run in the same order
+/// whichever group it falls in, so its result does not depend on how many tokens share the pass.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn groups<A>(
+    eight: Option<Tokens<A>>,
     four: Tokens<A>,
     one: Tokens<A>,
     kind: PackKind,
@@ -50,6 +53,12 @@ unsafe fn groups<A>(
     let mask: __mmask16 = if nrows == TILE_ROWS { 0xFFFF } else { (1u16 << nrows) - 1 };
     let (p, a) = (tile.as_ptr(), act.as_ptr());
     let mut t = 0;
+    if let Some(eight) = eight {
+        while t + 8 <= ntok {
+            eight(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask);
+            t += 8;
+        }
+    }
     while t + 4 <= ntok {
         four(p, nb, a.add(t * nb), y.add(t * ystride), ystride, mask);
         t += 4;
@@ -137,7 +146,7 @@ pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], n
         PackKind::K6 => (tokens_k::<K6, 4>, tokens_k::<K6, 1>),
         _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
     };
-    groups(four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
+    groups(None, four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
 }
 
 /// `T` consecutive tokens over all super-blocks of a K-quant tile.
