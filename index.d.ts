@@ -282,6 +282,20 @@ export declare class Router {
   stats(): Promise<{ agents: string[]; patterns: number; indexed: number }>
 }
 
+/** A running OpenAI-compatible server (from `createServer`). `close()` stops it. */
+export declare class Server {
+  /** The base URL, e.g. `http://127.0.0.1:8080` (an OpenAI client's `baseURL` is this + `/v1`). */
+  get url(): string
+  /** The port it listens on (the one picked when 0 was asked). */
+  get port(): number
+  /**
+   * Stops accepting connections, cancels running and queued requests (their clients get an
+   * error) and resolves when the server has stopped; a model the server loaded is closed too.
+   * Safe to call more than once.
+   */
+  close(): Promise<void>
+}
+
 /**
  * A running (or not yet started) generation, consumed with `for await (const chunk of stream)`.
  * After the loop ends normally, `completion` holds the finished `Completion`.
@@ -374,6 +388,16 @@ export interface Completion {
    */
   toolCalls: Array<ToolCall>
 }
+
+/**
+ * Starts an OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`,
+ * `/v1/embeddings`, `/v1/models`, `/health`) for `model`: an `LLM` (which stays the caller's
+ * to close), or a path or model id loaded as `LLM.load` does (with `load` options) and closed
+ * with the server. Binds `host` (default `127.0.0.1`) and `port` (default 8080; 0 picks a free
+ * one). Resolves once it listens. Rejects with `ERR_INVALID_ARG`, `ERR_ADDR_IN_USE`, `ERR_IO`
+ * or a load error.
+ */
+export declare function createServer(options: ServerOptions): Promise<Server>
 
 /** How a diffusion model produced a completion. */
 export interface DiffusionCompletion {
@@ -931,6 +955,38 @@ export interface ScoreResult {
   elboSamples?: number
   /** With `adapters: 'auto'`: the bank adapters the request ran (nearest first). */
   adaptersUsed?: Array<AdapterUse>
+}
+
+/** Options for `createServer`. */
+export interface ServerOptions {
+  /**
+   * The model to serve: an `LLM` (it stays yours to close), or a path to a `.gguf` or a model
+   * id, loaded for the server (as `LLM.load` does, with `load`) and closed with it.
+   */
+  model: LLM | string
+  /** `LLM.load` options for a model given by path or id. */
+  load?: LoadOptions
+  /**
+   * The model's name in responses and `/v1/models`. Default: the id, the file name, or the
+   * model's `general.name`. Requests may name any model; this one answers.
+   */
+  name?: string
+  /** Interface to bind. Default `'127.0.0.1'` (loopback only). */
+  host?: string
+  /** TCP port; 0 picks a free one (see `server.port`). Default 8080. */
+  port?: number
+  /** When set, `/v1/` requests must send `Authorization: Bearer <apiKey>` (else 401). */
+  apiKey?: string
+  /** Most generation or embedding requests handed to the engine at once. Default 4. */
+  parallel?: number
+  /** Most requests waiting for one of those slots; beyond it a request gets 429. Default 64. */
+  maxQueue?: number
+  /** Largest request body in bytes; larger gets 413. Default 4 MiB. */
+  maxBodyBytes?: number
+  /** A Jinja chat template for `/v1/chat/completions` (needed for a model that ships none). */
+  chatTemplate?: string
+  /** Stop strings added to every chat request (e.g. the turn markers of `chatTemplate`). */
+  stop?: string | string[]
 }
 
 /** Speed of a finished request. */

@@ -22,9 +22,13 @@ Usage:
                                          the model manager (ruvllm models --help)
   ruvllm route "<task>" | hooks pre-task|post-task ... | bench routing
                                          agent routing for Claude Flow
+  ruvllm serve [--model <path|id>] [--host 127.0.0.1] [--port 8080] [--api-key K] [--parallel N]
+                                         an OpenAI-compatible HTTP server (ruvllm serve --help)
   ruvllm learn status|export|reset --dir <dir>
                                          a learning directory (ruvllm learn --help)
   ruvllm bench learning|diffusion ...    the SONA and diffusion benchmarks
+  ruvllm bench serve [--url U] [--clients 1,4,8,16] [--duration 60]
+                                         load-test an OpenAI-compatible server
   ruvllm --help | --version
 
 Model:
@@ -362,6 +366,7 @@ const SUBCOMMANDS = {
   hooks: (argv) => require('./commands/router.js').run('hooks', argv.slice(1)),
   bench: (argv) => require('./commands/router.js').run('bench', argv.slice(1)),
   learn: (argv) => require('./commands/learn.js').run(argv.slice(1)),
+  serve: (argv) => require('./commands/serve.js').serve(argv.slice(1)),
 }
 
 async function main() {

@@ -166,6 +166,12 @@ impl From<ruvllm_router::Error> for CodedError {
   }
 }
 
+impl From<ruvllm_server::ServerError> for CodedError {
+  fn from(err: ruvllm_server::ServerError) -> Self {
+    CodedError::from_code(err.code(), err.to_string())
+  }
+}
+
 /// A failed napi call (making a function, reading a value whose type was checked): our bug or
 /// the runtime's, not the caller's.
 impl From<napi::Error> for CodedError {

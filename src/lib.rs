@@ -16,6 +16,7 @@ mod models;
 mod options;
 mod request;
 mod router;
+mod server;
 mod signal;
 mod stream;
 mod task;
@@ -23,5 +24,6 @@ mod types;
 
 pub use adapter::Adapter;
 pub use llm::Llm;
+pub use server::Server;
 pub use stream::TokenStream;
 pub use types::*;

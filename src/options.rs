@@ -819,3 +819,35 @@ fn random_seed() -> u64 {
   h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
   h.finish() & ((1u64 << 53) - 1)
 }
+
+/// `createServer(opts)` without its `model` (read by the caller: an `LLM` or a path/id) and its
+/// `load` bag (`LLM.load`'s options, for a model given by path or id).
+pub struct ServerArgs {
+  pub model: Val,
+  pub load: Option<Val>,
+  pub opts: ruvllm_server::ServerOptions,
+  /// `name`, when given; else the caller names the model.
+  pub name: Option<String>,
+}
+
+const SERVER_KEYS: &[&str] = &["model", "load", "name", "host", "port", "apiKey", "parallel", "maxQueue", "maxBodyBytes", "chatTemplate", "stop"];
+
+/// `createServer(opts)`.
+pub fn server_options(v: Option<Val>) -> Res<ServerArgs> {
+  let bag = option_bag(v, "createServer", SERVER_KEYS)?;
+  let model = field(bag, "model")?.ok_or_else(|| CodedError::invalid_type("createServer needs a model: an LLM, a path to a .gguf or a model id"))?;
+  let text = |key: &str| field(bag, key)?.map(|v| string(&v, key)).transpose();
+  let d = ruvllm_server::ServerOptions::default();
+  let opts = ruvllm_server::ServerOptions {
+    host: text("host")?.unwrap_or(d.host),
+    port: int_in(bag, "port", 0.0, 65535.0)?.map(|n| n as u16).unwrap_or(d.port),
+    api_key: text("apiKey")?.filter(|k| !k.is_empty()),
+    parallel: int_in(bag, "parallel", 1.0, 1024.0)?.map(|n| n as usize).unwrap_or(d.parallel),
+    max_queue: int_in(bag, "maxQueue", 0.0, 1_000_000.0)?.map(|n| n as usize).unwrap_or(d.max_queue),
+    max_body_bytes: int_in(bag, "maxBodyBytes", 1.0, MAX_SAFE_INTEGER)?.map(|n| n as usize).unwrap_or(d.max_body_bytes),
+    chat_template: text("chatTemplate")?,
+    chat_stops: stop_strings(field(bag, "stop")?)?,
+    ..d
+  };
+  Ok(ServerArgs { model, load: field(bag, "load")?, opts, name: text("name")? })
+}

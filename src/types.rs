@@ -553,3 +553,34 @@ impl From<ruvllm_core::engine::Completion> for Completion {
 pub(crate) fn clamp_u32(v: usize) -> u32 {
   u32::try_from(v).unwrap_or(u32::MAX)
 }
+
+/// Options for `createServer`.
+#[napi(object, object_to_js = false)]
+pub struct ServerOptions {
+  /// The model to serve: an `LLM` (it stays yours to close), or a path to a `.gguf` or a model
+  /// id, loaded for the server (as `LLM.load` does, with `load`) and closed with it.
+  #[napi(ts_type = "LLM | string")]
+  pub model: serde_json::Value,
+  /// `LLM.load` options for a model given by path or id.
+  pub load: Option<LoadOptions>,
+  /// The model's name in responses and `/v1/models`. Default: the id, the file name, or the
+  /// model's `general.name`. Requests may name any model; this one answers.
+  pub name: Option<String>,
+  /// Interface to bind. Default `'127.0.0.1'` (loopback only).
+  pub host: Option<String>,
+  /// TCP port; 0 picks a free one (see `server.port`). Default 8080.
+  pub port: Option<u32>,
+  /// When set, `/v1/` requests must send `Authorization: Bearer <apiKey>` (else 401).
+  pub api_key: Option<String>,
+  /// Most generation or embedding requests handed to the engine at once. Default 4.
+  pub parallel: Option<u32>,
+  /// Most requests waiting for one of those slots; beyond it a request gets 429. Default 64.
+  pub max_queue: Option<u32>,
+  /// Largest request body in bytes; larger gets 413. Default 4 MiB.
+  pub max_body_bytes: Option<f64>,
+  /// A Jinja chat template for `/v1/chat/completions` (needed for a model that ships none).
+  pub chat_template: Option<String>,
+  /// Stop strings added to every chat request (e.g. the turn markers of `chatTemplate`).
+  #[napi(ts_type = "string | string[]")]
+  pub stop: Option<serde_json::Value>,
+}

@@ -26,7 +26,9 @@ const USAGE = `usage:
   ruvllm bench routing [--json] [--sizes 5000,50000] [--halvings N] [--model <gguf|id>]
                                    (--model: embed with that LLM's pooled hidden states)
   ruvllm bench diffusion [--manifest m.json ...] [--sequences N] [--samples N] [--answers N] [--json out.json]
-  ruvllm bench learning [flags of benches/learning.mjs; --help lists them]`
+  ruvllm bench learning [flags of benches/learning.mjs; --help lists them]
+  ruvllm bench serve [--url <url>] [--clients 1,4,8,16] [--duration 60] [--max-tokens N] [--system-prompt-tokens N]
+                                   (ruvllm bench serve --help)`
 
 /**
  * Routes with the persisted router; the first call on a machine builds that state (embeds the
@@ -101,7 +103,8 @@ async function bench(argv) {
     const r = require('node:child_process').spawnSync(process.execPath, [script, ...rest], { stdio: 'inherit' })
     return r.status ?? 1
   }
-  if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; use "bench routing", "bench learning" or "bench diffusion"`)
+  if (sub === 'serve') return require('./serve.js').benchServe(rest)
+  if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; use "bench routing", "bench serve", "bench learning" or "bench diffusion"`)
   const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' }, model: { type: 'string' }, halvings: { type: 'string' } })
   const opts = {}
   if (values.sizes) {
