@@ -71,6 +71,9 @@ async function start(values, host, port) {
   const load = {}
   if (values['context-size'] !== undefined) load.contextSize = int(values['context-size'], '--context-size', 1, 1048576)
   if (values.threads !== undefined) load.threads = int(values.threads, '--threads', 1, 1024)
+  // The engine decodes as many requests together as the server hands it.
+  const parallel = int(values.parallel, '--parallel', 1, 256)
+  if (parallel !== undefined) load.parallel = parallel
   const model = values.model ?? process.env.RUVLLM_MODEL ?? 'gemma-3-270m'
   const llm = await LLM.load(model, load)
   try {
@@ -82,7 +85,7 @@ async function start(values, host, port) {
       host,
       port,
       apiKey: values['api-key'] ?? process.env.RUVLLM_API_KEY,
-      parallel: int(values.parallel, '--parallel', 1, 1024),
+      parallel,
       maxQueue: int(values['max-queue'], '--max-queue', 0, 1000000),
       maxBodyBytes: int(values['max-body-bytes'], '--max-body-bytes', 1, Number.MAX_SAFE_INTEGER),
       chatTemplate: t.text,
