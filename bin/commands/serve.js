@@ -21,7 +21,7 @@ const SERVE_USAGE = `usage: ruvllm serve [options]
       --host <addr>          interface to bind (default 127.0.0.1: this machine only)
       --port <n>             TCP port (default 8080; 0 picks a free one)
       --api-key <key>        require "Authorization: Bearer <key>" (default: $RUVLLM_API_KEY, else none)
-      --parallel <n>         generation requests handed to the engine at once (default 4)
+      --parallel <n>         requests decoded together (the engine's batch) and handed to it at once (default 8)
       --max-queue <n>        requests waiting beyond those; more get 429 (default 64)
       --max-body-bytes <n>   largest request body; larger gets 413 (default 4194304)
       --context-size <n>     KV cache length in tokens
@@ -71,6 +71,9 @@ async function start(values, host, port) {
   const load = {}
   if (values['context-size'] !== undefined) load.contextSize = int(values['context-size'], '--context-size', 1, 1048576)
   if (values.threads !== undefined) load.threads = int(values.threads, '--threads', 1, 1024)
+  // The engine decodes together as many requests as the server hands it at once.
+  const parallel = int(values.parallel, '--parallel', 1, 256)
+  if (parallel !== undefined) load.parallel = parallel
   const model = values.model ?? process.env.RUVLLM_MODEL ?? 'gemma-3-270m'
   const llm = await LLM.load(model, load)
   try {
@@ -82,7 +85,7 @@ async function start(values, host, port) {
       host,
       port,
       apiKey: values['api-key'] ?? process.env.RUVLLM_API_KEY,
-      parallel: int(values.parallel, '--parallel', 1, 1024),
+      parallel,
       maxQueue: int(values['max-queue'], '--max-queue', 0, 1000000),
       maxBodyBytes: int(values['max-body-bytes'], '--max-body-bytes', 1, Number.MAX_SAFE_INTEGER),
       chatTemplate: t.text,
