@@ -289,6 +289,16 @@ const BENCH_OPTIONS = {
 }
 
 async function benchServe(argv) {
+  try {
+    return await benchServeRun(argv)
+  } catch (e) {
+    const code = cli.report(e)
+    if (e && e.code === 'ERR_USAGE') process.stderr.write(BENCH_USAGE + '\n')
+    return code
+  }
+}
+
+async function benchServeRun(argv) {
   const { values } = parse(argv, BENCH_OPTIONS)
   if (values.help) {
     process.stdout.write(BENCH_USAGE + '\n')
