@@ -977,7 +977,11 @@ export interface ServerOptions {
   port?: number
   /** When set, `/v1/` requests must send `Authorization: Bearer <apiKey>` (else 401). */
   apiKey?: string
-  /** Most generation or embedding requests handed to the engine at once. Default 4. */
+  /**
+   * Most generation or embedding requests handed to the engine at once. Default 8 (the
+   * engine's default `parallel`). A model given by path or id is loaded with this `parallel`
+   * unless `load.parallel` says otherwise.
+   */
   parallel?: number
   /** Most requests waiting for one of those slots; beyond it a request gets 429. Default 64. */
   maxQueue?: number

@@ -66,7 +66,7 @@ describe('ruvllm CLI', () => {
   })
 
   it('every command takes --help', () => {
-    for (const args of [['generate', '--help'], ['chat', '--help'], ['models', '--help'], ['route', '--help'], ['hooks', '--help'], ['bench', '--help'], ['route', 'x', '-h']]) {
+    for (const args of [['generate', '--help'], ['chat', '--help'], ['models', '--help'], ['route', '--help'], ['hooks', '--help'], ['bench', '--help'], ['route', 'x', '-h'], ['serve', '--help'], ['bench', 'serve', '--help']]) {
       const r = run(args)
       expect(r.status, args.join(' ')).toBe(0)
       expect(r.stdout, args.join(' ')).toMatch(/usage/i)

@@ -364,7 +364,7 @@ const SUBCOMMANDS = {
   models: (argv) => require('./commands/models.js').run(argv.slice(1)),
   route: (argv) => require('./commands/router.js').run('route', argv.slice(1)),
   hooks: (argv) => require('./commands/router.js').run('hooks', argv.slice(1)),
-  bench: (argv) => require('./commands/router.js').run('bench', argv.slice(1)),
+  bench: (argv) => (argv[1] === 'serve' ? require('./commands/serve.js').benchServe(argv.slice(2)) : require('./commands/router.js').run('bench', argv.slice(1))),
   learn: (argv) => require('./commands/learn.js').run(argv.slice(1)),
   serve: (argv) => require('./commands/serve.js').serve(argv.slice(1)),
 }

@@ -842,7 +842,7 @@ pub fn server_options(v: Option<Val>) -> Res<ServerArgs> {
     host: text("host")?.unwrap_or(d.host),
     port: int_in(bag, "port", 0.0, 65535.0)?.map(|n| n as u16).unwrap_or(d.port),
     api_key: text("apiKey")?.filter(|k| !k.is_empty()),
-    parallel: int_in(bag, "parallel", 1.0, 1024.0)?.map(|n| n as usize).unwrap_or(d.parallel),
+    parallel: int_in(bag, "parallel", 1.0, 4096.0)?.map(|n| n as usize).unwrap_or(d.parallel),
     max_queue: int_in(bag, "maxQueue", 0.0, 1_000_000.0)?.map(|n| n as usize).unwrap_or(d.max_queue),
     max_body_bytes: int_in(bag, "maxBodyBytes", 1.0, MAX_SAFE_INTEGER)?.map(|n| n as usize).unwrap_or(d.max_body_bytes),
     chat_template: text("chatTemplate")?,

@@ -65,7 +65,9 @@ pub fn create_server<'env>(env: &'env Env, options: Unknown) -> napi::Result<Pro
       Source::Shared(engine, name)
     } else {
       let id = options::path_or_id(Some(args.model))?;
-      let load = options::load_options(args.load)?;
+      let mut load = options::load_options(args.load)?;
+      // The engine decodes as many requests together as the server hands it, unless `load` says.
+      load.parallel = load.parallel.or(Some(args.opts.parallel.min(ruvllm_core::engine::MAX_PARALLEL)));
       let fetch = JsOpts::new(env, options::load_fetch_options(args.load)?)?;
       Source::Load(id, load, fetch)
     };

@@ -572,7 +572,9 @@ pub struct ServerOptions {
   pub port: Option<u32>,
   /// When set, `/v1/` requests must send `Authorization: Bearer <apiKey>` (else 401).
   pub api_key: Option<String>,
-  /// Most generation or embedding requests handed to the engine at once. Default 4.
+  /// Most generation or embedding requests handed to the engine at once. Default 8 (the
+  /// engine's default `parallel`). A model given by path or id is loaded with this `parallel`
+  /// unless `load.parallel` says otherwise.
   pub parallel: Option<u32>,
   /// Most requests waiting for one of those slots; beyond it a request gets 429. Default 64.
   pub max_queue: Option<u32>,

@@ -103,7 +103,6 @@ async function bench(argv) {
     const r = require('node:child_process').spawnSync(process.execPath, [script, ...rest], { stdio: 'inherit' })
     return r.status ?? 1
   }
-  if (sub === 'serve') return require('./serve.js').benchServe(rest)
   if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; use "bench routing", "bench serve", "bench learning" or "bench diffusion"`)
   const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' }, model: { type: 'string' }, halvings: { type: 'string' } })
   const opts = {}

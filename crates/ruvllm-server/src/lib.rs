@@ -50,7 +50,8 @@ pub struct ServerOptions {
     pub port: u16,
     /// When set, every `/v1/` request must carry `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
-    /// Most generation/embedding requests handed to the engine at once.
+    /// Most generation/embedding requests handed to the engine at once (the engine decodes up
+    /// to its `LoadOptions::parallel` of them together; give it the same number).
     pub parallel: usize,
     /// Most requests waiting for one of the `parallel` slots; more get 429.
     pub max_queue: usize,
@@ -74,7 +75,7 @@ impl Default for ServerOptions {
             host: "127.0.0.1".into(),
             port: 8080,
             api_key: None,
-            parallel: 4,
+            parallel: ruvllm_core::engine::DEFAULT_PARALLEL,
             max_queue: 64,
             max_body_bytes: 4 << 20,
             model_id: "ruvllm".into(),

@@ -413,7 +413,10 @@ fn finish_reason(c: &Completion) -> &'static str {
 }
 
 fn usage(c: &Completion) -> Value {
-    json!({ "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens })
+    json!({
+        "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens, "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "prompt_tokens_details": { "cached_tokens": c.cached_tokens },
+    })
 }
 
 fn tool_calls_json(calls: &[ToolCall], with_index: bool) -> Value {
