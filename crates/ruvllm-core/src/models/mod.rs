@@ -32,10 +32,24 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
     Ok(cfg)
 }
 
+/// The largest layer count, width, head count or vocabulary accepted: far above any model we
+/// can run, and small enough that tables sized from it (one entry per layer) stay small.
+const MAX_DIM: usize = 1 << 20;
+
+/// A model size read from the metadata (layers, widths, heads), checked to be 1..=`MAX_DIM`
+/// before anything is sized or divided by it: the file is untrusted until validated.
+pub(crate) fn dim(file: &GgufFile, key: &str) -> Result<usize> {
+    let v = file.get_u64(key)?;
+    usize::try_from(v)
+        .ok()
+        .filter(|v| (1..=MAX_DIM).contains(v))
+        .ok_or_else(|| Error::gguf(&file.path, format!("metadata key '{key}' is {v}, which is not a plausible model size (1 to {MAX_DIM})")))
+}
+
 fn validate(file: &GgufFile, c: &TransformerConfig) -> Result<()> {
     let bad = |m: String| Err(Error::gguf(&file.path, m));
     let dims = [c.n_layer, c.d_model, c.n_head, c.n_kv_head, c.head_dim, c.ff_dim, c.vocab_size];
-    if dims.iter().any(|&v| v == 0 || v > 1 << 20) {
+    if dims.iter().any(|&v| v == 0 || v > MAX_DIM) {
         return bad(format!("implausible model dimensions {dims:?}"));
     }
     if !c.n_head.is_multiple_of(c.n_kv_head) {
