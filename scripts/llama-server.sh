@@ -1,31 +1,72 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-server (CPU) for the serving benchmark's anchor, from the llama.cpp
-# source in PyPI's llama-cpp-python sdist (the only place a registry-only machine gets it), into
-# .llama/ (git-ignored). Idempotent: prints the binary's path when it is already built.
-# Usage: bash scripts/llama-server.sh   (about 10-20 min on 2 cores; needs a C++ compiler)
+# Builds llama.cpp's `llama-server` (CPU) as the anchor for load tests. The source is the
+# llama.cpp vendored in PyPI's llama-cpp-python sdist, because package registries are all these
+# machines reach. Release, the host's own CPU flags (GGML_NATIVE), only the server target; no
+# libcurl, OpenSSL or web UI download (the server is only ever asked on loopback, and a download
+# at build time would fail offline). The build goes to .llama/ (git-ignored). An existing binary
+# is reused, so running it again costs nothing. Prints the binary's path; progress goes to stderr.
+#
+#   LLAMA_CPP_PYTHON_VERSION  the sdist to build from (default 0.3.36)
+#   LLAMA_SRC_TARBALL         a tarball with llama.cpp/ at its top, used instead of the download
+#   JOBS                      parallel compile jobs (default 2)
+#
+# Then, for the same model and parallelism as ours:
+#   "$(scripts/llama-server.sh)" -m MODEL.gguf --host 127.0.0.1 --port 8091 --parallel 4 -c 8192 -t 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=.llama
-BIN="$OUT/llama.cpp/build/bin/llama-server"
-if [ -x "$BIN" ]; then echo "$PWD/$BIN"; exit 0; fi
-mkdir -p "$OUT"
-command -v cmake >/dev/null && command -v ninja >/dev/null || python3 -m pip install --quiet cmake ninja
-if [ ! -d "$OUT/llama.cpp" ]; then
-  # The sdist itself, from PyPI's simple index (pip download would start building it).
-  python3 - "$OUT" <<'PY'
-import re, sys, tarfile, urllib.request
-out = sys.argv[1]
-html = urllib.request.urlopen("https://pypi.org/simple/llama-cpp-python/").read().decode()
-url = re.search(r'href="([^"]*llama_cpp_python-0\.3\.36\.tar\.gz)[^"]*"', html).group(1)
-path = f"{out}/llama-cpp-python.tar.gz"
-urllib.request.urlretrieve(url, path)
-with tarfile.open(path) as t:
-    t.extractall(f"{out}/sdist", filter="data")
-PY
-  mv "$OUT"/sdist/llama_cpp_python-*/vendor/llama.cpp "$OUT/llama.cpp"
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+ROOT="$PWD/.llama"
+SRC="$ROOT/src-$VERSION"
+BUILD="$ROOT/build-$VERSION"
+BIN="$BUILD/bin/llama-server"
+
+if [ -x "$BIN" ]; then
+  echo "$BIN"
+  exit 0
 fi
-cd "$OUT/llama.cpp"
-cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
-  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build --target llama-server -j"$(nproc)" >/dev/null
-echo "$PWD/build/bin/llama-server"
+for tool in cmake c++ make; do
+  command -v "$tool" >/dev/null || { echo "llama-server.sh: '$tool' is missing (apt-get install cmake g++ make, or pip install cmake)" >&2; exit 1; }
+done
+
+mkdir -p "$ROOT"
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+  tmp="$(mktemp -d "$ROOT/unpack.XXXXXX")"
+  trap 'rm -rf "$tmp"' EXIT
+  if [ -n "${LLAMA_SRC_TARBALL:-}" ]; then
+    tar -xf "$LLAMA_SRC_TARBALL" -C "$tmp"
+    top="$tmp/llama.cpp"
+  else
+    echo "== downloading the llama-cpp-python $VERSION sdist" >&2
+    "${PYTHON:-python3}" -m pip download --quiet --no-binary :all: --no-deps --dest "$tmp" "llama-cpp-python==$VERSION" >&2
+    # The sdist's file name spells the project with underscores or dashes depending on its age.
+    sdist="$(ls "$tmp"/llama[-_]cpp[-_]python-"$VERSION".tar.gz)"
+    tar -xzf "$sdist" -C "$tmp"
+    top="$(dirname "$sdist")/$(basename "$sdist" .tar.gz)/vendor/llama.cpp"
+  fi
+  [ -f "$top/CMakeLists.txt" ] || { echo "llama-server.sh: no llama.cpp source in the archive" >&2; exit 1; }
+  rm -rf "$SRC"
+  mv "$top" "$SRC"
+fi
+
+echo "== configuring llama.cpp from llama-cpp-python $VERSION in $BUILD" >&2
+# The source has no git history of its own: keep git from finding this repository above it
+# (ggml would take our commit for its own), and name the sdist as llama.cpp's build commit.
+export GIT_CEILING_DIRECTORIES="$ROOT"
+cmake -S "$SRC" -B "$BUILD" \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=ON \
+  -DLLAMA_CURL=OFF \
+  -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_BUILD_TOOLS=ON \
+  -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_UI=OFF \
+  -DLLAMA_USE_PREBUILT_UI=OFF \
+  -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_BUILD_COMMIT="llama-cpp-python-$VERSION" >&2
+echo "== building llama-server (-j ${JOBS:-2})" >&2
+start=$SECONDS
+cmake --build "$BUILD" --target llama-server -j "${JOBS:-2}" >&2
+echo "== built in $((SECONDS - start)) s" >&2
+echo "$BIN"

@@ -425,3 +425,43 @@ fn real_model() {
     let json = f.metadata_json();
     assert_eq!(json["gemma3.block_count"], 18);
 }
+
+/// A file with no tensors and one metadata entry whose value bytes are given raw.
+fn one_kv(key: &str, value_type: u32, value: &[u8]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    b.extend_from_slice(key.as_bytes());
+    b.extend_from_slice(&value_type.to_le_bytes());
+    b.extend_from_slice(value);
+    b
+}
+
+#[test]
+fn key_and_tensor_name_limits() {
+    // The format allows keys of up to 65,535 bytes and tensor names of up to 64: a corrupt length
+    // that the rest of the file happens to cover must not become a huge key.
+    let mut w = GgufWriter::new();
+    w.add_metadata(&"k".repeat(65_535), V::U8(1)).add_f32(&"n".repeat(64), &[1], &[1.0]);
+    assert!(parse(w.to_bytes()).is_ok());
+    let mut w = GgufWriter::new();
+    w.add_metadata(&"k".repeat(65_536), V::U8(1));
+    assert_contains(&invalid(w.to_bytes()), "a metadata key at offset 24 has length 65536; the GGUF format allows at most 65535 bytes");
+    let mut w = GgufWriter::new();
+    w.add_f32(&"n".repeat(65), &[1], &[1.0]);
+    assert_contains(&invalid(w.to_bytes()), "tensor entry 0: a tensor name at offset 24 has length 65; the GGUF format allows at most 64 bytes");
+}
+
+#[test]
+fn array_element_budget() {
+    // 2^23 + 1 one-byte elements: each would become a 32-byte value, so a file of small
+    // elements would take 32 times its size in memory. Refused before anything is decoded.
+    let n: u64 = (1 << 23) + 1;
+    let mut value = 0u32.to_le_bytes().to_vec(); // element type u8
+    value.extend_from_slice(&n.to_le_bytes());
+    value.resize(value.len() + n as usize, 0);
+    let msg = invalid(one_kv("big", 9, &value));
+    assert_contains(&msg, "array at offset 39 has 8388609 elements, which takes the metadata past 8388608 array elements in all");
+}

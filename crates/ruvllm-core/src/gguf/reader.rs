@@ -25,6 +25,20 @@ const MAX_ARRAY_DEPTH: usize = 8;
 const MIN_KV_BYTES: u64 = 13;
 /// Smallest possible tensor entry: name length (8) + n_dims (4) + one dim (8) + type (4) + offset (8).
 const MIN_TENSOR_BYTES: u64 = 32;
+/// Longest metadata key the GGUF format allows.
+const MAX_KEY_LEN: u64 = 65_535;
+/// Longest tensor name the GGUF format allows (ggml's `GGML_MAX_NAME`).
+const MAX_TENSOR_NAME_LEN: u64 = 64;
+/// Array elements in all the metadata. Each parsed element takes a `MetadataValue` (32 bytes)
+/// however few bytes it has in the file (one, for a u8), so without a budget a large file of
+/// small elements would take many times its size in memory. The largest vocabularies (Gemma 3:
+/// 262,144 tokens, each with a score and a type, and byte-level BPE merges) stay far below it.
+const MAX_ARRAY_VALUES: u64 = 1 << 23;
+/// Vectors sized from a count read from the file start at most this large and grow as elements
+/// actually parse: the count is checked against the bytes left, but each parsed element takes
+/// more memory than its minimum size in the file, so trusting the count would let a corrupt
+/// count reserve several times the file size before the first element fails to parse.
+const MAX_PREALLOC: usize = 1 << 16;
 
 /// GGUF metadata value type ids.
 pub(super) mod value_type {
@@ -76,7 +90,7 @@ struct RawTensor {
 
 /// Parses and validates the whole header of `bytes`.
 pub(super) fn parse(bytes: &[u8]) -> Result<Header, String> {
-    let mut cur = Cursor { bytes, pos: 0 };
+    let mut cur = Cursor { bytes, pos: 0, array_values_left: MAX_ARRAY_VALUES };
     let version = read_preamble(&mut cur)?;
     let (tensor_count, kv_count) = read_counts(&mut cur)?;
     let metadata = read_metadata(&mut cur, kv_count)?;
@@ -152,7 +166,7 @@ fn read_counts(cur: &mut Cursor<'_>) -> Result<(u64, u64), String> {
 fn read_metadata(cur: &mut Cursor<'_>, count: u64) -> Result<BTreeMap<String, MetadataValue>, String> {
     let mut map = BTreeMap::new();
     for i in 0..count {
-        let key = cur.string("a metadata key").map_err(|e| format!("metadata entry {i}: {e}"))?;
+        let key = cur.string_max("a metadata key", MAX_KEY_LEN).map_err(|e| format!("metadata entry {i}: {e}"))?;
         let value = read_kv_value(cur).map_err(|e| format!("metadata key '{key}': {e}"))?;
         if map.contains_key(&key) {
             return Err(format!("duplicate metadata key '{key}'"));
@@ -170,10 +184,9 @@ fn read_kv_value(cur: &mut Cursor<'_>) -> Result<MetadataValue, String> {
 
 /// Reads `count` tensor entries (not yet validated against the file).
 fn read_tensor_infos(cur: &mut Cursor<'_>, count: u64) -> Result<Vec<RawTensor>, String> {
-    // `count` was bounded by the file size in `read_counts`.
-    let mut out = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
+    let mut out = Vec::with_capacity(prealloc(count));
     for i in 0..count {
-        let name = cur.string("a tensor name").map_err(|e| format!("tensor entry {i}: {e}"))?;
+        let name = cur.string_max("a tensor name", MAX_TENSOR_NAME_LEN).map_err(|e| format!("tensor entry {i}: {e}"))?;
         let (dims, type_id, offset) = read_tensor_fields(cur, &name)?;
         out.push(RawTensor { name, dims, type_id, offset });
     }
@@ -256,6 +269,11 @@ fn byte_size(name: &str, dims: &[u64], n_elements: u64, dtype: GgmlType) -> Resu
     dtype.bytes_for(n_elements).ok_or_else(|| format!("tensor '{name}' byte size overflows (dims {dims:?}, type {})", dtype.name()))
 }
 
+/// Initial capacity for `count` elements read from the file (see `MAX_PREALLOC`).
+fn prealloc(count: u64) -> usize {
+    usize::try_from(count).map_or(MAX_PREALLOC, |n| n.min(MAX_PREALLOC))
+}
+
 /// Rounds `n` up to a multiple of `align` (a power of two).
 pub(super) fn align_up(n: u64, align: u64) -> Option<u64> {
     Some(n.checked_add(align - 1)? & !(align - 1))
@@ -270,6 +288,8 @@ fn hex(bytes: &[u8]) -> String {
 struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// What is left of `MAX_ARRAY_VALUES`.
+    array_values_left: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -303,8 +323,16 @@ impl<'a> Cursor<'a> {
 
     /// A u64 length then that many bytes of UTF-8; the length is checked before allocating.
     fn string(&mut self, what: &str) -> Result<String, String> {
+        self.string_max(what, u64::MAX)
+    }
+
+    /// A string of at most `max` bytes (keys and tensor names have a limit in the format).
+    fn string_max(&mut self, what: &str, max: u64) -> Result<String, String> {
         let at = self.pos;
         let len = self.u64(what)?;
+        if len > max {
+            return Err(format!("{what} at offset {at} has length {len}; the GGUF format allows at most {max} bytes"));
+        }
         if len > self.remaining() as u64 {
             return Err(format!("{what} at offset {at} has length {len}, more than the {} bytes left in the file", self.remaining()));
         }
@@ -359,12 +387,16 @@ impl<'a> Cursor<'a> {
                 self.remaining()
             ));
         }
+        self.array_values_left = self
+            .array_values_left
+            .checked_sub(len)
+            .ok_or_else(|| format!("array at offset {at} has {len} elements, which takes the metadata past {MAX_ARRAY_VALUES} array elements in all"))?;
         if let Some(size) = fixed_numeric_size(elem) {
             // Fits: `len * size <= remaining` was checked above.
             let raw = self.take(len as usize * size, "array elements")?;
             return Ok(decode_numeric(raw, elem));
         }
-        let mut out = Vec::with_capacity(len as usize);
+        let mut out = Vec::with_capacity(prealloc(len));
         for i in 0..len {
             let v = self.value(elem, depth + 1).map_err(|e| format!("array element {i}: {e}"))?;
             out.push(v);

@@ -11,9 +11,9 @@ use crate::Result;
 /// Reads `{llama,qwen2,mistral}.*` metadata.
 pub fn config(file: &GgufFile, arch: &str, vocab_size: usize) -> Result<TransformerConfig> {
     let key = |k: &str| format!("{arch}.{k}");
-    let n_layer = file.get_u64(&key("block_count"))? as usize;
-    let d_model = file.get_u64(&key("embedding_length"))? as usize;
-    let n_head = file.get_u64(&key("attention.head_count"))? as usize;
+    let n_layer = super::dim(file, &key("block_count"))?;
+    let d_model = super::dim(file, &key("embedding_length"))?;
+    let n_head = super::dim(file, &key("attention.head_count"))?;
     let n_kv_head = file.get_u64(&key("attention.head_count_kv")).unwrap_or(n_head as u64) as usize;
     let head_dim = file.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(d_model / n_head.max(1));
     let linear_factor = match file.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
@@ -28,7 +28,7 @@ pub fn config(file: &GgufFile, arch: &str, vocab_size: usize) -> Result<Transfor
         n_head,
         n_kv_head,
         head_dim,
-        ff_dim: file.get_u64(&key("feed_forward_length"))? as usize,
+        ff_dim: super::dim(file, &key("feed_forward_length"))?,
         vocab_size,
         norm_eps: file.get_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
         train_context: file.get_u64(&key("context_length")).unwrap_or(4096) as usize,

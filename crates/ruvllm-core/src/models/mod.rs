@@ -21,10 +21,6 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
         [_, v] => *v as usize,
         d => return Err(Error::gguf(&file.path, format!("tensor 'token_embd.weight' has shape {d:?}, expected 2-D"))),
     };
-    // Checked before the family reads it: per-layer tables are sized by it.
-    if let Some(n) = file.get(&format!("{arch}.block_count")).and_then(|v| v.as_u64()).filter(|&n| n > MAX_DIM as u64) {
-        return Err(Error::gguf(&file.path, format!("implausible {arch}.block_count {n}")));
-    }
     let cfg = match arch {
         "gemma3" => gemma3::config(file, vocab)?,
         "llama" | "mistral" | "qwen2" => llama::config(file, arch, vocab)?,
@@ -36,8 +32,19 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
     Ok(cfg)
 }
 
-/// The largest model dimension (layers, widths, heads, vocabulary) taken as plausible.
+/// The largest layer count, width, head count or vocabulary accepted: far above any model we
+/// can run, and small enough that tables sized from it (one entry per layer) stay small.
 const MAX_DIM: usize = 1 << 20;
+
+/// A model size read from the metadata (layers, widths, heads), checked to be 1..=`MAX_DIM`
+/// before anything is sized or divided by it: the file is untrusted until validated.
+pub(crate) fn dim(file: &GgufFile, key: &str) -> Result<usize> {
+    let v = file.get_u64(key)?;
+    usize::try_from(v)
+        .ok()
+        .filter(|v| (1..=MAX_DIM).contains(v))
+        .ok_or_else(|| Error::gguf(&file.path, format!("metadata key '{key}' is {v}, which is not a plausible model size (1 to {MAX_DIM})")))
+}
 
 fn validate(file: &GgufFile, c: &TransformerConfig) -> Result<()> {
     let bad = |m: String| Err(Error::gguf(&file.path, m));
