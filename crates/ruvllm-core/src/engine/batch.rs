@@ -91,13 +91,18 @@ impl CachePool {
         CachePool { parked: Vec::new(), budget, clock: 0, free: Vec::new(), keep_free }
     }
 
+    /// The least recently parked cache's index.
+    fn lru(&self) -> Option<usize> {
+        self.parked.iter().enumerate().min_by_key(|(_, (_, t))| *t).map(|(i, _)| i)
+    }
+
     /// Parks a finished sequence's cache, then evicts the least recently used beyond the budget.
     fn park(&mut self, cache: KvCache) {
         self.clock += 1;
         self.parked.push((cache, self.clock));
         let mut total: usize = self.parked.iter().map(|(c, _)| c.touched_bytes()).sum();
         while total > self.budget {
-            let Some(lru) = self.parked.iter().enumerate().min_by_key(|(_, (_, t))| *t).map(|(i, _)| i) else { break };
+            let Some(lru) = self.lru() else { break };
             let (mut evicted, _) = self.parked.swap_remove(lru);
             total -= evicted.touched_bytes();
             if self.free.len() < self.keep_free {
@@ -179,8 +184,7 @@ impl Worker {
         let mut cache = if let Some(c) = self.pool.free.pop() {
             c
         } else if !self.pool.parked.is_empty() && self.pool.parked.len() + active.len() >= 2 * self.parallel {
-            let lru = self.pool.parked.iter().enumerate().min_by_key(|(_, (_, t))| *t).map_or(0, |(i, _)| i);
-            let (mut c, _) = self.pool.parked.swap_remove(lru);
+            let (mut c, _) = self.pool.parked.swap_remove(self.pool.lru().unwrap_or(0));
             c.tokens.clear();
             c
         } else {

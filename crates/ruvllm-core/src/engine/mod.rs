@@ -1170,21 +1170,13 @@ impl Worker {
         if req.cancel.load(Ordering::Relaxed) {
             return Ok(c);
         }
-        let diffusion = match (&self.diffusion, &req.params.diffusion) {
-            (None, Some(_)) => {
-                return Err(Error::InvalidArg(
-                    "diffusion options need a diffusion model: load 'gemma-3-270m-diffusion', or a GGUF with { diffusion: { adapter } }".into(),
-                ))
-            }
-            (Some(m), p) => Some((m.clone(), p.clone().unwrap_or_default())),
-            (None, None) => None,
-        };
-        let Some((model, params)) = diffusion else {
+        let Some(model) = self.diffusion.clone() else {
             return Err(Error::Internal("generate_alone runs diffusion models only".into()));
         };
+        let params = req.params.diffusion.clone().unwrap_or_default();
         let mut ctx =
             DecodeContext { model: &self.model, cache: &mut self.cache, backend: &mut *self.backend, tokenizer: &shared.tokenizer, context: self.context };
-        let request = DecodeRequest { prompt: &ids, reusable: 0, params: &req.params, cancel: &req.cancel, sink: &mut req.sink, start };
+        let request = DecodeRequest { prompt: &ids, params: &req.params, cancel: &req.cancel, sink: &mut req.sink, start };
         let d = Diffusion { model: &model, params: &params }.decode(&mut ctx, request);
         // The cache now holds diffusion rows: no later request may reuse them.
         self.cache.tokens.clear();

@@ -27,8 +27,8 @@ pub use diffusion::{elbo, Diffusion, DiffusionModel, DiffusionParams, DiffusionS
 /// What a strategy works with: the worker's model, cache and backend.
 pub struct DecodeContext<'a> {
     pub model: &'a Transformer,
-    /// Holds the positions of earlier requests (`DecodeRequest::reusable` of them match this
-    /// prompt) and the adapter set the request runs with.
+    /// The worker's own cache (the strategy evaluates from position 0) and the adapter set the
+    /// request runs with.
     pub cache: &'a mut KvCache,
     /// Runs the forward pass; holds the logits of the last one.
     pub backend: &'a mut dyn Backend,
@@ -41,8 +41,6 @@ pub struct DecodeContext<'a> {
 pub struct DecodeRequest<'a> {
     /// The prompt's token ids (BOS included where the model wants one); shorter than the context.
     pub prompt: &'a [u32],
-    /// How many leading prompt positions the cache already holds for this prompt.
-    pub reusable: usize,
     pub params: &'a GenerateParams,
     /// Checked before each forward pass; when set, the strategy stops with `FinishReason::Abort`.
     pub cancel: &'a AtomicBool,
