@@ -387,6 +387,8 @@ export interface Completion {
    * only what it wrote besides the calls.
    */
   toolCalls: Array<ToolCall>
+  /** With `logprobs`: one entry per generated token, in order. */
+  logprobs?: Array<TokenLogprob>
 }
 
 /**
@@ -580,6 +582,17 @@ export interface GenerateOptions {
    * `{ type: 'function', function: { name } }` (a call of that function).
    */
   toolChoice?: 'auto' | 'none' | 'required' | { type: 'function', function: { name: string } }
+  /**
+   * Report each generated token's log-probability (`completion.logprobs`, `chunk.logprob`):
+   * of the model's own distribution, before penalties, temperature, truncation and any
+   * `responseFormat` / `grammar` / `tools` constraint. Default false. Not for a diffusion model.
+   */
+  logprobs?: boolean
+  /**
+   * With each token's log-probability, this many most likely tokens at its position, an
+   * integer in 0..=20 (implies `logprobs`). Default 0.
+   */
+  topLogprobs?: number
   /**
    * LoRA adapters for this request only (instead of the ones given at load and the learned
    * ones): `Adapter`s from `llm.loadAdapter`, or `{ adapter, scale }`; or `'auto'` (a model
@@ -1003,6 +1016,18 @@ export interface Timings {
   decodeTokensPerSecond: number
 }
 
+/** A token with the natural-log probability the model gave it. */
+export interface TokenAlternative {
+  /** The token id. */
+  token: number
+  /** The token's text (a byte token's bytes read as UTF-8, lossily; `bytes` has them exact). */
+  text: string
+  /** The token's UTF-8 bytes. */
+  bytes: Array<number>
+  /** ln p(token), at most 0. */
+  logprob: number
+}
+
 /** One piece of generated output. */
 export interface TokenChunk {
   /**
@@ -1012,12 +1037,31 @@ export interface TokenChunk {
   text: string
   /** The token id. */
   token: number
+  /**
+   * With `logprobs`: the token's log-probability and the alternatives asked for (absent on
+   * the last chunk when it only releases held-back text).
+   */
+  logprob?: TokenLogprob
 }
 
 /** Options for `llm.tokenize`. */
 export interface TokenizeOptions {
   /** Add the model's special tokens (BOS for Gemma and Llama), as generation does. Default true. */
   addSpecial?: boolean
+}
+
+/** A generated token's log-probability, with the most likely tokens at its position. */
+export interface TokenLogprob {
+  /** The token id. */
+  token: number
+  /** The token's text (a byte token's bytes read as UTF-8, lossily; `bytes` has them exact). */
+  text: string
+  /** The token's UTF-8 bytes. */
+  bytes: Array<number>
+  /** ln p(token), at most 0. */
+  logprob: number
+  /** The `topLogprobs` most likely tokens at this position, most likely first. */
+  topLogprobs: Array<TokenAlternative>
 }
 
 /** A function call the model made (with the `tools` option). */

@@ -76,6 +76,32 @@ describe('LLM', () => {
     await expect(llm.score(42 as any)).rejects.toMatchObject({ code: 'ERR_INVALID_ARG' })
   })
 
+  it('reports each token\'s log-probability and the likeliest alternatives, as score does', async () => {
+    const out = await llm.generate(CAPITALS, { temperature: 0, maxTokens: 6, topLogprobs: 3 })
+    const lps = out.logprobs!
+    expect(lps.map((l) => l.token)).toEqual(out.tokens)
+    expect(lps.map((l) => l.text).join('')).toBe(out.text)
+    for (const l of lps) {
+      // Greedy: the token is the likeliest, and the alternatives are in order.
+      expect(l.topLogprobs.length).toBe(3)
+      expect(l.topLogprobs[0]).toEqual({ token: l.token, text: l.text, bytes: l.bytes, logprob: l.logprob })
+      expect(l.topLogprobs[1].logprob).toBeLessThanOrEqual(l.topLogprobs[0].logprob)
+      expect(l.logprob).toBeLessThanOrEqual(0)
+      expect(Buffer.from(l.bytes).toString('utf8')).toBe(l.text)
+    }
+    const scored = await llm.score([...llm.tokenize(CAPITALS), ...out.tokens])
+    const at = llm.tokenize(CAPITALS).length - 1
+    lps.forEach((l, i) => expect(Math.abs(l.logprob - scored.logprobs[at + i])).toBeLessThan(0.02 + 0.01 * Math.abs(l.logprob)))
+    // Streamed: each chunk carries its token's; without the option, none.
+    const chunks = []
+    for await (const c of llm.stream(CAPITALS, { temperature: 0, maxTokens: 6, logprobs: true })) chunks.push(c)
+    expect(chunks.filter((c) => c.logprob).map((c) => ({ ...c.logprob!, topLogprobs: [] }))).toEqual(lps.map((l) => ({ ...l, topLogprobs: [] })))
+    expect((await llm.generate(CAPITALS, { temperature: 0, maxTokens: 2 })).logprobs).toBeUndefined()
+    await expect(llm.generate(CAPITALS, { topLogprobs: 21 })).rejects.toMatchObject({ code: 'ERR_INVALID_ARG', message: expect.stringContaining('topLogprobs') })
+    await expect(llm.generate(CAPITALS, { logprobs: false, topLogprobs: 2 })).rejects.toMatchObject({ code: 'ERR_INVALID_ARG' })
+    await expect(llm.generate(CAPITALS, { logprobs: 1 as any })).rejects.toMatchObject({ code: 'ERR_INVALID_ARG' })
+  })
+
   it('is deterministic for a seed, and stream chunks concatenate to the generate text (temperature 0.8)', async () => {
     const opts = { temperature: 0.8, seed: 42, maxTokens: 40 }
     const a = await llm.generate('Once upon a time', opts)

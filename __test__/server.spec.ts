@@ -95,6 +95,33 @@ describe('server: the openai client', () => {
     expect(text).toBe(r.choices[0].text)
   })
 
+  it('returns logprobs in OpenAI\'s shapes, streamed too', async () => {
+    const body = { model: 'x', messages: [{ role: 'user' as const, content: 'Name a fruit.' }], max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 2 }
+    const r = await client.chat.completions.create(body)
+    const content = r.choices[0].logprobs!.content!
+    expect(content.length).toBe(r.usage!.completion_tokens)
+    expect(content.map((c) => c.token).join('')).toBe(r.choices[0].message.content)
+    for (const c of content) {
+      expect(c.logprob).toBeLessThanOrEqual(0)
+      expect(c.top_logprobs.length).toBe(2)
+      expect(c.top_logprobs[0].token).toBe(c.token)
+      expect(Buffer.from(c.bytes!).toString('utf8')).toBe(c.token)
+    }
+    const streamed: any[] = []
+    for await (const chunk of await client.chat.completions.create({ ...body, stream: true })) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []))
+    expect(streamed).toEqual(content)
+    const t = await client.completions.create({ model: 'x', prompt: 'The capital of France is', max_tokens: 4, temperature: 0, logprobs: 2 })
+    const lp = t.choices[0].logprobs!
+    expect(lp.tokens!.join('')).toBe(t.choices[0].text)
+    expect(lp.token_logprobs!.length).toBe(lp.tokens!.length)
+    expect(Object.keys(lp.top_logprobs![0]).length).toBe(2)
+    expect(lp.text_offset![1]).toBe(lp.tokens![0].length)
+    expect(r.choices[0].logprobs).not.toBeNull()
+    const none = await client.chat.completions.create({ ...body, logprobs: false, top_logprobs: undefined })
+    expect(none.choices[0].logprobs).toBeNull()
+    await expect(client.chat.completions.create({ ...body, top_logprobs: 30 })).rejects.toMatchObject({ status: 400 })
+  })
+
   it('embeds (base64, as the client asks by default, and float)', async () => {
     const dim = llm.info.embeddingLength
     const r = await client.embeddings.create({ model: 'x', input: ['hello world', 'goodbye'] })
@@ -135,7 +162,8 @@ describe('server: errors', () => {
     await bad(client.chat.completions.create({ model: 'x', messages: msgs, temperature: 5 }), 400, 'ERR_INVALID_ARG', 'temperature')
     await bad(client.chat.completions.create({ model: 'x', messages: [] }), 400, 'ERR_INVALID_ARG', 'messages')
     await bad(client.chat.completions.create({ model: 'x', messages: msgs, max_tokens: 'ten' as any }), 400, 'ERR_INVALID_ARG', 'max_tokens')
-    await bad(client.chat.completions.create({ model: 'x', messages: msgs, logprobs: true }), 400, 'ERR_UNSUPPORTED', 'logprobs')
+    await bad(client.chat.completions.create({ model: 'x', messages: msgs, top_logprobs: 3 }), 400, 'ERR_INVALID_ARG', 'top_logprobs')
+    await bad(client.completions.create({ model: 'x', prompt: 'hi', logprobs: 9 }), 400, 'ERR_INVALID_ARG', 'logprobs')
     await bad(client.chat.completions.create({ model: 'x', messages: msgs, n: 3 }), 400, 'ERR_UNSUPPORTED', 'n')
     await bad(client.completions.create({ model: 'x', prompt: 'word '.repeat(3000), max_tokens: 1 }), 400, 'ERR_CONTEXT_OVERFLOW')
     await bad(client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'x'.repeat(70 * 1024) }] }), 413, 'ERR_BODY_TOO_LARGE')

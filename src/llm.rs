@@ -479,9 +479,9 @@ impl Llm {
 async fn drive(mut req: Request, on_token: Option<TokenCallback>) -> Result<ruvllm_core::engine::Completion, Failure> {
   loop {
     match req.next().await {
-      Step::Token { id, text } => {
+      Step::Token { id, text, logprob } => {
         if let Some(cb) = &on_token {
-          if let Err(e) = call_awaited(cb, TokenChunk { text, token: id }).await {
+          if let Err(e) = call_awaited(cb, TokenChunk { text, token: id, logprob: logprob.map(Into::into) }).await {
             req.cancel();
             return Err(Failure::Thrown(e));
           }

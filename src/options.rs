@@ -10,7 +10,7 @@ use napi::bindgen_prelude::{FromNapiValue, Unknown};
 use napi::{sys, Env, JsValue, ValueType};
 
 use ruvllm_core::chat::ChatMessage;
-use ruvllm_core::engine::{DiffusionParams, ElboParams, GenerateParams, GpuMode, LoadOptions, Prompt, Remasking, Schedule};
+use ruvllm_core::engine::{DiffusionParams, ElboParams, GenerateParams, GpuMode, LoadOptions, Prompt, Remasking, Schedule, MAX_TOP_LOGPROBS};
 use ruvllm_core::sampling::SamplingParams;
 use ruvllm_core::structured::{Constraint, Tool, ToolChoice};
 
@@ -671,6 +671,8 @@ pub const GENERATE_KEYS: &[&str] = &[
   "grammar",
   "tools",
   "toolChoice",
+  "logprobs",
+  "topLogprobs",
 ];
 
 /// The parts of a generate option bag that are JS objects, for the caller to wire up.
@@ -782,7 +784,22 @@ pub fn generate_options(v: Option<Val>, context: usize, default_seed: Option<u64
   let on_step = function(bag, "onStep")?;
   let constraint = constraint_options(bag)?;
   let (tools, tool_choice) = tool_options(bag)?;
-  Ok((GenerateParams { max_tokens, sampling, stop, chat_template, diffusion, constraint, tools, tool_choice }, JsHooks { signal, on_token, adapters, on_step }))
+  let logprobs = logprob_options(bag)?;
+  Ok((
+    GenerateParams { max_tokens, sampling, stop, chat_template, diffusion, constraint, tools, tool_choice, logprobs },
+    JsHooks { signal, on_token, adapters, on_step },
+  ))
+}
+
+/// `logprobs` (a boolean) and `topLogprobs` (0..=20, which implies `logprobs`): how many
+/// alternatives each token's log-probability comes with, `None` for none.
+fn logprob_options(bag: Option<Val>) -> Res<Option<usize>> {
+  let top = int_in(bag, "topLogprobs", 0.0, MAX_TOP_LOGPROBS as f64)?.map(|n| n as usize);
+  match (boolean(bag, "logprobs")?, top) {
+    (Some(false), Some(_)) => Err(CodedError::out_of_range("topLogprobs needs logprobs: true (or no logprobs option)")),
+    (Some(false), None) | (None, None) => Ok(None),
+    (_, top) => Ok(Some(top.unwrap_or(0))),
+  }
 }
 
 fn stop_strings(v: Option<Val>) -> Res<Vec<String>> {

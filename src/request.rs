@@ -20,6 +20,7 @@ pub enum Step {
   Token {
     id: u32,
     text: String,
+    logprob: Option<ruvllm_core::engine::TokenLogprob>,
   },
   Done(Completion),
   Failed(CodedError),
@@ -97,13 +98,13 @@ impl Request {
         ev = self.rx.recv() => ev,
       };
       match ev {
-        Some(Event::Token { id, text }) => {
+        Some(Event::Token { id, text, logprob }) => {
           if self.cancel.aborted() {
             return self.abort_error();
           }
           self.partial.tokens.push(id);
           self.partial.text.push_str(&text);
-          return Step::Token { id, text };
+          return Step::Token { id, text, logprob };
         }
         Some(Event::Step(s)) => {
           if let Some(cb) = &self.on_step {

@@ -107,9 +107,9 @@ impl AsyncGenerator for TokenStream {
           }
           State::Running(mut req) => {
             return Ok(match req.next().await {
-              Step::Token { id, text } => {
+              Step::Token { id, text, logprob } => {
                 *st = State::Running(req);
-                Some(OrError::Value(crate::types::TokenChunk { text, token: id }))
+                Some(OrError::Value(crate::types::TokenChunk { text, token: id, logprob: logprob.map(Into::into) }))
               }
               Step::Done(c) => {
                 *st = State::Finished(Some(Box::new(c)));

@@ -309,6 +309,13 @@ pub struct GenerateOptions {
   /// `{ type: 'function', function: { name } }` (a call of that function).
   #[napi(ts_type = "'auto' | 'none' | 'required' | { type: 'function', function: { name: string } }")]
   pub tool_choice: Option<serde_json::Value>,
+  /// Report each generated token's log-probability (`completion.logprobs`, `chunk.logprob`):
+  /// of the model's own distribution, before penalties, temperature, truncation and any
+  /// `responseFormat` / `grammar` / `tools` constraint. Default false. Not for a diffusion model.
+  pub logprobs: Option<bool>,
+  /// With each token's log-probability, this many most likely tokens at its position, an
+  /// integer in 0..=20 (implies `logprobs`). Default 0.
+  pub top_logprobs: Option<u32>,
   /// LoRA adapters for this request only (instead of the ones given at load and the learned
   /// ones): `Adapter`s from `llm.loadAdapter`, or `{ adapter, scale }`; or `'auto'` (a model
   /// loaded with `learning`): the adapter bank's nearest adapter to the prompt, reported in
@@ -360,6 +367,50 @@ pub struct TokenChunk {
   pub text: String,
   /// The token id.
   pub token: u32,
+  /// With `logprobs`: the token's log-probability and the alternatives asked for (absent on
+  /// the last chunk when it only releases held-back text).
+  pub logprob: Option<TokenLogprob>,
+}
+
+/// A token with the natural-log probability the model gave it.
+#[napi(object)]
+pub struct TokenAlternative {
+  /// The token id.
+  pub token: u32,
+  /// The token's text (a byte token's bytes read as UTF-8, lossily; `bytes` has them exact).
+  pub text: String,
+  /// The token's UTF-8 bytes.
+  pub bytes: Vec<u32>,
+  /// ln p(token), at most 0.
+  pub logprob: f64,
+}
+
+/// A generated token's log-probability, with the most likely tokens at its position.
+#[napi(object)]
+pub struct TokenLogprob {
+  /// The token id.
+  pub token: u32,
+  /// The token's text (a byte token's bytes read as UTF-8, lossily; `bytes` has them exact).
+  pub text: String,
+  /// The token's UTF-8 bytes.
+  pub bytes: Vec<u32>,
+  /// ln p(token), at most 0.
+  pub logprob: f64,
+  /// The `topLogprobs` most likely tokens at this position, most likely first.
+  pub top_logprobs: Vec<TokenAlternative>,
+}
+
+impl From<ruvllm_core::engine::TokenLogprob> for TokenLogprob {
+  fn from(l: ruvllm_core::engine::TokenLogprob) -> Self {
+    let bytes = |b: Vec<u8>| b.into_iter().map(u32::from).collect();
+    TokenLogprob {
+      token: l.token.id,
+      text: l.token.text,
+      bytes: bytes(l.token.bytes),
+      logprob: l.token.logprob,
+      top_logprobs: l.top.into_iter().map(|t| TokenAlternative { token: t.id, text: t.text, bytes: bytes(t.bytes), logprob: t.logprob }).collect(),
+    }
+  }
 }
 
 /// What an aborted request had produced: `err.partial` on the `AbortError` that `generate`
@@ -419,6 +470,8 @@ pub struct Completion {
   /// The function calls the model made (with `tools`; empty otherwise). `text` then holds
   /// only what it wrote besides the calls.
   pub tool_calls: Vec<ToolCall>,
+  /// With `logprobs`: one entry per generated token, in order.
+  pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// An adapter an `adapters: 'auto'` request ran.
@@ -546,6 +599,7 @@ impl From<ruvllm_core::engine::Completion> for Completion {
       }),
       adapters_used: adapters_used(c.adapters_used),
       tool_calls: c.tool_calls.into_iter().map(|t| ToolCall { id: t.id, name: t.name, arguments: t.arguments }).collect(),
+      logprobs: c.logprobs.map(|l| l.into_iter().map(Into::into).collect()),
     }
   }
 }

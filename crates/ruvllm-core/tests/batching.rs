@@ -129,3 +129,58 @@ fn a_repeated_prefix_comes_from_the_cache() {
     let c1 = finish(&r1).1.expect("c1");
     assert!(c1.cached_tokens >= shared - 2 && c2.cached_tokens >= shared - 2, "cached {} and {}", c1.cached_tokens, c2.cached_tokens);
 }
+
+#[test]
+fn logprobs_are_the_models_own_and_match_scoring() {
+    let e = engine(4, 0);
+    let greedy_lp = GenerateParams { logprobs: Some(5), ..greedy(12) };
+    // Sampled, penalized and constrained: the reported numbers are still the raw distribution's.
+    let sampled_lp = GenerateParams {
+        max_tokens: 12,
+        sampling: SamplingParams { temperature: 1.2, seed: 7, repeat_penalty: 1.5, ..Default::default() },
+        constraint: Some(ruvllm_core::structured::Constraint::JsonObject),
+        logprobs: Some(3),
+        ..Default::default()
+    };
+    let plain = submit(&e, PROMPTS[2], greedy(12)).1;
+    let rxs = [submit(&e, PROMPTS[0], greedy_lp).1, submit(&e, PROMPTS[1], sampled_lp).1];
+    let plain = finish(&plain).1.expect("completion");
+    assert!(plain.logprobs.is_none(), "logprobs reported though not asked for");
+    for (k, rx) in rxs.iter().enumerate() {
+        let mut streamed = Vec::new();
+        let c = loop {
+            match rx.recv_timeout(WAIT).expect("an event") {
+                Event::Token { logprob: Some(l), .. } => streamed.push(l),
+                Event::Token { .. } | Event::Step(_) => {}
+                Event::Done(c) => break c,
+                Event::Error(e) => panic!("request {k}: {e}"),
+            }
+        };
+        let lps = c.logprobs.clone().expect("logprobs asked for");
+        assert_eq!(lps, streamed, "request {k}: streamed and final log-probabilities differ");
+        assert_eq!(lps.len(), c.tokens.len());
+        let scored = e.score_blocking(Prompt::Tokens([c.prompt_ids.clone(), c.tokens.clone()].concat())).expect("score");
+        let at = c.prompt_ids.len() - 1;
+        for (i, l) in lps.iter().enumerate() {
+            assert_eq!(l.token.id, c.tokens[i]);
+            assert_eq!(l.top.len(), if k == 0 { 5 } else { 3 });
+            assert!(l.top.windows(2).all(|w| w[0].logprob >= w[1].logprob));
+            assert!(l.token.logprob <= 0.0 && l.top.iter().map(|t| t.logprob.exp()).sum::<f64>() <= 1.0 + 1e-6);
+            if k == 0 {
+                // Greedy takes the most likely token.
+                assert_eq!((l.token.id, l.token.logprob), (l.top[0].id, l.top[0].logprob), "token {i}");
+            }
+            // The same number scoring the finished text gives (decode and prefill kernels
+            // round differently).
+            let s = scored.logprobs[at + i];
+            assert!((l.token.logprob - s).abs() < 0.01 + 0.005 * s.abs(), "request {k} token {i}: generated {} vs scored {s}", l.token.logprob);
+            assert_eq!(l.token.bytes, l.token.text.as_bytes(), "token {i}: {:?}", l.token.text);
+        }
+        if k == 1 {
+            // The JSON constraint took tokens greedy would not have: some below the top.
+            assert!(lps.iter().any(|l| l.token.id != l.top[0].id), "the sampled answer is all argmax");
+        }
+    }
+    let (_, too_many) = submit(&e, PROMPTS[0], GenerateParams { logprobs: Some(21), ..greedy(4) });
+    assert!(matches!(finish(&too_many).1, Err(Error::InvalidArg(_))));
+}

@@ -11,9 +11,6 @@
 //! a small log-probability of it. Free-running greedy agreement is printed, not asserted.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::channel;
-use std::sync::Arc;
 
 use ruvllm_core::engine::{Completion, Engine, GenerateParams, LoadOptions, Prompt};
 use ruvllm_core::nn::AttentionMask;
@@ -193,19 +190,7 @@ fn prefix_reuse_gives_the_same_tokens() {
 }
 
 fn score(engine: &Engine, prompt: Prompt) -> ruvllm_core::engine::Score {
-    let (tx, rx) = channel();
-    let req = ruvllm_core::engine::ScoreRequest {
-        prompt,
-        adapters: None,
-        chat_template: None,
-        elbo: None,
-        cancel: Arc::new(AtomicBool::new(false)),
-        reply: Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    };
-    engine.submit_score(req).expect("submit");
-    rx.recv().expect("engine answers").expect("score")
+    engine.score_blocking(prompt).expect("score")
 }
 
 #[test]

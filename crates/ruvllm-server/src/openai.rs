@@ -3,7 +3,7 @@
 //! functions, so they are tested without a socket or a model.
 
 use ruvllm_core::chat::ChatMessage;
-use ruvllm_core::engine::{Completion, FinishReason, GenerateParams, Prompt};
+use ruvllm_core::engine::{Completion, FinishReason, GenerateParams, Prompt, TokenLogprob, TokenProb, MAX_TOP_LOGPROBS};
 use ruvllm_core::structured::{Constraint, Tool, ToolCall, ToolChoice};
 use serde_json::{json, Map, Value};
 
@@ -157,18 +157,29 @@ fn common(o: &Map<String, Value>, default_max_tokens: usize) -> Result<(Generate
     Ok((params, stream, include_usage))
 }
 
-/// `logprobs` and `top_logprobs` are refused: the engine does not report the probability of the
-/// tokens it samples, and an answer without them would look like a silent success.
-fn refuse_logprobs(o: &Map<String, Value>, chat: bool) -> Result<(), ApiError> {
-    let asked = match field(o, "logprobs") {
-        None | Some(Value::Bool(false)) => false,
-        Some(Value::Number(n)) if !chat && n.as_u64() == Some(0) => false,
-        _ => true,
-    };
-    if asked || field(o, "top_logprobs").is_some() {
-        return Err(ApiError::unsupported("logprobs", "logprobs are not supported by this server"));
+/// The most alternatives a legacy completion's `logprobs` may ask for (OpenAI's limit).
+const COMPLETIONS_MAX_LOGPROBS: i64 = 5;
+
+/// Chat: `logprobs` (a boolean) and `top_logprobs` (0..=20, only with `logprobs: true`), as
+/// how many alternatives each token's log-probability comes with.
+fn chat_logprobs(o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let on = boolean(o, "logprobs")?;
+    let top = integer(o, "top_logprobs", 0)?;
+    match top {
+        Some(n) if n > MAX_TOP_LOGPROBS as i64 => Err(ApiError::invalid("top_logprobs", format!("'top_logprobs' must be at most {MAX_TOP_LOGPROBS}, got {n}"))),
+        Some(_) if !on => Err(ApiError::invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")),
+        _ => Ok(on.then(|| top.unwrap_or(0) as usize)),
     }
-    Ok(())
+}
+
+/// Legacy completions: `logprobs` is the number of alternatives (0..=5).
+fn completion_logprobs(o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    match integer(o, "logprobs", 0)? {
+        Some(n) if n > COMPLETIONS_MAX_LOGPROBS => {
+            Err(ApiError::invalid("logprobs", format!("'logprobs' must be at most {COMPLETIONS_MAX_LOGPROBS}, got {n}")))
+        }
+        n => Ok(n.map(|n| n as usize)),
+    }
 }
 
 /// A message's `content`: a string, `null` (an assistant message that only calls tools), or an
@@ -313,8 +324,8 @@ fn tools(o: &Map<String, Value>) -> Result<(Vec<Tool>, ToolChoice), ApiError> {
 /// `POST /v1/chat/completions`. `context` is the model's context length: without a token
 /// budget, generation may fill it (the engine stops there).
 pub fn chat_request(o: &Map<String, Value>, context: usize) -> Result<GenerationBody, ApiError> {
-    refuse_logprobs(o, true)?;
     let (mut params, stream, include_usage) = common(o, context)?;
+    params.logprobs = chat_logprobs(o)?;
     params.constraint = response_format(o)?;
     let (tools, choice) = tools(o)?;
     params.tools = tools;
@@ -324,7 +335,6 @@ pub fn chat_request(o: &Map<String, Value>, context: usize) -> Result<Generation
 
 /// `POST /v1/completions` (the legacy text endpoint).
 pub fn completion_request(o: &Map<String, Value>) -> Result<GenerationBody, ApiError> {
-    refuse_logprobs(o, false)?;
     if boolean(o, "echo")? {
         return Err(ApiError::unsupported("echo", "'echo' is not supported"));
     }
@@ -336,7 +346,8 @@ pub fn completion_request(o: &Map<String, Value>) -> Result<GenerationBody, ApiE
             return Err(ApiError::unsupported("best_of", "only best_of = 1 is supported"));
         }
     }
-    let (params, stream, include_usage) = common(o, COMPLETIONS_DEFAULT_MAX_TOKENS)?;
+    let (mut params, stream, include_usage) = common(o, COMPLETIONS_DEFAULT_MAX_TOKENS)?;
+    params.logprobs = completion_logprobs(o)?;
     let one = |v: &Value| -> Result<Prompt, ApiError> {
         match v {
             Value::String(s) => Ok(Prompt::Text(s.clone())),
@@ -433,6 +444,55 @@ fn tool_calls_json(calls: &[ToolCall], with_index: bool) -> Value {
         .collect()
 }
 
+/// A log-probability as JSON: a token the model rules out (`-inf`) as -9999, as OpenAI does.
+fn logprob_value(lp: f64) -> Value {
+    json!(if lp.is_finite() { lp } else { -9999.0 })
+}
+
+fn token_json(t: &TokenProb) -> Value {
+    json!({ "token": t.text, "logprob": logprob_value(t.logprob), "bytes": t.bytes })
+}
+
+/// Chat's `logprobs`: `{ content: [{ token, logprob, bytes, top_logprobs }] }`.
+pub fn chat_logprobs_json(l: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = l
+        .iter()
+        .map(|t| {
+            let mut v = token_json(&t.token);
+            v["top_logprobs"] = t.top.iter().map(token_json).collect();
+            v
+        })
+        .collect();
+    json!({ "content": content, "refusal": null })
+}
+
+/// The legacy endpoint's `logprobs`: parallel arrays, `text_offset` counted in characters of
+/// the output from `offset` (where this part of it starts).
+pub fn completion_logprobs_json(l: &[TokenLogprob], mut offset: usize) -> Value {
+    let mut text_offset = Vec::with_capacity(l.len());
+    for t in l {
+        text_offset.push(offset);
+        offset += t.token.text.chars().count();
+    }
+    let top: Vec<Value> =
+        l.iter().map(|t| Value::Object(t.top.iter().map(|a| (a.text.clone(), logprob_value(a.logprob))).collect::<Map<String, Value>>())).collect();
+    json!({
+        "tokens": l.iter().map(|t| t.token.text.as_str()).collect::<Vec<_>>(),
+        "token_logprobs": l.iter().map(|t| logprob_value(t.token.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": text_offset,
+    })
+}
+
+/// A completion's `logprobs` field for `endpoint` (`null` when not asked for).
+fn logprobs_json(endpoint: Endpoint, l: Option<&[TokenLogprob]>, offset: usize) -> Value {
+    match (l, endpoint) {
+        (None, _) => Value::Null,
+        (Some(l), Endpoint::Chat) => chat_logprobs_json(l),
+        (Some(l), Endpoint::Completions) => completion_logprobs_json(l, offset),
+    }
+}
+
 /// The response id: the engine's completion id under OpenAI's prefix for the endpoint.
 pub fn response_id(endpoint: Endpoint, engine_id: &str) -> String {
     let engine_id = engine_id.strip_prefix("cmpl-").unwrap_or(engine_id);
@@ -456,13 +516,13 @@ pub fn completion_json(endpoint: Endpoint, model: &str, c: &Completion) -> Value
             }
             json!({
                 "id": id, "object": "chat.completion", "created": now(), "model": model,
-                "choices": [{ "index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(c) }],
+                "choices": [{ "index": 0, "message": message, "logprobs": logprobs_json(endpoint, c.logprobs.as_deref(), 0), "finish_reason": finish_reason(c) }],
                 "usage": usage(c),
             })
         }
         Endpoint::Completions => json!({
             "id": id, "object": "text_completion", "created": now(), "model": model,
-            "choices": [{ "index": 0, "text": c.text, "logprobs": null, "finish_reason": finish_reason(c) }],
+            "choices": [{ "index": 0, "text": c.text, "logprobs": logprobs_json(endpoint, c.logprobs.as_deref(), 0), "finish_reason": finish_reason(c) }],
             "usage": usage(c),
         }),
     }
@@ -497,11 +557,13 @@ impl ChunkWriter {
             .then(|| self.chunk(json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null })))
     }
 
-    /// A piece of generated text.
-    pub fn text(&self, text: &str) -> Value {
+    /// A piece of generated text, with the log-probabilities of its tokens when asked for
+    /// (`offset`: characters of output before them).
+    pub fn text(&self, text: &str, logprobs: Option<&[TokenLogprob]>, offset: usize) -> Value {
+        let logprobs = logprobs_json(self.endpoint, logprobs, offset);
         match self.endpoint {
-            Endpoint::Chat => self.chunk(json!({ "index": 0, "delta": { "content": text }, "logprobs": null, "finish_reason": null })),
-            Endpoint::Completions => self.chunk(json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": null })),
+            Endpoint::Chat => self.chunk(json!({ "index": 0, "delta": { "content": text }, "logprobs": logprobs, "finish_reason": null })),
+            Endpoint::Completions => self.chunk(json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": null })),
         }
     }
 
@@ -594,7 +656,9 @@ mod tests {
             (json!({ "messages": [{ "role": "user", "content": "x" }], "max_tokens": 0 }), "max_tokens"),
             (json!({ "messages": [{ "role": "wizard", "content": "x" }] }), "messages[0].role"),
             (json!({ "messages": [{ "role": "user", "content": "x" }], "stop": ["a", "b", "c", "d", "e"] }), "stop"),
-            (json!({ "messages": [{ "role": "user", "content": "x" }], "logprobs": true }), "logprobs"),
+            (json!({ "messages": [{ "role": "user", "content": "x" }], "logprobs": 1 }), "logprobs"),
+            (json!({ "messages": [{ "role": "user", "content": "x" }], "top_logprobs": 2 }), "top_logprobs"),
+            (json!({ "messages": [{ "role": "user", "content": "x" }], "logprobs": true, "top_logprobs": 21 }), "top_logprobs"),
             (json!({ "messages": [{ "role": "user", "content": "x" }], "n": 2 }), "n"),
             (json!({ "messages": [{ "role": "user", "content": "x" }], "tool_choice": "required" }), "tool_choice"),
             (json!({ "messages": [{ "role": "user", "content": "x" }], "response_format": { "type": "yaml" } }), "response_format"),
@@ -631,7 +695,32 @@ mod tests {
         let b = completion_request(&obj(json!({ "prompt": [1, 2, 3] }))).expect("token prompt");
         assert!(matches!(b.prompt, Prompt::Tokens(ref t) if t == &[1, 2, 3]));
         assert_eq!(completion_request(&obj(json!({ "prompt": ["a", "b"] }))).map(|_| ()).map_err(|e| e.code), Err("ERR_UNSUPPORTED"));
-        assert_eq!(completion_request(&obj(json!({ "prompt": "a", "logprobs": 2 }))).map(|_| ()).map_err(|e| e.code), Err("ERR_UNSUPPORTED"));
+        assert_eq!(completion_request(&obj(json!({ "prompt": "a", "logprobs": 2 }))).map(|b| b.params.logprobs).ok(), Some(Some(2)));
+        assert_eq!(completion_request(&obj(json!({ "prompt": "a", "logprobs": 6 }))).map(|_| ()).map_err(|e| e.param), Err(Some("logprobs".into())));
+        assert_eq!(completion_request(&obj(json!({ "prompt": "a", "logprobs": true }))).map(|_| ()).map_err(|e| e.param), Err(Some("logprobs".into())));
+    }
+
+    #[test]
+    fn logprobs_shapes() {
+        let b = chat_request(&obj(json!({ "messages": [{ "role": "user", "content": "x" }], "logprobs": true, "top_logprobs": 3 })), 4096).expect("valid");
+        assert_eq!(b.params.logprobs, Some(3));
+        let b = chat_request(&obj(json!({ "messages": [{ "role": "user", "content": "x" }], "logprobs": false })), 4096).expect("valid");
+        assert_eq!(b.params.logprobs, None);
+        let p = |id, text: &str, logprob| TokenProb { id, text: text.into(), bytes: text.as_bytes().to_vec(), logprob };
+        let l = vec![
+            TokenLogprob { token: p(5, "Hé", -0.5), top: vec![p(5, "Hé", -0.5), p(6, "a", -1.5)] },
+            TokenLogprob { token: p(7, "!", f64::NEG_INFINITY), top: vec![] },
+        ];
+        let chat = chat_logprobs_json(&l);
+        assert_eq!(chat["content"][0]["token"], "Hé");
+        assert_eq!(chat["content"][0]["bytes"], json!([72, 195, 169]));
+        assert_eq!(chat["content"][0]["top_logprobs"][1], json!({ "token": "a", "logprob": -1.5, "bytes": [97] }));
+        assert_eq!(chat["content"][1]["logprob"], -9999.0);
+        let text = completion_logprobs_json(&l, 10);
+        assert_eq!(text["tokens"], json!(["Hé", "!"]));
+        assert_eq!(text["token_logprobs"], json!([-0.5, -9999.0]));
+        assert_eq!(text["top_logprobs"][0], json!({ "Hé": -0.5, "a": -1.5 }));
+        assert_eq!(text["text_offset"], json!([10, 12]));
     }
 
     #[test]

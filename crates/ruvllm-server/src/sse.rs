@@ -27,6 +27,9 @@ pub struct SseBody {
     hold_text: bool,
     pending: VecDeque<Bytes>,
     finished: bool,
+    /// Characters of the tokens whose log-probabilities were sent (the legacy endpoint's
+    /// `text_offset`, counted as the whole response counts it).
+    token_chars: usize,
     _cancel: CancelOnDrop,
     _permit: OwnedSemaphorePermit,
 }
@@ -46,7 +49,7 @@ impl SseBody {
         cancel: CancelOnDrop,
         permit: OwnedSemaphorePermit,
     ) -> SseBody {
-        let mut body = SseBody { events, writer, hold_text, pending: VecDeque::new(), finished: false, _cancel: cancel, _permit: permit };
+        let mut body = SseBody { events, writer, hold_text, pending: VecDeque::new(), finished: false, token_chars: 0, _cancel: cancel, _permit: permit };
         if let Some(start) = body.writer.start() {
             body.pending.push_back(data(&start));
         }
@@ -56,14 +59,19 @@ impl SseBody {
 
     fn on_event(&mut self, e: Event) {
         match e {
-            Event::Token { text, .. } if !self.hold_text && !text.is_empty() => self.pending.push_back(data(&self.writer.text(&text))),
+            // A token with its log-probability gets a chunk even while its text is held back.
+            Event::Token { text, logprob, .. } if !self.hold_text && (!text.is_empty() || logprob.is_some()) => {
+                let lp = logprob.map(|l| [l]);
+                self.pending.push_back(data(&self.writer.text(&text, lp.as_ref().map(|l| &l[..]), self.token_chars)));
+                self.token_chars += lp.map_or(0, |[l]| l.token.text.chars().count());
+            }
             Event::Token { .. } | Event::Step(_) => {}
             // The server cancels a request only when its client is gone or the server closes;
             // a client that is still reading is told the request did not finish.
             Event::Done(c) if c.finish_reason == FinishReason::Abort => self.fail(ApiError::closing()),
             Event::Done(c) => {
-                if self.hold_text && !c.text.is_empty() {
-                    self.pending.push_back(data(&self.writer.text(&c.text)));
+                if self.hold_text && (!c.text.is_empty() || c.logprobs.as_ref().is_some_and(|l| !l.is_empty())) {
+                    self.pending.push_back(data(&self.writer.text(&c.text, c.logprobs.as_deref(), 0)));
                 }
                 for chunk in self.writer.finish(&c) {
                     self.pending.push_back(data(&chunk));

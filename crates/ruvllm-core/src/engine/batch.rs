@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::decode::ArSequence;
-use super::{common_prefix, AdapterUse, Completion, Event, FinishReason, GenerateRequest, Worker, REQUEST_COUNTER};
+use super::{common_prefix, AdapterUse, Completion, Event, FinishReason, GenerateRequest, Worker, MAX_TOP_LOGPROBS, REQUEST_COUNTER};
 use crate::backend::Backend;
 use crate::kv::KvCache;
 use crate::models::{Segment, Transformer};
@@ -211,6 +211,9 @@ impl Worker {
             let ids = self.prompt_ids(&req.prompt, req.params.chat_template.as_deref(), &req.params.tools)?;
             if ids.len() >= self.context {
                 return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
+            }
+            if req.params.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+                return Err(Error::InvalidArg(format!("logprobs asks for at most {MAX_TOP_LOGPROBS} alternatives per token")));
             }
             if req.params.diffusion.is_some() {
                 return Err(Error::InvalidArg(
@@ -413,7 +416,7 @@ impl Worker {
         let event = match outcome {
             Ok(FinishReason::Abort) if self.closing.load(Ordering::SeqCst) => Event::Error(Error::Closed),
             Ok(reason) => {
-                let (d, tool_calls) = s.ar.finish(reason, &mut sink, s.ids.len() - s.reused, prefill_s, decode_s);
+                let (d, tool_calls, logprobs) = s.ar.finish(reason, &mut sink, s.ids.len() - s.reused, prefill_s, decode_s);
                 let decoded = d.tokens.len().saturating_sub(1);
                 let c = Completion {
                     id: s.id,
@@ -430,6 +433,7 @@ impl Worker {
                     diffusion: None,
                     adapters_used: s.adapters_used,
                     tool_calls,
+                    logprobs,
                 };
                 let observer = super::lock(&self.hooks).observer.clone();
                 if let Some(f) = observer {

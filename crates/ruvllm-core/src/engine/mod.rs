@@ -119,6 +119,32 @@ pub struct GenerateParams {
     /// Tools offered to the model (rendered through the chat template of a `Prompt::Chat`).
     pub tools: Vec<Tool>,
     pub tool_choice: ToolChoice,
+    /// Report each generated token's log-probability and this many most likely alternatives at
+    /// its position (at most [`MAX_TOP_LOGPROBS`]); `None`: none.
+    pub logprobs: Option<usize>,
+}
+
+/// Most alternatives [`GenerateParams::logprobs`] may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A token and the natural-log probability the model gave it: of the raw model distribution
+/// at its position (the softmax of the logits before penalties, temperature, truncation and
+/// any output constraint), as OpenAI and llama.cpp report it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenProb {
+    pub id: u32,
+    /// The token's text (a byte token's bytes read as UTF-8, lossily; `bytes` has them exact).
+    pub text: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f64,
+}
+
+/// A generated token's log-probability, with the most likely tokens at its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: TokenProb,
+    /// Most likely first; as many as were asked for (fewer only when the vocabulary is smaller).
+    pub top: Vec<TokenProb>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +187,8 @@ pub struct Completion {
     /// The tool calls the model made (with `GenerateParams::tools`); `text` then holds what it
     /// wrote besides them.
     pub tool_calls: Vec<ToolCall>,
+    /// With `GenerateParams::logprobs`: one entry per generated token, in order.
+    pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// An adapter an `'auto'` request ran, as the resolver named it, with the similarity of its
@@ -194,6 +222,9 @@ pub enum Event {
     Token {
         id: u32,
         text: String,
+        /// With `GenerateParams::logprobs`: this token's (`None` on the event that only
+        /// releases held-back text at the end).
+        logprob: Option<TokenLogprob>,
     },
     /// A diffusion model's denoising step (after the tokens it made final).
     Step(DiffusionStep),
@@ -684,6 +715,23 @@ impl Engine {
         self.send(&cancel, Command::Score(req))
     }
 
+    /// Scores `prompt` with the load-time adapters and waits (see [`ScoreRequest`]); no
+    /// cancellation.
+    pub fn score_blocking(&self, prompt: Prompt) -> Result<Score> {
+        let (tx, rx) = channel();
+        self.submit_score(ScoreRequest {
+            prompt,
+            adapters: None,
+            chat_template: None,
+            elbo: None,
+            cancel: Arc::new(AtomicBool::new(false)),
+            reply: Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        })?;
+        rx.recv().map_err(|_| Error::Closed)?
+    }
+
     /// Queues an embedding request; its result goes to `req.reply` (`Closed` is returned here).
     pub fn submit_embed(&self, req: EmbedRequest) -> Result<()> {
         let cancel = req.cancel.clone();
@@ -1146,6 +1194,9 @@ impl Worker {
         if req.params.constraint.is_some() || !req.params.tools.is_empty() {
             return Err(Error::InvalidArg("responseFormat, grammar and tools need an autoregressive model; a diffusion model cannot be constrained".into()));
         }
+        if req.params.logprobs.is_some() {
+            return Err(Error::InvalidArg("logprobs need an autoregressive model; a diffusion model commits tokens out of order".into()));
+        }
         let ids = self.prompt_ids(&req.prompt, req.params.chat_template.as_deref(), &req.params.tools)?;
         if ids.len() >= self.context {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
@@ -1166,6 +1217,7 @@ impl Worker {
             diffusion: None,
             adapters_used: self.auto_used.take(),
             tool_calls: Vec::new(),
+            logprobs: None,
         };
         if req.cancel.load(Ordering::Relaxed) {
             return Ok(c);

@@ -251,6 +251,14 @@ impl Tokenizer {
         }
     }
 
+    /// The bytes of token `id` alone as generated text, control tokens as their text
+    /// (`<end_of_turn>`); none for an id outside the vocabulary.
+    pub fn token_piece(&self, id: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        let _ = self.piece_into(id, true, false, &mut out);
+        out
+    }
+
     /// Appends the bytes of token `id` (llama.cpp `token_to_piece`). `first`: the token starts
     /// the sequence, so with `add_space_prefix` one leading space is dropped (as `detokenize`).
     fn piece_into(&self, id: u32, special: bool, first: bool, out: &mut Vec<u8>) -> Result<()> {

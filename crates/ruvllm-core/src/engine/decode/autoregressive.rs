@@ -7,8 +7,8 @@
 use std::time::Instant;
 
 use super::{Decoded, Sink};
-use crate::engine::{Event, FinishReason, GenerateParams};
-use crate::sampling::{Sampler, StopMatcher, StopResult};
+use crate::engine::{Event, FinishReason, GenerateParams, TokenLogprob, TokenProb};
+use crate::sampling::{log_softmax_top, Sampler, StopMatcher, StopResult};
 use crate::structured::{OutputConstraint, ToolCall};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
@@ -30,6 +30,14 @@ pub struct ArSequence<'t> {
     /// The output constraint (JSON, a grammar, tool calls): each step's logits are masked by
     /// it and each token committed to it.
     constraint: Option<OutputConstraint>,
+    /// How many alternatives each token's log-probability comes with; `None`: not reported.
+    top_logprobs: Option<usize>,
+    /// The raw logits of the last pick (kept only for log-probabilities: the penalties and the
+    /// constraint change the row before the token is drawn).
+    raw: Vec<f32>,
+    /// The last pick's log-probability, until `take` sends it with its token.
+    pending: Option<TokenLogprob>,
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl<'t> ArSequence<'t> {
@@ -49,6 +57,10 @@ impl<'t> ArSequence<'t> {
             ttft_ms: None,
             stopped_by_string: false,
             constraint,
+            top_logprobs: params.logprobs,
+            raw: Vec::new(),
+            pending: None,
+            logprobs: Vec::new(),
         }
     }
 
@@ -60,15 +72,31 @@ impl<'t> ArSequence<'t> {
     /// Whether the next token is a plain argmax of the logits (greedy, no penalties, no
     /// constraint), which a backend can find where the logits are.
     pub fn plain_greedy(&self) -> bool {
-        self.sampler.is_plain_greedy() && self.constraint.is_none()
+        self.sampler.is_plain_greedy() && self.constraint.is_none() && self.top_logprobs.is_none()
     }
 
     /// Picks the next token from its logits (which may be modified), within the constraint.
     pub fn pick(&mut self, logits: &mut [f32]) -> Result<u32> {
+        let Some(k) = self.top_logprobs else {
+            if let Some(m) = self.constraint.as_mut() {
+                m.mask(logits)?;
+            }
+            return Ok(self.sampler.sample(logits, &self.history));
+        };
+        self.raw.clear();
+        self.raw.extend_from_slice(logits);
         if let Some(m) = self.constraint.as_mut() {
             m.mask(logits)?;
         }
-        Ok(self.sampler.sample(logits, &self.history))
+        let next = self.sampler.sample(logits, &self.history);
+        let (norm, top) = log_softmax_top(&self.raw, k);
+        let prob = |id: u32, logprob: f64| {
+            let bytes = self.tok.token_piece(id);
+            TokenProb { id, text: String::from_utf8_lossy(&bytes).into_owned(), bytes, logprob }
+        };
+        let chosen = self.raw.get(next as usize).map_or(f64::NEG_INFINITY, |&l| l as f64 - norm);
+        self.pending = Some(TokenLogprob { token: prob(next, chosen), top: top.into_iter().map(|(id, lp)| prob(id, lp)).collect() });
+        Ok(next)
     }
 
     /// The token to evaluate next and its position: the last one taken.
@@ -82,6 +110,8 @@ impl<'t> ArSequence<'t> {
         if self.ttft_ms.is_none() {
             self.ttft_ms = Some(self.start.elapsed().as_secs_f64() * 1000.0);
         }
+        // The end-of-generation token is not part of the output, nor is its probability.
+        let logprob = self.pending.take();
         if self.tok.is_end_of_generation(next) {
             return Ok(Some(FinishReason::Stop));
         }
@@ -95,7 +125,10 @@ impl<'t> ArSequence<'t> {
             StopResult::Stop(t) => (t, true),
         };
         self.text.push_str(&emit);
-        sink(Event::Token { id: next, text: emit });
+        if let Some(lp) = &logprob {
+            self.logprobs.push(lp.clone());
+        }
+        sink(Event::Token { id: next, text: emit, logprob });
         if stopped {
             self.stopped_by_string = true;
             return Ok(Some(FinishReason::Stop));
@@ -109,8 +142,16 @@ impl<'t> ArSequence<'t> {
 
     /// Ends the sequence for `reason`: sends what the decoder and stop matcher still hold back
     /// and returns the output with its timings (`prefill_s` / `decode_s` measured by the
-    /// scheduler) and the tool calls it made (the text then holds what was written besides).
-    pub fn finish(mut self, reason: FinishReason, sink: &mut Sink, prefill_tokens: usize, prefill_s: f64, decode_s: f64) -> (Decoded, Vec<ToolCall>) {
+    /// scheduler), the tool calls it made (the text then holds what was written besides) and
+    /// the tokens' log-probabilities (when asked for).
+    pub fn finish(
+        mut self,
+        reason: FinishReason,
+        sink: &mut Sink,
+        prefill_tokens: usize,
+        prefill_s: f64,
+        decode_s: f64,
+    ) -> (Decoded, Vec<ToolCall>, Option<Vec<TokenLogprob>>) {
         let tokens = self.history.split_off(self.prompt_len);
         if !self.stopped_by_string {
             super::flush_held(self.decoder, &mut self.stops, &mut self.text, tokens.last().copied().unwrap_or(0), sink);
@@ -120,6 +161,6 @@ impl<'t> ArSequence<'t> {
             None => (self.text, Vec::new()),
         };
         let d = Decoded { tokens, text, finish_reason: reason, ttft_ms: self.ttft_ms.unwrap_or(0.0), prefill_tokens, prefill_s, decode_s, diffusion: None };
-        (d, calls)
+        (d, calls, self.top_logprobs.map(|_| self.logprobs))
     }
 }

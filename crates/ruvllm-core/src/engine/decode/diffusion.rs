@@ -344,7 +344,7 @@ impl DecodeStrategy for Diffusion<'_> {
                         StopResult::Stop(t) => (t, true),
                     };
                     text.push_str(&emit);
-                    (req.sink)(Event::Token { id, text: emit });
+                    (req.sink)(Event::Token { id, text: emit, logprob: None });
                     if stop {
                         reason = FinishReason::Stop;
                         stopped_by_string = true;

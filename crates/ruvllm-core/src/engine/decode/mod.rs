@@ -94,7 +94,7 @@ fn flush_held(mut decoder: StreamDecoder, stops: &mut StopMatcher, text: &mut St
     };
     if !tail.is_empty() {
         text.push_str(&tail);
-        sink(Event::Token { id: last, text: tail });
+        sink(Event::Token { id: last, text: tail, logprob: None });
     }
 }
 
