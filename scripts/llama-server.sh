@@ -5,6 +5,8 @@
 # libcurl, OpenSSL or web UI download (the server is only ever asked on loopback, and a download
 # at build time would fail offline). The build goes to .llama/ (git-ignored). An existing binary
 # is reused, so running it again costs nothing. Prints the binary's path; progress goes to stderr.
+# `scripts/llama-server.sh llama-perplexity` builds that tool instead (the KL-divergence oracle's
+# anchor, benches/kl.mjs), from the same configured tree.
 #
 #   LLAMA_CPP_PYTHON_VERSION  the sdist to build from (default 0.3.36)
 #   LLAMA_SRC_TARBALL         a tarball with llama.cpp/ at its top, used instead of the download
@@ -18,7 +20,12 @@ VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 ROOT="$PWD/.llama"
 SRC="$ROOT/src-$VERSION"
 BUILD="$ROOT/build-$VERSION"
-BIN="$BUILD/bin/llama-server"
+TARGET="${1:-llama-server}"
+case "$TARGET" in
+  llama-server | llama-perplexity | llama-bench) ;;
+  *) echo "llama-server.sh: builds llama-server, llama-perplexity or llama-bench, not '$TARGET'" >&2; exit 2 ;;
+esac
+BIN="$BUILD/bin/$TARGET"
 
 if [ -x "$BIN" ]; then
   echo "$BIN"
@@ -65,8 +72,8 @@ cmake -S "$SRC" -B "$BUILD" \
   -DLLAMA_USE_PREBUILT_UI=OFF \
   -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_BUILD_COMMIT="llama-cpp-python-$VERSION" >&2
-echo "== building llama-server (-j ${JOBS:-2})" >&2
+echo "== building $TARGET (-j ${JOBS:-2})" >&2
 start=$SECONDS
-cmake --build "$BUILD" --target llama-server -j "${JOBS:-2}" >&2
+cmake --build "$BUILD" --target "$TARGET" -j "${JOBS:-2}" >&2
 echo "== built in $((SECONDS - start)) s" >&2
 echo "$BIN"
