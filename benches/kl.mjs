@@ -80,7 +80,7 @@ if (!existsSync(refFile)) {
 }
 
 const flags = readFileSync('/proc/cpuinfo', 'utf8').match(/^flags\s*:(.*)$/m)?.[1].trim().split(/\s+/) ?? []
-const has512 = flags.includes('avx512f') && flags.includes('avx512vnni')
+const has512 = flags.includes('avx512f') && flags.includes('avx512_vnni')
 const hasAvx2 = flags.includes('avx2') && flags.includes('fma')
 const all = { avx512: { RUVLLM_NO_AVX512: undefined }, avx2: { RUVLLM_NO_AVX512: '1' }, portable: { RUVLLM_PORTABLE: '1' }, scalar: { RUVLLM_FORCE_SCALAR: '1' } }
 const wanted = values.paths ? values.paths.split(',') : ['avx512', 'avx2', 'portable', 'scalar'].filter((p) => (p === 'avx512' ? has512 : p === 'avx2' ? hasAvx2 : true))
