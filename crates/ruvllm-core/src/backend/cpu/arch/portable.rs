@@ -114,14 +114,23 @@ fn dot32_halves(x: &[i16; 32], y: &[i16; 32]) -> [i32; 2] {
     r
 }
 
+/// `0x10` where `v & m` (a one-bit mask `m`) is set, else 0, in uniform lane operations (no
+/// per-lane shift or compare-select, which SSE2 lowers badly): `+ 0x7FFF` carries any set bit
+/// into bit 15, which moves to bit 4.
+#[inline(always)]
+fn bit_to_0x10(v: u16, m: u16) -> i16 {
+    (((v & m).wrapping_add(0x7FFF) >> 11) & 0x10) as i16
+}
+
 /// The 16 low and 16 high nibbles of `qs` (16 bytes) as lanes 0..16 and 16..32, each with
 /// bit `j` of `qh` (a u32) at 0x10 in lane `j` when `five`, minus `bias`.
 #[inline(always)]
 fn nibbles32(qs: &[u8], qh: u32, five: bool, bias: i16) -> [i16; 32] {
     let qs: &[u8; 16] = qs.try_into().unwrap();
+    let (lo, hi) = (qh as u16, (qh >> 16) as u16);
     let mut x = [0i16; 32];
     for j in 0..16 {
-        let (h0, h1) = if five { ((((qh & (1 << j)) != 0) as i16) << 4, (((qh & (1 << (j + 16))) != 0) as i16) << 4) } else { (0, 0) };
+        let (h0, h1) = if five { (bit_to_0x10(lo, 1 << j), bit_to_0x10(hi, 1 << j)) } else { (0, 0) };
         x[j] = ((qs[j] & 0x0F) as i16 | h0) - bias;
         x[j + 16] = ((qs[j] >> 4) as i16 | h1) - bias;
     }
@@ -248,7 +257,7 @@ fn k4_pair(q: &[u8], qh: &[u8], k: usize, five: bool) -> ([i16; 32], [i16; 32]) 
     let mut lo = [0i16; 32];
     let mut hi = [0i16; 32];
     for l in 0..32 {
-        let (h0, h1) = if five { ((((qh[l] & (1 << (2 * k))) != 0) as i16) << 4, (((qh[l] & (2 << (2 * k))) != 0) as i16) << 4) } else { (0, 0) };
+        let (h0, h1) = if five { (bit_to_0x10(qh[l] as u16, 1 << (2 * k)), bit_to_0x10(qh[l] as u16, 2 << (2 * k))) } else { (0, 0) };
         lo[l] = (q[l] & 0xF) as i16 | h0;
         hi[l] = (q[l] >> 4) as i16 | h1;
     }
