@@ -296,6 +296,108 @@ fn dot_kernels_simd_equal_scalar_on_extreme_values() {
     }
 }
 
+/// Every kernel of the portable vector set (`arch::portable`, what aarch64 runs by default)
+/// against the scalar reference, called directly (whatever this CPU dispatches to), on random
+/// and saturating blocks: bit for bit, since both sum the same exact integers and do the same
+/// float operations per block. The ×4 kernels also equal four single-token calls.
+#[test]
+fn portable_kernels_equal_scalar_bit_for_bit() {
+    use ruvllm_core::backend::cpu::arch::portable::KERNELS as P;
+    use ruvllm_core::backend::cpu::dot::{DotKernel, SCALAR as S};
+    assert_eq!(P.isa, "portable");
+    for ty in ALL {
+        for (case, nb) in [1usize, 2, 3, 9].into_iter().enumerate() {
+            let cols = nb * if act_block(ty) == 1 { 37 } else { act_block(ty) };
+            let mut rng = Rng::new(4242 + 31 * case as u64 + ty.id() as u64);
+            let extreme = case == 3;
+            let w: Vec<f32> = if extreme { (0..cols).map(|i| [-1.0, 1.0, 0.999, -0.5][i % 4]).collect() } else { rng.vec(cols, 0.05) };
+            let bytes = quantize(ty, &w);
+            let xs: Vec<Vec<f32>> =
+                (0..4).map(|t| if extreme { (0..cols).map(|i| if (i + t) % 2 == 0 { 100.0 } else { -100.0 }).collect() } else { rng.vec(cols, 2.0) }).collect();
+            let (pk, sk) = (P.for_type(ty).unwrap(), S.for_type(ty).unwrap());
+            let same = |p: f32, s: f32, what: &str| assert_eq!(p.to_bits(), s.to_bits(), "{} nb={nb} {what}: portable {p} scalar {s}", ty.name());
+            // SAFETY: `bytes` holds `nb` blocks of `ty` and each activation row `nb` blocks.
+            unsafe {
+                match (pk, sk) {
+                    (DotKernel::Q8(p), DotKernel::Q8(s)) => {
+                        let acts: Vec<Vec<BlockQ8>> = xs
+                            .iter()
+                            .map(|x| {
+                                let mut a = vec![BlockQ8::default(); nb];
+                                quantize_act_q8(x, &mut a);
+                                a
+                            })
+                            .collect();
+                        for a in &acts {
+                            same(p(&bytes, a), s(&bytes, a), "dot");
+                        }
+                        if ty == GgmlType::Q8_0 {
+                            let rows = [&acts[0][..], &acts[1][..], &acts[2][..], &acts[3][..]];
+                            let (p4, s4) = ((P.q8_0_x4)(&bytes, rows), (S.q8_0_x4)(&bytes, rows));
+                            for t in 0..4 {
+                                same(p4[t], s4[t], "x4");
+                                same(p4[t], p(&bytes, rows[t]), "x4 vs x1");
+                            }
+                        }
+                    }
+                    (DotKernel::Q8K(p), DotKernel::Q8K(s)) => {
+                        let acts: Vec<Vec<BlockQ8K>> = xs
+                            .iter()
+                            .map(|x| {
+                                let mut a = vec![BlockQ8K::default(); nb];
+                                quantize_act_q8k(x, &mut a);
+                                a
+                            })
+                            .collect();
+                        for a in &acts {
+                            same(p(&bytes, a), s(&bytes, a), "dot");
+                        }
+                        let x4 = match ty {
+                            GgmlType::Q4_K => Some((P.q4_k_x4, S.q4_k_x4)),
+                            GgmlType::Q6_K => Some((P.q6_k_x4, S.q6_k_x4)),
+                            _ => None,
+                        };
+                        if let Some((p4f, s4f)) = x4 {
+                            let rows = [&acts[0][..], &acts[1][..], &acts[2][..], &acts[3][..]];
+                            let (p4, s4) = (p4f(&bytes, rows), s4f(&bytes, rows));
+                            for t in 0..4 {
+                                same(p4[t], s4[t], "x4");
+                                same(p4[t], p(&bytes, rows[t]), "x4 vs x1");
+                            }
+                        }
+                    }
+                    (DotKernel::F32(p), DotKernel::F32(s)) => {
+                        for x in &xs {
+                            same(p(&bytes, x), s(&bytes, x), "dot");
+                            // A tail shorter than the 8 lanes.
+                            let c = cols - 3;
+                            same(p(&bytes, &x[..c]), s(&bytes, &x[..c]), "tail");
+                        }
+                    }
+                    _ => panic!("{}: kernel kinds differ", ty.name()),
+                }
+            }
+        }
+    }
+    // F16/BF16 conversion of every bit pattern (subnormals, infinities, NaNs) as `half` does.
+    let bits: Vec<u16> = (0..=u16::MAX).collect();
+    let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    for (ty, f) in [(GgmlType::F16, P.f16), (GgmlType::BF16, P.bf16)] {
+        for (i, c) in bytes.chunks_exact(2).enumerate() {
+            let mut x = [0f32; 8];
+            x[0] = 1.0;
+            let mut w = [0u8; 16];
+            w[..2].copy_from_slice(c);
+            let mut deq = [0f32; 8];
+            dequantize(ty, &w, &mut deq);
+            // SAFETY: 8 elements of `ty` and 8 activations.
+            let got = unsafe { f(&w, &x) };
+            let want = deq[0] * 1.0 + 0.0;
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{} bits {i:#06x}: {got} vs {want}", ty.name());
+        }
+    }
+}
+
 #[test]
 fn batched_equals_per_token() {
     // Prefill paths (row tiles, Q4_0/Q5_0 repacked to Q8_0, the packed tile GEMM, which also

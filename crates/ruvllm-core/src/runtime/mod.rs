@@ -5,6 +5,7 @@
 //! | switch | effect |
 //! |---|---|
 //! | `RUVLLM_FORCE_SCALAR` | no SIMD at all: the scalar reference kernels everywhere |
+//! | `RUVLLM_PORTABLE` | no x86 SIMD: the portable auto-vectorized dot products (`arch::portable`, what aarch64 runs), scalar references elsewhere, as on a CPU with no `arch` variant |
 //! | `RUVLLM_NO_AVX512` | no AVX-512 (F, BW, VL, VNNI): the AVX2 paths, as on a CPU without it |
 //! | `RUVLLM_NO_VNNI` | no AVX-512 VNNI (so no VNNI dot products and no tile GEMM) |
 //! | `RUVLLM_NO_GEMM` | no tile GEMM: the per-row kernels for prefill too |
@@ -30,6 +31,9 @@ pub struct CpuFeatures {
     pub avx512vnni: bool,
     /// The tile GEMM may be used (it needs AVX-512 F, BW and VNNI as well).
     pub gemm: bool,
+    /// The portable vector dot products may be used where no `arch` variant is (every CPU
+    /// unless `RUVLLM_FORCE_SCALAR`).
+    pub portable: bool,
 }
 
 impl CpuFeatures {
@@ -39,6 +43,9 @@ impl CpuFeatures {
         {
             if env("RUVLLM_FORCE_SCALAR") {
                 return CpuFeatures::default();
+            }
+            if env("RUVLLM_PORTABLE") {
+                return CpuFeatures { portable: true, ..CpuFeatures::default() };
             }
             let avx512 = !env("RUVLLM_NO_AVX512");
             return CpuFeatures {
@@ -50,12 +57,12 @@ impl CpuFeatures {
                 avx512vl: avx512 && is_x86_feature_detected!("avx512vl"),
                 avx512vnni: avx512 && !env("RUVLLM_NO_VNNI") && is_x86_feature_detected!("avx512vnni"),
                 gemm: !env("RUVLLM_NO_GEMM"),
+                portable: true,
             };
         }
         #[allow(unreachable_code)]
         {
-            let _ = env;
-            CpuFeatures::default()
+            CpuFeatures { portable: !env("RUVLLM_FORCE_SCALAR"), ..CpuFeatures::default() }
         }
     }
 
@@ -87,5 +94,8 @@ mod tests {
         assert_eq!(no_vnni.avx512f, none.avx512f);
         assert!(!CpuFeatures::detect(|k| k == "RUVLLM_NO_GEMM").gemm);
         assert!(none.gemm);
+        assert!(none.portable);
+        let portable = CpuFeatures::detect(|k| k == "RUVLLM_PORTABLE");
+        assert_eq!(portable, CpuFeatures { portable: true, ..CpuFeatures::default() });
     }
 }

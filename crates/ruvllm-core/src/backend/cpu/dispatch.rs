@@ -34,6 +34,9 @@ fn detect() -> Kernels {
             return k;
         }
     }
+    if crate::runtime::cpu().portable {
+        return super::arch::portable::KERNELS;
+    }
     SCALAR
 }
 
