@@ -20,6 +20,10 @@
 //! With AVX-VNNI (VEX `vpdpbusd`, Alder Lake and later, Zen 5) the emulation is replaced by the
 //! instruction itself, as in the AVX-512 kernel (module `vnni`).
 //!
+//! The helpers are `#[inline(always)]` without target features of their own, so they are
+//! compiled into the kernels (with `#[inline]` and the features LLVM kept `weights` out of line,
+//! its eight vectors going through memory).
+//!
 //! Safety contract: the CPU supports AVX2 and FMA (and AVX-VNNI for the `vnni` functions).
 
 #![allow(clippy::missing_safety_doc)]
@@ -125,8 +129,7 @@ macro_rules! tile_gemm {
             }
 
             /// Stores the accumulators of `T` tokens (`rows ≤ 8` outputs each).
-            #[target_feature(enable = $feat)]
-            #[inline]
+            #[inline(always)]
             unsafe fn store<const T: usize>(acc: &[__m256; T], y: *mut f32, ystride: usize, rows: usize) {
                 for (k, acc) in acc.iter().enumerate() {
                     if rows == 8 {
@@ -139,15 +142,13 @@ macro_rules! tile_gemm {
                 }
             }
 
-            #[target_feature(enable = $feat)]
-            #[inline]
+            #[inline(always)]
             unsafe fn ld(p: *const u8) -> __m256i {
                 _mm256_loadu_si256(p as *const __m256i)
             }
 
             /// u8 × i8 products of four-byte groups summed into the i32 lanes of `acc` (VNNI).
-            #[target_feature(enable = $feat)]
-            #[inline]
+            #[inline(always)]
             unsafe fn dpbusd(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
                 if VNNI {
                     _mm256_dpbusd_avx_epi32(acc, u, a)
@@ -157,41 +158,33 @@ macro_rules! tile_gemm {
             }
 
             /// `vpmaddubsw`: u8 × i8, adjacent pairs summed into i16.
-            #[target_feature(enable = $feat)]
-            #[inline]
+            #[inline(always)]
             unsafe fn mul16(u: __m256i, a: __m256i) -> __m256i {
                 _mm256_maddubs_epi16(u, a)
             }
 
             /// The i16 pairs of `s` summed into i32 lanes.
-            #[target_feature(enable = $feat)]
-            #[inline]
+            #[inline(always)]
             unsafe fn widen(s: __m256i) -> __m256i {
                 _mm256_madd_epi16(s, _mm256_set1_epi16(1))
             }
 
             /// The 32 bytes of half `h` of each of the eight group vectors of a 32-element block
             /// (`p`: its quants, after the scales), as unsigned quants (Q8_0: the signed ones).
-            #[target_feature(enable = $feat)]
-            #[inline]
+            #[inline(always)]
             unsafe fn weights<const K: u8>(p: *const u8, h: usize) -> [__m256i; 8] {
                 let o = 32 * h;
+                // No closures here: they would not be compiled with the caller's features.
                 if K == Q8 {
-                    let w = [
-                        ld(p.add(o)),
-                        ld(p.add(o + 64)),
-                        ld(p.add(o + 128)),
-                        ld(p.add(o + 192)),
-                        ld(p.add(o + 256)),
-                        ld(p.add(o + 320)),
-                        ld(p.add(o + 384)),
-                        ld(p.add(o + 448)),
-                    ];
-                    if VNNI {
-                        return w;
-                    }
+                    let mut w = [_mm256_setzero_si256(); 8];
                     let flip = _mm256_set1_epi8(0x80u8 as i8);
-                    return w.map(|v| _mm256_xor_si256(v, flip));
+                    for (g, w) in w.iter_mut().enumerate() {
+                        *w = ld(p.add(o + 64 * g));
+                        if !VNNI {
+                            *w = _mm256_xor_si256(*w, flip);
+                        }
+                    }
+                    return w;
                 }
                 let m = _mm256_set1_epi8(0x0F);
                 let mut w = [_mm256_setzero_si256(); 8];
@@ -262,8 +255,7 @@ macro_rules! tile_gemm {
             /// The eight bytes at `p` (one per row of the half) as i32 lanes, zero- or
             /// sign-extended; `pairs` puts the value in both i16 halves of its lane (for
             /// `vpmaddwd` with i16 sums).
-            #[target_feature(enable = $feat)]
-            #[inline]
+            #[inline(always)]
             unsafe fn scales<const SIGNED: bool>(p: *const u8, pairs: bool) -> __m256i {
                 let b = _mm_loadl_epi64(p as *const __m128i);
                 if pairs {
