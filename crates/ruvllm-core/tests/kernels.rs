@@ -534,6 +534,66 @@ fn gemm_k_kernel_equals_scalar_model() {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_gemm_kernels_equal_scalar_model() {
+    // The AVX2 tile GEMMs directly (whatever `dispatch` picks on this CPU): `vpdpbusd` emulated
+    // where the CPU has AVX2 and FMA, and with AVX-VNNI where it has that.
+    use ruvllm_core::backend::cpu::arch::x86::avx2_gemm::{emulated, vnni};
+    let cpu = ruvllm_core::runtime::cpu();
+    if !cpu.avx2_fma() {
+        eprintln!("no AVX2/FMA on this CPU; skipped");
+        return;
+    }
+    let mut sets: Vec<(&str, TileFn<BlockQ8>, TileFn<BlockQ8K>)> = vec![("emulated", emulated::gemm, emulated::gemm_k)];
+    if cpu.avxvnni {
+        sets.push(("avxvnni", vnni::gemm, vnni::gemm_k));
+    } else {
+        eprintln!("no AVX-VNNI on this CPU: its kernel is not tested");
+    }
+    for (name, g, gk) in sets {
+        eprintln!("testing the {name} AVX2 tile GEMM");
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0] {
+            check_tile_gemm::<BlockQ8>(ty, &[(16, 64), (37, 512), (5, 96), (12, 160)], 32, quantize_act_q8, g, gemm::gemm_ref);
+        }
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            check_tile_gemm::<BlockQ8K>(ty, &[(16, 256), (37, 512), (5, 768), (12, 256)], 256, quantize_act_q8k, gk, gemm::gemm_k_ref);
+        }
+        // Q8_0 at the edge of `vpmaddubsw`'s i16 range: quants −128 and ±127 with activations
+        // of ±127 of the same sign (pairs of 2·128·127).
+        let (rows, cols, nb) = (16, 256, 8);
+        let mut rng = Rng::new(77);
+        let mut bytes = Vec::new();
+        let mut signs = Vec::new();
+        for _ in 0..rows * nb {
+            bytes.extend_from_slice(&0x3C00u16.to_le_bytes());
+            for _ in 0..32 {
+                let q: i8 = [-128, -127, 127][(rng.next_u64() % 3) as usize];
+                bytes.push(q as u8);
+                signs.push(q.signum() as f32);
+            }
+        }
+        let pool = ThreadPool::new(1);
+        let p = gemm::Packed::new(&pool, GgmlType::Q8_0, &bytes, rows, nb).unwrap();
+        for n in [1usize, 5, 8] {
+            // Every token follows row 0's signs (all rows for n = 1 would need one sign pattern).
+            let x: Vec<f32> = (0..n * cols).map(|i| signs[i % cols] * if i % 7 == 0 { 0.5 } else { 1.0 }).collect();
+            let mut act = vec![BlockQ8::default(); n * nb];
+            for t in 0..n {
+                quantize_act_q8(&x[t * cols..(t + 1) * cols], &mut act[t * nb..(t + 1) * nb]);
+            }
+            let (mut ys, mut yr) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            // SAFETY: `g` needs AVX2/FMA (checked above, AVX-VNNI for its set); `ys`/`yr` hold
+            // `n × rows` floats.
+            unsafe {
+                g(p.kind, p.tile(0), nb, &act, n, ys.as_mut_ptr(), rows, rows);
+                gemm::gemm_ref(p.kind, p.tile(0), nb, &act, n, yr.as_mut_ptr(), rows, rows);
+            }
+            assert_eq!(ys, yr, "{name} extreme Q8_0 n={n}");
+        }
+    }
+}
+
 #[test]
 fn thread_counts_give_identical_results() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];

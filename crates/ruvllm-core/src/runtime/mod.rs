@@ -7,8 +7,8 @@
 //! | `RUVLLM_FORCE_SCALAR` | no SIMD at all: the scalar reference kernels everywhere |
 //! | `RUVLLM_PORTABLE` | no x86 SIMD: the portable auto-vectorized dot products (`arch::portable`, what aarch64 runs), scalar references elsewhere, as on a CPU with no `arch` variant |
 //! | `RUVLLM_NO_AVX512` | no AVX-512 (F, BW, VL, VNNI): the AVX2 paths, as on a CPU without it |
-//! | `RUVLLM_NO_VNNI` | no AVX-512 VNNI (so no VNNI dot products and no tile GEMM) |
-//! | `RUVLLM_NO_GEMM` | no tile GEMM: the per-row kernels for prefill too |
+//! | `RUVLLM_NO_VNNI` | no VNNI, AVX-512 or AVX (so no VNNI dot products; the AVX2 tile GEMM emulates `vpdpbusd`) |
+//! | `RUVLLM_NO_GEMM` | no tile GEMM (AVX-512 or AVX2): the per-row kernels for prefill too |
 //!
 //! The switches are read once, when [`cpu`] is first called. [`ThreadPool`] is the workers the
 //! kernels split their work over.
@@ -29,7 +29,9 @@ pub struct CpuFeatures {
     pub avx512bw: bool,
     pub avx512vl: bool,
     pub avx512vnni: bool,
-    /// The tile GEMM may be used (it needs AVX-512 F, BW and VNNI as well).
+    /// AVX-VNNI (the VEX-encoded `vpdpbusd` on 256-bit vectors).
+    pub avxvnni: bool,
+    /// The tile GEMM may be used (AVX-512 F, BW and VNNI, or else AVX2, FMA and F16C).
     pub gemm: bool,
     /// The portable vector dot products may be used where no `arch` variant is (every CPU
     /// unless `RUVLLM_FORCE_SCALAR`).
@@ -56,6 +58,7 @@ impl CpuFeatures {
                 avx512bw: avx512 && is_x86_feature_detected!("avx512bw"),
                 avx512vl: avx512 && is_x86_feature_detected!("avx512vl"),
                 avx512vnni: avx512 && !env("RUVLLM_NO_VNNI") && is_x86_feature_detected!("avx512vnni"),
+                avxvnni: !env("RUVLLM_NO_VNNI") && is_x86_feature_detected!("avxvnni"),
                 gemm: !env("RUVLLM_NO_GEMM"),
                 portable: true,
             };
@@ -90,7 +93,7 @@ mod tests {
         assert!(!no512.avx512f && !no512.avx512bw && !no512.avx512vl && !no512.avx512vnni);
         assert_eq!((no512.avx2, no512.fma, no512.f16c), (none.avx2, none.fma, none.f16c));
         let no_vnni = CpuFeatures::detect(|k| k == "RUVLLM_NO_VNNI");
-        assert!(!no_vnni.avx512vnni);
+        assert!(!no_vnni.avx512vnni && !no_vnni.avxvnni);
         assert_eq!(no_vnni.avx512f, none.avx512f);
         assert!(!CpuFeatures::detect(|k| k == "RUVLLM_NO_GEMM").gemm);
         assert!(none.gemm);

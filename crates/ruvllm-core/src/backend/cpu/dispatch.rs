@@ -25,10 +25,12 @@ fn detect() -> Kernels {
             if f16c && cpu.avx512vnni && cpu.avx512vl {
                 k.q8_0_x4 = x86::vnni::dot_q8_0_x4;
                 k.isa = "avx2+avx512vnni";
+            }
+            if f16c {
                 k.gemm = gemm_kernel();
                 k.gemm_k = gemm_kernel_k();
                 if k.gemm.is_some() {
-                    k.isa = "avx2+avx512vnni+gemm";
+                    k.isa = gemm_isa();
                 }
             }
             return k;
@@ -40,24 +42,66 @@ fn detect() -> Kernels {
     SCALAR
 }
 
-/// The SIMD tile GEMM for this CPU, if there is one (AVX-512 F/BW with VNNI). `RUVLLM_NO_GEMM`
-/// (or `RUVLLM_NO_AVX512`) turns it off (the per-row kernels are used instead).
+/// Which tile GEMMs this CPU gets (x86-64).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tiles {
+    Avx512,
+    AvxVnni,
+    Avx2,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn tiles() -> Option<Tiles> {
+    let cpu = crate::runtime::cpu();
+    if !cpu.gemm {
+        return None;
+    }
+    if cpu.avx512f && cpu.avx512bw && cpu.avx512vnni && cpu.fma {
+        Some(Tiles::Avx512)
+    } else if cpu.avx2_fma() && cpu.f16c {
+        Some(if cpu.avxvnni { Tiles::AvxVnni } else { Tiles::Avx2 })
+    } else {
+        None
+    }
+}
+
+/// The instruction-set name of the kernel set with the tile GEMM of [`gemm_kernel`].
+#[cfg(target_arch = "x86_64")]
+fn gemm_isa() -> &'static str {
+    match tiles() {
+        Some(Tiles::Avx512) => "avx2+avx512vnni+gemm",
+        Some(Tiles::AvxVnni) => "avx2+avxvnni+gemm",
+        _ => "avx2+gemm",
+    }
+}
+
+/// The SIMD tile GEMM for this CPU, if there is one: AVX-512 F/BW with VNNI, else AVX2 with FMA
+/// and F16C (with AVX-VNNI's `vpdpbusd` where present, emulated otherwise). `RUVLLM_NO_GEMM`
+/// turns it off (the per-row kernels are used instead); `RUVLLM_NO_AVX512` leaves the AVX2 one.
 pub fn gemm_kernel() -> Option<GemmFn> {
     #[cfg(target_arch = "x86_64")]
-    {
-        let cpu = crate::runtime::cpu();
-        if cpu.gemm && cpu.avx512f && cpu.avx512bw && cpu.avx512vnni && cpu.fma {
-            return Some(x86::avx512::gemm);
+    return tiles().map(|t| -> GemmFn {
+        match t {
+            Tiles::Avx512 => x86::avx512::gemm,
+            Tiles::AvxVnni => x86::avx2_gemm::vnni::gemm,
+            Tiles::Avx2 => x86::avx2_gemm::emulated::gemm,
         }
-    }
+    });
+    #[allow(unreachable_code)]
     None
 }
 
 /// The SIMD K-quant tile GEMM for this CPU, if there is one (as [`gemm_kernel`]).
 pub fn gemm_kernel_k() -> Option<GemmKFn> {
-    gemm_kernel()?;
     #[cfg(target_arch = "x86_64")]
-    return Some(x86::avx512::gemm_k);
+    return tiles().map(|t| -> GemmKFn {
+        match t {
+            Tiles::Avx512 => x86::avx512::gemm_k,
+            Tiles::AvxVnni => x86::avx2_gemm::vnni::gemm_k,
+            Tiles::Avx2 => x86::avx2_gemm::emulated::gemm_k,
+        }
+    });
     #[allow(unreachable_code)]
     None
 }

@@ -17,6 +17,10 @@
 //! adds its fifth bits as one 64-bit mask per group: packed Q5_0 takes 24 bytes per block and
 //! row (22 in the file), Q4_0 20 (18), Q8_0 36 (34).
 //!
+//! On CPUs without AVX-512 the AVX2 kernel (`arch::x86::avx2_gemm`) runs the same tiles as two
+//! 8-row halves (one 256-bit vector each), with AVX-VNNI's `vpdpbusd` or an exact emulation of it
+//! (`vpmaddubsw` and `vpmaddwd`, the Q8_0 quants used signed), and equals [`gemm_ref`] too.
+//!
 //! The float operations differ in order from the per-row dot kernels (one rounding per block
 //! instead of one per group of four), so results agree with them to float rounding, not bit for
 //! bit; [`gemm_ref`] is the scalar model of the SIMD kernel, equal to it bit for bit.

@@ -1,0 +1,377 @@
+//! AVX2 (+FMA) prefill GEMM on the packed row tiles of `gemm` (the AVX-512 kernel's layout): a
+//! 16-row tile is run as two 8-row halves, each 32-byte half of a 64-byte group vector holding
+//! eight rows' four quants. Chosen at run time by `dispatch::gemm_kernel` where the AVX-512 one
+//! is not.
+//!
+//! Without VNNI, `vpdpbusd` (u8 × i8 → i32) is emulated with `vpmaddubsw` (u8 × i8, pairs summed
+//! into i16 with saturation) and `vpmaddwd` (i16 pairs into i32). Every i16 value stays in range,
+//! so the integer sums are exact and the results equal the scalar model (`gemm::gemm_ref`,
+//! `gemm::gemm_k_ref`) bit for bit:
+//! - Q4_0/Q5_0/Q4_K quants are at most 31: a pair is at most 2·31·128 = 7936 in magnitude, so
+//!   four groups are summed in i16 before one `vpmaddwd` (Q4_0 and Q4_K: eight, ≤ 30720);
+//! - Q6_K quants (`q + 32`) are at most 63: pairs ≤ 16128, two groups per i16 sum;
+//! - Q8_0 (`u = q + 128` up to 255) would saturate, so its signed quants are used instead:
+//!   `vpmaddubsw(|q|, sign(a, q))` has pairs of at most 2·128·127 = 32512 (activations of
+//!   `quantize_act_q8` lie in −127..=127), and then the `−128·Σa` start is not needed.
+//!
+//! Q4_K sub-block scales are applied to the i16 sums with `vpmaddwd` (scale in both halves of
+//! each 32-bit lane), Q6_K's likewise; the products are the same integers as the model's.
+//!
+//! With AVX-VNNI (VEX `vpdpbusd`, Alder Lake and later, Zen 5) the emulation is replaced by the
+//! instruction itself, as in the AVX-512 kernel (module `vnni`).
+//!
+//! The helpers are `#[inline(always)]` without target features of their own, so they are
+//! compiled into the kernels (with `#[inline]` and the features LLVM kept `weights` out of line,
+//! its eight vectors going through memory).
+//!
+//! Safety contract: the CPU supports AVX2 and FMA (and AVX-VNNI for the `vnni` functions).
+
+#![allow(clippy::missing_safety_doc)]
+
+use crate::backend::cpu::gemm::PackKind;
+
+const Q8: u8 = 0;
+const Q5: u8 = 1;
+const Q4: u8 = 2;
+const K4: u8 = 3;
+const K6: u8 = 4;
+
+const fn kind_of(k: u8) -> PackKind {
+    match k {
+        Q8 => PackKind::Q8,
+        Q5 => PackKind::Q5,
+        Q4 => PackKind::Q4,
+        K4 => PackKind::K4,
+        _ => PackKind::K6,
+    }
+}
+
+macro_rules! tile_gemm {
+    ($name:ident, $feat:literal, $vnni:expr) => {
+        pub mod $name {
+            use std::arch::x86_64::*;
+
+            use super::{kind_of, K4, K6, Q4, Q5, Q8};
+            use crate::backend::cpu::gemm::{self, PackKind, TILE_ROWS};
+            use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
+
+            const VNNI: bool = $vnni;
+
+            /// Some consecutive tokens over all blocks of one 8-row half of a tile: `(tile, half,
+            /// nb, their activations, their first output, ystride, rows to store)`.
+            type Tokens<A> = unsafe fn(*const u8, usize, usize, *const A, *mut f32, usize, usize);
+
+            /// Tile GEMM (see `gemm::GemmFn`).
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
+                let (eight, four, one): (Tokens<BlockQ8>, Tokens<BlockQ8>, Tokens<BlockQ8>) = match kind {
+                    PackKind::Q8 => (tokens::<Q8, 8>, tokens::<Q8, 4>, tokens::<Q8, 1>),
+                    PackKind::Q5 => (tokens::<Q5, 8>, tokens::<Q5, 4>, tokens::<Q5, 1>),
+                    PackKind::Q4 => (tokens::<Q4, 8>, tokens::<Q4, 4>, tokens::<Q4, 1>),
+                    PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
+                };
+                groups(eight, four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
+            }
+
+            /// K-quant tile GEMM (see `gemm::GemmKFn` and `gemm::gemm_k_ref`).
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
+                let (eight, four, one): (Tokens<BlockQ8K>, Tokens<BlockQ8K>, Tokens<BlockQ8K>) = match kind {
+                    PackKind::K4 => (tokens_k::<K4, 8>, tokens_k::<K4, 4>, tokens_k::<K4, 1>),
+                    PackKind::K6 => (tokens_k::<K6, 8>, tokens_k::<K6, 4>, tokens_k::<K6, 1>),
+                    _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
+                };
+                groups(eight, four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
+            }
+
+            /// Checks the lengths, then runs each half of the tile over the tokens eight at a
+            /// time, the rest four at a time and the rest one at a time. Each token's sums run
+            /// in the same order whichever group it falls in.
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn groups<A>(
+                eight: Tokens<A>,
+                four: Tokens<A>,
+                one: Tokens<A>,
+                kind: PackKind,
+                tile: &[u8],
+                nb: usize,
+                act: &[A],
+                ntok: usize,
+                y: *mut f32,
+                ystride: usize,
+                nrows: usize,
+            ) {
+                assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+                let (p, a) = (tile.as_ptr(), act.as_ptr());
+                for h in 0..2 {
+                    let rows = nrows.saturating_sub(8 * h).min(8);
+                    if rows == 0 {
+                        break;
+                    }
+                    let yh = y.add(8 * h);
+                    let mut t = 0;
+                    while t + 8 <= ntok {
+                        eight(p, h, nb, a.add(t * nb), yh.add(t * ystride), ystride, rows);
+                        t += 8;
+                    }
+                    while t + 4 <= ntok {
+                        four(p, h, nb, a.add(t * nb), yh.add(t * ystride), ystride, rows);
+                        t += 4;
+                    }
+                    while t < ntok {
+                        one(p, h, nb, a.add(t * nb), yh.add(t * ystride), ystride, rows);
+                        t += 1;
+                    }
+                }
+            }
+
+            /// Stores the accumulators of `T` tokens (`rows ≤ 8` outputs each).
+            #[inline(always)]
+            unsafe fn store<const T: usize>(acc: &[__m256; T], y: *mut f32, ystride: usize, rows: usize) {
+                for (k, acc) in acc.iter().enumerate() {
+                    if rows == 8 {
+                        _mm256_storeu_ps(y.add(k * ystride), *acc);
+                    } else {
+                        let mut tmp = [0f32; 8];
+                        _mm256_storeu_ps(tmp.as_mut_ptr(), *acc);
+                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), y.add(k * ystride), rows);
+                    }
+                }
+            }
+
+            #[inline(always)]
+            unsafe fn ld(p: *const u8) -> __m256i {
+                _mm256_loadu_si256(p as *const __m256i)
+            }
+
+            /// u8 × i8 products of four-byte groups summed into the i32 lanes of `acc` (VNNI).
+            #[inline(always)]
+            unsafe fn dpbusd(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
+                if VNNI {
+                    _mm256_dpbusd_avx_epi32(acc, u, a)
+                } else {
+                    unreachable!()
+                }
+            }
+
+            /// `vpmaddubsw`: u8 × i8, adjacent pairs summed into i16.
+            #[inline(always)]
+            unsafe fn mul16(u: __m256i, a: __m256i) -> __m256i {
+                _mm256_maddubs_epi16(u, a)
+            }
+
+            /// The i16 pairs of `s` summed into i32 lanes.
+            #[inline(always)]
+            unsafe fn widen(s: __m256i) -> __m256i {
+                _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+            }
+
+            /// The 32 bytes of half `h` of each of the eight group vectors of a 32-element block
+            /// (`p`: its quants, after the scales), as unsigned quants (Q8_0: the signed ones).
+            #[inline(always)]
+            unsafe fn weights<const K: u8>(p: *const u8, h: usize) -> [__m256i; 8] {
+                let o = 32 * h;
+                // No closures here: they would not be compiled with the caller's features.
+                if K == Q8 {
+                    let mut w = [_mm256_setzero_si256(); 8];
+                    let flip = _mm256_set1_epi8(0x80u8 as i8);
+                    for (g, w) in w.iter_mut().enumerate() {
+                        *w = ld(p.add(o + 64 * g));
+                        if !VNNI {
+                            *w = _mm256_xor_si256(*w, flip);
+                        }
+                    }
+                    return w;
+                }
+                let m = _mm256_set1_epi8(0x0F);
+                let mut w = [_mm256_setzero_si256(); 8];
+                for i in 0..4 {
+                    let v = ld(p.add(64 * i + o));
+                    w[2 * i] = _mm256_and_si256(v, m);
+                    w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                }
+                if K == Q5 {
+                    // Bit `b` of the 32-bit mask → 0x10 in byte `b` (ggml's bytes_from_bits_32).
+                    let spread = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
+                    let bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfeu64 as i64);
+                    let sixteen = _mm256_set1_epi8(0x10);
+                    for (g, w) in w.iter_mut().enumerate() {
+                        let bits = (p.add(256 + 8 * g + 4 * h) as *const i32).read_unaligned();
+                        let x = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread), bit);
+                        let set = _mm256_cmpeq_epi8(x, _mm256_set1_epi64x(-1));
+                        *w = _mm256_or_si256(*w, _mm256_and_si256(set, sixteen));
+                    }
+                }
+                w
+            }
+
+            /// `T` consecutive tokens over all blocks of half `h` of the tile.
+            #[target_feature(enable = $feat)]
+            unsafe fn tokens<const K: u8, const T: usize>(tile: *const u8, h: usize, nb: usize, act: *const BlockQ8, y: *mut f32, ystride: usize, rows: usize) {
+                let bb = kind_of(K).block_bytes();
+                let zp = kind_of(K).zp();
+                let mut acc = [_mm256_setzero_ps(); T];
+                for b in 0..nb {
+                    let base = tile.add(b * bb);
+                    let dv = _mm256_loadu_ps(base.add(32 * h) as *const f32);
+                    let w = weights::<K>(base.add(64), h);
+                    // Q8_0 without VNNI: |q| once per block, the signs per token.
+                    let aw = if K == Q8 && !VNNI { w.map(|v| _mm256_sign_epi8(v, v)) } else { w };
+                    for (k, acc) in acc.iter_mut().enumerate() {
+                        let ab = &*act.add(k * nb + b);
+                        let q = ab.qs.as_ptr() as *const i32;
+                        let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
+                        let s = if VNNI {
+                            let mut e = dpbusd(_mm256_set1_epi32(-zp * ab.qsum), w[0], x(0));
+                            let mut o = dpbusd(_mm256_setzero_si256(), w[1], x(1));
+                            e = dpbusd(e, w[2], x(2));
+                            o = dpbusd(o, w[3], x(3));
+                            e = dpbusd(e, w[4], x(4));
+                            o = dpbusd(o, w[5], x(5));
+                            e = dpbusd(e, w[6], x(6));
+                            o = dpbusd(o, w[7], x(7));
+                            _mm256_add_epi32(e, o)
+                        } else if K == Q8 {
+                            let p = |g: usize| widen(mul16(aw[g], _mm256_sign_epi8(x(g), w[g])));
+                            let e = _mm256_add_epi32(_mm256_add_epi32(p(0), p(2)), _mm256_add_epi32(p(4), p(6)));
+                            let o = _mm256_add_epi32(_mm256_add_epi32(p(1), p(3)), _mm256_add_epi32(p(5), p(7)));
+                            _mm256_add_epi32(e, o)
+                        } else {
+                            let p = |g: usize| mul16(w[g], x(g));
+                            let e = _mm256_add_epi16(_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(4), p(6)));
+                            let o = _mm256_add_epi16(_mm256_add_epi16(p(1), p(3)), _mm256_add_epi16(p(5), p(7)));
+                            let s = if K == Q4 { widen(_mm256_add_epi16(e, o)) } else { _mm256_add_epi32(widen(e), widen(o)) };
+                            _mm256_add_epi32(_mm256_set1_epi32(-zp * ab.qsum), s)
+                        };
+                        *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(ab.d)), _mm256_cvtepi32_ps(s), *acc);
+                    }
+                }
+                store(&acc, y, ystride, rows);
+            }
+
+            /// The eight bytes at `p` (one per row of the half) as i32 lanes, zero- or
+            /// sign-extended; `pairs` puts the value in both i16 halves of its lane (for
+            /// `vpmaddwd` with i16 sums).
+            #[inline(always)]
+            unsafe fn scales<const SIGNED: bool>(p: *const u8, pairs: bool) -> __m256i {
+                let b = _mm_loadl_epi64(p as *const __m128i);
+                if pairs {
+                    let w = if SIGNED { _mm_cvtepi8_epi16(b) } else { _mm_cvtepu8_epi16(b) };
+                    let v = _mm256_cvtepu16_epi32(w);
+                    _mm256_or_si256(v, _mm256_slli_epi32::<16>(v))
+                } else if SIGNED {
+                    _mm256_cvtepi8_epi32(b)
+                } else {
+                    _mm256_cvtepu8_epi32(b)
+                }
+            }
+
+            /// `T` consecutive tokens over all super-blocks of half `h` of a K-quant tile.
+            #[target_feature(enable = $feat)]
+            unsafe fn tokens_k<const K: u8, const T: usize>(
+                tile: *const u8,
+                h: usize,
+                nb: usize,
+                act: *const BlockQ8K,
+                y: *mut f32,
+                ystride: usize,
+                rows: usize,
+            ) {
+                let bb = kind_of(K).block_bytes();
+                let o = 32 * h;
+                let mut acc = [_mm256_setzero_ps(); T];
+                for b in 0..nb {
+                    let base = tile.add(b * bb);
+                    // The scales and the min (or −32 offset) terms first, in ascending order.
+                    let dv = _mm256_loadu_ps(base.add(o) as *const f32);
+                    let dmin = if K == K4 { _mm256_loadu_ps(base.add(gemm::K4_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
+                    let mut mins = [_mm256_setzero_si256(); T];
+                    for (k, m) in mins.iter_mut().enumerate() {
+                        let bs = (*act.add(k * nb + b)).bsums.as_ptr();
+                        if K == K4 {
+                            for p in 0..4 {
+                                let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
+                                let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
+                                let v = _mm256_madd_epi16(ld(base.add(gemm::K4_MIN + 64 * p + o)), _mm256_set1_epi32((s0 | s1 << 16) as i32));
+                                *m = _mm256_add_epi32(*m, v);
+                            }
+                        } else {
+                            for p in 0..8 {
+                                let pair = (bs.add(2 * p) as *const i32).read_unaligned();
+                                let v = _mm256_madd_epi16(ld(base.add(gemm::K6_PAIRS + 64 * p + o)), _mm256_set1_epi32(pair));
+                                *m = _mm256_add_epi32(*m, v);
+                            }
+                        }
+                    }
+                    let mut isum = [_mm256_setzero_si256(); T];
+                    if K == K4 {
+                        for j in 0..8 {
+                            let w = weights::<Q4>(base.add(gemm::K4_QS + 256 * j), h);
+                            let sc = scales::<false>(base.add(gemm::K4_SC + 16 * j + 8 * h), !VNNI);
+                            for (k, isum) in isum.iter_mut().enumerate() {
+                                let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
+                                let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
+                                let v = if VNNI {
+                                    let mut e = dpbusd(_mm256_setzero_si256(), w[0], x(0));
+                                    let mut od = dpbusd(_mm256_setzero_si256(), w[1], x(1));
+                                    e = dpbusd(e, w[2], x(2));
+                                    od = dpbusd(od, w[3], x(3));
+                                    e = dpbusd(e, w[4], x(4));
+                                    od = dpbusd(od, w[5], x(5));
+                                    e = dpbusd(e, w[6], x(6));
+                                    od = dpbusd(od, w[7], x(7));
+                                    _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
+                                } else {
+                                    let p = |g: usize| mul16(w[g], x(g));
+                                    let e = _mm256_add_epi16(_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(4), p(6)));
+                                    let od = _mm256_add_epi16(_mm256_add_epi16(p(1), p(3)), _mm256_add_epi16(p(5), p(7)));
+                                    _mm256_madd_epi16(_mm256_add_epi16(e, od), sc)
+                                };
+                                *isum = _mm256_add_epi32(*isum, v);
+                            }
+                        }
+                    } else {
+                        for j in 0..16 {
+                            let wp = base.add(gemm::K6_QS + 256 * j + o);
+                            let (w0, w1, w2, w3) = (ld(wp), ld(wp.add(64)), ld(wp.add(128)), ld(wp.add(192)));
+                            let sc = scales::<true>(base.add(gemm::K6_SC + 16 * j + 8 * h), !VNNI);
+                            for (k, isum) in isum.iter_mut().enumerate() {
+                                let q = (*act.add(k * nb + b)).qs.as_ptr().add(16 * j) as *const i32;
+                                let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
+                                let v = if VNNI {
+                                    let e = dpbusd(_mm256_setzero_si256(), w0, x(0));
+                                    let od = dpbusd(_mm256_setzero_si256(), w1, x(1));
+                                    let e = dpbusd(e, w2, x(2));
+                                    let od = dpbusd(od, w3, x(3));
+                                    _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
+                                } else {
+                                    let e = _mm256_add_epi16(mul16(w0, x(0)), mul16(w2, x(2)));
+                                    let od = _mm256_add_epi16(mul16(w1, x(1)), mul16(w3, x(3)));
+                                    _mm256_add_epi32(_mm256_madd_epi16(e, sc), _mm256_madd_epi16(od, sc))
+                                };
+                                *isum = _mm256_add_epi32(*isum, v);
+                            }
+                        }
+                    }
+                    for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum.into_iter().zip(mins)).enumerate() {
+                        let da = _mm256_set1_ps((*act.add(k * nb + b)).d);
+                        if K == K4 {
+                            *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
+                            *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(m), *acc);
+                        } else {
+                            let s = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(m));
+                            *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(s), *acc);
+                        }
+                    }
+                }
+                store(&acc, y, ystride, rows);
+            }
+        }
+    };
+}
+
+tile_gemm!(emulated, "avx2,fma", false);
+tile_gemm!(vnni, "avx2,fma,avxvnni", true);
