@@ -77,25 +77,23 @@ impl<'t> ArSequence<'t> {
 
     /// Picks the next token from its logits (which may be modified), within the constraint.
     pub fn pick(&mut self, logits: &mut [f32]) -> Result<u32> {
-        let Some(k) = self.top_logprobs else {
-            if let Some(m) = self.constraint.as_mut() {
-                m.mask(logits)?;
-            }
-            return Ok(self.sampler.sample(logits, &self.history));
-        };
-        self.raw.clear();
-        self.raw.extend_from_slice(logits);
+        if self.top_logprobs.is_some() {
+            self.raw.clear();
+            self.raw.extend_from_slice(logits);
+        }
         if let Some(m) = self.constraint.as_mut() {
             m.mask(logits)?;
         }
         let next = self.sampler.sample(logits, &self.history);
-        let (norm, top) = log_softmax_top(&self.raw, k);
-        let prob = |id: u32, logprob: f64| {
-            let bytes = self.tok.token_piece(id);
-            TokenProb { id, text: String::from_utf8_lossy(&bytes).into_owned(), bytes, logprob }
-        };
-        let chosen = self.raw.get(next as usize).map_or(f64::NEG_INFINITY, |&l| l as f64 - norm);
-        self.pending = Some(TokenLogprob { token: prob(next, chosen), top: top.into_iter().map(|(id, lp)| prob(id, lp)).collect() });
+        if let Some(k) = self.top_logprobs {
+            let (norm, top) = log_softmax_top(&self.raw, k);
+            let prob = |id: u32, logprob: f64| {
+                let bytes = self.tok.token_piece(id);
+                TokenProb { id, text: String::from_utf8_lossy(&bytes).into_owned(), bytes, logprob }
+            };
+            let chosen = self.raw.get(next as usize).map_or(f64::NEG_INFINITY, |&l| l as f64 - norm);
+            self.pending = Some(TokenLogprob { token: prob(next, chosen), top: top.into_iter().map(|(id, lp)| prob(id, lp)).collect() });
+        }
         Ok(next)
     }
 
