@@ -4,6 +4,13 @@
 // load time and peak RSS); runtimes alternate A B A B for R rounds; medians are reported with
 // the ratio ours / llama.cpp. Usage:
 //   npm run bench -- [--model PATH] [--rounds 3] [--threads 1,2] [--prompts 128,512] [--new 128] [--ppl 512] [--json out.json]
+//                    [--path native|avx2] [--llama-bench PATH|auto|off]
+// --path avx2 runs our AVX2 kernels (RUVLLM_NO_AVX512=1), what a CPU without AVX-512 gets, and
+// takes llama.cpp's AVX2-only build as its llama-bench. llama-bench (llama.cpp's own benchmark,
+// no Node wrapper in the way) runs in the same alternation as a third runtime, so a per-token
+// overhead in node-llama-cpp cannot flatter us: `auto` uses the build `scripts/llama-server.sh
+// llama-bench` made (`LLAMA_CPU=avx2` for the AVX2-only one) and skips it with a note if there is
+// none; a path uses that binary. Its tg figure decodes from an empty context, ours after the prompt.
 // Also measured in the same run: the decode floor (streaming-read bandwidth with our thread pool
 // and the bytes a token reads: crates/ruvllm-eval/examples/membw.rs, built with cargo) and the
 // perplexity of the first --ppl tokens of Hamlet (benches/text.mjs) from ruvllm (run-time
@@ -29,8 +36,16 @@ const { values } = parseArgs({
     json: { type: 'string' },
     only: { type: 'string' },
     ppl: { type: 'string', default: '512' },
+    path: { type: 'string', default: 'native' },
+    'llama-bench': { type: 'string', default: 'auto' },
   },
 })
+if (!['native', 'avx2'].includes(values.path)) {
+  console.error(`bench: --path is native or avx2, not '${values.path}'`)
+  process.exit(2)
+}
+// Our runs on the AVX2 path: the kernels a CPU without AVX-512 dispatches to.
+const oursEnv = values.path === 'avx2' ? { ...process.env, RUVLLM_NO_AVX512: '1' } : process.env
 // The real test model, found as LLM.load('gemma-3-270m') finds it, unless --model or RUVLLM_TEST_MODEL.
 if (values.model === undefined) values.model = process.env.RUVLLM_TEST_MODEL
 if (values.model === undefined) {
@@ -45,7 +60,26 @@ if (!existsSync(values.model)) {
   console.error(`bench: model not found at ${values.model} (npm run quickstart, or --model PATH)`)
   process.exit(1)
 }
-const runtimes = values.only ? values.only.split(',') : ['ruvllm', 'llamacpp']
+const runtimes = values.only ? values.only.split(',') : ['ruvllm', 'llamacpp', 'llama-bench']
+// llama-bench: a given binary, the one scripts/llama-server.sh built (never built from here: that
+// takes ~20 minutes), or none.
+let llamaBench = null
+if (runtimes.includes('llama-bench') && values['llama-bench'] !== 'off') {
+  if (values['llama-bench'] !== 'auto') llamaBench = values['llama-bench']
+  else {
+    try {
+      const env = { ...process.env, LLAMA_NO_BUILD: '1', ...(values.path === 'avx2' ? { LLAMA_CPU: 'avx2' } : {}) }
+      llamaBench = execFileSync(join(here, '..', 'scripts', 'llama-server.sh'), ['llama-bench'], { encoding: 'utf8', env, stdio: ['ignore', 'pipe', 'ignore'] }).trim()
+    } catch {
+      console.error(`bench: no llama-bench built; ${values.path === 'avx2' ? 'LLAMA_CPU=avx2 ' : ''}scripts/llama-server.sh llama-bench builds it (~20 min), or --llama-bench PATH; running without it`)
+    }
+  }
+  if (llamaBench && !existsSync(llamaBench)) {
+    console.error(`bench: llama-bench not found at ${llamaBench}`)
+    process.exit(1)
+  }
+}
+if (!llamaBench && runtimes.includes('llama-bench')) runtimes.splice(runtimes.indexOf('llama-bench'), 1)
 const resolvable = (m) => {
   try {
     createRequire(join(here, 'run-one.mjs')).resolve(m)
@@ -59,7 +93,8 @@ if (runtimes.includes('llamacpp') && !resolvable('node-llama-cpp')) {
   process.exit(1)
 }
 
-function runOne(runtime, threads, promptLen, what = values.new, env = process.env) {
+function runOne(runtime, threads, promptLen, what = values.new, env = runtime === 'ruvllm' ? oursEnv : process.env) {
+  if (runtime === 'llama-bench') return runLlamaBench(threads, promptLen)
   const out = execFileSync(process.execPath, [join(here, 'run-one.mjs'), runtime, values.model, String(threads), String(promptLen), what], {
     encoding: 'utf8',
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -68,6 +103,20 @@ function runOne(runtime, threads, promptLen, what = values.new, env = process.en
   })
   const line = out.trim().split('\n').filter((l) => l.startsWith('{')).pop()
   return JSON.parse(line)
+}
+
+// llama-bench in its own process: pp<promptLen> and tg<new>, one repetition after its warm-up run.
+function runLlamaBench(threads, promptLen) {
+  const out = execFileSync(llamaBench, ['-m', values.model, '-p', String(promptLen), '-n', values.new, '-t', String(threads), '-r', '1', '-o', 'json'], {
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'pipe'],
+    maxBuffer: 1 << 24,
+  })
+  const tests = JSON.parse(out)
+  const pp = tests.find((t) => t.n_prompt > 0 && t.n_gen === 0)
+  const tg = tests.find((t) => t.n_gen > 0 && t.n_prompt === 0)
+  if (!pp || !tg) throw new Error(`llama-bench gave no pp/tg results: ${out.slice(0, 200)}`)
+  return { prefillTps: pp.avg_ts, decodeTps: tg.avg_ts, ttftMs: NaN, loadMs: NaN, peakRssMb: NaN, cpuInfo: pp.cpu_info, build: pp.build_commit }
 }
 
 const median = (xs) => {
@@ -88,6 +137,11 @@ const cpu = cpus()[0]?.model ?? 'unknown CPU'
 const flags = (readFileSync('/proc/cpuinfo', 'utf8').match(/^flags\s*:\s*(.*)$/m)?.[1] ?? '').split(' ').filter((f) => /^(avx2|fma|f16c|avx512f|avx512bw|avx512_vnni|avx_vnni)$/.test(f))
 console.log(`# ruvllm vs llama.cpp — ${new Date().toISOString().slice(0, 10)}`)
 console.log(`CPU: ${cpu} × ${cpus().length} (${flags.join(' ')}); model ${values.model.split('/').pop()}; ${values.new} new tokens, greedy; ${values.rounds} alternating rounds, medians`)
+console.log(
+  values.path === 'avx2'
+    ? `ruvllm: the AVX2 path (RUVLLM_NO_AVX512=1); node-llama-cpp: the CPU variant it picks for this host${flags.includes('avx512f') ? ' (an AVX-512 one here)' : ''}; llama-bench: ${llamaBench ?? 'not run'}`
+    : `ruvllm: the kernels dispatched for this CPU; llama-bench: ${llamaBench ?? 'not run'}`,
+)
 
 // The decode floor: the bytes a token reads over the streaming-read bandwidth of our own thread
 // pool (membw). Bandwidth on a shared machine drifts from minute to minute, so it is measured in
@@ -116,16 +170,20 @@ for (const threads of values.threads.split(',').map(Number)) {
     f.floorTokensPerSecond = (f.readGBps * 1e9) / f.bytesPerToken
     f.bestFloorTokensPerSecond = (f.bestGBps * 1e9) / f.bytesPerToken
     console.log(`\n## ${threads} thread${threads > 1 ? 's' : ''}, ${promptLen}-token prompt\n`)
-    console.log(`| metric | ${runtimes.join(' | ')} |${runtimes.length === 2 ? ' ours / llama.cpp |' : ''}`)
-    console.log(`|---|${runtimes.map(() => '---:').join('|')}|${runtimes.length === 2 ? '---:|' : ''}`)
+    const others = runtimes.filter((r) => r !== 'ruvllm')
+    const ratioCols = runtimes.includes('ruvllm') ? others : []
+    console.log(`| metric | ${runtimes.join(' | ')} |${ratioCols.map((r) => ` ours / ${r} |`).join('')}`)
+    console.log(`|---|${runtimes.map(() => '---:').join('|')}|${ratioCols.map(() => '---:|').join('')}`)
     const row = { threads, promptLen }
+    const fmt = (m) => (Number.isFinite(m) ? m.toFixed(1) : '—')
     for (const [name, key] of metrics) {
       const meds = runtimes.map((r) => median(runs[r].map((x) => x[key])))
       row[key] = Object.fromEntries(runtimes.map((r, i) => [r, meds[i]]))
-      const ratio = runtimes.length === 2 ? ` ${(meds[0] / meds[1]).toFixed(2)} |` : ''
-      console.log(`| ${name} | ${meds.map((m) => m.toFixed(1)).join(' | ')} |${ratio}`)
+      const ours = row[key].ruvllm
+      const ratios = ratioCols.map((r) => ` ${Number.isFinite(row[key][r]) ? (ours / row[key][r]).toFixed(2) : '—'} |`).join('')
+      console.log(`| ${name} | ${meds.map(fmt).join(' | ')} |${ratios}`)
     }
-    if (runtimes.length === 2) {
+    if (runtimes.includes('ruvllm') && runtimes.includes('llamacpp')) {
       const [a, b] = [runs.ruvllm[0].tokens, runs.llamacpp[0].tokens]
       const at = a.findIndex((t, i) => t !== b[i])
       console.log(at < 0 ? `greedy tokens: the first ${a.length} are equal to llama.cpp's` : `greedy tokens: equal to llama.cpp's up to token ${at} of ${a.length} (a near-tie; see README, Tests)`)
@@ -150,7 +208,7 @@ if (Number(values.ppl) > 0) {
     tokens: Number(n),
     ruvllm: runOne('ruvllm', t, n, 'ppl').perplexity,
     scalar: runOne('ruvllm', t, n, 'ppl', { ...process.env, RUVLLM_FORCE_SCALAR: '1' }).perplexity,
-    // The kernels a CPU without AVX-512 runs (AVX2/FMA/F16C per-row dot products, no tile GEMM).
+    // The kernels a CPU without AVX-512 runs (the AVX2 tile GEMM on the packed weights).
     avx2: runOne('ruvllm', t, n, 'ppl', { ...process.env, RUVLLM_NO_AVX512: '1' }).perplexity,
   }
   if (runtimes.includes('llamacpp')) ppl.llamacpp = runOne('llamacpp', t, n, 'ppl').perplexity
@@ -163,4 +221,4 @@ if (Number(values.ppl) > 0) {
   console.log(`| ruvllm, RUVLLM_FORCE_SCALAR=1 | ${ppl.scalar.toFixed(4)} | reference |`)
   if (ppl.llamacpp) console.log(`| llama.cpp | ${ppl.llamacpp.toFixed(4)} | ${rel(ppl.llamacpp, ppl.scalar)} |`)
 }
-if (values.json) writeFileSync(values.json, JSON.stringify({ cpu, flags, results, ppl }, null, 1))
+if (values.json) writeFileSync(values.json, JSON.stringify({ cpu, flags, path: values.path, llamaBench, results, ppl }, null, 1))

@@ -6,8 +6,13 @@
 # at build time would fail offline). The build goes to .llama/ (git-ignored). An existing binary
 # is reused, so running it again costs nothing. Prints the binary's path; progress goes to stderr.
 # `scripts/llama-server.sh llama-perplexity` builds that tool instead (the KL-divergence oracle's
-# anchor, benches/kl.mjs), from the same configured tree.
+# anchor, benches/kl.mjs), from the same configured tree; `llama-bench` builds llama.cpp's own
+# benchmark (the race's third runtime, benches/race.mjs).
 #
+#   LLAMA_CPU                 native (default: -march=native, every flag the host has) or avx2
+#                             (AVX2 + FMA + F16C + BMI2 only, no AVX-512 or AVX-VNNI: what a CPU
+#                             without AVX-512 runs; its own build directory, ...-avx2)
+#   LLAMA_NO_BUILD            1: print the binary's path if it is built, else exit 3 (builds nothing)
 #   LLAMA_CPP_PYTHON_VERSION  the sdist to build from (default 0.3.36)
 #   LLAMA_SRC_TARBALL         a tarball with llama.cpp/ at its top, used instead of the download
 #   JOBS                      parallel compile jobs (default 2)
@@ -19,7 +24,15 @@ cd "$(dirname "$0")/.."
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 ROOT="$PWD/.llama"
 SRC="$ROOT/src-$VERSION"
-BUILD="$ROOT/build-$VERSION"
+CPU="${LLAMA_CPU:-native}"
+case "$CPU" in
+  native) BUILD="$ROOT/build-$VERSION"; CPU_FLAGS=(-DGGML_NATIVE=ON) ;;
+  avx2)
+    BUILD="$ROOT/build-$VERSION-avx2"
+    CPU_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+      -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF) ;;
+  *) echo "llama-server.sh: LLAMA_CPU is native or avx2, not '$CPU'" >&2; exit 2 ;;
+esac
 TARGET="${1:-llama-server}"
 case "$TARGET" in
   llama-server | llama-perplexity | llama-bench) ;;
@@ -31,6 +44,7 @@ if [ -x "$BIN" ]; then
   echo "$BIN"
   exit 0
 fi
+[ "${LLAMA_NO_BUILD:-}" = 1 ] && exit 3
 for tool in cmake c++ make; do
   command -v "$tool" >/dev/null || { echo "llama-server.sh: '$tool' is missing (apt-get install cmake g++ make, or pip install cmake)" >&2; exit 1; }
 done
@@ -55,13 +69,13 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
   mv "$top" "$SRC"
 fi
 
-echo "== configuring llama.cpp from llama-cpp-python $VERSION in $BUILD" >&2
+echo "== configuring llama.cpp ($CPU) from llama-cpp-python $VERSION in $BUILD" >&2
 # The source has no git history of its own: keep git from finding this repository above it
 # (ggml would take our commit for its own), and name the sdist as llama.cpp's build commit.
 export GIT_CEILING_DIRECTORIES="$ROOT"
 cmake -S "$SRC" -B "$BUILD" \
   -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_NATIVE=ON \
+  "${CPU_FLAGS[@]}" \
   -DLLAMA_CURL=OFF \
   -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TOOLS=ON \

@@ -57,44 +57,45 @@ macro_rules! tile_gemm {
 
             const VNNI: bool = $vnni;
 
-            /// Some consecutive tokens over all blocks of one 8-row half of a tile: `(tile, half,
-            /// nb, their activations, their first output, ystride, rows to store)`.
+            /// Some consecutive tokens over all blocks of one 8-row half of a tile, or of both
+            /// halves in one pass: `(tile, first half, nb, their activations, the first half's
+            /// first output, ystride, the tile's rows from that half on)`.
             type Tokens<A> = unsafe fn(*const u8, usize, usize, *const A, *mut f32, usize, usize);
 
             /// Tile GEMM (see `gemm::GemmFn`).
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
             pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
-                let (eight, four, one): (Tokens<BlockQ8>, Tokens<BlockQ8>, Tokens<BlockQ8>) = match kind {
-                    PackKind::Q8 => (tokens::<Q8, 8>, tokens::<Q8, 4>, tokens::<Q8, 1>),
-                    PackKind::Q5 => (tokens::<Q5, 8>, tokens::<Q5, 4>, tokens::<Q5, 1>),
-                    PackKind::Q4 => (tokens::<Q4, 8>, tokens::<Q4, 4>, tokens::<Q4, 1>),
+                let fns: [Tokens<BlockQ8>; 4] = match kind {
+                    PackKind::Q8 => [tokens::<Q8, 8, 1>, tokens::<Q8, 4, 1>, tokens::<Q8, 1, 1>, tokens::<Q8, 1, 2>],
+                    PackKind::Q5 => [tokens::<Q5, 8, 1>, tokens::<Q5, 4, 1>, tokens::<Q5, 1, 1>, tokens::<Q5, 1, 2>],
+                    PackKind::Q4 => [tokens::<Q4, 8, 1>, tokens::<Q4, 4, 1>, tokens::<Q4, 1, 1>, tokens::<Q4, 1, 2>],
                     PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
                 };
-                groups(eight, four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
+                groups(fns, kind, tile, nb, act, ntok, y, ystride, nrows)
             }
 
             /// K-quant tile GEMM (see `gemm::GemmKFn` and `gemm::gemm_k_ref`).
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
             pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
-                let (eight, four, one): (Tokens<BlockQ8K>, Tokens<BlockQ8K>, Tokens<BlockQ8K>) = match kind {
-                    PackKind::K4 => (tokens_k::<K4, 8>, tokens_k::<K4, 4>, tokens_k::<K4, 1>),
-                    PackKind::K6 => (tokens_k::<K6, 8>, tokens_k::<K6, 4>, tokens_k::<K6, 1>),
+                let fns: [Tokens<BlockQ8K>; 4] = match kind {
+                    PackKind::K4 => [tokens_k::<K4, 8, 1>, tokens_k::<K4, 4, 1>, tokens_k::<K4, 1, 1>, tokens_k::<K4, 1, 2>],
+                    PackKind::K6 => [tokens_k::<K6, 8, 1>, tokens_k::<K6, 4, 1>, tokens_k::<K6, 1, 1>, tokens_k::<K6, 1, 2>],
                     _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
                 };
-                groups(eight, four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
+                groups(fns, kind, tile, nb, act, ntok, y, ystride, nrows)
             }
 
             /// Checks the lengths, then runs each half of the tile over the tokens eight at a
-            /// time, the rest four at a time and the rest one at a time. Each token's sums run
-            /// in the same order whichever group it falls in.
+            /// time and the rest four at a time; the last few tokens (decode's one) go one at a
+            /// time through both halves in one pass over the tile, so its bytes stream in once
+            /// rather than once per half. `fns`: eight tokens, four, one, one over both halves.
+            /// Each token's sums run in the same order whichever group it falls in.
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
             unsafe fn groups<A>(
-                eight: Tokens<A>,
-                four: Tokens<A>,
-                one: Tokens<A>,
+                fns: [Tokens<A>; 4],
                 kind: PackKind,
                 tile: &[u8],
                 nb: usize,
@@ -105,9 +106,11 @@ macro_rules! tile_gemm {
                 nrows: usize,
             ) {
                 assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+                let [eight, four, one, one_both] = fns;
                 let (p, a) = (tile.as_ptr(), act.as_ptr());
+                let singles = ntok - (ntok / 8 * 8 + ntok % 8 / 4 * 4);
                 for h in 0..2 {
-                    let rows = nrows.saturating_sub(8 * h).min(8);
+                    let rows = nrows.saturating_sub(8 * h);
                     if rows == 0 {
                         break;
                     }
@@ -121,16 +124,28 @@ macro_rules! tile_gemm {
                         four(p, h, nb, a.add(t * nb), yh.add(t * ystride), ystride, rows);
                         t += 4;
                     }
-                    while t < ntok {
-                        one(p, h, nb, a.add(t * nb), yh.add(t * ystride), ystride, rows);
-                        t += 1;
+                }
+                let single = if nrows > 8 { one_both } else { one };
+                for t in ntok - singles..ntok {
+                    single(p, 0, nb, a.add(t * nb), y.add(t * ystride), ystride, nrows);
+                }
+            }
+
+            /// Stores the accumulators of `T` tokens of `H` halves (`rows`: the rows from the
+            /// first half on; a half stores at most 8).
+            #[inline(always)]
+            unsafe fn store<const T: usize, const H: usize>(acc: &[[__m256; T]; H], y: *mut f32, ystride: usize, rows: usize) {
+                for (hh, acc) in acc.iter().enumerate() {
+                    let rows = rows.saturating_sub(8 * hh).min(8);
+                    if rows > 0 {
+                        store_half(acc, y.add(8 * hh), ystride, rows);
                     }
                 }
             }
 
             /// Stores the accumulators of `T` tokens (`rows ≤ 8` outputs each).
             #[inline(always)]
-            unsafe fn store<const T: usize>(acc: &[__m256; T], y: *mut f32, ystride: usize, rows: usize) {
+            unsafe fn store_half<const T: usize>(acc: &[__m256; T], y: *mut f32, ystride: usize, rows: usize) {
                 for (k, acc) in acc.iter().enumerate() {
                     if rows == 8 {
                         _mm256_storeu_ps(y.add(k * ystride), *acc);
@@ -208,48 +223,59 @@ macro_rules! tile_gemm {
                 w
             }
 
-            /// `T` consecutive tokens over all blocks of half `h` of the tile.
+            /// `T` consecutive tokens over all blocks of `H` halves of the tile from half `h0`.
             #[target_feature(enable = $feat)]
-            unsafe fn tokens<const K: u8, const T: usize>(tile: *const u8, h: usize, nb: usize, act: *const BlockQ8, y: *mut f32, ystride: usize, rows: usize) {
+            unsafe fn tokens<const K: u8, const T: usize, const H: usize>(
+                tile: *const u8,
+                h0: usize,
+                nb: usize,
+                act: *const BlockQ8,
+                y: *mut f32,
+                ystride: usize,
+                rows: usize,
+            ) {
                 let bb = kind_of(K).block_bytes();
                 let zp = kind_of(K).zp();
-                let mut acc = [_mm256_setzero_ps(); T];
+                let mut accs = [[_mm256_setzero_ps(); T]; H];
                 for b in 0..nb {
                     let base = tile.add(b * bb);
-                    let dv = _mm256_loadu_ps(base.add(32 * h) as *const f32);
-                    let w = weights::<K>(base.add(64), h);
-                    // Q8_0 without VNNI: |q| once per block, the signs per token.
-                    let aw = if K == Q8 && !VNNI { w.map(|v| _mm256_sign_epi8(v, v)) } else { w };
-                    for (k, acc) in acc.iter_mut().enumerate() {
-                        let ab = &*act.add(k * nb + b);
-                        let q = ab.qs.as_ptr() as *const i32;
-                        let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
-                        let s = if VNNI {
-                            let mut e = dpbusd(_mm256_set1_epi32(-zp * ab.qsum), w[0], x(0));
-                            let mut o = dpbusd(_mm256_setzero_si256(), w[1], x(1));
-                            e = dpbusd(e, w[2], x(2));
-                            o = dpbusd(o, w[3], x(3));
-                            e = dpbusd(e, w[4], x(4));
-                            o = dpbusd(o, w[5], x(5));
-                            e = dpbusd(e, w[6], x(6));
-                            o = dpbusd(o, w[7], x(7));
-                            _mm256_add_epi32(e, o)
-                        } else if K == Q8 {
-                            let p = |g: usize| widen(mul16(aw[g], _mm256_sign_epi8(x(g), w[g])));
-                            let e = _mm256_add_epi32(_mm256_add_epi32(p(0), p(2)), _mm256_add_epi32(p(4), p(6)));
-                            let o = _mm256_add_epi32(_mm256_add_epi32(p(1), p(3)), _mm256_add_epi32(p(5), p(7)));
-                            _mm256_add_epi32(e, o)
-                        } else {
-                            let p = |g: usize| mul16(w[g], x(g));
-                            let e = _mm256_add_epi16(_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(4), p(6)));
-                            let o = _mm256_add_epi16(_mm256_add_epi16(p(1), p(3)), _mm256_add_epi16(p(5), p(7)));
-                            let s = if K == Q4 { widen(_mm256_add_epi16(e, o)) } else { _mm256_add_epi32(widen(e), widen(o)) };
-                            _mm256_add_epi32(_mm256_set1_epi32(-zp * ab.qsum), s)
-                        };
-                        *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(ab.d)), _mm256_cvtepi32_ps(s), *acc);
+                    for (hh, acc) in accs.iter_mut().enumerate() {
+                        let h = h0 + hh;
+                        let dv = _mm256_loadu_ps(base.add(32 * h) as *const f32);
+                        let w = weights::<K>(base.add(64), h);
+                        // Q8_0 without VNNI: |q| once per block, the signs per token.
+                        let aw = if K == Q8 && !VNNI { w.map(|v| _mm256_sign_epi8(v, v)) } else { w };
+                        for (k, acc) in acc.iter_mut().enumerate() {
+                            let ab = &*act.add(k * nb + b);
+                            let q = ab.qs.as_ptr() as *const i32;
+                            let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
+                            let s = if VNNI {
+                                let mut e = dpbusd(_mm256_set1_epi32(-zp * ab.qsum), w[0], x(0));
+                                let mut o = dpbusd(_mm256_setzero_si256(), w[1], x(1));
+                                e = dpbusd(e, w[2], x(2));
+                                o = dpbusd(o, w[3], x(3));
+                                e = dpbusd(e, w[4], x(4));
+                                o = dpbusd(o, w[5], x(5));
+                                e = dpbusd(e, w[6], x(6));
+                                o = dpbusd(o, w[7], x(7));
+                                _mm256_add_epi32(e, o)
+                            } else if K == Q8 {
+                                let p = |g: usize| widen(mul16(aw[g], _mm256_sign_epi8(x(g), w[g])));
+                                let e = _mm256_add_epi32(_mm256_add_epi32(p(0), p(2)), _mm256_add_epi32(p(4), p(6)));
+                                let o = _mm256_add_epi32(_mm256_add_epi32(p(1), p(3)), _mm256_add_epi32(p(5), p(7)));
+                                _mm256_add_epi32(e, o)
+                            } else {
+                                let p = |g: usize| mul16(w[g], x(g));
+                                let e = _mm256_add_epi16(_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(4), p(6)));
+                                let o = _mm256_add_epi16(_mm256_add_epi16(p(1), p(3)), _mm256_add_epi16(p(5), p(7)));
+                                let s = if K == Q4 { widen(_mm256_add_epi16(e, o)) } else { _mm256_add_epi32(widen(e), widen(o)) };
+                                _mm256_add_epi32(_mm256_set1_epi32(-zp * ab.qsum), s)
+                            };
+                            *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(ab.d)), _mm256_cvtepi32_ps(s), *acc);
+                        }
                     }
                 }
-                store(&acc, y, ystride, rows);
+                store(&accs, y, ystride, rows);
             }
 
             /// The eight bytes at `p` (one per row of the half) as i32 lanes, zero- or
@@ -269,11 +295,12 @@ macro_rules! tile_gemm {
                 }
             }
 
-            /// `T` consecutive tokens over all super-blocks of half `h` of a K-quant tile.
+            /// `T` consecutive tokens over all super-blocks of `H` halves of a K-quant tile from
+            /// half `h0`.
             #[target_feature(enable = $feat)]
-            unsafe fn tokens_k<const K: u8, const T: usize>(
+            unsafe fn tokens_k<const K: u8, const T: usize, const H: usize>(
                 tile: *const u8,
-                h: usize,
+                h0: usize,
                 nb: usize,
                 act: *const BlockQ8K,
                 y: *mut f32,
@@ -281,93 +308,96 @@ macro_rules! tile_gemm {
                 rows: usize,
             ) {
                 let bb = kind_of(K).block_bytes();
-                let o = 32 * h;
-                let mut acc = [_mm256_setzero_ps(); T];
+                let mut accs = [[_mm256_setzero_ps(); T]; H];
                 for b in 0..nb {
                     let base = tile.add(b * bb);
-                    // The scales and the min (or −32 offset) terms first, in ascending order.
-                    let dv = _mm256_loadu_ps(base.add(o) as *const f32);
-                    let dmin = if K == K4 { _mm256_loadu_ps(base.add(gemm::K4_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
-                    let mut mins = [_mm256_setzero_si256(); T];
-                    for (k, m) in mins.iter_mut().enumerate() {
-                        let bs = (*act.add(k * nb + b)).bsums.as_ptr();
+                    for (hh, acc) in accs.iter_mut().enumerate() {
+                        let h = h0 + hh;
+                        let o = 32 * h;
+                        // The scales and the min (or −32 offset) terms first, in ascending order.
+                        let dv = _mm256_loadu_ps(base.add(o) as *const f32);
+                        let dmin = if K == K4 { _mm256_loadu_ps(base.add(gemm::K4_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
+                        let mut mins = [_mm256_setzero_si256(); T];
+                        for (k, m) in mins.iter_mut().enumerate() {
+                            let bs = (*act.add(k * nb + b)).bsums.as_ptr();
+                            if K == K4 {
+                                for p in 0..4 {
+                                    let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
+                                    let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
+                                    let v = _mm256_madd_epi16(ld(base.add(gemm::K4_MIN + 64 * p + o)), _mm256_set1_epi32((s0 | s1 << 16) as i32));
+                                    *m = _mm256_add_epi32(*m, v);
+                                }
+                            } else {
+                                for p in 0..8 {
+                                    let pair = (bs.add(2 * p) as *const i32).read_unaligned();
+                                    let v = _mm256_madd_epi16(ld(base.add(gemm::K6_PAIRS + 64 * p + o)), _mm256_set1_epi32(pair));
+                                    *m = _mm256_add_epi32(*m, v);
+                                }
+                            }
+                        }
+                        let mut isum = [_mm256_setzero_si256(); T];
                         if K == K4 {
-                            for p in 0..4 {
-                                let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
-                                let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
-                                let v = _mm256_madd_epi16(ld(base.add(gemm::K4_MIN + 64 * p + o)), _mm256_set1_epi32((s0 | s1 << 16) as i32));
-                                *m = _mm256_add_epi32(*m, v);
+                            for j in 0..8 {
+                                let w = weights::<Q4>(base.add(gemm::K4_QS + 256 * j), h);
+                                let sc = scales::<false>(base.add(gemm::K4_SC + 16 * j + 8 * h), !VNNI);
+                                for (k, isum) in isum.iter_mut().enumerate() {
+                                    let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
+                                    let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
+                                    let v = if VNNI {
+                                        let mut e = dpbusd(_mm256_setzero_si256(), w[0], x(0));
+                                        let mut od = dpbusd(_mm256_setzero_si256(), w[1], x(1));
+                                        e = dpbusd(e, w[2], x(2));
+                                        od = dpbusd(od, w[3], x(3));
+                                        e = dpbusd(e, w[4], x(4));
+                                        od = dpbusd(od, w[5], x(5));
+                                        e = dpbusd(e, w[6], x(6));
+                                        od = dpbusd(od, w[7], x(7));
+                                        _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
+                                    } else {
+                                        let p = |g: usize| mul16(w[g], x(g));
+                                        let e = _mm256_add_epi16(_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(4), p(6)));
+                                        let od = _mm256_add_epi16(_mm256_add_epi16(p(1), p(3)), _mm256_add_epi16(p(5), p(7)));
+                                        _mm256_madd_epi16(_mm256_add_epi16(e, od), sc)
+                                    };
+                                    *isum = _mm256_add_epi32(*isum, v);
+                                }
                             }
                         } else {
-                            for p in 0..8 {
-                                let pair = (bs.add(2 * p) as *const i32).read_unaligned();
-                                let v = _mm256_madd_epi16(ld(base.add(gemm::K6_PAIRS + 64 * p + o)), _mm256_set1_epi32(pair));
-                                *m = _mm256_add_epi32(*m, v);
+                            for j in 0..16 {
+                                let wp = base.add(gemm::K6_QS + 256 * j + o);
+                                let (w0, w1, w2, w3) = (ld(wp), ld(wp.add(64)), ld(wp.add(128)), ld(wp.add(192)));
+                                let sc = scales::<true>(base.add(gemm::K6_SC + 16 * j + 8 * h), !VNNI);
+                                for (k, isum) in isum.iter_mut().enumerate() {
+                                    let q = (*act.add(k * nb + b)).qs.as_ptr().add(16 * j) as *const i32;
+                                    let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
+                                    let v = if VNNI {
+                                        let e = dpbusd(_mm256_setzero_si256(), w0, x(0));
+                                        let od = dpbusd(_mm256_setzero_si256(), w1, x(1));
+                                        let e = dpbusd(e, w2, x(2));
+                                        let od = dpbusd(od, w3, x(3));
+                                        _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
+                                    } else {
+                                        let e = _mm256_add_epi16(mul16(w0, x(0)), mul16(w2, x(2)));
+                                        let od = _mm256_add_epi16(mul16(w1, x(1)), mul16(w3, x(3)));
+                                        _mm256_add_epi32(_mm256_madd_epi16(e, sc), _mm256_madd_epi16(od, sc))
+                                    };
+                                    *isum = _mm256_add_epi32(*isum, v);
+                                }
                             }
                         }
-                    }
-                    let mut isum = [_mm256_setzero_si256(); T];
-                    if K == K4 {
-                        for j in 0..8 {
-                            let w = weights::<Q4>(base.add(gemm::K4_QS + 256 * j), h);
-                            let sc = scales::<false>(base.add(gemm::K4_SC + 16 * j + 8 * h), !VNNI);
-                            for (k, isum) in isum.iter_mut().enumerate() {
-                                let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
-                                let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
-                                let v = if VNNI {
-                                    let mut e = dpbusd(_mm256_setzero_si256(), w[0], x(0));
-                                    let mut od = dpbusd(_mm256_setzero_si256(), w[1], x(1));
-                                    e = dpbusd(e, w[2], x(2));
-                                    od = dpbusd(od, w[3], x(3));
-                                    e = dpbusd(e, w[4], x(4));
-                                    od = dpbusd(od, w[5], x(5));
-                                    e = dpbusd(e, w[6], x(6));
-                                    od = dpbusd(od, w[7], x(7));
-                                    _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
-                                } else {
-                                    let p = |g: usize| mul16(w[g], x(g));
-                                    let e = _mm256_add_epi16(_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(4), p(6)));
-                                    let od = _mm256_add_epi16(_mm256_add_epi16(p(1), p(3)), _mm256_add_epi16(p(5), p(7)));
-                                    _mm256_madd_epi16(_mm256_add_epi16(e, od), sc)
-                                };
-                                *isum = _mm256_add_epi32(*isum, v);
+                        for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum.into_iter().zip(mins)).enumerate() {
+                            let da = _mm256_set1_ps((*act.add(k * nb + b)).d);
+                            if K == K4 {
+                                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
+                                *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(m), *acc);
+                            } else {
+                                let s = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(m));
+                                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(s), *acc);
                             }
-                        }
-                    } else {
-                        for j in 0..16 {
-                            let wp = base.add(gemm::K6_QS + 256 * j + o);
-                            let (w0, w1, w2, w3) = (ld(wp), ld(wp.add(64)), ld(wp.add(128)), ld(wp.add(192)));
-                            let sc = scales::<true>(base.add(gemm::K6_SC + 16 * j + 8 * h), !VNNI);
-                            for (k, isum) in isum.iter_mut().enumerate() {
-                                let q = (*act.add(k * nb + b)).qs.as_ptr().add(16 * j) as *const i32;
-                                let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
-                                let v = if VNNI {
-                                    let e = dpbusd(_mm256_setzero_si256(), w0, x(0));
-                                    let od = dpbusd(_mm256_setzero_si256(), w1, x(1));
-                                    let e = dpbusd(e, w2, x(2));
-                                    let od = dpbusd(od, w3, x(3));
-                                    _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
-                                } else {
-                                    let e = _mm256_add_epi16(mul16(w0, x(0)), mul16(w2, x(2)));
-                                    let od = _mm256_add_epi16(mul16(w1, x(1)), mul16(w3, x(3)));
-                                    _mm256_add_epi32(_mm256_madd_epi16(e, sc), _mm256_madd_epi16(od, sc))
-                                };
-                                *isum = _mm256_add_epi32(*isum, v);
-                            }
-                        }
-                    }
-                    for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum.into_iter().zip(mins)).enumerate() {
-                        let da = _mm256_set1_ps((*act.add(k * nb + b)).d);
-                        if K == K4 {
-                            *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
-                            *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(m), *acc);
-                        } else {
-                            let s = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(m));
-                            *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(s), *acc);
                         }
                     }
                 }
-                store(&acc, y, ystride, rows);
+                store(&accs, y, ystride, rows);
             }
         }
     };
