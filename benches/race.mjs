@@ -5,8 +5,9 @@
 // the ratio ours / llama.cpp. Usage:
 //   npm run bench -- [--model PATH] [--rounds 3] [--threads 1,2] [--prompts 128,512] [--new 128] [--ppl 512] [--json out.json]
 //                    [--path native|avx2] [--llama-bench PATH|auto|off]
-// --path avx2 runs our AVX2 kernels (RUVLLM_NO_AVX512=1), what a CPU without AVX-512 gets, and
-// takes llama.cpp's AVX2-only build as its llama-bench. llama-bench (llama.cpp's own benchmark,
+// --path avx2 runs our AVX2 kernels (RUVLLM_NO_AVX512=1), what a CPU without AVX-512 gets,
+// node-llama-cpp's AVX2 CPU library (benches/nlc-cpu-variant.mjs) and llama.cpp's AVX2-only build
+// as its llama-bench. llama-bench (llama.cpp's own benchmark,
 // no Node wrapper in the way) runs in the same alternation as a third runtime, so a per-token
 // overhead in node-llama-cpp cannot flatter us: `auto` uses the build `scripts/llama-server.sh
 // llama-bench` made (`LLAMA_CPU=avx2` for the AVX2-only one) and skips it with a note if there is
@@ -95,7 +96,10 @@ if (runtimes.includes('llamacpp') && !resolvable('node-llama-cpp')) {
 
 function runOne(runtime, threads, promptLen, what = values.new, env = runtime === 'ruvllm' ? oursEnv : process.env) {
   if (runtime === 'llama-bench') return runLlamaBench(threads, promptLen)
-  const out = execFileSync(process.execPath, [join(here, 'run-one.mjs'), runtime, values.model, String(threads), String(promptLen), what], {
+  // On the AVX2 path node-llama-cpp runs its AVX2 (haswell) build of llama.cpp, whatever this CPU has.
+  const pre = runtime === 'llamacpp' && values.path === 'avx2' ? ['--import', join(here, 'nlc-cpu-variant.mjs')] : []
+  if (pre.length) env = { ...env, NLC_CPU_VARIANT: 'haswell' }
+  const out = execFileSync(process.execPath, [...pre, join(here, 'run-one.mjs'), runtime, values.model, String(threads), String(promptLen), what], {
     encoding: 'utf8',
     stdio: ['ignore', 'pipe', 'pipe'],
     maxBuffer: 1 << 24,
@@ -139,7 +143,7 @@ console.log(`# ruvllm vs llama.cpp — ${new Date().toISOString().slice(0, 10)}`
 console.log(`CPU: ${cpu} × ${cpus().length} (${flags.join(' ')}); model ${values.model.split('/').pop()}; ${values.new} new tokens, greedy; ${values.rounds} alternating rounds, medians`)
 console.log(
   values.path === 'avx2'
-    ? `ruvllm: the AVX2 path (RUVLLM_NO_AVX512=1); node-llama-cpp: the CPU variant it picks for this host${flags.includes('avx512f') ? ' (an AVX-512 one here)' : ''}; llama-bench: ${llamaBench ?? 'not run'}`
+    ? `ruvllm: the AVX2 path (RUVLLM_NO_AVX512=1); node-llama-cpp: its AVX2 build of llama.cpp (the haswell CPU library, benches/nlc-cpu-variant.mjs); llama-bench: ${llamaBench ?? 'not run'}`
     : `ruvllm: the kernels dispatched for this CPU; llama-bench: ${llamaBench ?? 'not run'}`,
 )
 
