@@ -61,9 +61,19 @@ impl Aggregate {
 
 type TargetKey = (u32, String);
 
-/// The weighted mean of the updates' dense `ΔW` per target (the reference the exact methods
-/// must equal): `(target, d_out, d_in, values)`.
-pub fn dense_mean(updates: &[&Update], weights: &[f64]) -> Result<Vec<(TargetKey, usize, usize, Vec<f64>)>> {
+/// One target's dense `ΔW` (`d_out × d_in`, row-major).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenseTarget {
+    pub layer: u32,
+    pub proj: String,
+    pub d_out: usize,
+    pub d_in: usize,
+    pub values: Vec<f64>,
+}
+
+/// The weighted mean of the updates' dense `ΔW` per target, in (layer, proj) order: the
+/// reference the exact methods must equal.
+pub fn dense_mean(updates: &[&Update], weights: &[f64]) -> Result<Vec<DenseTarget>> {
     let w = normalise(weights, updates.len())?;
     let mut out: BTreeMap<TargetKey, (usize, usize, Vec<f64>)> = BTreeMap::new();
     for (u, &wi) in updates.iter().zip(&w) {
@@ -77,7 +87,7 @@ pub fn dense_mean(updates: &[&Update], weights: &[f64]) -> Result<Vec<(TargetKey
             }
         }
     }
-    Ok(out.into_iter().map(|(k, (o, i, v))| (k, o, i, v)).collect())
+    Ok(out.into_iter().map(|((layer, proj), (d_out, d_in, values))| DenseTarget { layer, proj, d_out, d_in, values }).collect())
 }
 
 fn normalise(weights: &[f64], n: usize) -> Result<Vec<f64>> {
@@ -226,9 +236,10 @@ mod tests {
         dense
             .iter()
             .zip(&agg.targets)
-            .map(|((k, _, _, want), t)| {
-                assert_eq!((&t.layer, &t.proj), (&k.0, &k.1));
+            .map(|(d, t)| {
+                assert_eq!((t.layer, &t.proj), (d.layer, &d.proj));
                 let got = t.delta(agg.scale as f64);
+                let want = &d.values;
                 let num: f64 = want.iter().zip(&got).map(|(a, b)| (a - b) * (a - b)).sum();
                 let den: f64 = want.iter().map(|a| a * a).sum();
                 (num / den).sqrt()
@@ -280,10 +291,11 @@ mod tests {
             assert!((reported - got).abs() < 1e-5, "target {t}: reported {reported}, measured {got}");
         }
         let dense = dense_mean(&refs, &w).expect("dense");
-        for (t, (_, d_out, d_in, m)) in dense.iter().enumerate() {
+        for (t, d) in dense.iter().enumerate() {
             // Singular values of the dense matrix from its own columns (an independent path).
-            let cols: Vec<Vec<f64>> = (0..*d_in).map(|j| (0..*d_out).map(|i| m[i * d_in + j]).collect()).collect();
-            let eye: Vec<Vec<f64>> = (0..*d_in).map(|j| (0..*d_in).map(|i| if i == j { 1.0 } else { 0.0 }).collect()).collect();
+            let (d_out, d_in, m) = (d.d_out, d.d_in, &d.values);
+            let cols: Vec<Vec<f64>> = (0..d_in).map(|j| (0..d_out).map(|i| m[i * d_in + j]).collect()).collect();
+            let eye: Vec<Vec<f64>> = (0..d_in).map(|j| (0..d_in).map(|i| if i == j { 1.0 } else { 0.0 }).collect()).collect();
             let (_, s, _) = lowrank_svd(&cols, &eye);
             let tail = (s[3..].iter().map(|x| x * x).sum::<f64>() / s.iter().map(|x| x * x).sum::<f64>()).sqrt();
             assert!((tail - cut.truncation_error[t]).abs() < 1e-6, "target {t}: dense tail {tail} vs {}", cut.truncation_error[t]);

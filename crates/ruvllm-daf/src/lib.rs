@@ -13,9 +13,11 @@
 //!
 //! The crate knows nothing of napi or of the model: factors are plain `Vec<f32>` with shapes.
 
+pub mod accountant;
 pub mod aggregate;
 pub mod error;
 pub mod linalg;
+pub mod privacy;
 pub mod update;
 pub mod validate;
 pub mod weighting;

@@ -102,6 +102,35 @@ pub fn lowrank_svd(p_cols: &[Vec<f64>], q_rows: &[Vec<f64>]) -> (Vec<Vec<f64>>, 
     (u, sigma, v)
 }
 
+/// The best rank-`rank` approximation of the dense `rows × cols` row-major `m`, by the
+/// randomized range finder with two power iterations (Halko, Martinsson and Tropp, "Finding
+/// Structure with Randomness", 2011, Alg. 4.4) and then [`lowrank_svd`] of `Q·(Qᵀm)`.
+/// `gauss` draws standard normal numbers. Returns `(u columns, σ, v columns)`, `rank` of each.
+pub fn truncated_svd_dense(m: &[f64], rows: usize, cols: usize, rank: usize, gauss: &mut dyn FnMut() -> f64) -> (Vec<Vec<f64>>, Vec<f64>, Vec<Vec<f64>>) {
+    let k = (rank + 8).min(rows).min(cols);
+    let times = |x: &[f64]| -> Vec<f64> { (0..rows).map(|i| dot(&m[i * cols..(i + 1) * cols], x)).collect() };
+    let times_t = |y: &[f64]| -> Vec<f64> {
+        let mut out = vec![0.0f64; cols];
+        for (i, &c) in y.iter().enumerate() {
+            axpy(c, &m[i * cols..(i + 1) * cols], &mut out);
+        }
+        out
+    };
+    let mut y: Vec<Vec<f64>> = (0..k).map(|_| times(&(0..cols).map(|_| gauss()).collect::<Vec<_>>())).collect();
+    for _ in 0..2 {
+        let (q, _) = qr(&y);
+        let (z, _) = qr(&q.iter().map(|c| times_t(c)).collect::<Vec<_>>());
+        y = z.iter().map(|c| times(c)).collect();
+    }
+    let (q, _) = qr(&y);
+    let b_rows: Vec<Vec<f64>> = q.iter().map(|c| times_t(c)).collect();
+    let (mut u, mut s, mut v) = lowrank_svd(&q, &b_rows);
+    u.truncate(rank);
+    s.truncate(rank);
+    v.truncate(rank);
+    (u, s, v)
+}
+
 fn rotate(cols: &mut [Vec<f64>], i: usize, j: usize, c: f64, s: f64) {
     let (lo, hi) = cols.split_at_mut(j);
     for (x, y) in lo[i].iter_mut().zip(hi[0].iter_mut()) {
@@ -149,6 +178,17 @@ mod tests {
             }
         }
         assert!(s.windows(2).all(|w| w[0] >= w[1]));
+    }
+
+    #[test]
+    fn randomized_svd_recovers_a_low_rank_matrix_under_small_noise() {
+        let (p, q) = (rand_cols(3, 40, 5), rand_cols(3, 30, 6));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let m: Vec<f64> = (0..40 * 30).map(|x| (0..3).map(|k| p[k][x / 30] * q[k][x % 30]).sum::<f64>() + 1e-9 * rng.gen_range(-1.0..1.0)).collect();
+        let (u, s, v) = truncated_svd_dense(&m, 40, 30, 3, &mut || rng.gen_range(-1.0..1.0));
+        let err: f64 = (0..40 * 30).map(|x| m[x] - (0..3).map(|k| s[k] * u[k][x / 30] * v[k][x % 30]).sum::<f64>()).map(|d| d * d).sum();
+        let norm: f64 = m.iter().map(|x| x * x).sum();
+        assert!((err / norm).sqrt() < 1e-8, "relative error {}", (err / norm).sqrt());
     }
 
     #[test]

@@ -103,7 +103,7 @@ pub fn aggregate_round(updates: &[Update], policy: &RoundPolicy) -> Result<Round
     }
     let mut out = RoundOutput::default();
     for ((adapter, bucket), mut group) in groups {
-        group.sort_by(|a, b| a.node.cmp(&b.node));
+        group.sort_by_key(|u| u.node);
         group.dedup_by(|a, b| a.node == b.node);
         if group.iter().any(|u| u.tier == Tier::Public) && group.len() < policy.k_anonymity {
             out.withheld.push((adapter, bucket, group.len()));
