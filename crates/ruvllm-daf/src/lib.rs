@@ -16,6 +16,7 @@
 pub mod accountant;
 pub mod aggregate;
 pub mod error;
+pub mod federation;
 pub mod linalg;
 pub mod privacy;
 pub mod update;
