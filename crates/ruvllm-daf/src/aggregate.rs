@@ -198,7 +198,7 @@ fn svd(layer: u32, proj: &str, parts: &[(usize, &Factors)], w: &[f64], updates: 
     let keep = rank.min(sigma.len());
     let total: f64 = sigma.iter().map(|s| s * s).sum();
     let dropped: f64 = sigma[keep..].iter().map(|s| s * s).sum();
-    let err = if total > 0.0 { (dropped / total).sqrt() } else { 0.0 };
+    let err = if total > 0.0 && dropped > 0.0 { (dropped / total).sqrt() } else { 0.0 };
     // Each kept component's magnitude is split evenly between A and B (as SONA balances its
     // factors), so neither is tiny when stored in half precision.
     let mut a = Vec::with_capacity(keep * d_in);

@@ -234,6 +234,19 @@ impl Federation {
         Ok(())
     }
 
+    /// Takes a bundle (one node's envelopes of a round, as gossip carries them): each envelope
+    /// as [`Federation::receive`] does. Bytes that are not a bundle count once as malformed.
+    pub fn receive_bundle(&mut self, bytes: &[u8], source: Source) -> Vec<std::result::Result<(), Reject>> {
+        match unbundle(bytes) {
+            Ok(envs) => envs.into_iter().map(|e| self.receive(e, source)).collect(),
+            Err(e) => {
+                self.bytes_unattributed += bytes.len() as u64;
+                self.validator.counters.count(Err(e));
+                vec![Err(e)]
+            }
+        }
+    }
+
     fn open_checked(&self, bytes: &[u8], header: Option<Header>) -> std::result::Result<Update, Reject> {
         if bytes.len() > self.cfg.limits.max_bytes {
             return Err(Reject::Oversized);
@@ -277,15 +290,19 @@ impl Federation {
         (first..upto).filter(|r| self.rounds.get(r).is_none_or(|s| s.updates.is_empty())).collect()
     }
 
-    /// The envelopes held for `round`, to serve a peer's catch-up (counted as sent).
-    pub fn serve(&mut self, round: u64) -> Vec<Vec<u8>> {
-        match self.rounds.get_mut(&round) {
-            Some(st) => {
-                st.bytes_sent += st.envelopes.iter().map(|e| e.len() as u64).sum::<u64>();
-                st.envelopes.clone()
-            }
-            None => Vec::new(),
-        }
+    /// The nodes this node holds updates from for `round`.
+    pub fn holders(&self, round: u64) -> Vec<[u8; 32]> {
+        self.rounds.get(&round).map(|s| s.updates.keys().map(|k| k.0).collect::<BTreeSet<_>>().into_iter().collect()).unwrap_or_default()
+    }
+
+    /// The envelopes held for `round` whose sender is not in `have`, to serve a peer's catch-up
+    /// (counted as sent). The filter reads the envelope header's sender: an envelope that lies
+    /// there fails the requester's checks, which compare header and update.
+    pub fn serve(&mut self, round: u64, have: &[[u8; 32]]) -> Vec<Vec<u8>> {
+        let Some(st) = self.rounds.get_mut(&round) else { return Vec::new() };
+        let out: Vec<Vec<u8>> = st.envelopes.iter().filter(|e| Header::parse(e).is_ok_and(|h| !have.contains(&h.sender))).cloned().collect();
+        st.bytes_sent += out.iter().map(|e| e.len() as u64).sum::<u64>();
+        out
     }
 
     pub fn stats(&self) -> Stats {
@@ -316,6 +333,46 @@ impl Federation {
             epsilon: self.public.as_ref().map_or(0.0, PublicTier::epsilon_spent),
             peers: 0,
         }
+    }
+}
+
+const BUNDLE_MAGIC: &[u8; 8] = b"RVDAFB1\0";
+
+/// One message of several envelopes: a node's updates of a round travel together, so a peer
+/// holds all of them or none (a round counts a node as contributed once its message arrived).
+pub fn bundle(envelopes: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(12 + envelopes.iter().map(|e| e.len() + 4).sum::<usize>());
+    out.extend_from_slice(BUNDLE_MAGIC);
+    out.extend_from_slice(&(envelopes.len() as u32).to_le_bytes());
+    for e in envelopes {
+        out.extend_from_slice(&(e.len() as u32).to_le_bytes());
+        out.extend_from_slice(e);
+    }
+    out
+}
+
+/// The envelopes of a bundle.
+pub fn unbundle(bytes: &[u8]) -> std::result::Result<Vec<&[u8]>, Reject> {
+    let rest = bytes.strip_prefix(BUNDLE_MAGIC).ok_or(Reject::Malformed)?;
+    let (n, mut rest) = rest.split_first_chunk::<4>().ok_or(Reject::Malformed)?;
+    let n = u32::from_le_bytes(*n) as usize;
+    if n > rest.len() / 4 {
+        return Err(Reject::Malformed);
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (len, tail) = rest.split_first_chunk::<4>().ok_or(Reject::Malformed)?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if len > tail.len() {
+            return Err(Reject::Malformed);
+        }
+        out.push(&tail[..len]);
+        rest = &tail[len..];
+    }
+    if rest.is_empty() {
+        Ok(out)
+    } else {
+        Err(Reject::Malformed)
     }
 }
 
@@ -435,9 +492,12 @@ pub(crate) mod tests {
         let out = feds[0].aggregate(1).expect("aggregates");
         assert_eq!(out.withheld, vec![("pub".to_string(), None, 4)], "4 < k = 5");
         // Node 4 saw only its own updates; it catches up from node 1's store.
-        let served = feds[0].serve(1);
+        let have = feds[3].holders(1);
+        assert_eq!(have, vec![feds[3].node_id()]);
+        let served = feds[0].serve(1, &have);
+        assert_eq!(served.len(), 15, "5 updates of each of the 3 others");
         for e in &served {
-            let _ = feds[3].receive(e, Source::CatchUp { round: 1 });
+            assert_eq!(feds[3].receive(e, Source::CatchUp { round: 1 }), Ok(()));
         }
         assert_eq!(feds[3].aggregate(1).expect("aggregates"), out);
         // Catching up twice changes nothing.
@@ -445,6 +505,20 @@ pub(crate) mod tests {
             assert_eq!(feds[3].receive(e, Source::CatchUp { round: 1 }), Err(Reject::Replayed));
         }
         assert_eq!(feds[3].aggregate(1).expect("aggregates"), out);
+    }
+
+    #[test]
+    fn bundles_round_trip_and_bad_ones_count_once() {
+        let envs = vec![vec![1u8, 2, 3], vec![], vec![9; 300]];
+        let b = bundle(&envs);
+        assert_eq!(unbundle(&b).expect("unbundles"), envs.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        for n in 0..b.len() {
+            assert!(unbundle(&b[..n]).is_err());
+        }
+        let mut f = Federation::new(config(1, 2)).expect("config");
+        assert_eq!(f.receive_bundle(b"nonsense", Source::Live), vec![Err(Reject::Malformed)]);
+        assert_eq!(f.receive_bundle(&b, Source::Live).len(), 3);
+        assert_eq!(f.stats().rejected_total, 4);
     }
 
     #[test]

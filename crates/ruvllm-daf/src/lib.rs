@@ -18,6 +18,7 @@ pub mod aggregate;
 pub mod error;
 pub mod federation;
 pub mod linalg;
+pub mod node;
 pub mod privacy;
 pub mod update;
 pub mod validate;
