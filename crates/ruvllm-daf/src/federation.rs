@@ -7,12 +7,13 @@
 //! two nodes that hold the same set, however it reached them (gossip, catch-up), hold
 //! bit-identical aggregates.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use sha2::{Digest, Sha256};
 
 use crate::privacy::{open, seal, seal_public, DpConfig, Header, Keys, PublicTier};
 use crate::update::{Tier, Update};
@@ -93,6 +94,10 @@ pub struct Stats {
     pub rejected_total: u64,
     /// Local updates of private adapters, kept off the wire.
     pub private_kept: u64,
+    /// Envelopes received again byte for byte (another gossip path, a restart, overlapping
+    /// catch-up): dropped without validation; not rejections. A replay in other bytes (the
+    /// same update re-encrypted or re-signed, or an older round) is a rejection.
+    pub duplicates: u64,
     pub bytes_sent: u64,
     pub bytes_received: u64,
     /// Bytes that could not be attributed to a round (they did not parse).
@@ -129,6 +134,9 @@ pub struct Federation {
     public: Option<PublicTier>,
     rounds: BTreeMap<u64, RoundState>,
     private_kept: u64,
+    /// SHA-256 of every envelope held (published or accepted).
+    held: HashSet<[u8; 32]>,
+    duplicates: u64,
     bytes_unattributed: u64,
     /// A CSPRNG (ChaCha) seeded from the OS: nonces and DP noise.
     rng: StdRng,
@@ -159,7 +167,18 @@ impl Federation {
             }
         }
         let validator = Validator::new(cfg.limits, &cfg.adapters, &members);
-        Ok(Federation { validator, public, rounds: BTreeMap::new(), private_kept: 0, bytes_unattributed: 0, rng: StdRng::from_entropy(), key, cfg })
+        Ok(Federation {
+            validator,
+            public,
+            rounds: BTreeMap::new(),
+            private_kept: 0,
+            held: HashSet::new(),
+            duplicates: 0,
+            bytes_unattributed: 0,
+            rng: StdRng::from_entropy(),
+            key,
+            cfg,
+        })
     }
 
     pub fn config(&self) -> &FederationConfig {
@@ -203,6 +222,7 @@ impl Federation {
                 }
             };
             let u = self.validator.accept(u, Source::Live).map_err(Error::Rejected)?;
+            self.held.insert(Sha256::digest(&env).into());
             let st = self.rounds.entry(round).or_default();
             st.bytes_sent += env.len() as u64;
             st.updates.insert((u.node, u.adapter.clone(), u.bucket), u);
@@ -220,6 +240,11 @@ impl Federation {
             Some(h) => self.rounds.entry(h.round).or_default().bytes_received += bytes.len() as u64,
             None => self.bytes_unattributed += bytes.len() as u64,
         }
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        if self.held.contains(&digest) {
+            self.duplicates += 1;
+            return Err(Reject::Replayed);
+        }
         let r = self.open_checked(bytes, header);
         let u = match r {
             Ok(u) => self.validator.accept(u, source)?,
@@ -228,6 +253,7 @@ impl Federation {
                 return Err(e);
             }
         };
+        self.held.insert(digest);
         let st = self.rounds.entry(u.round).or_default();
         st.updates.insert((u.node, u.adapter.clone(), u.bucket), u);
         st.envelopes.push(bytes.to_vec());
@@ -284,10 +310,11 @@ impl Federation {
         self.rounds.get(&round).and_then(|s| s.output.as_ref())
     }
 
-    /// Rounds up to `upto` (exclusive) this node holds nothing for, after the first it holds.
-    pub fn missed_rounds(&self, upto: u64) -> Vec<u64> {
+    /// Rounds before `upto`, from the first this node holds, with fewer contributors than
+    /// expected: the ones a catch-up may complete.
+    pub fn incomplete_rounds(&self, upto: u64) -> Vec<u64> {
         let Some(&first) = self.rounds.keys().next() else { return Vec::new() };
-        (first..upto).filter(|r| self.rounds.get(r).is_none_or(|s| s.updates.is_empty())).collect()
+        (first..upto).filter(|&r| self.contributors(r) < self.cfg.expected_nodes).collect()
     }
 
     /// The nodes this node holds updates from for `round`.
@@ -326,6 +353,7 @@ impl Federation {
             rejected: c.rejected.iter().map(|(r, n)| (r.name(), *n)).collect(),
             rejected_total: c.rejected_total(),
             private_kept: self.private_kept,
+            duplicates: self.duplicates,
             bytes_sent: per_round.iter().map(|r| r.bytes_sent).sum(),
             bytes_received: per_round.iter().map(|r| r.bytes_received).sum::<u64>() + self.bytes_unattributed,
             bytes_unattributed: self.bytes_unattributed,
@@ -472,9 +500,9 @@ pub(crate) mod tests {
         assert!(o.withheld.is_empty());
         let s = feds[0].stats();
         assert_eq!((s.private_kept, s.rounds), (1, 1));
-        // Own 5 accepted at prepare, 20 from others; own echoes and the duplicate rejected.
-        assert_eq!(s.accepted, 25);
-        assert_eq!(s.rejected.get("replayed"), Some(&6));
+        // Own 5 accepted at prepare, 20 from others; own echoes and the second copy are
+        // duplicates, not rejections.
+        assert_eq!((s.accepted, s.rejected_total, s.duplicates), (25, 0, 6));
         assert!(s.epsilon > 0.0 && s.epsilon <= 1.0);
         assert!(s.bytes_sent > 0 && s.bytes_received > s.bytes_sent);
     }
@@ -500,10 +528,15 @@ pub(crate) mod tests {
             assert_eq!(feds[3].receive(e, Source::CatchUp { round: 1 }), Ok(()));
         }
         assert_eq!(feds[3].aggregate(1).expect("aggregates"), out);
-        // Catching up twice changes nothing.
+        // Catching up twice changes nothing; the same update in new bytes is a replay.
         for e in &served {
             assert_eq!(feds[3].receive(e, Source::CatchUp { round: 1 }), Err(Reject::Replayed));
         }
+        assert_eq!(feds[3].stats().duplicates, 15);
+        let (_, body) = open(&served[0], &feds[3].cfg.keys).expect("opens");
+        let resealed = seal(&Update::decode(&body, 64).expect("decodes"), &feds[3].cfg.keys, &mut rand::thread_rng()).expect("seals");
+        assert_eq!(feds[3].receive(&resealed, Source::CatchUp { round: 1 }), Err(Reject::Replayed));
+        assert_eq!(feds[3].stats().rejected.get("replayed"), Some(&1));
         assert_eq!(feds[3].aggregate(1).expect("aggregates"), out);
     }
 
@@ -541,7 +574,7 @@ pub(crate) mod tests {
         }
         assert_eq!(b.receive(&wire[1], Source::Live), Err(Reject::Replayed));
         let s = b.stats();
-        assert_eq!((s.accepted, s.rejected_total), (5, 4));
+        assert_eq!((s.accepted, s.rejected_total, s.duplicates), (5, 3, 1));
         assert_eq!(s.bytes_unattributed, 7);
     }
 }

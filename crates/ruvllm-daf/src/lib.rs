@@ -15,6 +15,7 @@
 
 pub mod accountant;
 pub mod aggregate;
+pub mod demo;
 pub mod error;
 pub mod federation;
 pub mod linalg;

@@ -231,8 +231,9 @@ impl Node {
     }
 
     /// Runs `round`: signs and publishes this node's `local` updates, collects the others'
-    /// until every expected node (or every subscribed peer, when fewer are connected) has
-    /// contributed or the round's timeout passes, and aggregates.
+    /// until every expected node has contributed or the round's timeout passes, and
+    /// aggregates. Updates that arrive later still join the round: [`Node::aggregate`] and
+    /// [`Node::sync`] recompute it.
     pub async fn round(&self, round: u64, local: Vec<Update>) -> Result<RoundReport> {
         let (envelopes, expected, timeout) = {
             let mut f = lock(&self.fed);
@@ -252,11 +253,11 @@ impl Node {
                 }
             }
         }
+        // Connected peers are no measure of who will contribute (a node may reach others only
+        // through a relay of the mesh), so a round waits for the expected count or its timeout.
         let mut timed_out = false;
         loop {
-            let have = lock(&self.fed).contributors(round);
-            let online = self.peer_counts().1 + 1;
-            if have >= expected || (online < expected && have >= online) {
+            if lock(&self.fed).contributors(round) >= expected {
                 break;
             }
             if Instant::now() > end {
@@ -283,10 +284,10 @@ impl Node {
         self.send(|reply| Command::CatchUp { round, reply }).await?
     }
 
-    /// Catches up every round before `upto` this node missed (after its first), and
-    /// re-aggregates them. Returns the rounds caught up.
+    /// Catches up every round before `upto` (after this node's first) that lacks updates of
+    /// some expected node, and re-aggregates them. Returns those rounds.
     pub async fn sync(&self, upto: u64) -> Result<Vec<u64>> {
-        let missed = lock(&self.fed).missed_rounds(upto);
+        let missed = lock(&self.fed).incomplete_rounds(upto);
         for &r in &missed {
             self.catch_up(r).await?;
             lock(&self.fed).aggregate(r)?;

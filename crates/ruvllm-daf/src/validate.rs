@@ -17,8 +17,9 @@ pub enum Reject {
     Unsigned,
     /// A signature that does not verify against the update's node key.
     BadSignature,
-    /// The same node, round, adapter and bucket seen before, or a round older than the last one
-    /// accepted from that node for that adapter and bucket.
+    /// The same node, round, adapter and bucket seen before, or a round more than
+    /// [`Limits::max_round_lag`] older than the newest accepted from that node for that
+    /// adapter and bucket.
     Replayed,
     /// More bytes, targets or rank than the limits allow.
     Oversized,
@@ -79,11 +80,17 @@ pub struct Limits {
     pub max_rank: usize,
     /// Targets in one update.
     pub max_targets: usize,
+    /// How many rounds older than the newest seen from a sender a live update may be. 0: any
+    /// older round is a replay. Gossip delivers late at times (a peer's queue flushed after a
+    /// reconnect), and a late update of a round still open is no attack: the signed round
+    /// number puts it in its own round, never in the current one. Catch-up, which asks for an
+    /// old round on purpose, is not limited by this.
+    pub max_round_lag: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_bytes: 16 << 20, max_rank: 64, max_targets: 512 }
+        Limits { max_bytes: 16 << 20, max_rank: 64, max_targets: 512, max_round_lag: 4 }
     }
 }
 
@@ -231,7 +238,7 @@ impl Validator {
         }
         match source {
             Source::Live => {
-                if self.newest.get(&key).is_some_and(|&n| u.round < n) {
+                if self.newest.get(&key).is_some_and(|&n| u.round.saturating_add(self.limits.max_round_lag) < n) {
                     return Err(Reject::Replayed);
                 }
             }
@@ -253,7 +260,11 @@ mod tests {
     const T: &[(u32, &str, usize, usize, usize)] = &[(5, "ffn_down", 2, 8, 4)];
 
     fn validator() -> Validator {
-        Validator::new(Limits { max_bytes: 4096, max_rank: 4, max_targets: 4 }, &[AdapterSpec::new("m", Tier::Group, Some(4), &[(5, "ffn_down", 8, 4)])], &[])
+        Validator::new(
+            Limits { max_bytes: 4096, max_rank: 4, max_targets: 4, max_round_lag: 0 },
+            &[AdapterSpec::new("m", Tier::Group, Some(4), &[(5, "ffn_down", 8, 4)])],
+            &[],
+        )
     }
 
     #[test]
@@ -336,6 +347,16 @@ mod tests {
         assert_eq!(v.check(&missed, Source::CatchUp { round: 3 }).err(), Some(Reject::Replayed), "not the round asked for");
         assert!(v.accept(missed.clone(), Source::CatchUp { round: 4 }).is_ok());
         assert_eq!(v.accept(missed, Source::CatchUp { round: 4 }).err(), Some(Reject::Replayed));
+    }
+
+    #[test]
+    fn a_late_update_within_the_lag_is_taken_an_older_one_is_a_replay() {
+        let mut v = validator();
+        v.limits.max_round_lag = 2;
+        assert!(v.accept(random_update(&key(1), "m", Some(0), 5, T, 1), Source::Live).is_ok());
+        assert!(v.accept(random_update(&key(1), "m", Some(0), 3, T, 2), Source::Live).is_ok());
+        assert_eq!(v.accept(random_update(&key(1), "m", Some(0), 2, T, 3), Source::Live).err(), Some(Reject::Replayed));
+        assert_eq!(v.accept(random_update(&key(1), "m", Some(0), 3, T, 4), Source::Live).err(), Some(Reject::Replayed), "round 3 is held");
     }
 
     #[test]

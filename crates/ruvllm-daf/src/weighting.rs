@@ -94,6 +94,34 @@ pub struct RoundOutput {
     pub withheld: Vec<(String, Option<u16>, usize)>,
 }
 
+impl RoundOutput {
+    /// SHA-256 of everything in the output (factor values by their bits): equal digests, equal
+    /// aggregates; what nodes in different processes compare.
+    pub fn digest(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for a in &self.aggregates {
+            h.update((a.adapter.len() as u64).to_le_bytes());
+            h.update(a.adapter.as_bytes());
+            h.update(format!("{:?}{:?}", a.bucket, a.method).as_bytes());
+            h.update(a.scale.to_bits().to_le_bytes());
+            for t in &a.targets {
+                h.update(t.name().as_bytes());
+                for d in [t.rank, t.d_in, t.d_out] {
+                    h.update((d as u64).to_le_bytes());
+                }
+                t.a.iter().chain(&t.b).for_each(|v| h.update(v.to_bits().to_le_bytes()));
+            }
+            a.contributors.iter().for_each(|c| h.update(c));
+            a.weights.iter().chain(&a.truncation_error).for_each(|w| h.update(w.to_bits().to_le_bytes()));
+        }
+        for (adapter, bucket, n) in &self.withheld {
+            h.update(format!("{adapter}{bucket:?}{n}").as_bytes());
+        }
+        h.finalize().into()
+    }
+}
+
 /// Groups `updates` by adapter and bucket and aggregates each group under `policy`. Updates are
 /// assumed validated (one per node per group: the validator's replay rule).
 pub fn aggregate_round(updates: &[Update], policy: &RoundPolicy) -> Result<RoundOutput> {

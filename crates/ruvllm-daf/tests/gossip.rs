@@ -5,63 +5,20 @@ use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
 use rand::{Rng, SeedableRng};
-use ruvllm_daf::aggregate::Method;
+use ruvllm_daf::demo;
 use ruvllm_daf::federation::{bundle, FederationConfig};
 use ruvllm_daf::node::Node;
-use ruvllm_daf::privacy::{seal_bytes, Header, Keys};
-use ruvllm_daf::update::{Factors, Tier, Update};
-use ruvllm_daf::validate::AdapterSpec;
-use ruvllm_daf::weighting::{RoundPolicy, Weighting};
+use ruvllm_daf::privacy::{seal_bytes, Header};
+use ruvllm_daf::update::Update;
 
 const N: usize = 4;
-const GROUP_KEY: [u8; 32] = [5; 32];
 
 fn config(i: usize, peers: Vec<String>) -> FederationConfig {
-    FederationConfig {
-        federate: true,
-        identity: [i as u8 + 1; 32],
-        adapters: vec![
-            AdapterSpec::new("sona", Tier::Group, None, &[(17, "ffn_down", 16, 8)]),
-            AdapterSpec::new("talora", Tier::Group, Some(2), &[(0, "attn_q", 8, 8)]),
-        ],
-        keys: Keys { group: Some(GROUP_KEY), tenant: None },
-        policy: RoundPolicy { weighting: Weighting::Hybrid { mix: 0.5 }, method: Method::Svd { rank: 4 }, k_anonymity: 5 },
-        expected_nodes: N,
-        round_timeout: Duration::from_secs(20),
-        peers,
-        topic: "ruvllm-daf/test".into(),
-        ..FederationConfig::default()
-    }
+    demo::config(i, N, peers, Duration::from_secs(3))
 }
 
-fn factors(rng: &mut impl Rng, layer: u32, proj: &str, rank: usize, d_in: usize, d_out: usize) -> Factors {
-    let a = (0..rank * d_in).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-    let b = (0..d_out * rank).map(|_| rng.gen_range(-0.1f32..0.1)).collect();
-    Factors::new(layer, proj, rank, d_in, d_out, a, b).expect("shapes")
-}
-
-/// Node `i`'s updates for `round`: the SONA adapter and both TALoRA buckets (signed by the
-/// federation when published).
 fn local(i: usize, round: u64) -> Vec<Update> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(i as u64 * 100 + round);
-    let mk = |adapter: &str, bucket, f: Factors, improvement: f32| Update {
-        adapter: adapter.into(),
-        bucket,
-        targets: vec![f],
-        scale: 0.5,
-        samples: 10 + i as u64,
-        quality: 0.7,
-        improvement,
-        tier: Tier::Group,
-        node: [0; 32],
-        round,
-        signature: None,
-    };
-    vec![
-        mk("sona", None, factors(&mut rng, 17, "ffn_down", 2, 16, 8), 0.1),
-        mk("talora", Some(0), factors(&mut rng, 0, "attn_q", 1, 8, 8), 0.05 * i as f32),
-        mk("talora", Some(1), factors(&mut rng, 0, "attn_q", 1, 8, 8), 0.2 - 0.05 * i as f32),
-    ]
+    demo::updates(i, round)
 }
 
 async fn start_all() -> Vec<Node> {
@@ -78,7 +35,7 @@ async fn start_all() -> Vec<Node> {
 
 async fn run_round(nodes: &[&Node], round: u64) -> Vec<ruvllm_daf::node::RoundReport> {
     let futs = nodes.iter().map(|n| {
-        let idx = (0..N).find(|&k| SigningKey::from_bytes(&[k as u8 + 1; 32]).verifying_key().to_bytes() == n.node_id()).expect("known node");
+        let idx = (0..N).find(|&k| SigningKey::from_bytes(&demo::identity(k)).verifying_key().to_bytes() == n.node_id()).expect("known node");
         n.round(round, local(idx, round))
     });
     futures::future::join_all(futs).await.into_iter().map(|r| r.expect("round runs")).collect()
@@ -105,7 +62,7 @@ async fn nodes_agree_across_rounds_and_an_offline_node_catches_up() {
     }
     let r2 = run_round(&nodes.iter().collect::<Vec<_>>(), 2).await;
     for r in &r2 {
-        assert_eq!(r.contributors, N - 1);
+        assert_eq!((r.contributors, r.timed_out), (N - 1, true));
         assert_eq!(r.output, r2[0].output);
     }
 
@@ -156,13 +113,13 @@ async fn tampered_and_replayed_envelopes_from_a_peer_are_rejected() {
     // Node 0 turns bad in round 2: a flipped byte, a re-encrypted copy of its round-1 update
     // (new nonce, same signed update: a replay gossip's own duplicate filter cannot see), an
     // update signed by someone else under its name, and garbage.
-    let key = SigningKey::from_bytes(&[1; 32]);
+    let key = SigningKey::from_bytes(&demo::identity(0));
     let mut old = local(0, 1).remove(0);
     old.node = key.verifying_key().to_bytes();
     old.sign(&key);
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let mut os = rand::rngs::OsRng;
-    let replay = seal_bytes(&Header::of(&old), &old.encode(), &GROUP_KEY, &mut os).expect("seals");
+    let replay = seal_bytes(&Header::of(&old), &old.encode(), &demo::GROUP_KEY, &mut os).expect("seals");
     let mut tampered = replay.clone();
     let at = tampered.len() - 40;
     tampered[at] ^= 0x10;
@@ -170,7 +127,7 @@ async fn tampered_and_replayed_envelopes_from_a_peer_are_rejected() {
     forged.round = 2;
     forged.sign(&SigningKey::from_bytes(&[77; 32]));
     forged.node = key.verifying_key().to_bytes();
-    let forged = seal_bytes(&Header::of(&forged), &forged.encode(), &GROUP_KEY, &mut os).expect("seals");
+    let forged = seal_bytes(&Header::of(&forged), &forged.encode(), &demo::GROUP_KEY, &mut os).expect("seals");
     let garbage: Vec<u8> = (0..200).map(|_| rng.gen()).collect();
     let messages = vec![bundle(&[tampered]), bundle(&[replay]), bundle(&[forged]), garbage];
     nodes[0].publish_raw(messages).await.expect("publishes");
