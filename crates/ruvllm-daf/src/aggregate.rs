@@ -35,6 +35,21 @@ pub enum Method {
     Svd { rank: usize },
 }
 
+impl Method {
+    /// `factors` (factor averaging), `stack`, `svd` (rank 8) or `svd:<rank>`.
+    pub fn parse(s: &str) -> Result<Method> {
+        match s {
+            "factors" => Ok(Method::FactorAverage),
+            "stack" => Ok(Method::Stack),
+            "svd" => Ok(Method::Svd { rank: 8 }),
+            _ => match s.strip_prefix("svd:").map(str::parse::<usize>) {
+                Some(Ok(rank)) if rank > 0 => Ok(Method::Svd { rank }),
+                _ => Err(Error::Config(format!("aggregation '{s}': expected factors, stack, svd or svd:<rank>"))),
+            },
+        }
+    }
+}
+
 /// One aggregated adapter (one bucket of it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Aggregate {
@@ -312,6 +327,13 @@ mod tests {
         for e in rel_errors(&agg, &refs, &[1.0, 1.0]) {
             assert!(e < 1e-6);
         }
+    }
+
+    #[test]
+    fn methods_parse() {
+        assert_eq!(Method::parse("svd:4").expect("parses"), Method::Svd { rank: 4 });
+        assert_eq!(Method::parse("stack").expect("parses"), Method::Stack);
+        assert!(Method::parse("svd:0").is_err() && Method::parse("mean").is_err());
     }
 
     #[test]

@@ -263,7 +263,8 @@ impl Federation {
     /// Takes a bundle (one node's envelopes of a round, as gossip carries them): each envelope
     /// as [`Federation::receive`] does. Bytes that are not a bundle count once as malformed.
     pub fn receive_bundle(&mut self, bytes: &[u8], source: Source) -> Vec<std::result::Result<(), Reject>> {
-        match unbundle(bytes) {
+        let r = if bytes.len() > self.cfg.limits.max_message_bytes { Err(Reject::Oversized) } else { unbundle(bytes) };
+        match r {
             Ok(envs) => envs.into_iter().map(|e| self.receive(e, source)).collect(),
             Err(e) => {
                 self.bytes_unattributed += bytes.len() as u64;

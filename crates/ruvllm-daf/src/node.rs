@@ -125,7 +125,7 @@ impl Node {
             .validation_mode(ValidationMode::Strict)
             .validate_messages()
             .message_id_fn(|m: &gossipsub::Message| MessageId::from(Sha256::digest(&m.data).to_vec()))
-            .max_transmit_size(cfg.limits.max_bytes + 4096)
+            .max_transmit_size(cfg.limits.max_message_bytes)
             .mesh_n_low(2)
             .mesh_n(4)
             .mesh_n_high(8)
@@ -135,7 +135,7 @@ impl Node {
         let gossip = gossipsub::Behaviour::new(MessageAuthenticity::Signed(keypair.clone()), gossip_cfg).map_err(transport)?;
         let codec = cbor::codec::Codec::default()
             .set_request_size_maximum(1 << 20)
-            .set_response_size_maximum((cfg.limits.max_bytes as u64).saturating_mul(64).max(1 << 20));
+            .set_response_size_maximum((cfg.limits.max_message_bytes as u64).saturating_mul(cfg.expected_nodes.max(1) as u64));
         let catch_up = request_response::Behaviour::with_codec(
             codec,
             [(CATCH_UP, ProtocolSupport::Full)],

@@ -76,6 +76,8 @@ impl Reject {
 pub struct Limits {
     /// Bytes of one encoded update (or envelope).
     pub max_bytes: usize,
+    /// Bytes of one gossip message (a node's bundle of envelopes for a round).
+    pub max_message_bytes: usize,
     /// Rank of any one target.
     pub max_rank: usize,
     /// Targets in one update.
@@ -90,7 +92,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_bytes: 16 << 20, max_rank: 64, max_targets: 512, max_round_lag: 4 }
+        Limits { max_bytes: 16 << 20, max_message_bytes: 64 << 20, max_rank: 64, max_targets: 512, max_round_lag: 4 }
     }
 }
 
@@ -261,7 +263,7 @@ mod tests {
 
     fn validator() -> Validator {
         Validator::new(
-            Limits { max_bytes: 4096, max_rank: 4, max_targets: 4, max_round_lag: 0 },
+            Limits { max_bytes: 4096, max_message_bytes: 16384, max_rank: 4, max_targets: 4, max_round_lag: 0 },
             &[AdapterSpec::new("m", Tier::Group, Some(4), &[(5, "ffn_down", 8, 4)])],
             &[],
         )
