@@ -155,7 +155,8 @@ impl Federation {
             return Err(Error::Config("expected_nodes must be at least 1".into()));
         }
         let key = SigningKey::from_bytes(&cfg.identity);
-        let public = if cfg.adapters.iter().any(|a| a.tier == Tier::Public) { Some(PublicTier::new(cfg.dp)?) } else { None };
+        let public_streams: u64 = cfg.adapters.iter().filter(|a| a.tier == Tier::Public).map(|a| a.buckets.map_or(1, u64::from)).sum();
+        let public = if public_streams > 0 { Some(PublicTier::new(cfg.dp, public_streams)?) } else { None };
         let members: Vec<[u8; 32]> = cfg.keys.tenant.as_ref().map(|t| t.members.clone()).unwrap_or_default();
         for a in &cfg.adapters {
             match a.tier {
@@ -433,7 +434,7 @@ pub(crate) mod tests {
             identity: [i; 32],
             adapters: specs(),
             keys: Keys { group: Some([5; 32]), tenant: Some(Tenant { key: [6; 32], members }) },
-            dp: DpConfig { epsilon: 1.0, delta: 1e-5, releases: 4, clip: 1.0 },
+            dp: DpConfig { epsilon: 1.0, delta: 1e-5, rounds: 4, clip: 1.0 },
             policy: RoundPolicy { weighting: Weighting::TimestepAligned, method: Method::Svd { rank: 4 }, k_anonymity: 5 },
             expected_nodes: n,
             ..FederationConfig::default()

@@ -173,20 +173,22 @@ pub fn open(bytes: &[u8], keys: &Keys) -> std::result::Result<(Header, Vec<u8>),
     Ok((h, body))
 }
 
-/// The public tier's settings: the privacy target over the configured number of releases (one
-/// per public adapter and bucket per round), and the clipping norm.
+/// The public tier's settings: the privacy target over the configured number of rounds, and
+/// the clipping norm.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DpConfig {
     pub epsilon: f64,
     pub delta: f64,
-    pub releases: u64,
+    /// Rounds the budget must last. Each round releases one update per public adapter and
+    /// bucket; all of them are accounted (they may come from the same data).
+    pub rounds: u64,
     /// `C`: the Frobenius norm `ΔW` is clipped to, over all targets of an update.
     pub clip: f64,
 }
 
 impl Default for DpConfig {
     fn default() -> Self {
-        DpConfig { epsilon: 1.0, delta: 1e-5, releases: 10, clip: 1.0 }
+        DpConfig { epsilon: 1.0, delta: 1e-5, rounds: 10, clip: 1.0 }
     }
 }
 
@@ -211,11 +213,13 @@ pub struct PublicTier {
 }
 
 impl PublicTier {
-    pub fn new(cfg: DpConfig) -> Result<PublicTier> {
+    /// Calibrates the noise for `cfg.rounds` rounds of `per_round` releases each.
+    pub fn new(cfg: DpConfig, per_round: u64) -> Result<PublicTier> {
         if !(cfg.clip > 0.0 && cfg.clip.is_finite()) {
             return Err(Error::Config(format!("clip norm {} must be positive", cfg.clip)));
         }
-        Ok(PublicTier { z: calibrate(cfg.epsilon, cfg.delta, cfg.releases)?, cfg, accountant: Accountant::new() })
+        let releases = cfg.rounds.checked_mul(per_round).ok_or_else(|| Error::Config(format!("{} rounds of {per_round} releases", cfg.rounds)))?;
+        Ok(PublicTier { z: calibrate(cfg.epsilon, cfg.delta, releases)?, cfg, accountant: Accountant::new() })
     }
 
     /// ε spent so far.
@@ -360,8 +364,8 @@ mod tests {
 
     #[test]
     fn public_release_clips_noises_withholds_metadata_and_signs() {
-        let cfg = DpConfig { epsilon: 1.0, delta: 1e-5, releases: 3, clip: 0.1 };
-        let mut tier = PublicTier::new(cfg).expect("calibrates");
+        let cfg = DpConfig { epsilon: 1.0, delta: 1e-5, rounds: 3, clip: 0.1 };
+        let mut tier = PublicTier::new(cfg, 1).expect("calibrates");
         let u = random_update(&key(1), "p", None, 1, T, 5);
         assert!(u.delta_norm() > 10.0 * cfg.clip, "the test update must need clipping");
         let mut r = rng();
@@ -379,6 +383,8 @@ mod tests {
         tier.release(&u, &key(1), &mut r).expect("third");
         assert!(tier.epsilon_spent() <= 1.0, "spent {}", tier.epsilon_spent());
         assert!(matches!(tier.release(&u, &key(1), &mut r), Err(Error::BudgetExhausted { .. })));
+        // Two releases a round (two public buckets): the same rounds need more noise.
+        assert!(PublicTier::new(cfg, 2).expect("calibrates").z > tier.z);
     }
 
     #[test]
@@ -400,8 +406,8 @@ mod tests {
         assert!(mean.abs() < 0.01 && (var - 1.0).abs() < 0.01, "mean {mean}, var {var}");
         // With z·C the std, a zero update's release is pure noise of that size: the rank-2
         // projection of a 8×16 Gaussian matrix keeps a predictable part of it.
-        let cfg = DpConfig { epsilon: 1.0, delta: 1e-5, releases: 1, clip: 1.0 };
-        let mut tier = PublicTier::new(cfg).expect("calibrates");
+        let cfg = DpConfig { epsilon: 1.0, delta: 1e-5, rounds: 1, clip: 1.0 };
+        let mut tier = PublicTier::new(cfg, 1).expect("calibrates");
         let mut zero = random_update(&key(1), "p", None, 1, T, 7);
         zero.scale = 0.0;
         let rel = tier.release(&zero, &key(1), &mut r).expect("releases");
