@@ -209,15 +209,18 @@ impl Federation {
             }
             u.tier = tier;
             u.round = round;
-            u.sign(&self.key);
+            u.node = self.node_id();
             let (u, env) = match tier {
                 Tier::Public => {
                     let public = self.public.as_mut().ok_or_else(|| Error::Config("public adapter without a public tier".into()))?;
+                    // The release is signed after clipping and noise: what is signed is what
+                    // goes out.
                     let rel = public.release(&u, &self.key, &mut self.rng)?;
                     let env = seal_public(&rel);
                     (rel.update().clone(), env)
                 }
                 _ => {
+                    u.sign(&self.key);
                     let env = seal(&u, &self.cfg.keys, &mut self.rng)?;
                     (u, env)
                 }
@@ -246,7 +249,7 @@ impl Federation {
             self.duplicates += 1;
             return Err(Reject::Replayed);
         }
-        let r = self.open_checked(bytes, header);
+        let r = self.open_checked(bytes);
         let u = match r {
             Ok(u) => self.validator.accept(u, source)?,
             Err(e) => {
@@ -275,13 +278,14 @@ impl Federation {
         }
     }
 
-    fn open_checked(&self, bytes: &[u8], header: Option<Header>) -> std::result::Result<Update, Reject> {
+    /// Opens, decodes and checks the update against the envelope's (authenticated) header.
+    fn open_checked(&self, bytes: &[u8]) -> std::result::Result<Update, Reject> {
         if bytes.len() > self.cfg.limits.max_bytes {
             return Err(Reject::Oversized);
         }
         let (h, body) = open(bytes, &self.cfg.keys)?;
         let u = Update::decode(&body, self.cfg.limits.max_rank)?;
-        if Some(Header::of(&u)) != header || h != Header::of(&u) {
+        if h != Header::of(&u) {
             return Err(Reject::Malformed);
         }
         Ok(u)

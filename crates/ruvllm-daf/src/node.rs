@@ -255,9 +255,11 @@ impl Node {
         }
         // Connected peers are no measure of who will contribute (a node may reach others only
         // through a relay of the mesh), so a round waits for the expected count or its timeout.
+        // A node with nothing to publish (only private adapters) is not among the contributors.
+        let need = if published == 0 { expected.saturating_sub(1).max(1) } else { expected };
         let mut timed_out = false;
         loop {
-            if lock(&self.fed).contributors(round) >= expected {
+            if lock(&self.fed).contributors(round) >= need {
                 break;
             }
             if Instant::now() > end {
@@ -320,6 +322,7 @@ struct CatchUpCall {
     have: Vec<[u8; 32]>,
     /// Peers not asked yet.
     left: Vec<PeerId>,
+    asked: usize,
     reply: oneshot::Sender<Result<CatchUpReport>>,
 }
 
@@ -380,7 +383,7 @@ impl Driver {
                 let left: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
                 let id = self.next_call;
                 self.next_call += 1;
-                self.calls.insert(id, CatchUpCall { round, have, left, reply });
+                self.calls.insert(id, CatchUpCall { round, have, left, asked: 0, reply });
                 self.ask_next(id, CatchUpReport { round, ..Default::default() });
             }
             Command::Stop => {}
@@ -392,15 +395,12 @@ impl Driver {
         let Some(call) = self.calls.get_mut(&id) else { return };
         if so_far.received > 0 || call.left.is_empty() {
             if let Some(call) = self.calls.remove(&id) {
-                let r = if so_far.received == 0 && so_far.accepted == 0 && call.left.is_empty() && self.swarm.connected_peers().next().is_none() {
-                    Err(Error::Round { round: call.round, msg: "catch-up: no peer connected".into() })
-                } else {
-                    Ok(so_far)
-                };
+                let r = if call.asked == 0 { Err(Error::Round { round: call.round, msg: "catch-up: no peer connected".into() }) } else { Ok(so_far) };
                 let _ = call.reply.send(r);
             }
             return;
         }
+        call.asked += 1;
         let peer = call.left.remove(0);
         let req = CatchUpRequest { round: call.round, have: call.have.iter().map(|h| serde_bytes::ByteBuf::from(h.to_vec())).collect() };
         let rid = self.swarm.behaviour_mut().catch_up.send_request(&peer, req);
