@@ -8,8 +8,10 @@ use rand::{Rng, SeedableRng};
 use ruvllm_daf::demo;
 use ruvllm_daf::federation::{bundle, FederationConfig};
 use ruvllm_daf::node::Node;
+use ruvllm_daf::privacy::DpConfig;
 use ruvllm_daf::privacy::{seal_bytes, Header};
-use ruvllm_daf::update::Update;
+use ruvllm_daf::update::{Tier, Update};
+use ruvllm_daf::validate::AdapterSpec;
 
 const N: usize = 4;
 
@@ -21,23 +23,30 @@ fn local(i: usize, round: u64) -> Vec<Update> {
     demo::updates(i, round)
 }
 
-async fn start_all() -> Vec<Node> {
+/// Starts one node per config, each dialing all started before it, and waits for the full mesh.
+async fn start(configs: Vec<FederationConfig>) -> Vec<Node> {
+    let n = configs.len();
     let mut nodes: Vec<Node> = Vec::new();
-    for i in 0..N {
-        let peers = nodes.iter().map(|n| n.listen_addr().to_string()).collect();
-        nodes.push(Node::join(config(i, peers)).await.expect("node starts"));
+    for mut c in configs {
+        c.peers = nodes.iter().map(|n| n.listen_addr().to_string()).collect();
+        nodes.push(Node::join(c).await.expect("node starts"));
     }
-    for n in &nodes {
-        n.wait_for_peers(N - 1, Duration::from_secs(20)).await.expect("mesh forms");
+    for node in &nodes {
+        node.wait_for_peers(n - 1, Duration::from_secs(20)).await.expect("mesh forms");
     }
     nodes
 }
 
+async fn start_all() -> Vec<Node> {
+    start((0..N).map(|i| config(i, Vec::new())).collect()).await
+}
+
+fn index_of(n: &Node) -> usize {
+    (0..255).find(|&k| SigningKey::from_bytes(&demo::identity(k)).verifying_key().to_bytes() == n.node_id()).expect("a demo node")
+}
+
 async fn run_round(nodes: &[&Node], round: u64) -> Vec<ruvllm_daf::node::RoundReport> {
-    let futs = nodes.iter().map(|n| {
-        let idx = (0..N).find(|&k| SigningKey::from_bytes(&demo::identity(k)).verifying_key().to_bytes() == n.node_id()).expect("known node");
-        n.round(round, local(idx, round))
-    });
+    let futs = nodes.iter().map(|n| n.round(round, local(index_of(n), round)));
     futures::future::join_all(futs).await.into_iter().map(|r| r.expect("round runs")).collect()
 }
 
@@ -147,5 +156,37 @@ async fn tampered_and_replayed_envelopes_from_a_peer_are_rejected() {
     }
     for n in nodes {
         n.stop().await.expect("stops");
+    }
+}
+
+/// The public tier over the network: each node's release is clipped and noised before it
+/// leaves, ε stays within budget, and the aggregate is released only with k = 5 contributors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn public_aggregates_need_five_nodes_and_stay_within_epsilon() {
+    let public = |i: usize, n: usize| FederationConfig {
+        adapters: vec![AdapterSpec::new("sona", Tier::Public, None, &[(17, "ffn_down", 16, 8)])],
+        dp: DpConfig { epsilon: 1.0, delta: 1e-5, rounds: 2, clip: 0.5 },
+        ..demo::config(i, n, Vec::new(), Duration::from_secs(5))
+    };
+    let sona_only = |i: usize, round: u64| local(i, round).into_iter().filter(|u| u.adapter == "sona").collect::<Vec<_>>();
+    for (n, released) in [(4, false), (5, true)] {
+        let nodes = start((0..n).map(|i| public(i, n)).collect()).await;
+        let reports = futures::future::join_all(nodes.iter().map(|node| node.round(1, sona_only(index_of(node), 1)))).await;
+        for r in reports {
+            let r = r.expect("round runs");
+            assert_eq!(r.contributors, n);
+            assert_eq!(r.output.aggregates.len(), released as usize, "{n} nodes");
+            assert_eq!(r.output.withheld.len(), !released as usize, "{n} nodes");
+            if released {
+                let a = &r.output.aggregates[0];
+                assert!(a.weights.iter().all(|&w| (w - 0.2).abs() < 1e-12), "public metadata is withheld: uniform weights");
+            }
+        }
+        for node in nodes {
+            let s = node.stats();
+            assert!(s.epsilon > 0.0 && s.epsilon <= 1.0, "epsilon {}", s.epsilon);
+            assert_eq!(s.rejected_total, 0);
+            node.stop().await.expect("stops");
+        }
     }
 }
