@@ -16,7 +16,7 @@ use ruvllm_daf::validate::AdapterSpec;
 const N: usize = 4;
 
 fn config(i: usize, peers: Vec<String>) -> FederationConfig {
-    demo::config(i, N, peers, Duration::from_secs(3))
+    demo::config(i, N, peers, Duration::from_secs(5))
 }
 
 fn local(i: usize, round: u64) -> Vec<Update> {

@@ -26,7 +26,7 @@ impl Proc {
 
 fn spawn(i: usize, peers: &[String]) -> Proc {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ruvllm-daf-node"));
-    cmd.args(["--index", &i.to_string(), "--nodes", &N.to_string(), "--rounds", &ROUNDS.to_string(), "--timeout-ms", "3000"]);
+    cmd.args(["--index", &i.to_string(), "--nodes", &N.to_string(), "--rounds", &ROUNDS.to_string(), "--timeout-ms", "5000"]);
     if i == N - 1 {
         cmd.args(["--offline-round", &OFFLINE.to_string()]);
     }
