@@ -1174,8 +1174,10 @@ __device__ __forceinline__ void att_step(int G, float (*q)[ATT_MAX_D], const flo
 }
 
 // MG: the most query heads per KV head the instance serves (its registers hold MG heads; the
-// head loops run to MG with compile-time indices, so nothing spills to local memory).
-template <int MG>
+// head loops run to MG with compile-time indices, so nothing spills to local memory). FUSE:
+// whether the instance can take a folded QK-norm/RoPE/KV store (`fu`); without it the kernel
+// needs fewer registers and two blocks fit on a multiprocessor.
+template <int MG, bool FUSE>
 __device__ __forceinline__ void attention_body(const float* Q, float* O, const void* kc, const void* vc, int kv_f16, int capacity, int n_head, int n_kv, int hd, float scale,
                                                int mask, int block, int window, const int* step, int n, float* part, unsigned int* counters, int splits, const AttFuse& fu) {
     PDL_ENTRY();
@@ -1205,7 +1207,7 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
             acc[h][i] = 0.f;
             q[h][i] = (h < G && i < D) ? Q[(size_t)t * n_head * hd + (g * G + h) * hd + lane * D + i] : 0.f;
         }
-        if (fu.on && h < G) att_qk_prep(q[h], fu.qn, D, hd, lane, pos, fu);
+        if (FUSE && fu.on && h < G) att_qk_prep(q[h], fu.qn, D, hd, lane, pos, fu);
 #pragma unroll
         for (int i = 0; i < ATT_MAX_D; i++) q[h][i] *= scale;
     }
@@ -1215,10 +1217,10 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
         float k[ATT_MAX_D], v[ATT_MAX_D], k2[ATT_MAX_D], v2[ATT_MAX_D];
         const size_t off = (size_t)(p % capacity) * kv_dim + g * hd + lane * D, off2 = (size_t)(p2 % capacity) * kv_dim + g * hd + lane * D;
         const int src = (t * n_kv + g) * hd;
-        if (fu.on && p == pos) att_new_row(fu, kc, vc, kv_f16, off, src, D, hd, lane, pos, k, v);
+        if (FUSE && fu.on && p == pos) att_new_row(fu, kc, vc, kv_f16, off, src, D, hd, lane, pos, k, v);
         else att_load(kc, vc, kv_f16, off, D, k, v);
         if (p2 < b) {
-            if (fu.on && p2 == pos) att_new_row(fu, kc, vc, kv_f16, off2, src, D, hd, lane, pos, k2, v2);
+            if (FUSE && fu.on && p2 == pos) att_new_row(fu, kc, vc, kv_f16, off2, src, D, hd, lane, pos, k2, v2);
             else att_load(kc, vc, kv_f16, off2, D, k2, v2);
         }
         att_step<MG>(G, q, k, v, acc, m, l);
@@ -1292,10 +1294,13 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
     const float *Q, float *O, const void *kc, const void *vc, int kv_f16, int capacity, int n_head, int n_kv, int hd, float scale, int mask, int block, int window, \
         const int *step, int n, float *part, unsigned int *counters, int splits, AttFuse fu
 extern "C" __global__ void __launch_bounds__(256) attention(ATT_ARGS) {
-    attention_body<ATT_MAX_G>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
+    attention_body<ATT_MAX_G, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
 }
 extern "C" __global__ void __launch_bounds__(256) attention_g4(ATT_ARGS) {
-    attention_body<4>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
+    attention_body<4, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) attention_g4n(ATT_ARGS) {
+    attention_body<4, false>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
 }
 
 // ---------------------------------------------------------------------------------------------

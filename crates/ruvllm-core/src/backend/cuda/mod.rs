@@ -972,7 +972,13 @@ impl CudaBackend {
             .ptr(Self::ptr_of(&self.att_part))
             .ptr(Self::ptr_of(&self.att_counters))
             .i32(splits as i32);
-        let name = if g <= 4 { "attention_g4" } else { "attention" };
+        // Many tokens: the instance without the folding, lean enough for two blocks per
+        // multiprocessor (a 512-token prefill runs thousands of blocks).
+        let name = match (g <= 4, n > MMV_MAX) {
+            (true, true) => "attention_g4n",
+            (true, false) => "attention_g4",
+            _ => "attention",
+        };
         self.push(name, [splits as u32, shape.n_kv_head as u32, n as u32], 256, args.words(&fuse));
     }
 
