@@ -69,7 +69,7 @@ bench)
     /usr/bin/time -f "ruvllm %e s" "$WORK/gpu_check" "$WORK/model.gguf" --load-only 2>&1 | tail -1
     /usr/bin/time -f "llama.cpp %e s" "$LB" -m "$WORK/model.gguf" -p 0 -n 1 -r 1 -ngl 99 > /dev/null 2> "$WORK/t.err"; tail -1 "$WORK/t.err"
   done
-  echo "== peak device memory (MiB above idle): ruvllm $(cat $WORK/mem.ours.* | xargs), llama-bench $(cat $WORK/mem.llama.* | xargs)"
+  echo "== peak device memory (MiB above idle): ruvllm $(cat $WORK/mem.ours.[0-9] | xargs), llama-bench $(cat $WORK/mem.llama.[0-9] | xargs)"
   ;;
 *) echo "usage: gpu-check.sh put DIR | check | bench" >&2; exit 2 ;;
 esac

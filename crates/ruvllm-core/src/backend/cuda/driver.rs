@@ -17,6 +17,34 @@ pub type CUdeviceptr = u64;
 pub type CUevent = *mut c_void;
 
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+/// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`: the share of L1 a kernel prefers as
+/// shared memory, in percent.
+pub const FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: c_int = 9;
+
+/// `CUlaunchAttribute`: an attribute id and its value (a 64-byte union).
+#[repr(C)]
+pub struct LaunchAttribute {
+    pub id: c_int,
+    pub pad: [u8; 4],
+    pub value: [u64; 8],
+}
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub stream: CUstream,
+    pub attrs: *mut LaunchAttribute,
+    pub num_attrs: c_uint,
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: the kernel may start before the one
+/// before it in the stream has finished; it waits for it with `griddepcontrol.wait`.
+pub const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: c_int = 6;
+
+pub type LaunchKernelEx = unsafe extern "C" fn(*const LaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 const CU_STREAM_NON_BLOCKING: c_uint = 1;
@@ -35,6 +63,9 @@ macro_rules! driver_api {
         #[allow(non_snake_case)]
         pub struct Api {
             $(pub $field: unsafe extern "C" fn($($arg),*) -> CUresult,)*
+            /// `cuLaunchKernelEx` (drivers for CUDA 11.8 and newer): launches with attributes,
+            /// here programmatic dependent launch.
+            pub launch_kernel_ex: Option<LaunchKernelEx>,
         }
 
         impl Api {
@@ -50,6 +81,12 @@ macro_rules! driver_api {
                         }
                         unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> CUresult>(p) }
                     },)*
+                    launch_kernel_ex: {
+                        let name = CString::new("cuLaunchKernelEx").unwrap();
+                        // SAFETY: as above; a missing symbol leaves the plain launches.
+                        let p = unsafe { dlsym(lib, name.as_ptr()) };
+                        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, LaunchKernelEx>(p) })
+                    },
                 })
             }
         }
@@ -76,6 +113,7 @@ driver_api! {
     memcpy_htod_async = "cuMemcpyHtoDAsync_v2": fn(CUdeviceptr, *const c_void, usize, CUstream);
     memcpy_dtoh_async = "cuMemcpyDtoHAsync_v2": fn(*mut c_void, CUdeviceptr, usize, CUstream);
     memset_d8 = "cuMemsetD8_v2": fn(CUdeviceptr, u8, usize);
+    func_set_attribute = "cuFuncSetAttribute": fn(CUfunction, c_int, c_int);
     launch_kernel = "cuLaunchKernel": fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void);
     stream_create = "cuStreamCreate": fn(*mut CUstream, c_uint);
     stream_synchronize = "cuStreamSynchronize": fn(CUstream);

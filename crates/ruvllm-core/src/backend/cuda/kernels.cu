@@ -32,6 +32,33 @@ typedef uint8_t u8;
 // so a warp reads one such chunk with aligned 8-byte loads (the last chunk of a row may be short).
 #define T_Q8_0R 100
 
+// Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute may start
+// while the kernel before it still runs. Every kernel here first lets its own dependents start
+// (`pdl_launch`), may then read what no earlier kernel writes (weights, into L2), and calls
+// `pdl_wait` before touching anything an earlier kernel writes or reads: it returns once the
+// previous grid has completed and its writes are visible. Every kernel waits in every block, so
+// completion stays ordered along the whole stream. Without PDL both are no-ops.
+__device__ __forceinline__ void pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+#define PDL_ENTRY() \
+    do {             \
+        pdl_launch(); \
+        pdl_wait();  \
+    } while (0)
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// Pulls `bytes` from `p` into L2, one 128-byte line per lane of the calling warp at a time.
+__device__ __forceinline__ void prefetch_row(const u8* p, long long bytes, int lane) {
+    for (long long o = (long long)lane * 128; o < bytes; o += 32 * 128) prefetch_l2(p + o);
+}
+
 __device__ __forceinline__ float ldh(const u8* p) { return __half2float(*(const __half*)p); }
 __device__ __forceinline__ uint32_t ld32u(const u8* p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -187,6 +214,76 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.f;
+    return warp_sum(t);
+}
+
+// The residual step of one token, the whole block taking part: xo = x + (post ? RMSNorm(p, post)
+// : p) and, when `next` is given, RMSNorm(xo, next) into xn and xs (each when non-null). xo may
+// be x (each thread reads its elements before writing them), or null (not stored).
+#define RN_MAX 16
+__device__ __forceinline__ void residual_body(const float* x, float* xo, const float* p, const float* post, const float* next, int d, float eps, float* xn, float* xs) {
+    __shared__ float red[32];
+    float v[RN_MAX], pv[RN_MAX];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < RN_MAX; k++) {
+        const int j = threadIdx.x + k * blockDim.x;
+        pv[k] = j < d ? p[j] : 0.f;
+        v[k] = j < d ? x[j] : 0.f;
+        ss += pv[k] * pv[k];
+    }
+    float s = 1.f;
+    if (post) {
+        ss = block_sum(ss, red);
+        s = rsqrtf(ss / (float)d + eps);
+    }
+    float ss2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < RN_MAX; k++) {
+        const int j = threadIdx.x + k * blockDim.x;
+        if (j < d) {
+            v[k] += post ? pv[k] * s * post[j] : pv[k];
+            if (xo) xo[j] = v[k];
+            ss2 += v[k] * v[k];
+        }
+    }
+    if (!next) return;
+    ss2 = block_sum(ss2, red);
+    const float s2 = rsqrtf(ss2 / (float)d + eps);
+#pragma unroll
+    for (int k = 0; k < RN_MAX; k++) {
+        const int j = threadIdx.x + k * blockDim.x;
+        if (j < d) {
+            const float y = v[k] * s2 * next[j];
+            if (xn) xn[j] = y;
+            if (xs) xs[j] = y;
+        }
+    }
+}
+
+// A residual step folded into the one-token product that reads its normed output (see
+// `mmv1s_body`): the residual moves from `x` to `xo` (another buffer: the blocks of the product
+// run in any order, and each reads x), and block 0 stores the new residual and the normed vector
+// `xn` for whatever else reads them.
+struct Res {
+    const float* x;
+    const float* p;
+    const float* post;
+    const float* next;
+    float* xo;
+    float* xn;
+    float eps;
+    int on;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Matrix-vector products for up to NT tokens: one warp per output row. Up to three weights of
 // the same type and input width run in one launch (Q, K, V; gate, up), rows numbered across them.
@@ -214,17 +311,24 @@ template <> struct Act<T_Q4_K> { static const int kind = 2; };
 template <> struct Act<T_Q5_K> { static const int kind = 2; };
 template <> struct Act<T_Q6_K> { static const int kind = 2; };
 
+// The Q8_0 scale of the 32-block that lanes 4q..4q+3 hold (8 elements x each): d as stored
+// (f16), and the factor id that maps x to its quants (__float2int_rn(x · id)).
+__device__ __forceinline__ void q8_0_scale(const float* x, float& d, float& id) {
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(x[i]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
+    d = __half2float(__float2half_rn(amax / 127.f));
+    id = amax != 0.f ? 127.f / amax : 0.f;
+}
+
 // x: elements lane*8.. of a warp-wide 256-element chunk; every lane of the warp calls it.
 template <int KIND>
 __device__ __forceinline__ void act_round(float* x, int lane) {
     if (KIND == 1) {
-        float amax = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(x[i]));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
-        const float d = __half2float(__float2half_rn(amax / 127.f));
-        const float id = amax != 0.f ? 127.f / amax : 0.f;
+        float d, id;
+        q8_0_scale(x, d, id);
 #pragma unroll
         for (int i = 0; i < 8; i++) x[i] = (float)__float2int_rn(x[i] * id) * d;
     } else if (KIND == 2) {
@@ -261,6 +365,16 @@ __device__ __forceinline__ void load_x8(const float* __restrict__ row, int j, bo
     act_round<Act<T>::kind>(x, lane);
 }
 
+// Row `r` (numbered across the three weights) of `a`: its weight, row bytes, output and the
+// weight's row count, with `r` made relative to that weight; false past the last row.
+__device__ __forceinline__ bool mmv_pick(const Mmv3& a, int& r, const u8*& w0, long long& rb, float*& y, int& rows) {
+    if (r < a.rows[0]) { w0 = a.w[0]; rb = a.rb[0]; y = a.y[0]; rows = a.rows[0]; }
+    else if (r - a.rows[0] < a.rows[1]) { r -= a.rows[0]; w0 = a.w[1]; rb = a.rb[1]; y = a.y[1]; rows = a.rows[1]; }
+    else if (r - a.rows[0] - a.rows[1] < a.rows[2]) { r -= a.rows[0] + a.rows[1]; w0 = a.w[2]; rb = a.rb[2]; y = a.y[2]; rows = a.rows[2]; }
+    else return false;
+    return true;
+}
+
 template <int T, int NT>
 __device__ __forceinline__ void mmv_body(const Mmv3& a, const float* __restrict__ X, int cols, int n) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -269,11 +383,13 @@ __device__ __forceinline__ void mmv_body(const Mmv3& a, const float* __restrict_
     long long rb;
     float* y;
     int rows;
-    if (r < a.rows[0]) { w0 = a.w[0]; rb = a.rb[0]; y = a.y[0]; rows = a.rows[0]; }
-    else if (r - a.rows[0] < a.rows[1]) { r -= a.rows[0]; w0 = a.w[1]; rb = a.rb[1]; y = a.y[1]; rows = a.rows[1]; }
-    else if (r - a.rows[0] - a.rows[1] < a.rows[2]) { r -= a.rows[0] + a.rows[1]; w0 = a.w[2]; rb = a.rb[2]; y = a.y[2]; rows = a.rows[2]; }
-    else return;
+    if (!mmv_pick(a, r, w0, rb, y, rows)) {
+        PDL_ENTRY();
+        return;
+    }
     const u8* row = w0 + (size_t)r * rb;
+    prefetch_row(row, rb, lane);
+    PDL_ENTRY();
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
@@ -315,9 +431,15 @@ template <int T, int NT>
 __device__ __forceinline__ void mmvg_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ G, int n, int act) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (r >= rows) return;
+    if (r >= rows) {
+        PDL_ENTRY();
+        return;
+    }
     const u8* rg = Wg + (size_t)r * rb;
     const u8* ru = Wu + (size_t)r * rb;
+    prefetch_row(rg, rb, lane);
+    prefetch_row(ru, rb, lane);
+    PDL_ENTRY();
     float ag[NT], au[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) { ag[t] = 0.f; au[t] = 0.f; }
@@ -349,6 +471,7 @@ __device__ __forceinline__ void mmvg_body(const u8* __restrict__ Wg, const u8* _
 // warp per 256-element chunk (KIND as in act_round).
 template <int KIND>
 __device__ __forceinline__ void act_quant_body(const float* X, float* Xq, int cols, int n) {
+    PDL_ENTRY();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int chunks = (cols + 255) / 256;
     const int c = blockIdx.x * (blockDim.x >> 5) + warp;
@@ -368,6 +491,241 @@ extern "C" __global__ void act_q8_0(const float* X, float* Xq, int cols, int n) 
 extern "C" __global__ void act_q8_k(const float* X, float* Xq, int cols, int n) { act_quant_body<2>(X, Xq, cols, n); }
 
 // ---------------------------------------------------------------------------------------------
+// Products for one token (decode): the block rounds the input once into shared memory (each
+// warp one 256-element chunk at a time, exactly as `load_x8` rounds it), so the row loop has no
+// shuffles but the final sum, and every warp pulls its weight rows into L2 before waiting for
+// the previous kernel (PDL). Same arithmetic as `mmv_body`/`mmvg_body` with NT = 1.
+
+#define MMV1_MAX_COLS 4096
+
+template <int T>
+__device__ __forceinline__ void stage_x(const float* X, float* xs, int cols) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int chunks = (cols + 255) / 256;
+    for (int c = warp; c < chunks; c += warps) {
+        const int j = c * 256 + lane * 8;
+        const bool in = j < cols;
+        float x[8];
+        load_x8<T>(X, j, in, lane, x);
+        if (in) {
+            *(float4*)(xs + j) = make_float4(x[0], x[1], x[2], x[3]);
+            *(float4*)(xs + j + 4) = make_float4(x[4], x[5], x[6], x[7]);
+        }
+    }
+    __syncthreads();
+}
+
+// `stage_x` for a product whose input is the normed output of the residual step `r`: the block
+// computes that step itself into xs, then rounds xs in place (each warp its own chunks).
+template <int T>
+__device__ __forceinline__ void stage_res(const Res& r, float* xs, int cols) {
+    const bool first = blockIdx.x == 0;
+    residual_body(r.x, first ? r.xo : nullptr, r.p, r.post, r.next, cols, r.eps, first ? r.xn : nullptr, xs);
+    __syncthreads();
+    stage_x<T>(xs, xs, cols);
+}
+
+__device__ __forceinline__ void ld_xs8(const float* xs, int j, float* x) {
+    const float4 p = *(const float4*)(xs + j), q = *(const float4*)(xs + j + 4);
+    x[0] = p.x; x[1] = p.y; x[2] = p.z; x[3] = p.w; x[4] = q.x; x[5] = q.y; x[6] = q.z; x[7] = q.w;
+}
+
+template <int T>
+__device__ __forceinline__ void mmv1s_body(const Mmv3& a, const float* __restrict__ X, int cols, const Res& res) {
+    __shared__ __align__(16) float xs[MMV1_MAX_COLS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    const u8* w0 = nullptr;
+    long long rb = 0;
+    float* y = nullptr;
+    int rows = 0;
+    const bool valid = mmv_pick(a, r, w0, rb, y, rows);
+    const u8* row = valid ? w0 + (size_t)r * rb : nullptr;
+    if (valid) prefetch_row(row, rb, lane);
+    PDL_ENTRY();
+    if (res.on) stage_res<T>(res, xs, cols);
+    else stage_x<T>(X, xs, cols);
+    if (!valid) return;
+    float acc = 0.f;
+#pragma unroll 2
+    for (int j0 = 0; j0 < cols; j0 += 256) {
+        const int j = j0 + lane * 8;
+        if (j < cols) {
+            float w[8], x[8];
+            dq8<T>(row, j, w);
+            ld_xs8(xs, j, x);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc += w[i] * x[i];
+        }
+    }
+    const float s = warp_sum(acc);
+    if (lane == 0) y[r] = s;
+}
+
+template <int T>
+__device__ __forceinline__ void mmvg1s_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ G, int act,
+                                            const Res& res) {
+    __shared__ __align__(16) float xs[MMV1_MAX_COLS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (blockDim.x >> 5) + warp;
+    const bool valid = r < rows;
+    const u8* rg = Wg + (size_t)(valid ? r : 0) * rb;
+    const u8* ru = Wu + (size_t)(valid ? r : 0) * rb;
+    if (valid) {
+        prefetch_row(rg, rb, lane);
+        prefetch_row(ru, rb, lane);
+    }
+    PDL_ENTRY();
+    if (res.on) stage_res<T>(res, xs, cols);
+    else stage_x<T>(X, xs, cols);
+    if (!valid) return;
+    float ag = 0.f, au = 0.f;
+#pragma unroll 2
+    for (int j0 = 0; j0 < cols; j0 += 256) {
+        const int j = j0 + lane * 8;
+        if (j < cols) {
+            float wg[8], wu[8], x[8];
+            dq8<T>(rg, j, wg);
+            dq8<T>(ru, j, wu);
+            ld_xs8(xs, j, x);
+#pragma unroll
+            for (int i = 0; i < 8; i++) { ag += wg[i] * x[i]; au += wu[i] * x[i]; }
+        }
+    }
+    const float g = warp_sum(ag), u = warp_sum(au);
+    if (lane == 0) G[r] = gate_act(g, act) * u;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The LM head for one token over Q8_0 weights (uploaded as T_Q8_0R), with the greedy pick:
+// logits Y[r] = W[r] · x, soft-capped when cap > 0, and out[0] = the largest non-NaN logit's
+// row (lowest on ties). The input is rounded to Q8_0 once per block, as the CPU rounds it, and
+// each 32-block's product is an exact integer (dp4a) times the two scales, as on the CPU. A
+// persistent grid: each block takes tiles of 32 rows (4 per warp, their loads in flight
+// together), keeps its best row, and the last block to finish picks among the blocks'.
+
+#define HEAD_RPW 4
+#define HEAD_TILE (8 * HEAD_RPW)
+#define HEAD_MAX_COLS 2048
+
+__device__ __forceinline__ void better(float& bv, int& bi, float v, int i);
+__device__ __forceinline__ void block_best(float& bv, int& bi);
+
+extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restrict__ W, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ Y, float cap,
+                                                              float* pv, int* pi, unsigned int* counter, int* out) {
+    __shared__ __align__(16) int8_t xq[HEAD_MAX_COLS];
+    __shared__ float xd[HEAD_MAX_COLS / 32];
+    __shared__ bool last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tiles = (rows + HEAD_TILE - 1) / HEAD_TILE;
+    if (blockIdx.x < tiles) {
+        const long long r0 = (long long)blockIdx.x * HEAD_TILE;
+        const long long bytes = (long long)min(HEAD_TILE, rows - (int)r0) * rb;
+        for (long long o = (long long)threadIdx.x * 128; o < bytes; o += 256 * 128) prefetch_l2(W + r0 * rb + o);
+    }
+    PDL_ENTRY();
+    const int chunks = (cols + 255) / 256;
+    for (int c = warp; c < chunks; c += 8) {
+        const int j = c * 256 + lane * 8;
+        const bool in = j < cols;
+        float x[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = in ? X[j + i] : 0.f;
+        float d, id;
+        q8_0_scale(x, d, id);
+        if (in) {
+            uint32_t lo = 0, hi = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) lo |= ((uint32_t)(__float2int_rn(x[i] * id) & 0xFF)) << (8 * i);
+#pragma unroll
+            for (int i = 0; i < 4; i++) hi |= ((uint32_t)(__float2int_rn(x[4 + i] * id) & 0xFF)) << (8 * i);
+            *(uint2*)(xq + j) = make_uint2(lo, hi);
+            if ((lane & 3) == 0) xd[j >> 5] = d;
+        }
+    }
+    __syncthreads();
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int r0 = tile * HEAD_TILE + warp * HEAD_RPW;
+        float acc[HEAD_RPW];
+#pragma unroll
+        for (int k = 0; k < HEAD_RPW; k++) acc[k] = 0.f;
+        for (int c = 0; c < chunks; c++) {
+            const int e = lane * 8, j = c * 256 + e;
+            const bool in = j < cols;
+            uint2 xv = make_uint2(0, 0);
+            float dx = 0.f;
+            if (in) {
+                xv = *(const uint2*)(xq + j);
+                dx = xd[j >> 5];
+            }
+            uint2 v[HEAD_RPW];
+            float dw[HEAD_RPW];
+#pragma unroll
+            for (int k = 0; k < HEAD_RPW; k++) {
+                const u8* ch = W + (size_t)(r0 + k) * rb + (size_t)c * 272;
+                const bool ok = in && r0 + k < rows;
+                v[k] = ok ? __ldcs((const uint2*)(ch + 16 + e)) : make_uint2(0, 0);
+                dw[k] = ok ? __half2float(__ldcs((const __half*)ch + (e >> 5))) : 0.f;
+            }
+#pragma unroll
+            for (int k = 0; k < HEAD_RPW; k++) {
+                int si = __dp4a((int)v[k].x, (int)xv.x, 0);
+                si = __dp4a((int)v[k].y, (int)xv.y, si);
+                si += __shfl_xor_sync(0xffffffff, si, 1);
+                si += __shfl_xor_sync(0xffffffff, si, 2);
+                acc[k] += (float)si * (dw[k] * dx);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < HEAD_RPW; k++) {
+            // Lanes 4q..4q+3 hold the same block sums: summing over lane bits 2..4 adds each of
+            // the 32-blocks once.
+            float a = acc[k];
+            a += __shfl_xor_sync(0xffffffff, a, 4);
+            a += __shfl_xor_sync(0xffffffff, a, 8);
+            a += __shfl_xor_sync(0xffffffff, a, 16);
+            if (cap > 0.f) a = tanhf(a / cap) * cap;
+            const int r = r0 + k;
+            if (r < rows) {
+                if (lane == 0) Y[r] = a;
+                better(bv, bi, a, r);
+            }
+        }
+    }
+    block_best(bv, bi);
+    if (threadIdx.x == 0) {
+        pv[blockIdx.x] = bv;
+        pi[blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float cv = -INFINITY;
+    int ci = 0x7fffffff;
+    for (int b0 = threadIdx.x; b0 < (int)gridDim.x; b0 += 256 * 4) {
+        float vv[4];
+        int ii[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int b = b0 + k * 256;
+            vv[k] = b < (int)gridDim.x ? __ldcg(pv + b) : -INFINITY;
+            ii[k] = b < (int)gridDim.x ? __ldcg(pi + b) : 0x7fffffff;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) better(cv, ci, vv[k], ii[k]);
+    }
+    block_best(cv, ci);
+    if (threadIdx.x == 0) {
+        out[0] = ci == 0x7fffffff ? 0 : ci;
+        *counter = 0;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Tiled product for many tokens: a block computes 64 rows × 64 tokens, stepping 32 columns at a
 // time through shared memory (weights dequantized once per tile).
 // Y[t * ldy + r] = W[r, :] · X[t, :].
@@ -380,6 +738,7 @@ template <int T>
 __device__ __forceinline__ void gemm_body(const u8* __restrict__ W, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ Y, int ldy, int n) {
     __shared__ float Ws[GB_K][GB_M + 4];
     __shared__ float Xs[GB_K][GB_N + 4];
+    PDL_ENTRY();
     const int tid = threadIdx.x;
     const int r0 = blockIdx.x * GB_M, t0 = blockIdx.y * GB_N;
     const int lr = tid >> 2, lk = (tid & 3) * 8;
@@ -437,6 +796,7 @@ __device__ __forceinline__ void gemm_body(const u8* __restrict__ W, long long rb
 // `replace` (when given) instead.
 template <int T>
 __device__ __forceinline__ void embed_body(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id) {
+    PDL_ENTRY();
     const int t = blockIdx.x;
     const int tok = step[4 + t];
     float* out = X + (size_t)t * d;
@@ -459,6 +819,8 @@ __device__ __forceinline__ void embed_body(const u8* table, long long rb, const 
     extern "C" __global__ void __launch_bounds__(256) mmv4_##name(Mmv3 a, const float* X, int cols, int n) { mmv_body<T, 4>(a, X, cols, n); } \
     extern "C" __global__ void __launch_bounds__(256) mmv8_##name(Mmv3 a, const float* X, int cols, int n) { mmv_body<T, 8>(a, X, cols, n); } \
     extern "C" __global__ void __launch_bounds__(256) mmvg1_##name(const u8* Wg, const u8* Wu, long long rb, int rows, const float* X, int cols, float* G, int n, int act) { mmvg_body<T, 1>(Wg, Wu, rb, rows, X, cols, G, n, act); } \
+    extern "C" __global__ void __launch_bounds__(256) mmv1s_##name(Mmv3 a, const float* X, int cols, Res r) { mmv1s_body<T>(a, X, cols, r); } \
+    extern "C" __global__ void __launch_bounds__(256) mmvg1s_##name(const u8* Wg, const u8* Wu, long long rb, int rows, const float* X, int cols, float* G, int act, Res r) { mmvg1s_body<T>(Wg, Wu, rb, rows, X, cols, G, act, r); } \
     extern "C" __global__ void __launch_bounds__(256) mmvg8_##name(const u8* Wg, const u8* Wu, long long rb, int rows, const float* X, int cols, float* G, int n, int act) { mmvg_body<T, 8>(Wg, Wu, rb, rows, X, cols, G, n, act); } \
     extern "C" __global__ void __launch_bounds__(256) gemm_##name(const u8* W, long long rb, int rows, const float* X, int cols, float* Y, int ldy, int n) { \
         gemm_body<T>(W, rb, rows, X, cols, Y, ldy, n);                                                                   \
@@ -483,19 +845,9 @@ INSTANTIATE(T_Q6_K, q6_k)
 // ---------------------------------------------------------------------------------------------
 // Elementwise and normalisation kernels.
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ __forceinline__ float block_sum(float v, float* red) {
-    v = warp_sum(v);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float t = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.f;
-    return warp_sum(t);
-}
-
 // RMSNorm of `chunks` chunks of `len` floats, one block per chunk: dst = src / rms · w.
 extern "C" __global__ void rms_norm(const float* src, float* dst, const float* w, int len, float eps, int chunks) {
+    PDL_ENTRY();
     __shared__ float red[32];
     const int c = blockIdx.x;
     const float* x = src + (size_t)c * len;
@@ -508,46 +860,11 @@ extern "C" __global__ void rms_norm(const float* src, float* dst, const float* w
 }
 
 // The residual step between blocks, one block per token: X += post ? RMSNorm(P, post) : P, then
-// (when `next` is given) Xn = RMSNorm(X, next). d ≤ 16 · blockDim.x (256).
-#define RN_MAX 16
+// (when `next` is given) Xn = RMSNorm(X, next). d ≤ RN_MAX · blockDim.x.
 extern "C" __global__ void __launch_bounds__(256) residual_norm(float* X, const float* P, float* Xn, const float* post, const float* next, int d, float eps) {
-    __shared__ float red[32];
+    PDL_ENTRY();
     const int t = blockIdx.x;
-    float* x = X + (size_t)t * d;
-    const float* p = P + (size_t)t * d;
-    float v[RN_MAX], pv[RN_MAX];
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < RN_MAX; k++) {
-        const int j = threadIdx.x + k * blockDim.x;
-        pv[k] = j < d ? p[j] : 0.f;
-        v[k] = j < d ? x[j] : 0.f;
-        ss += pv[k] * pv[k];
-    }
-    float s = 1.f;
-    if (post) {
-        ss = block_sum(ss, red);
-        s = rsqrtf(ss / (float)d + eps);
-    }
-    float ss2 = 0.f;
-#pragma unroll
-    for (int k = 0; k < RN_MAX; k++) {
-        const int j = threadIdx.x + k * blockDim.x;
-        if (j < d) {
-            v[k] += post ? pv[k] * s * post[j] : pv[k];
-            x[j] = v[k];
-            ss2 += v[k] * v[k];
-        }
-    }
-    if (!next) return;
-    ss2 = block_sum(ss2, red);
-    const float s2 = rsqrtf(ss2 / (float)d + eps);
-    float* xn = Xn + (size_t)t * d;
-#pragma unroll
-    for (int k = 0; k < RN_MAX; k++) {
-        const int j = threadIdx.x + k * blockDim.x;
-        if (j < d) xn[j] = v[k] * s2 * next[j];
-    }
+    residual_body(X + (size_t)t * d, X + (size_t)t * d, P + (size_t)t * d, post, next, d, eps, Xn + (size_t)t * d, nullptr);
 }
 
 // After the Q/K/V products, one block per (head, token), head_dim threads: the per-head RMSNorm
@@ -556,6 +873,7 @@ extern "C" __global__ void __launch_bounds__(256) residual_norm(float* X, const 
 // query heads, the others the KV heads.
 extern "C" __global__ void qk_rope_store(float* Q, const float* K, const float* V, const float* qn, const float* kn, float eps, const float* cosv, const float* sinv,
                                          int rot_dim, int style, int n_head, int n_kv, int hd, void* kc, void* vc, int capacity, int f16, const int* step) {
+    PDL_ENTRY();
     __shared__ float red[32];
     __shared__ float h[256];
     const int head = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
@@ -600,6 +918,7 @@ extern "C" __global__ void qk_rope_store(float* Q, const float* K, const float* 
 
 // The LM head's input: Xn[i] = RMSNorm(X[rows[i]]) for the step's `m` head rows.
 extern "C" __global__ void norm_rows(const float* X, float* Xn, const float* w, int d, float eps, const int* step, int max_batch) {
+    PDL_ENTRY();
     const int i = blockIdx.x;
     const int r = step[4 + max_batch + i];
     const float* x = X + (size_t)r * d;
@@ -621,17 +940,20 @@ extern "C" __global__ void norm_rows(const float* X, float* Xn, const float* w, 
 }
 
 extern "C" __global__ void add_inplace(float* dst, const float* src, int count) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) dst[i] += src[i];
 }
 
 extern "C" __global__ void add_bias(float* dst, const float* bias, int width, int count) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) dst[i] += bias[i % width];
 }
 
 // gate = act(gate) · up; act 0: GELU (tanh approximation), 1: SiLU.
 extern "C" __global__ void gated(float* gate, const float* up, int count, int act) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     float g = gate[i], a;
@@ -645,6 +967,7 @@ extern "C" __global__ void gated(float* gate, const float* up, int count, int ac
 }
 
 extern "C" __global__ void softcap(float* v, int count, float cap) {
+    PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) v[i] = tanhf(v[i] / cap) * cap;
 }
@@ -652,6 +975,7 @@ extern "C" __global__ void softcap(float* v, int count, float cap) {
 // RoPE of every head of the n rows of `buf` (row t at position pos0 + t); style 0: adjacent
 // pairs, 1: halves (NeoX). cos/sin: [pos][rot_dim / 2].
 extern "C" __global__ void rope(float* buf, const float* cosv, const float* sinv, int width, int head_dim, int rot_dim, int style, const int* step) {
+    PDL_ENTRY();
     const int t = blockIdx.x;
     const int pos = step[0] + t;
     const int half = rot_dim / 2;
@@ -670,6 +994,7 @@ extern "C" __global__ void rope(float* buf, const float* cosv, const float* sinv
 
 // Stores the n rows of K and V at positions pos0.. (slot pos % capacity), as f16 or f32.
 extern "C" __global__ void store_kv(const float* K, const float* V, void* kc, void* vc, int kv_dim, int capacity, int f16, const int* step) {
+    PDL_ENTRY();
     const int t = blockIdx.x;
     const size_t slot = (size_t)((step[0] + t) % capacity);
     for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
@@ -687,6 +1012,7 @@ extern "C" __global__ void store_kv(const float* K, const float* V, void* kc, vo
 // Low-rank adapter, first factor: tmp[t * rank + i] = A[i, :] · X[t, :] (A f16, rank × d_in); one
 // warp per (t, i).
 extern "C" __global__ void low_rank_a(const __half* A, const float* X, float* tmp, int rank, int d_in, int n) {
+    PDL_ENTRY();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int k = blockIdx.x * (blockDim.x >> 5) + warp;
     if (k >= rank * n) return;
@@ -701,6 +1027,7 @@ extern "C" __global__ void low_rank_a(const __half* A, const float* X, float* tm
 
 // Second factor: Y[t, j] += scale · Σ_i Bt[i, j] · tmp[t, i] (Bt f16, rank × d_out).
 extern "C" __global__ void low_rank_b(const __half* Bt, const float* tmp, float* Y, int rank, int d_out, float scale, int n) {
+    PDL_ENTRY();
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= d_out * n) return;
     const int t = idx / d_out, j = idx % d_out;
@@ -712,17 +1039,148 @@ extern "C" __global__ void low_rank_b(const __half* Bt, const float* tmp, float*
 // ---------------------------------------------------------------------------------------------
 // Attention over the KV cache. Grid (splits, n_kv_head, n): a block takes one query token, one
 // KV head (with the G query heads sharing it) and one slice of the visible positions; its 8
-// warps walk the slice with an online softmax, then combine. With splits > 1, every block writes
-// its partial result and the last block of a (token, KV head) to finish combines them, so one
-// launch serves decode (many splits over a long span) and prefill (one split, many tokens).
+// warps walk the slice with an online softmax, then combine. `splits` is an upper bound: a span
+// is cut into at most that many slices of at least ATT_MIN_CHUNK positions (decided on the
+// device from the step's position, so a captured decode step stays valid as the span grows).
+// With more than one slice, every block writes its partial result and the last block of a
+// (token, KV head) to finish combines them, so one launch serves decode (many slices over a long
+// span, more than 100 multiprocessors busy) and prefill (many tokens, a few slices each).
 // mask 0: causal, 1: bidirectional, 2: block-causal (`block` positions); window 0: none.
 
 #define ATT_WARPS 8
 #define ATT_MAX_G 8
 #define ATT_MAX_D 8
+#define ATT_MIN_CHUNK 32
 
-extern "C" __global__ void __launch_bounds__(256) attention(const float* Q, float* O, const void* kc, const void* vc, int kv_f16, int capacity, int n_head, int n_kv, int hd,
-                                                            float scale, int mask, int block, int window, const int* step, int n, float* part, unsigned int* counters, int splits) {
+// Row `p`'s key and value elements lane*D.. of KV head g (zeros past D).
+__device__ __forceinline__ void att_load(const void* kc, const void* vc, int kv_f16, size_t off, int D, float* k, float* v) {
+    if (kv_f16 && D == 8) {
+        // 16 bytes each: off is a multiple of 8 halves and the cache rows are 16-byte aligned.
+        const uint4 kk = *(const uint4*)((const __half*)kc + off), vv = *(const uint4*)((const __half*)vc + off);
+        const __half* kh = (const __half*)&kk;
+        const __half* vh = (const __half*)&vv;
+#pragma unroll
+        for (int i = 0; i < 8; i++) { k[i] = __half2float(kh[i]); v[i] = __half2float(vh[i]); }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_D; i++) {
+        if (i < D) {
+            k[i] = kv_f16 ? __half2float(((const __half*)kc)[off + i]) : ((const float*)kc)[off + i];
+            v[i] = kv_f16 ? __half2float(((const __half*)vc)[off + i]) : ((const float*)vc)[off + i];
+        } else {
+            k[i] = 0.f;
+            v[i] = 0.f;
+        }
+    }
+}
+
+// A decode step's QK-norm, RoPE and KV store folded into its attention (one token): the raw
+// Q, K and V of the products, the norm weights (null: none), the RoPE table and style as in
+// `qk_rope_store`. `on` = 0: Q is ready and the new row is in the cache already.
+struct AttFuse {
+    const float* k;
+    const float* v;
+    const float* qn;
+    const float* kn;
+    const float* cosv;
+    const float* sinv;
+    float eps;
+    int rot_dim;
+    int style;
+    int on;
+};
+
+// Elements lane*D.. of one head (D ≤ ATT_MAX_D) through `qk_rope_store`'s per-head RMSNorm
+// (when w) and RoPE at position pos; every lane of the warp calls it. For style 1 the pair of
+// element i lies half/D lanes away (half a multiple of D, checked by the host).
+__device__ __forceinline__ void att_qk_prep(float* x, const float* w, int D, int hd, int lane, int pos, const AttFuse& f) {
+    if (w) {
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_D; k++) ss += k < D ? x[k] * x[k] : 0.f;
+        ss = warp_sum(ss);
+        const float r = rsqrtf(ss / (float)hd + f.eps);
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_D; k++)
+            if (k < D) x[k] = x[k] * r * w[lane * D + k];
+    }
+    const int half = f.rot_dim / 2;
+    float o[ATT_MAX_D];
+    if (f.style) {
+        const int dl = half / D;
+        const int src = lane * D < half ? lane + dl : lane - dl;
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_D; k++) o[k] = __shfl_sync(0xffffffff, x[k], src & 31);
+    } else {
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_D; k++) o[k] = x[k ^ 1];
+    }
+#pragma unroll
+    for (int k = 0; k < ATT_MAX_D; k++) {
+        const int i = lane * D + k;
+        if (k < D && i < f.rot_dim) {
+            const bool first = f.style ? i < half : (i & 1) == 0;
+            const int kk = f.style ? (first ? i : i - half) : i >> 1;
+            const float c = f.cosv[(size_t)pos * half + kk], sn = f.sinv[(size_t)pos * half + kk];
+            x[k] = first ? x[k] * c - o[k] * sn : o[k] * sn + x[k] * c;
+        }
+    }
+}
+
+// The new row of a fused decode step: K and V from the products, K normed and rotated, both
+// stored in the cache at `off` (rounded to f16 for an f16 cache) and returned as stored.
+__device__ __forceinline__ void att_new_row(const AttFuse& f, const void* kc, const void* vc, int kv_f16, size_t off, int src, int D, int hd, int lane, int pos, float* k, float* v) {
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_D; i++) {
+        k[i] = i < D ? f.k[src + lane * D + i] : 0.f;
+        v[i] = i < D ? f.v[src + lane * D + i] : 0.f;
+    }
+    att_qk_prep(k, f.kn, D, hd, lane, pos, f);
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_D; i++) {
+        if (i < D) {
+            if (kv_f16) {
+                const __half kh = __float2half_rn(k[i]), vh = __float2half_rn(v[i]);
+                ((__half*)kc)[off + i] = kh;
+                ((__half*)vc)[off + i] = vh;
+                k[i] = __half2float(kh);
+                v[i] = __half2float(vh);
+            } else {
+                ((float*)kc)[off + i] = k[i];
+                ((float*)vc)[off + i] = v[i];
+            }
+        }
+    }
+}
+
+// One key/value row into the online softmax of the G (≤ MG) heads.
+template <int MG>
+__device__ __forceinline__ void att_step(int G, float (*q)[ATT_MAX_D], const float* k, const float* v, float (*acc)[ATT_MAX_D], float* m, float* l) {
+#pragma unroll
+    for (int h = 0; h < MG; h++) {
+        if (h >= G) break;
+        float sc = 0.f;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_D; i++) sc += q[h][i] * k[i];
+        sc = warp_sum(sc);
+        const float mn = fmaxf(m[h], sc);
+        const float c = __expf(m[h] - mn), e = __expf(sc - mn);
+        l[h] = l[h] * c + e;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_D; i++) acc[h][i] = acc[h][i] * c + e * v[i];
+        m[h] = mn;
+    }
+}
+
+// MG: the most query heads per KV head the instance serves (its registers hold MG heads; the
+// head loops run to MG with compile-time indices, so nothing spills to local memory). FUSE:
+// whether the instance can take a folded QK-norm/RoPE/KV store (`fu`); without it the kernel
+// needs fewer registers and two blocks fit on a multiprocessor.
+template <int MG, bool FUSE>
+__device__ __forceinline__ void attention_body(const float* Q, float* O, const void* kc, const void* vc, int kv_f16, int capacity, int n_head, int n_kv, int hd, float scale,
+                                               int mask, int block, int window, const int* step, int n, float* part, unsigned int* counters, int splits, const AttFuse& fu) {
+    PDL_ENTRY();
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = n_head / n_kv, D = hd / 32;
@@ -731,54 +1189,50 @@ extern "C" __global__ void __launch_bounds__(256) attention(const float* Q, floa
     end = max(end, pos + 1);
     const int lo = window > 0 ? max(0, pos + 1 - window) : 0;
     const int cnt = end - lo;
-    const int chunk = (cnt + splits - 1) / splits;
+    // Splits in use for this span: at least ATT_MIN_CHUNK positions each (a short span in
+    // fewer blocks, combined with less work); the others have nothing to do.
+    const int eff = min(splits, max(1, (cnt + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK));
+    if (s >= eff) return;
+    const int chunk = (cnt + eff - 1) / eff;
     const int a = lo + s * chunk, b = min(end, a + chunk);
     const int kv_dim = n_kv * hd;
 
-    float q[ATT_MAX_G][ATT_MAX_D], acc[ATT_MAX_G][ATT_MAX_D], m[ATT_MAX_G], l[ATT_MAX_G];
+    float q[MG][ATT_MAX_D], acc[MG][ATT_MAX_D], m[MG], l[MG];
 #pragma unroll
-    for (int h = 0; h < ATT_MAX_G; h++) {
+    for (int h = 0; h < MG; h++) {
         m[h] = -1e30f;
         l[h] = 0.f;
 #pragma unroll
         for (int i = 0; i < ATT_MAX_D; i++) {
             acc[h][i] = 0.f;
-            q[h][i] = (h < G && i < D) ? Q[(size_t)t * n_head * hd + (g * G + h) * hd + lane * D + i] * scale : 0.f;
+            q[h][i] = (h < G && i < D) ? Q[(size_t)t * n_head * hd + (g * G + h) * hd + lane * D + i] : 0.f;
         }
+        if (FUSE && fu.on && h < G) att_qk_prep(q[h], fu.qn, D, hd, lane, pos, fu);
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_D; i++) q[h][i] *= scale;
     }
-    for (int p = a + warp; p < b; p += ATT_WARPS) {
-        const size_t off = (size_t)(p % capacity) * kv_dim + g * hd + lane * D;
-        float k[ATT_MAX_D], v[ATT_MAX_D];
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_D; i++) {
-            if (i < D) {
-                k[i] = kv_f16 ? __half2float(((const __half*)kc)[off + i]) : ((const float*)kc)[off + i];
-                v[i] = kv_f16 ? __half2float(((const __half*)vc)[off + i]) : ((const float*)vc)[off + i];
-            } else {
-                k[i] = 0.f;
-                v[i] = 0.f;
-            }
+    // Two rows per step, both loaded before either is used (the loads overlap).
+    for (int p = a + warp; p < b; p += 2 * ATT_WARPS) {
+        const int p2 = p + ATT_WARPS;
+        float k[ATT_MAX_D], v[ATT_MAX_D], k2[ATT_MAX_D], v2[ATT_MAX_D];
+        const size_t off = (size_t)(p % capacity) * kv_dim + g * hd + lane * D, off2 = (size_t)(p2 % capacity) * kv_dim + g * hd + lane * D;
+        const int src = (t * n_kv + g) * hd;
+        if (FUSE && fu.on && p == pos) att_new_row(fu, kc, vc, kv_f16, off, src, D, hd, lane, pos, k, v);
+        else att_load(kc, vc, kv_f16, off, D, k, v);
+        if (p2 < b) {
+            if (FUSE && fu.on && p2 == pos) att_new_row(fu, kc, vc, kv_f16, off2, src, D, hd, lane, pos, k2, v2);
+            else att_load(kc, vc, kv_f16, off2, D, k2, v2);
         }
-#pragma unroll
-        for (int h = 0; h < ATT_MAX_G; h++) {
-            if (h >= G) break;
-            float sc = 0.f;
-#pragma unroll
-            for (int i = 0; i < ATT_MAX_D; i++) sc += q[h][i] * k[i];
-            sc = warp_sum(sc);
-            const float mn = fmaxf(m[h], sc);
-            const float c = __expf(m[h] - mn), e = __expf(sc - mn);
-            l[h] = l[h] * c + e;
-#pragma unroll
-            for (int i = 0; i < ATT_MAX_D; i++) acc[h][i] = acc[h][i] * c + e * v[i];
-            m[h] = mn;
-        }
+        att_step<MG>(G, q, k, v, acc, m, l);
+        if (p2 < b) att_step<MG>(G, q, k2, v2, acc, m, l);
     }
     // Combine the warps, one head at a time, through shared memory.
     __shared__ float sm[ATT_WARPS][2 + 256];
     __shared__ bool last;
     const int key = t * n_kv + g;
-    for (int h = 0; h < G; h++) {
+#pragma unroll
+    for (int h = 0; h < MG; h++) {
+        if (h >= G) break;
         if (lane == 0) { sm[warp][0] = m[h]; sm[warp][1] = l[h]; }
 #pragma unroll
         for (int i = 0; i < ATT_MAX_D; i++)
@@ -791,7 +1245,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const float* Q, floa
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float A = 0.f;
             for (int w = 0; w < ATT_WARPS; w++) A += sm[w][2 + d] * __expf(sm[w][0] - M);
-            if (splits == 1) {
+            if (eff == 1) {
                 O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / L;
             } else {
                 float* pp = part + ((size_t)(key * splits + s) * G + h) * (hd + 2);
@@ -801,11 +1255,11 @@ extern "C" __global__ void __launch_bounds__(256) attention(const float* Q, floa
         }
         __syncthreads();
     }
-    if (splits == 1) return;
+    if (eff == 1) return;
     __threadfence();
     if (threadIdx.x == 0) {
         unsigned int done = atomicAdd(&counters[key], 1u);
-        last = done == (unsigned int)(splits - 1);
+        last = done == (unsigned int)(eff - 1);
     }
     __syncthreads();
     if (!last) return;
@@ -817,23 +1271,36 @@ extern "C" __global__ void __launch_bounds__(256) attention(const float* Q, floa
     for (int h = 0; h < G; h++) {
         const float* base = part + ((size_t)key * splits * G + h) * (hd + 2);
         if (threadIdx.x < 32) {
-            float mi = threadIdx.x < splits ? __ldcg(base + threadIdx.x * stride) : -1e30f;
-            float li = threadIdx.x < splits ? __ldcg(base + threadIdx.x * stride + 1) : 0.f;
+            float mi = threadIdx.x < eff ? __ldcg(base + threadIdx.x * stride) : -1e30f;
+            float li = threadIdx.x < eff ? __ldcg(base + threadIdx.x * stride + 1) : 0.f;
             const float M = warp_max(mi);
-            const float e = threadIdx.x < splits ? __expf(mi - M) : 0.f;
+            const float e = threadIdx.x < eff ? __expf(mi - M) : 0.f;
             const float L = warp_sum(li * e);
-            if (threadIdx.x < splits) wgt[threadIdx.x] = e;
+            if (threadIdx.x < eff) wgt[threadIdx.x] = e;
             if (threadIdx.x == 0) tot = L;
         }
         __syncthreads();
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float A = 0.f;
-            for (int i = 0; i < splits; i++) A += __ldcg(base + i * stride + 2 + d) * wgt[i];
+            for (int i = 0; i < eff; i++) A += __ldcg(base + i * stride + 2 + d) * wgt[i];
             O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / tot;
         }
         __syncthreads();
     }
     if (threadIdx.x == 0) counters[key] = 0;
+}
+
+#define ATT_ARGS                                                                                                                                                     \
+    const float *Q, float *O, const void *kc, const void *vc, int kv_f16, int capacity, int n_head, int n_kv, int hd, float scale, int mask, int block, int window, \
+        const int *step, int n, float *part, unsigned int *counters, int splits, AttFuse fu
+extern "C" __global__ void __launch_bounds__(256) attention(ATT_ARGS) {
+    attention_body<ATT_MAX_G, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
+}
+extern "C" __global__ void __launch_bounds__(256) attention_g4(ATT_ARGS) {
+    attention_body<4, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) attention_g4n(ATT_ARGS) {
+    attention_body<4, false>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -862,6 +1329,7 @@ __device__ __forceinline__ void block_best(float& bv, int& bi) {
 }
 
 extern "C" __global__ void argmax1(const float* v, int count, float* pv, int* pi) {
+    PDL_ENTRY();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) better(bv, bi, v[i], i);
@@ -873,6 +1341,7 @@ extern "C" __global__ void argmax1(const float* v, int count, float* pv, int* pi
 }
 
 extern "C" __global__ void argmax2(const float* pv, const int* pi, int parts, int* out) {
+    PDL_ENTRY();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) better(bv, bi, pv[i], pi[i]);

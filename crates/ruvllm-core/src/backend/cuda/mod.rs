@@ -22,7 +22,7 @@ use std::hash::{Hash, Hasher};
 
 use driver::{check, Api, CUcontext, CUdeviceptr, CUfunction, CUgraph, CUgraphExec, CUmodule, CUstream, CudaError};
 
-use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QWeight, RopeStyle, RopeTable};
+use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QWeight, QkNorms, RopeStyle, RopeTable, Span};
 use crate::backend::cpu::GgmlType;
 use crate::backend::kv::{DeviceRows, KvRows};
 use crate::{Error, Result};
@@ -31,9 +31,21 @@ use crate::{Error, Result};
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ruvllm_kernels.fatbin"));
 
 const MMV_MAX: usize = 8;
-/// Splits of a decode step's attention span (fixed, so the step's launches do not change).
-const DECODE_SPLITS: usize = 16;
+/// Most splits of a decode step's attention span (fixed, so the step's launches do not change;
+/// the kernel uses fewer while the span is short).
+const DECODE_SPLITS: usize = 32;
+/// Most splits of a prefill token's span.
+const PREFILL_SPLITS: usize = 4;
+/// Shortest slice of a span the attention kernel gives one block (`ATT_MIN_CHUNK`).
+const ATT_MIN_CHUNK: usize = 32;
 const ARGMAX_BLOCKS: usize = 256;
+/// The one-token LM head over Q8_0 (`head_q8_0r`): blocks of its persistent grid, rows per
+/// block step, widest input.
+const HEAD_BLOCKS: usize = 1024;
+const HEAD_TILE: usize = 32;
+const HEAD_MAX_COLS: usize = 2048;
+/// Widest input of the one-token products that stage it in shared memory (`mmv1s`, `mmvg1s`).
+const MMV1_MAX_COLS: usize = 4096;
 
 /// Why the GPU cannot be used, as the coded error `gpu: 'cuda'` reports.
 pub fn unavailable(msg: impl Into<String>) -> Error {
@@ -252,6 +264,26 @@ struct DevWeight {
     row_bytes: usize,
 }
 
+/// A deferred residual step (see `CudaBackend::pending_res`): its norm weights and epsilon.
+#[derive(Clone, Copy)]
+struct PendingRes {
+    post: CUdeviceptr,
+    next: CUdeviceptr,
+    eps: f32,
+}
+
+/// Device time of graph replays (see `CudaBackend::timing`).
+struct Timing {
+    start: driver::CUevent,
+    end: driver::CUevent,
+    pending: bool,
+    replays: u64,
+    gpu_ms: f64,
+    last: Option<std::time::Instant>,
+    periods: u64,
+    period_s: f64,
+}
+
 /// A captured decode step.
 struct Graph {
     graph: CUgraph,
@@ -301,6 +333,30 @@ pub struct CudaBackend {
     graphs_on: bool,
     /// `RUVLLM_CUDA_PROFILE=1`: time every kernel with events (no graphs), report at drop.
     profile: Option<HashMap<String, (u64, f64)>>,
+    /// Launch with programmatic dependent launch (sm_90 and newer; `RUVLLM_CUDA_PDL=1` turns it
+    /// on): each kernel starts while the one before finishes and fetches its weights meanwhile.
+    pdl: bool,
+    /// The one-token LM head's count of finished blocks (zero between launches).
+    head_counter: Option<DevMem>,
+    /// `RUVLLM_CUDA_TIMING=1`: device time of each replayed decode graph against the host time
+    /// between replays, reported at drop.
+    timing: Option<Timing>,
+    /// A one-token residual step not launched yet: the product that reads its normed output
+    /// computes it in its own blocks (one launch fewer), else `push` launches it first.
+    pending_res: Option<PendingRes>,
+    /// Fold a one-token residual step into the next product (on unless `RUVLLM_CUDA_FUSE` is `0`
+    /// or `qk`), and a one-token QK-norm, RoPE and KV store into the attention kernel (only with
+    /// `RUVLLM_CUDA_FUSE=qk` or `all`: it made the attention kernel slower by more than the
+    /// launch it saves, ~100 us per step on an H200).
+    fuse_res: bool,
+    fuse_qk: bool,
+    /// The residual stream lives in `x2` instead of `Buf::X` (a folded residual step writes
+    /// the other buffer; see `Res` in kernels.cu).
+    x_alt: bool,
+    x2: Option<DevMem>,
+    /// `RUVLLM_CUDA_CARVEOUT=<percent>`: one shared-memory carveout for every kernel (so the
+    /// multiprocessors need not reconfigure L1 between kernels of different needs).
+    carveout: Option<i32>,
     error: Option<Error>,
 }
 
@@ -326,6 +382,21 @@ impl CudaBackend {
             check(api, "cuStreamCreate", (api.stream_create)(&mut stream, driver::STREAM_NON_BLOCKING)).map_err(|e| gpu_error(&e))?;
         }
         let graphs_on = std::env::var("RUVLLM_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
+        // Off unless asked for: on an H200 it made decode steps ~40 us slower and a 512-token
+        // prefill take 1.7x as long (the early-started kernels hold multiprocessors while they
+        // wait).
+        let pdl = dev.major >= 9 && api.launch_kernel_ex.is_some() && std::env::var("RUVLLM_CUDA_PDL").is_ok_and(|v| v == "1");
+        let timing = if std::env::var_os("RUVLLM_CUDA_TIMING").is_some() {
+            let (mut start, mut end) = (std::ptr::null_mut(), std::ptr::null_mut());
+            // SAFETY: out-parameters; the context is current.
+            unsafe {
+                check(api, "cuEventCreate", (api.event_create)(&mut start, 0)).map_err(|e| gpu_error(&e))?;
+                check(api, "cuEventCreate", (api.event_create)(&mut end, 0)).map_err(|e| gpu_error(&e))?;
+            }
+            Some(Timing { start, end, pending: false, replays: 0, gpu_ms: 0.0, last: None, periods: 0, period_s: 0.0 })
+        } else {
+            None
+        };
         Ok(CudaBackend {
             api,
             ctx,
@@ -360,6 +431,15 @@ impl CudaBackend {
             last_sig: 0,
             graphs_on: graphs_on && std::env::var_os("RUVLLM_CUDA_PROFILE").is_none(),
             profile: std::env::var_os("RUVLLM_CUDA_PROFILE").map(|_| HashMap::new()),
+            pdl,
+            head_counter: None,
+            timing,
+            pending_res: None,
+            fuse_res: std::env::var("RUVLLM_CUDA_FUSE").map(|v| v != "0" && v != "qk").unwrap_or(true),
+            fuse_qk: std::env::var("RUVLLM_CUDA_FUSE").is_ok_and(|v| v == "qk" || v == "all"),
+            x_alt: false,
+            x2: None,
+            carveout: std::env::var("RUVLLM_CUDA_CARVEOUT").ok().and_then(|v| v.parse().ok()),
             error: None,
         })
     }
@@ -398,6 +478,9 @@ impl CudaBackend {
         let r = unsafe { (self.api.module_get_function)(&mut f, self.module, c.as_ptr()) };
         if let Err(e) = check(self.api, "cuModuleGetFunction", r) {
             self.fail(Error::Gpu { code: "ERR_GPU", msg: format!("kernel {name}: {e}") });
+        } else if let Some(pct) = self.carveout {
+            // SAFETY: a function of our module; a preference the driver may round or ignore.
+            unsafe { (self.api.func_set_attribute)(f, driver::FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, pct) };
         }
         self.funcs.insert(name.to_string(), f);
         f
@@ -443,7 +526,38 @@ impl CudaBackend {
     }
 
     fn buf(&self, b: Buf) -> CUdeviceptr {
+        if b == Buf::X && self.x_alt {
+            return Self::ptr_of(&self.x2);
+        }
         self.bufs.get(b.index()).map_or(0, |m| m.ptr)
+    }
+
+    /// Launches the deferred residual step, if any, as its own kernel (in place).
+    fn settle(&mut self) {
+        if let Some(r) = self.pending_res.take() {
+            self.residual_kernel(r, 1);
+        }
+    }
+
+    fn residual_kernel(&mut self, r: PendingRes, n: usize) {
+        let d = self.widths.d_model;
+        let args = Args::new().ptr(self.buf(Buf::X)).ptr(self.buf(Buf::Proj)).ptr(self.buf(Buf::Xn)).ptr(r.post).ptr(r.next).i32(d as i32).f32(r.eps);
+        let block = (d.div_ceil(32) * 32).clamp(32, 256) as u32;
+        self.push("residual_norm", [n as u32, 1, 1], block, args);
+    }
+
+    /// The `Res` argument of the one-token products: the deferred residual step folded into
+    /// this launch (moving the residual to the other buffer), or off.
+    fn take_res(&mut self, src: Buf, cols: usize) -> [u64; 7] {
+        let Some(r) = self.pending_res else { return [0; 7] };
+        if src != Buf::Xn || cols != self.widths.d_model || r.next == 0 || cols > MMV1_MAX_COLS {
+            return [0; 7];
+        }
+        self.pending_res = None;
+        let (x, p, xn) = (self.buf(Buf::X), self.buf(Buf::Proj), self.buf(Buf::Xn));
+        self.x_alt = !self.x_alt;
+        let xo = self.buf(Buf::X);
+        [x, p, r.post, r.next, xo, xn, r.eps.to_bits() as u64 | (1u64 << 32)]
     }
 
     /// A host f32 slice in device memory, uploaded on first use (model vectors live as long as
@@ -502,6 +616,10 @@ impl CudaBackend {
         if !self.ok() {
             return;
         }
+        if self.pending_res.is_some() {
+            // Whatever comes next may read X or Xn: the residual step runs first.
+            self.settle();
+        }
         let func = self.func(name);
         // The name only labels the profile; decode records ~190 launches per token.
         let name = if self.profile.is_some() { name.to_string() } else { String::new() };
@@ -515,6 +633,7 @@ impl CudaBackend {
     /// Sends the recorded launches (after the step block), as a graph when this list was seen
     /// before.
     fn flush(&mut self) {
+        self.settle();
         if self.pending.is_empty() || !self.ok() {
             self.pending.clear();
             return;
@@ -542,13 +661,12 @@ impl CudaBackend {
             let sig = if graphable { signature(&self.pending) } else { 0 };
             if graphable {
                 if let Some(g) = self.graphs.get(&sig) {
-                    // SAFETY: an instantiated graph of launches on live buffers.
-                    return unsafe { check(api, "cuGraphLaunch", (api.graph_launch)(g.exec, self.stream)) };
+                    let exec = g.exec;
+                    return self.launch_graph(exec);
                 }
                 if sig == self.last_sig {
                     let g = self.capture()?;
-                    // SAFETY: as above.
-                    unsafe { check(api, "cuGraphLaunch", (api.graph_launch)(g.exec, self.stream))? };
+                    self.launch_graph(g.exec)?;
                     if self.graphs.len() >= 16 {
                         self.clear_graphs();
                     }
@@ -568,12 +686,55 @@ impl CudaBackend {
         }
     }
 
+    /// Replays a captured step (timed with `RUVLLM_CUDA_TIMING`).
+    fn launch_graph(&mut self, exec: CUgraphExec) -> std::result::Result<(), CudaError> {
+        let (api, stream) = (self.api, self.stream);
+        let Some(t) = self.timing.as_mut() else {
+            // SAFETY: an instantiated graph of launches on live buffers.
+            return unsafe { check(api, "cuGraphLaunch", (api.graph_launch)(exec, stream)) };
+        };
+        // SAFETY: events of our context recorded on our stream around the replay; the last
+        // replay's end event is waited for before its time is read.
+        unsafe {
+            if t.pending {
+                check(api, "cuEventSynchronize", (api.event_synchronize)(t.end))?;
+                let mut ms = 0f32;
+                check(api, "cuEventElapsedTime", (api.event_elapsed_time)(&mut ms, t.start, t.end))?;
+                t.gpu_ms += ms as f64;
+                t.replays += 1;
+            }
+            let now = std::time::Instant::now();
+            if let Some(prev) = t.last {
+                t.periods += 1;
+                t.period_s += (now - prev).as_secs_f64();
+            }
+            t.last = Some(now);
+            check(api, "cuEventRecord", (api.event_record)(t.start, stream))?;
+            check(api, "cuGraphLaunch", (api.graph_launch)(exec, stream))?;
+            check(api, "cuEventRecord", (api.event_record)(t.end, stream))?;
+        }
+        t.pending = true;
+        Ok(())
+    }
+
     fn launch_all(&self) -> std::result::Result<(), CudaError> {
         let api = self.api;
         let mut params: Vec<*mut c_void> = Vec::with_capacity(24);
+        let pdl = self.pdl.then_some(api.launch_kernel_ex).flatten();
+        let mut attr = driver::LaunchAttribute { id: driver::LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value: [0; 8] };
+        attr.value[0] = 1;
         for l in &self.pending {
             params.clear();
             params.extend(l.offs.iter().map(|&o| l.args[o as usize..].as_ptr() as *mut c_void));
+            if let Some(launch_ex) = pdl {
+                let cfg =
+                    driver::LaunchConfig { grid: l.grid, block: [l.block, 1, 1], shared_mem_bytes: 0, stream: self.stream, attrs: &mut attr, num_attrs: 1 };
+                // SAFETY: as below; `cfg` and its one attribute live across the call, and every
+                // kernel waits for the previous grid (`pdl_wait`) before it reads or writes
+                // anything the previous grids touch.
+                unsafe { check(api, "cuLaunchKernelEx", launch_ex(&cfg, l.func, params.as_mut_ptr(), std::ptr::null_mut()))? };
+                continue;
+            }
             // SAFETY: each parameter pointer addresses the argument's bytes, laid out as the
             // kernel declares them (8-byte slots; i32/f32 in the low bytes, little-endian).
             unsafe {
@@ -713,9 +874,14 @@ impl CudaBackend {
                     yp[k - i] = self.buf(dsts[k]);
                 }
                 let total: usize = rows.iter().map(|&r| r as usize).sum();
-                let name = format!("mmv{nt}_{}", type_suffix(ty).unwrap_or("f32"));
-                let args = Args::new().words(&mmv3_words(wp, rb, rows, yp)).ptr(x).i32(cols as i32).i32(n as i32);
-                self.push(&name, [Self::blocks(total, 8), 1, 1], 256, args);
+                let suffix = type_suffix(ty).unwrap_or("f32");
+                let args = Args::new().words(&mmv3_words(wp, rb, rows, yp)).ptr(x).i32(cols as i32);
+                if n == 1 && cols <= MMV1_MAX_COLS {
+                    let res = self.take_res(src, cols);
+                    self.push(&format!("mmv1s_{suffix}"), [Self::blocks(total, 8), 1, 1], 256, args.words(&res));
+                } else {
+                    self.push(&format!("mmv{nt}_{suffix}"), [Self::blocks(total, 8), 1, 1], 256, args.i32(n as i32));
+                }
                 i = j;
             }
         } else {
@@ -747,6 +913,75 @@ impl CudaBackend {
         self.push(act, [Self::blocks(warps, 8), 1, 1], 256, Args::new().ptr(x).ptr(out).i32(cols as i32).i32(n as i32));
     }
 
+    /// The attention kernel over `cache`; `fuse`: the `AttFuse` argument (all zero: off).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_launch(&mut self, cache: &LayerCache, shape: AttnShape, mask: AttentionMask, window: Option<usize>, pos0: usize, n: usize, fuse: [u64; 8]) {
+        self.begin_pass(pos0, n);
+        let Some(d) = self.device_rows(cache) else { return };
+        let g = shape.n_head / shape.n_kv_head.max(1);
+        if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || g > 8 || g == 0 {
+            self.fail(Error::Gpu {
+                code: "ERR_GPU",
+                msg: format!("attention shape {shape:?} is outside the CUDA kernel's (head_dim ≤ 256, multiple of 32; ≤ 8 query heads per KV head)"),
+            });
+            return;
+        }
+        // Decode: a fixed split count over the span (one graph for every step); prefill: one
+        // split per query unless the span is long.
+        let splits = if n <= MMV_MAX { DECODE_SPLITS } else { (pos0 + n).div_ceil(ATT_MIN_CHUNK).clamp(1, PREFILL_SPLITS) };
+        let need = n * shape.n_kv_head * splits * g * (shape.head_dim + 2) * 4;
+        if self.att_part.as_ref().is_none_or(|p| p.bytes < need) {
+            self.flush();
+            self.sync();
+            self.clear_graphs();
+            self.att_part = self.alloc(need);
+        }
+        let counters = n * shape.n_kv_head;
+        if self.att_counters.as_ref().is_none_or(|p| p.bytes < counters * 4) {
+            self.flush();
+            self.sync();
+            self.clear_graphs();
+            self.att_counters = self.alloc(counters * 4);
+            if let Some(c) = &self.att_counters {
+                // SAFETY: zero fresh counters.
+                unsafe { (self.api.memset_d8)(c.ptr, 0, counters * 4) };
+            }
+        }
+        let (mk, block) = match mask {
+            AttentionMask::Causal => (0, 1),
+            AttentionMask::Bidirectional => (1, 1),
+            AttentionMask::BlockCausal { block } => (2, block.max(1)),
+        };
+        let step = Self::ptr_of(&self.step_dev);
+        let args = Args::new()
+            .ptr(self.buf(Buf::Q))
+            .ptr(self.buf(Buf::Attn))
+            .ptr(d.k)
+            .ptr(d.v)
+            .i32(i32::from(d.elem == 2))
+            .i32(cache.capacity as i32)
+            .i32(shape.n_head as i32)
+            .i32(shape.n_kv_head as i32)
+            .i32(shape.head_dim as i32)
+            .f32(shape.scale)
+            .i32(mk)
+            .i32(block as i32)
+            .i32(window.unwrap_or(0) as i32)
+            .ptr(step)
+            .i32(n as i32)
+            .ptr(Self::ptr_of(&self.att_part))
+            .ptr(Self::ptr_of(&self.att_counters))
+            .i32(splits as i32);
+        // Many tokens: the instance without the folding, lean enough for two blocks per
+        // multiprocessor (a 512-token prefill runs thousands of blocks).
+        let name = match (g <= 4, n > MMV_MAX) {
+            (true, true) => "attention_g4n",
+            (true, false) => "attention_g4",
+            _ => "attention",
+        };
+        self.push(name, [splits as u32, shape.n_kv_head as u32, n as u32], 256, args.words(&fuse));
+    }
+
     /// The LM head's kernels: norm of the step's head rows, product, soft-cap, argmax of row 0.
     fn head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) {
         let (d, v, m) = (self.widths.d_model, self.widths.vocab_size, rows.len());
@@ -770,6 +1005,27 @@ impl CudaBackend {
         self.push("norm_rows", [m as u32, 1, 1], 256, Args::new().ptr(x).ptr(xn).ptr(w).i32(d as i32).f32(eps).ptr(step).i32(mb as i32));
         let Some((wp, rb)) = self.weight(output) else { return };
         let logits = Self::ptr_of(&self.logits_dev);
+        if m == 1 && output.ty == GgmlType::Q8_0 && d <= HEAD_MAX_COLS && d.is_multiple_of(32) {
+            // One kernel: product, soft-cap and the greedy pick.
+            let (pv, out, counter) = (Self::ptr_of(&self.argmax_part), Self::ptr_of(&self.argmax_out), Self::ptr_of(&self.head_counter));
+            let blocks = v.div_ceil(HEAD_TILE).clamp(1, HEAD_BLOCKS);
+            let args = Args::new()
+                .ptr(wp)
+                .i64(rb as i64)
+                .i32(v as i32)
+                .ptr(xn)
+                .i32(d as i32)
+                .ptr(logits)
+                .f32(softcap.unwrap_or(0.0))
+                .ptr(pv)
+                .ptr(pv + (HEAD_BLOCKS * 4) as u64)
+                .ptr(counter)
+                .ptr(out);
+            self.push("head_q8_0r", [blocks as u32, 1, 1], 256, args);
+            self.head_rows = m;
+            self.logits_ready = false;
+            return;
+        }
         if m <= MMV_MAX {
             let nt = match m {
                 1 => 1,
@@ -804,17 +1060,25 @@ impl CudaBackend {
 }
 
 /// A hash of the launches (functions, geometry, argument bytes): equal lists replay one graph.
+/// A multiply-rotate hash over 64-bit words: it runs once per decode step over ~200 launches,
+/// on the host while the device waits, so it must cost little; a collision would need two
+/// different launch lists of one model to meet, and lists are compared only within a process.
 fn signature(ls: &[Launch]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    ls.len().hash(&mut h);
+    let mut h = 0x9e37_79b9_7f4a_7c15u64 ^ ls.len() as u64;
+    let mut mix = |w: u64| h = (h.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     for l in ls {
-        (l.func as usize).hash(&mut h);
-        l.grid.hash(&mut h);
-        l.block.hash(&mut h);
-        l.args.hash(&mut h);
-        l.offs.hash(&mut h);
+        mix(l.func as u64);
+        mix(u64::from(l.grid[0]) | (u64::from(l.grid[1]) << 32));
+        mix(u64::from(l.grid[2]) | (u64::from(l.block) << 32));
+        mix(l.args.len() as u64 | ((l.offs.len() as u64) << 32));
+        for &w in &l.args {
+            mix(w);
+        }
+        for &o in &l.offs {
+            mix(u64::from(o));
+        }
     }
-    h.finish() | 1
+    h | 1
 }
 
 impl Drop for CudaBackend {
@@ -825,6 +1089,17 @@ impl Drop for CudaBackend {
             eprintln!("ruvllm cuda profile: kernel, launches, total ms, mean us");
             for (k, (c, ms)) in v {
                 eprintln!("  {k:32} {c:8} {ms:10.3} {:8.2}", ms * 1000.0 / *c as f64);
+            }
+        }
+        if let Some(t) = &self.timing {
+            if t.replays > 0 && t.periods > 0 {
+                eprintln!(
+                    "ruvllm cuda timing: {} decode graph replays, {:.1} us of device time each, {:.1} us between replay launches (pdl {})",
+                    t.replays,
+                    t.gpu_ms * 1000.0 / t.replays as f64,
+                    t.period_s * 1e6 / t.periods as f64,
+                    self.pdl
+                );
             }
         }
         self.current();
@@ -861,10 +1136,16 @@ impl Backend for CudaBackend {
         self.step_dev = self.alloc(self.step.len() * 4);
         self.current();
         self.step_host = HostMem::alloc(self.api, self.ctx, self.step.len() * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
-        self.argmax_part = self.alloc(ARGMAX_BLOCKS * 8);
+        self.argmax_part = self.alloc(ARGMAX_BLOCKS.max(HEAD_BLOCKS) * 8);
+        self.head_counter = self.alloc(16);
+        if let Some(c) = &self.head_counter {
+            // SAFETY: zero the fresh counter.
+            unsafe { (self.api.memset_d8)(c.ptr, 0, 16) };
+        }
         self.argmax_out = self.alloc(16);
         self.argmax_host = HostMem::alloc(self.api, self.ctx, 16).map_err(|e| self.fail(gpu_error(&e))).ok();
         self.lr_tmp = self.alloc(max_batch * 64 * 4);
+        self.x2 = self.alloc(max_batch * widths.d_model * 4);
         let widest = widths.d_model.max(widths.q_dim).max(widths.ff_dim);
         self.act_buf = self.alloc(max_batch * widest * 4);
     }
@@ -894,6 +1175,7 @@ impl Backend for CudaBackend {
     fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>, replace: Option<(u32, &[f32])>) {
         // A new pass: send what the previous one left (its LM head), then set the step.
         self.flush();
+        self.x_alt = false;
         let n = tokens.len();
         self.step[1] = n as i32;
         for (i, &t) in tokens.iter().enumerate() {
@@ -1009,63 +1291,39 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&mut self, cache: &LayerCache, shape: AttnShape, mask: AttentionMask, window: Option<usize>, pos0: usize, n: usize) {
-        self.begin_pass(pos0, n);
-        let Some(d) = self.device_rows(cache) else { return };
-        let g = shape.n_head / shape.n_kv_head.max(1);
-        if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || g > 8 || g == 0 {
-            self.fail(Error::Gpu {
-                code: "ERR_GPU",
-                msg: format!("attention shape {shape:?} is outside the CUDA kernel's (head_dim ≤ 256, multiple of 32; ≤ 8 query heads per KV head)"),
-            });
+        self.attention_launch(cache, shape, mask, window, pos0, n, [0; 8]);
+    }
+
+    fn segment_attention(
+        &mut self,
+        norms: QkNorms,
+        rope: &RopeTable,
+        cache: &mut LayerCache,
+        shape: AttnShape,
+        span: Span,
+        row0: usize,
+        pos0: usize,
+        n: usize,
+    ) {
+        assert_eq!(row0, 0, "segment_attention: this backend runs one sequence per pass");
+        let (d, half) = (shape.head_dim / 32, rope.rot_dim / 2);
+        // The kernel holds D = head_dim / 32 elements per lane: a rotation pair must sit in one
+        // lane (adjacent style) or the same slot of another (halves style).
+        let pairs_fit = if rope.style == RopeStyle::Neox { d > 0 && half.is_multiple_of(d) } else { d.is_multiple_of(2) };
+        let fits = rope.rot_dim <= shape.head_dim && pairs_fit;
+        if n != 1 || !self.fuse_qk || !fits || self.widths.q_dim != shape.n_head * shape.head_dim {
+            self.qk_rope_store(norms.q, norms.k, norms.eps, rope, shape.head_dim, cache, pos0, n);
+            self.attention(cache, shape, span.mask, span.window, pos0, n);
             return;
         }
-        // Decode: a fixed split count over the span (one graph for every step); prefill: one
-        // split per query unless the span is long.
-        let splits = if n <= MMV_MAX { DECODE_SPLITS } else { (pos0 + n).div_ceil(1024).clamp(1, 8) };
-        let need = n * shape.n_kv_head * splits * g * (shape.head_dim + 2) * 4;
-        if self.att_part.as_ref().is_none_or(|p| p.bytes < need) {
-            self.flush();
-            self.sync();
-            self.clear_graphs();
-            self.att_part = self.alloc(need);
-        }
-        let counters = n * shape.n_kv_head;
-        if self.att_counters.as_ref().is_none_or(|p| p.bytes < counters * 4) {
-            self.flush();
-            self.sync();
-            self.clear_graphs();
-            self.att_counters = self.alloc(counters * 4);
-            if let Some(c) = &self.att_counters {
-                // SAFETY: zero fresh counters.
-                unsafe { (self.api.memset_d8)(c.ptr, 0, counters * 4) };
-            }
-        }
-        let (mk, block) = match mask {
-            AttentionMask::Causal => (0, 1),
-            AttentionMask::Bidirectional => (1, 1),
-            AttentionMask::BlockCausal { block } => (2, block.max(1)),
-        };
-        let step = Self::ptr_of(&self.step_dev);
-        let args = Args::new()
-            .ptr(self.buf(Buf::Q))
-            .ptr(self.buf(Buf::Attn))
-            .ptr(d.k)
-            .ptr(d.v)
-            .i32(i32::from(d.elem == 2))
-            .i32(cache.capacity as i32)
-            .i32(shape.n_head as i32)
-            .i32(shape.n_kv_head as i32)
-            .i32(shape.head_dim as i32)
-            .f32(shape.scale)
-            .i32(mk)
-            .i32(block as i32)
-            .i32(window.unwrap_or(0) as i32)
-            .ptr(step)
-            .i32(n as i32)
-            .ptr(Self::ptr_of(&self.att_part))
-            .ptr(Self::ptr_of(&self.att_counters))
-            .i32(splits as i32);
-        self.push("attention", [splits as u32, shape.n_kv_head as u32, n as u32], 256, args);
+        // One token: its QK-norm, RoPE and KV store run inside the attention kernel.
+        let qn = norms.q.map_or(0, |w| self.vector(w));
+        let kn = norms.k.map_or(0, |w| self.vector(w));
+        let (c, s) = rope.cos_sin();
+        let (cp, sp) = (self.vector(c), self.vector(s));
+        let style = u64::from(rope.style == RopeStyle::Neox);
+        let fuse = [self.buf(Buf::K), self.buf(Buf::V), qn, kn, cp, sp, norms.eps.to_bits() as u64 | ((rope.rot_dim as u64) << 32), style | (1u64 << 32)];
+        self.attention_launch(cache, shape, span.mask, span.window, pos0, n, fuse);
     }
 
     fn add(&mut self, dst: Buf, src: Buf, n: usize) {
@@ -1080,12 +1338,15 @@ impl Backend for CudaBackend {
     }
 
     fn residual_norm(&mut self, post: Option<&[f32]>, next: Option<&[f32]>, eps: f32, n: usize) {
-        let d = self.widths.d_model;
+        self.settle();
         let pp = post.map_or(0, |w| self.vector(w));
         let np = next.map_or(0, |w| self.vector(w));
-        let args = Args::new().ptr(self.buf(Buf::X)).ptr(self.buf(Buf::Proj)).ptr(self.buf(Buf::Xn)).ptr(pp).ptr(np).i32(d as i32).f32(eps);
-        let block = (d.div_ceil(32) * 32).clamp(32, 256) as u32;
-        self.push("residual_norm", [n as u32, 1, 1], block, args);
+        let r = PendingRes { post: pp, next: np, eps };
+        if n == 1 && np != 0 && self.fuse_res && self.ok() {
+            self.pending_res = Some(r);
+        } else {
+            self.residual_kernel(r, n);
+        }
     }
 
     fn matmul_gated(&mut self, gate: &QWeight, up: &QWeight, act: Activation, n: usize) -> bool {
@@ -1093,20 +1354,17 @@ impl Backend for CudaBackend {
             return false;
         }
         let (Some((gp, rb)), Some((upp, _))) = (self.weight(gate), self.weight(up)) else { return true };
-        let nt = if n == 1 { 1 } else { 8 };
-        let name = format!("mmvg{nt}_{}", type_suffix(gate.ty).unwrap_or("f32"));
+        let suffix = type_suffix(gate.ty).unwrap_or("f32");
         let a = i32::from(act == Activation::Silu);
-        let args = Args::new()
-            .ptr(gp)
-            .ptr(upp)
-            .i64(rb as i64)
-            .i32(gate.rows as i32)
-            .ptr(self.buf(Buf::Xn))
-            .i32(gate.cols as i32)
-            .ptr(self.buf(Buf::Gate))
-            .i32(n as i32)
-            .i32(a);
-        self.push(&name, [Self::blocks(gate.rows, 8), 1, 1], 256, args);
+        let args = Args::new().ptr(gp).ptr(upp).i64(rb as i64).i32(gate.rows as i32).ptr(self.buf(Buf::Xn)).i32(gate.cols as i32).ptr(self.buf(Buf::Gate));
+        let grid = [Self::blocks(gate.rows, 8), 1, 1];
+        if n == 1 && gate.cols <= MMV1_MAX_COLS {
+            let res = self.take_res(Buf::Xn, gate.cols);
+            self.push(&format!("mmvg1s_{suffix}"), grid, 256, args.i32(a).words(&res));
+        } else {
+            let nt = if n == 1 { 1 } else { 8 };
+            self.push(&format!("mmvg{nt}_{suffix}"), grid, 256, args.i32(n as i32).i32(a));
+        }
         true
     }
 
@@ -1229,6 +1487,7 @@ impl Backend for CudaBackend {
             Some(e) => {
                 // The pass's results are void; the next pass starts clean.
                 self.pending.clear();
+                self.pending_res = None;
                 Err(e)
             }
         }
