@@ -118,6 +118,13 @@ export declare class FederationNode {
    */
   round(options?: { round?: number }): Promise<FederationRound>
   /**
+   * For benchmarks and tests of the other nodes' validation: publishes, under this node's
+   * name, a replay of its update of round `from` (re-encrypted), a tampered copy, an update for
+   * the next round signed by another key, and malformed bytes; resolves to how many (4). The
+   * other nodes reject all of them (`stats().rejected`). Group and tenant tiers only.
+   */
+  attack(from: number): Promise<number>
+  /**
    * Counters: updates accepted, rejected by reason, bytes sent and received (in all and per
    * round), rounds aggregated, ε spent by public releases, connected peers. After `stop()`,
    * the counters at the stop.
@@ -631,7 +638,7 @@ export interface FederationStats {
   nodeId: string
   /** Rounds aggregated. */
   rounds: number
-  /** Updates accepted from other nodes. */
+  /** Updates accepted into rounds (this node's own included). */
   accepted: number
   /** Updates rejected, by reason (`badSignature`, `replayed`, `oversized`, `shapeMismatch`, `undecryptable`, ...). */
   rejected: Record<string, number>

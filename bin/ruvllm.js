@@ -27,7 +27,8 @@ Usage:
   ruvllm learn status|export|reset --dir <dir>
                                          a learning directory (ruvllm learn --help)
   ruvllm federate keys|status|round ...  federate the learned adapter with other nodes (ruvllm federate --help)
-  ruvllm bench learning|diffusion ...    the SONA and diffusion benchmarks
+  ruvllm bench learning|federation|diffusion ...
+                                         the SONA, federation and diffusion benchmarks
   ruvllm bench serve [--url U] [--clients 1,4,8,16] [--duration 60]
                                          load-test an OpenAI-compatible server
   ruvllm --help | --version

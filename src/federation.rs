@@ -252,7 +252,7 @@ impl FederationNode {
         let (applied, adapter_digest, method, weights, truncation) = match agg {
           Some(agg) => {
             let learner = inner.learner.clone();
-            let (method, weights, truncation) = (format!("{:?}", agg.method), agg.weights.clone(), agg.max_truncation_error());
+            let (method, weights, truncation) = (agg.method.to_string(), agg.weights.clone(), agg.max_truncation_error());
             let digest = blocking(move || Ok(learner.apply_federated(&agg)?)).await?;
             (true, digest, Some(method), weights, truncation)
           }
@@ -276,6 +276,22 @@ impl FederationNode {
           "bytesReceived": bytes.bytes_received,
         }))
       })
+    });
+    on_network(env, fut, Ok)
+  }
+
+  /// For benchmarks and tests of the other nodes' validation: publishes, under this node's
+  /// name, a replay of its update of round `from` (re-encrypted), a tampered copy, an update for
+  /// the next round signed by another key, and malformed bytes; resolves to how many (4). The
+  /// other nodes reject all of them (`stats().rejected`). Group and tenant tiers only.
+  #[napi(ts_args_type = "from: number", ts_return_type = "Promise<number>")]
+  pub fn attack<'env>(&self, env: &'env Env, from: Unknown) -> napi::Result<PromiseRaw<'env, u32>> {
+    let inner = self.inner.clone();
+    let fut = guard(|| {
+      let from = options::int_arg(Some(Val::new(env, &from)), "from", 1.0, options::MAX_SAFE_INTEGER)? as u64;
+      let node = inner.node()?;
+      let round = inner.next_round.load(Ordering::SeqCst);
+      Ok(async move { Ok(node.attack(from, round).await? as u32) })
     });
     on_network(env, fut, Ok)
   }

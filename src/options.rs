@@ -207,6 +207,14 @@ fn int_value(v: &Val, key: &str, min: f64, max: f64) -> Res<f64> {
   Ok(n)
 }
 
+/// A required integer argument in `min..=max`.
+pub fn int_arg(v: Option<Val>, key: &str, min: f64, max: f64) -> Res<f64> {
+  match v {
+    Some(v) if !v.is_undefined()? => int_value(&v, key, min, max),
+    _ => Err(CodedError::invalid_type(format!("{key} must be an integer, got undefined"))),
+  }
+}
+
 /// A finite number option for which `ok` holds (`expect` says what that is).
 pub fn num(bag: Option<Val>, key: &str, expect: &str, ok: impl Fn(f64) -> bool) -> Res<Option<f64>> {
   num_named(bag, key, key, expect, ok)
