@@ -225,10 +225,10 @@ console.log(
     `| mean | ${f(mean(learned.map((l) => l.nllBase)))} | ${f(mean(learned.map((l) => l.nllLocal)))} | ${fedPhases.map((p) => f(mean(learned.map((_, i) => nll_(p, i))))).join(' | ')} |`,
     '',
     ...fedPhases.map((p) => {
-      const r = results[p].rounds.map((x) => x.report)
+      const r = results[p].rounds
       return `${p}: bytes sent per node per round ${f(mean(r.map((x) => x.bytesSent)), 0)}, applied on ${r.filter((x) => x.applied).length}/${N}, withheld ${r[0].withheld}, SVD truncation error ${f(Math.max(...r.map((x) => x.truncationError)), 4)}, epsilon ${f(Math.max(...results[p].measured.map((m) => m.stats.epsilon)), 3)}`
     }),
-    results.private ? `private: bytes on the wire ${results.private.rounds.reduce((a, x) => a + x.report.bytesSent, 0)}` : '',
+    results.private ? `private: bytes on the wire ${results.private.rounds.reduce((a, x) => a + x.bytesSent, 0)}` : '',
     attack ? `adversary (node 0, exact phase): ${attack.sent} bad envelopes published, ${attack.rejected} rejections at ${attack.receivedBy}/${N - 1} honest nodes (${JSON.stringify(attack.reasons[0] ?? {})}), ${attack.accepted} accepted` : '',
     `${((performance.now() - t0) / 1000).toFixed(0)} s in all`,
   ].join('\n'),
@@ -241,10 +241,10 @@ if (values.json) {
       tampered: attack?.sent ?? 0,
       rejected: attack?.rejected ?? 0,
       tamperedAccepted: attack?.accepted ?? 0,
-      privateBytesOnWire: results.private ? results.private.rounds.reduce((a, x) => a + x.report.bytesSent, 0) : null,
+      privateBytesOnWire: results.private ? results.private.rounds.reduce((a, x) => a + x.bytesSent, 0) : null,
       epsilon: results.public ? Math.max(...results.public.measured.map((m) => m.stats.epsilon)) : 0,
       rounds: 1,
-      bytesPerRound: main ? mean(main.rounds.map((x) => x.report.bytesSent)) : 0,
+      bytesPerRound: main ? mean(main.rounds.map((x) => x.bytesSent)) : 0,
     }),
   )
 }
