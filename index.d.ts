@@ -83,6 +83,57 @@ export declare class Embedder {
   get id(): string
 }
 
+/** `llm.federation`: joins the model's learned adapter to a federation. */
+export declare class Federation {
+  /**
+   * Starts a federation node for this model's learned BaseLoRA and dials `peers`; resolves
+   * once it listens. Options: `peers` (multiaddrs, e.g. another node's `address`), `listen`
+   * (default `/ip4/127.0.0.1/tcp/0`), `tier` (`private`: nothing leaves this node; `group`:
+   * encrypted with `key`; `tenant`: encrypted with `key`, only from `members`' node ids;
+   * `public`: clipped and noised to `epsilon`/`delta` over `rounds`, released with at least
+   * `kAnonymity` nodes), `key` (64 hex digits), `nodeKey` (this node's Ed25519 secret, 64 hex
+   * digits; default a fresh one), `expectedNodes` (default peers + 1), `roundTimeoutMs`
+   * (default 10000), `method` (`exact`/`svd`: the exact weighted mean re-factorised to the
+   * adapter's rank; `fedavg`: factor averaging), `weighting` (`fedavg`, `quality`,
+   * `timestep`, `hybrid`), `topic`. Rejects with `ERR_FEDERATION_CONSENT` (not loaded with
+   * `learning: { dir, federate: true }`), `ERR_INVALID_ARG`, `ERR_FEDERATION_KEY`,
+   * `ERR_FEDERATION_TRANSPORT`.
+   */
+  join(options: FederationOptions): Promise<FederationNode>
+}
+
+/** A running federation node (`llm.federation.join`). */
+export declare class FederationNode {
+  /** The address other nodes put in `peers` (`/ip4/…/tcp/…/p2p/<peer id>`). */
+  get address(): string
+  /** This node's public key (64 hex digits): what a tenant's `members` lists. */
+  get nodeId(): string
+  /**
+   * Runs the next round (or `options.round`): publishes this node's current BaseLoRA (nothing
+   * leaves the node on the private tier), waits for the expected nodes or the round timeout,
+   * aggregates, and replaces the local BaseLoRA by the aggregate (served from the next
+   * request on). Call it between learning rounds (after `consolidate()`): a learning round
+   * running meanwhile overwrites the aggregate when it ends. Rejects with `ERR_CLOSED`,
+   * `ERR_FEDERATION_ROUND`, `ERR_FEDERATION_BUDGET`, `ERR_FEDERATION_SHAPE`.
+   */
+  round(options?: { round?: number }): Promise<FederationRound>
+  /**
+   * For benchmarks and tests of the other nodes' validation: publishes, under this node's
+   * name, a replay of its update of round `from` (re-encrypted), a tampered copy, an update for
+   * the next round signed by another key, and malformed bytes; resolves to how many (4). The
+   * other nodes reject all of them (`stats().rejected`). Group and tenant tiers only.
+   */
+  attack(from: number): Promise<number>
+  /**
+   * Counters: updates accepted, rejected by reason, bytes sent and received (in all and per
+   * round), rounds aggregated, ε spent by public releases, connected peers. After `stop()`,
+   * the counters at the stop.
+   */
+  stats(): FederationStats
+  /** Stops the node (after rounds in flight end) and closes its connections. Idempotent. */
+  stop(): Promise<void>
+}
+
 export declare class learning {
   /**
    * What a learning directory holds: the model it belongs to, trajectories, counters, bank size,
@@ -189,6 +240,12 @@ export declare class LLM {
    * also stored in the adapter bank), saves, and resolves with the round's report.
    */
   consolidate(): Promise<LearningRound>
+  /**
+   * Federation of the learned BaseLoRA with other nodes: `llm.federation.join({ peers, tier })`.
+   * Needs `learning: { dir, federate: true }` at load (else `join` rejects with
+   * `ERR_FEDERATION_CONSENT`).
+   */
+  get federation(): Federation
   /** Counts, last losses and timings of the learning loops; `null` without `learning`. */
   learningStats(): LearningStats | null
   /**
@@ -499,6 +556,107 @@ export interface ElboOptions {
 export declare function embed(texts: string[]): Promise<Float32Array[]>
 
 /**
+ * A node identity for `nodeKey`: a fresh Ed25519 secret (or the one given) and its public
+ * node id, each as 64 hex digits. Throws `ERR_INVALID_ARG` for a malformed `secret`.
+ */
+export declare function federationKey(secret?: string): { secret: string, nodeId: string }
+
+/** `llm.federation.join(options)`. */
+export interface FederationOptions {
+  /** Multiaddrs of nodes to dial (another node's `address`); may be empty. */
+  peers: Array<string>
+  /** The multiaddr to listen on. Default `/ip4/127.0.0.1/tcp/0` (any free port on loopback). */
+  listen?: string
+  /** Who may see this node's updates. */
+  tier: 'private' | 'group' | 'tenant' | 'public'
+  /** The group's or tenant's 32-byte key, 64 hex digits (tiers group and tenant). */
+  key?: string
+  /** This node's Ed25519 secret key, 64 hex digits (`federationKey()` makes one). Default: a fresh one. */
+  nodeKey?: string
+  /** Tier tenant: the node ids (64 hex digits) of the tenant's members, this node's included. */
+  members?: Array<string>
+  /** Nodes a round waits for, this one included. Default `peers.length + 1`. */
+  expectedNodes?: number
+  /** How long a round waits for them before it aggregates what came. Default 10000. */
+  roundTimeoutMs?: number
+  /** `exact` (default) or `svd`, the same: the exact weighted mean of the nodes' ΔW, re-factorised to the adapter's rank by truncated SVD; `fedavg`: the mean of the factors (inexact). */
+  method?: 'exact' | 'svd' | 'fedavg'
+  /** How nodes are weighted: by samples (`fedavg`, default), samples × quality (`quality`), measured improvement (`timestep`), or a mix (`hybrid`). */
+  weighting?: 'fedavg' | 'quality' | 'timestep' | 'hybrid'
+  /** The gossip topic: nodes federate only with nodes on the same topic. */
+  topic?: string
+  /** Tier public: an aggregate is released only with at least this many distinct nodes. Default 5. */
+  kAnonymity?: number
+  /** Tier public: the privacy target (ε, δ) over `rounds` rounds, and the clipping norm of ΔW. Defaults 1, 1e-5, 10, 1. */
+  epsilon?: number
+  delta?: number
+  rounds?: number
+  clip?: number
+}
+
+/** What `federationNode.round()` did. */
+export interface FederationRound {
+  round: number
+  /** Envelopes this node published (0 on the private tier). */
+  published: number
+  /** Distinct nodes aggregated, this one included. */
+  contributors: number
+  /** The round aggregated on its timeout, without every expected node. */
+  timedOut: boolean
+  /** The aggregate replaced the local BaseLoRA (false when a public aggregate was withheld). */
+  applied: boolean
+  /** The aggregation used (`Svd { rank: 8 }`, `FactorAverage`), null when nothing was applied. */
+  method?: string
+  /** The nodes' normalised weights, in node-id order. */
+  weights: Array<number>
+  /** Largest relative truncation error of the SVD over the targets (0: exact). */
+  truncationError: number
+  /** Public aggregates withheld for too few nodes. */
+  withheld: number
+  /** SHA-256 of the round's aggregates (hex): equal on nodes that aggregated the same updates. */
+  digest: string
+  /** SHA-256 of the local BaseLoRA after the round (hex): equal on nodes with equal adapters. */
+  adapterDigest: string
+  /** Envelope bytes this node sent and received for the round. */
+  bytesSent: number
+  bytesReceived: number
+}
+
+/** One round's bytes in `FederationStats.perRound`. */
+export interface FederationRoundStats {
+  round: number
+  contributors: number
+  bytesSent: number
+  bytesReceived: number
+  aggregates: number
+  withheld: number
+}
+
+/** `federationNode.stats()`. */
+export interface FederationStats {
+  /** This node's public key, hex. */
+  nodeId: string
+  /** Rounds aggregated. */
+  rounds: number
+  /** Updates accepted into rounds (this node's own included). */
+  accepted: number
+  /** Updates rejected, by reason (`badSignature`, `replayed`, `oversized`, `shapeMismatch`, `undecryptable`, ...). */
+  rejected: Record<string, number>
+  rejectedTotal: number
+  /** Private-tier updates kept off the wire. */
+  privateKept: number
+  /** The same envelope received again (another gossip path): dropped, not a rejection. */
+  duplicates: number
+  bytesSent: number
+  bytesReceived: number
+  perRound: Array<FederationRoundStats>
+  /** ε spent by this node's public releases (at the configured δ). */
+  epsilon: number
+  /** Connected peers. */
+  peers: number
+}
+
+/**
  * What `router.feedback` did: `'added'` (new pattern), `'reinforced'` (an existing
  * near-identical pattern got more weight) or `'penalised'` (patterns lost weight).
  */
@@ -689,6 +847,8 @@ export interface LearningOptions {
   maxSeq?: number
   /** Seed of initialisation and shuffles. Default 0. */
   seed?: number
+  /** Consent to federate the learned adapter with other nodes (`llm.federation.join`). Default false. */
+  federate?: boolean
 }
 
 /** A BaseLoRA round (`llm.consolidate()`, or the background loop's). */

@@ -17,14 +17,13 @@
 //
 //   npx ruvllm bench learning [--examples 200] [--heldout 40] [--general 20] [--variants corrections,no-ewc,quality]
 //                             [--threads 2] [--epochs 2] [--background] [--json out.json]
-import { createHash } from 'node:crypto'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { cpus, tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
-import { brownDocs, npmPackage } from '../training/prepare_data.mjs'
+import { domainData, generalTexts, nll } from './sona-data.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = join(here, '..')
@@ -58,36 +57,10 @@ if (values.help) {
 const model = values.model || process.env.RUVLLM_TEST_MODEL || models.path('gemma-3-270m')
 const [nExamples, nHeld, nGeneral, threads, epochs, decodeRuns] = [values.examples, values.heldout, values.general, values.threads, values.epochs, values['decode-runs']].map(Number)
 
-// ---- data, split as code -------------------------------------------------------------------
-const HEADER = 'Pronunciations:\n'
-const sha = (s) => createHash('sha256').update(s).digest()
-/** The domain split: a word is held out iff sha256(word) mod 100 < 20. */
-export function isHeldOutWord(word) {
-  return sha(word).readUInt32BE(0) % 100 < 20
-}
-
-function dictionary() {
-  const src = readFileSync(join(npmPackage('cmu-pronouncing-dictionary', '3.0.0'), 'index.js'), 'utf8')
-  const out = []
-  for (const m of src.matchAll(/^\s*"([a-z]{3,12})": "([A-Z0-9 ]+)",?$/gm)) out.push([m[1], m[2]])
-  // A fixed order that mixes the alphabet: by hash.
-  return out.sort((a, b) => Buffer.compare(sha('order:' + a[0]), sha('order:' + b[0])))
-}
-
-const entries = dictionary()
-const line = ([w, p]) => `${w}: ${p}\n`
-const train = entries.filter(([w]) => !isHeldOutWord(w))
-const held = entries.filter(([w]) => isHeldOutWord(w))
-const examples = Array.from({ length: nExamples }, (_, i) => {
-  const ws = train.slice(i * 8, i * 8 + 8)
-  return { prompt: HEADER + ws.slice(0, 3).map(line).join(''), correction: ws.slice(3).map(line).join('') }
-})
-const heldDomain = Array.from({ length: nHeld }, (_, i) => HEADER + held.slice(i * 8, i * 8 + 8).map(line).join(''))
-const general = brownDocs()
-  .sort((a, b) => Buffer.compare(sha('general:' + a.id), sha('general:' + b.id)))
-  .slice(0, nGeneral)
-  .map((d) => d.text.slice(0, 1200).replace(/\s+\S*$/, ''))
-if (general.length < nGeneral) throw new Error(`only ${general.length} general passages`)
+// ---- data, split as code (benches/sona-data.mjs) -------------------------------------------
+export { isHeldOutWord } from './sona-data.mjs'
+const { examples, heldDomain } = domainData(nExamples, nHeld)
+const general = generalTexts(nGeneral)
 
 // ---- measurements --------------------------------------------------------------------------
 const median = (xs) => {
@@ -97,20 +70,6 @@ const median = (xs) => {
 const pct = (xs, q) => {
   const s = [...xs].sort((a, b) => a - b)
   return s[Math.min(s.length - 1, Math.round((s.length - 1) * q))]
-}
-
-/** Mean NLL per token over texts (domain: the header's tokens left out). */
-async function nll(llm, texts, skipHeader, adapters) {
-  const skip = skipHeader ? llm.tokenize(HEADER).length - 1 : 0
-  let sum = 0
-  let n = 0
-  for (const t of texts) {
-    const s = await llm.score(t, adapters ? { adapters } : undefined)
-    const lp = s.logprobs.slice(skip)
-    sum -= lp.reduce((a, b) => a + b, 0)
-    n += lp.length
-  }
-  return sum / n
 }
 
 const DECODE_PROMPT = 'The history of the city begins with'

@@ -26,7 +26,9 @@ Usage:
                                          an OpenAI-compatible HTTP server (ruvllm serve --help)
   ruvllm learn status|export|reset --dir <dir>
                                          a learning directory (ruvllm learn --help)
-  ruvllm bench learning|diffusion ...    the SONA and diffusion benchmarks
+  ruvllm federate keys|status|round ...  federate the learned adapter with other nodes (ruvllm federate --help)
+  ruvllm bench learning|federation|diffusion ...
+                                         the SONA, federation and diffusion benchmarks
   ruvllm bench serve [--url U] [--clients 1,4,8,16] [--duration 60]
                                          load-test an OpenAI-compatible server
   ruvllm --help | --version
@@ -366,6 +368,7 @@ const SUBCOMMANDS = {
   hooks: (argv) => require('./commands/router.js').run('hooks', argv.slice(1)),
   bench: (argv) => (argv[1] === 'serve' ? require('./commands/serve.js').benchServe(argv.slice(2)) : require('./commands/router.js').run('bench', argv.slice(1))),
   learn: (argv) => require('./commands/learn.js').run(argv.slice(1)),
+  federate: (argv) => require('./commands/federate.js').run(argv.slice(1)),
   serve: (argv) => require('./commands/serve.js').serve(argv.slice(1)),
 }
 

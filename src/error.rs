@@ -160,6 +160,15 @@ impl From<ruvllm_sona::Error> for CodedError {
   }
 }
 
+impl From<ruvllm_daf::Error> for CodedError {
+  fn from(err: ruvllm_daf::Error) -> Self {
+    match err {
+      ruvllm_daf::Error::Closed => CodedError::new(ERR_CLOSED, "the federation node is closed"),
+      other => CodedError::from_code(other.code(), other.to_string()),
+    }
+  }
+}
+
 impl From<ruvllm_router::Error> for CodedError {
   fn from(err: ruvllm_router::Error) -> Self {
     CodedError::from_code(err.code(), err.to_string())

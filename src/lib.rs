@@ -10,6 +10,7 @@
 
 mod adapter;
 mod error;
+mod federation;
 mod learning;
 mod llm;
 mod models;
@@ -23,6 +24,7 @@ mod task;
 mod types;
 
 pub use adapter::Adapter;
+pub use federation::{Federation, FederationNode};
 pub use llm::Llm;
 pub use server::Server;
 pub use stream::TokenStream;

@@ -378,6 +378,14 @@ impl Llm {
     spawn(env, parsed, |l| Ok(serde_json::to_value(l.consolidate()?)?), |_, v| Ok(v))
   }
 
+  /// Federation of the learned BaseLoRA with other nodes: `llm.federation.join({ peers, tier })`.
+  /// Needs `learning: { dir, federate: true }` at load (else `join` rejects with
+  /// `ERR_FEDERATION_CONSENT`).
+  #[napi(getter)]
+  pub fn federation(&self) -> crate::federation::Federation {
+    crate::federation::Federation::new(self.learner.clone())
+  }
+
   /// Counts, last losses and timings of the learning loops; `null` without `learning`.
   #[napi(catch_unwind, ts_return_type = "LearningStats | null")]
   pub fn learning_stats(&self, env: &Env) -> napi::Result<serde_json::Value> {

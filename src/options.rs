@@ -207,6 +207,14 @@ fn int_value(v: &Val, key: &str, min: f64, max: f64) -> Res<f64> {
   Ok(n)
 }
 
+/// A required integer argument in `min..=max`.
+pub fn int_arg(v: Option<Val>, key: &str, min: f64, max: f64) -> Res<f64> {
+  match v {
+    Some(v) if !v.is_undefined()? => int_value(&v, key, min, max),
+    _ => Err(CodedError::invalid_type(format!("{key} must be an integer, got undefined"))),
+  }
+}
+
 /// A finite number option for which `ok` holds (`expect` says what that is).
 pub fn num(bag: Option<Val>, key: &str, expect: &str, ok: impl Fn(f64) -> bool) -> Res<Option<f64>> {
   num_named(bag, key, key, expect, ok)
@@ -297,6 +305,7 @@ const LEARNING_KEYS: &[&str] = &[
   "generalText",
   "maxSeq",
   "seed",
+  "federate",
 ];
 
 /// `LLM.load(_, { learning: { dir, ... } })`: SONA's options (see `ruvllm_sona::LearningOptions`).
@@ -367,6 +376,9 @@ pub fn learning_options(v: Option<Val>) -> Res<Option<ruvllm_sona::LearningOptio
   }
   if let Some(v) = nested("learning", int_in(bag, "seed", 0.0, MAX_SAFE_INTEGER))? {
     o.seed = v as u64;
+  }
+  if let Some(v) = nested("learning", boolean(bag, "federate"))? {
+    o.federate = v;
   }
   Ok(Some(o))
 }
@@ -867,4 +879,117 @@ pub fn server_options(v: Option<Val>) -> Res<ServerArgs> {
     ..d
   };
   Ok(ServerArgs { model, load: field(bag, "load")?, opts, name: text("name")? })
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const FEDERATION_KEYS: &[&str] = &[
+  "peers",
+  "listen",
+  "tier",
+  "key",
+  "nodeKey",
+  "members",
+  "expectedNodes",
+  "roundTimeoutMs",
+  "method",
+  "weighting",
+  "topic",
+  "kAnonymity",
+  "epsilon",
+  "delta",
+  "rounds",
+  "clip",
+];
+
+/// `llm.federation.join({ ... })`, checked on the JS thread.
+pub struct FederationArgs {
+  pub peers: Vec<String>,
+  pub listen: Option<String>,
+  pub tier: ruvllm_daf::update::Tier,
+  pub key: Option<[u8; 32]>,
+  pub node_key: Option<[u8; 32]>,
+  pub members: Vec<[u8; 32]>,
+  pub expected_nodes: Option<usize>,
+  pub round_timeout_ms: Option<u64>,
+  /// `fedavg`, `exact` or `svd` (checked here; resolved against the adapter's rank at join).
+  pub method: String,
+  pub weighting: ruvllm_daf::weighting::Weighting,
+  pub topic: Option<String>,
+  pub k_anonymity: Option<usize>,
+  pub epsilon: Option<f64>,
+  pub delta: Option<f64>,
+  pub rounds: Option<u64>,
+  pub clip: Option<f64>,
+}
+
+/// 32 bytes written as 64 hex digits (a key or a node id).
+pub fn hex32(s: &str, key: &str) -> Res<[u8; 32]> {
+  let s = s.trim();
+  let bad = || CodedError::out_of_range(format!("{key} must be 32 bytes as 64 hex digits, got {} characters", s.len()));
+  if s.len() != 64 || !s.is_ascii() {
+    return Err(bad());
+  }
+  let mut out = [0u8; 32];
+  for (i, b) in out.iter_mut().enumerate() {
+    *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+  }
+  Ok(out)
+}
+
+fn strings(bag: Option<Val>, key: &str) -> Res<Option<Vec<String>>> {
+  let Some(v) = field(bag, key)? else { return Ok(None) };
+  if !v.is_array() {
+    return Err(CodedError::invalid_type(format!("{key} must be an array of strings, got {}", type_name(&v))));
+  }
+  (0..v.len()?).map(|i| string(&v.index(i)?, &format!("{key}[{i}]"))).collect::<Res<Vec<_>>>().map(Some)
+}
+
+fn opt_string(bag: Option<Val>, key: &str) -> Res<Option<String>> {
+  field(bag, key)?.map(|v| string(&v, key)).transpose()
+}
+
+pub fn federation_options(v: Option<Val>) -> Res<FederationArgs> {
+  let Some(bag) = option_bag(v, "federation.join", FEDERATION_KEYS)? else {
+    return Err(CodedError::invalid_type("federation.join needs { peers, tier }"));
+  };
+  let bag = Some(bag);
+  let Some(peers) = strings(bag, "peers")? else {
+    return Err(CodedError::invalid_type("peers must be an array of multiaddrs (may be empty), got undefined"));
+  };
+  let tier = match opt_string(bag, "tier")? {
+    Some(t) => ruvllm_daf::update::Tier::parse(&t).map_err(|e| CodedError::out_of_range(format!("tier: {e}")))?,
+    None => return Err(CodedError::invalid_type("tier must be 'private', 'group', 'tenant' or 'public', got undefined")),
+  };
+  let key = opt_string(bag, "key")?.map(|k| hex32(&k, "key")).transpose()?;
+  let node_key = opt_string(bag, "nodeKey")?.map(|k| hex32(&k, "nodeKey")).transpose()?;
+  let members = strings(bag, "members")?.unwrap_or_default().iter().enumerate().map(|(i, m)| hex32(m, &format!("members[{i}]"))).collect::<Res<Vec<_>>>()?;
+  let method = opt_string(bag, "method")?.unwrap_or_else(|| "exact".into());
+  if !["fedavg", "exact", "svd"].contains(&method.as_str()) {
+    return Err(CodedError::out_of_range(format!("method must be 'fedavg', 'exact' or 'svd', got '{method}'")));
+  }
+  let weighting = match opt_string(bag, "weighting")? {
+    Some(w) => ruvllm_daf::weighting::Weighting::parse(&w)
+      .ok_or_else(|| CodedError::out_of_range(format!("weighting must be 'fedavg', 'quality', 'timestep' or 'hybrid', got '{w}'")))?,
+    None => ruvllm_daf::weighting::Weighting::FedAvg,
+  };
+  let prob = |x: f64| x > 0.0 && x < 1.0;
+  Ok(FederationArgs {
+    peers,
+    listen: opt_string(bag, "listen")?,
+    tier,
+    key,
+    node_key,
+    members,
+    expected_nodes: int_in(bag, "expectedNodes", 1.0, 10_000.0)?.map(|n| n as usize),
+    round_timeout_ms: int_in(bag, "roundTimeoutMs", 1.0, 86_400_000.0)?.map(|n| n as u64),
+    method,
+    weighting,
+    topic: opt_string(bag, "topic")?,
+    k_anonymity: int_in(bag, "kAnonymity", 1.0, 10_000.0)?.map(|n| n as usize),
+    epsilon: num(bag, "epsilon", "a number > 0", |x| x > 0.0)?,
+    delta: num(bag, "delta", "a number in (0, 1)", prob)?,
+    rounds: int_in(bag, "rounds", 1.0, 1e9)?.map(|n| n as u64),
+    clip: num(bag, "clip", "a number > 0", |x| x > 0.0)?,
+  })
 }

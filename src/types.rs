@@ -92,6 +92,8 @@ pub struct LearningOptions {
   pub max_seq: Option<u32>,
   /// Seed of initialisation and shuffles. Default 0.
   pub seed: Option<f64>,
+  /// Consent to federate the learned adapter with other nodes (`llm.federation.join`). Default false.
+  pub federate: Option<bool>,
 }
 
 /// The instant (MicroLoRA) update a feedback made.
@@ -639,4 +641,106 @@ pub struct ServerOptions {
   /// Stop strings added to every chat request (e.g. the turn markers of `chatTemplate`).
   #[napi(ts_type = "string | string[]")]
   pub stop: Option<serde_json::Value>,
+}
+
+/// `llm.federation.join(options)`.
+#[napi(object, object_to_js = false)]
+pub struct FederationOptions {
+  /// Multiaddrs of nodes to dial (another node's `address`); may be empty.
+  pub peers: Vec<String>,
+  /// The multiaddr to listen on. Default `/ip4/127.0.0.1/tcp/0` (any free port on loopback).
+  pub listen: Option<String>,
+  /// Who may see this node's updates.
+  #[napi(ts_type = "'private' | 'group' | 'tenant' | 'public'")]
+  pub tier: String,
+  /// The group's or tenant's 32-byte key, 64 hex digits (tiers group and tenant).
+  pub key: Option<String>,
+  /// This node's Ed25519 secret key, 64 hex digits (`federationKey()` makes one). Default: a fresh one.
+  pub node_key: Option<String>,
+  /// Tier tenant: the node ids (64 hex digits) of the tenant's members, this node's included.
+  pub members: Option<Vec<String>>,
+  /// Nodes a round waits for, this one included. Default `peers.length + 1`.
+  pub expected_nodes: Option<u32>,
+  /// How long a round waits for them before it aggregates what came. Default 10000.
+  pub round_timeout_ms: Option<u32>,
+  /// `exact` (default) or `svd`, the same: the exact weighted mean of the nodes' ΔW, re-factorised to the adapter's rank by truncated SVD; `fedavg`: the mean of the factors (inexact).
+  #[napi(ts_type = "'exact' | 'svd' | 'fedavg'")]
+  pub method: Option<String>,
+  /// How nodes are weighted: by samples (`fedavg`, default), samples × quality (`quality`), measured improvement (`timestep`), or a mix (`hybrid`).
+  #[napi(ts_type = "'fedavg' | 'quality' | 'timestep' | 'hybrid'")]
+  pub weighting: Option<String>,
+  /// The gossip topic: nodes federate only with nodes on the same topic.
+  pub topic: Option<String>,
+  /// Tier public: an aggregate is released only with at least this many distinct nodes. Default 5.
+  pub k_anonymity: Option<u32>,
+  /// Tier public: the privacy target (ε, δ) over `rounds` rounds, and the clipping norm of ΔW. Defaults 1, 1e-5, 10, 1.
+  pub epsilon: Option<f64>,
+  pub delta: Option<f64>,
+  pub rounds: Option<u32>,
+  pub clip: Option<f64>,
+}
+
+/// What `federationNode.round()` did.
+#[napi(object, object_to_js = false)]
+pub struct FederationRound {
+  pub round: f64,
+  /// Envelopes this node published (0 on the private tier).
+  pub published: u32,
+  /// Distinct nodes aggregated, this one included.
+  pub contributors: u32,
+  /// The round aggregated on its timeout, without every expected node.
+  pub timed_out: bool,
+  /// The aggregate replaced the local BaseLoRA (false when a public aggregate was withheld).
+  pub applied: bool,
+  /// The aggregation used (`Svd { rank: 8 }`, `FactorAverage`), null when nothing was applied.
+  pub method: Option<String>,
+  /// The nodes' normalised weights, in node-id order.
+  pub weights: Vec<f64>,
+  /// Largest relative truncation error of the SVD over the targets (0: exact).
+  pub truncation_error: f64,
+  /// Public aggregates withheld for too few nodes.
+  pub withheld: u32,
+  /// SHA-256 of the round's aggregates (hex): equal on nodes that aggregated the same updates.
+  pub digest: String,
+  /// SHA-256 of the local BaseLoRA after the round (hex): equal on nodes with equal adapters.
+  pub adapter_digest: String,
+  /// Envelope bytes this node sent and received for the round.
+  pub bytes_sent: f64,
+  pub bytes_received: f64,
+}
+
+/// One round's bytes in `FederationStats.perRound`.
+#[napi(object, object_to_js = false)]
+pub struct FederationRoundStats {
+  pub round: f64,
+  pub contributors: u32,
+  pub bytes_sent: f64,
+  pub bytes_received: f64,
+  pub aggregates: u32,
+  pub withheld: u32,
+}
+
+/// `federationNode.stats()`.
+#[napi(object, object_to_js = false)]
+pub struct FederationStats {
+  /// This node's public key, hex.
+  pub node_id: String,
+  /// Rounds aggregated.
+  pub rounds: f64,
+  /// Updates accepted into rounds (this node's own included).
+  pub accepted: f64,
+  /// Updates rejected, by reason (`badSignature`, `replayed`, `oversized`, `shapeMismatch`, `undecryptable`, ...).
+  pub rejected: std::collections::HashMap<String, f64>,
+  pub rejected_total: f64,
+  /// Private-tier updates kept off the wire.
+  pub private_kept: f64,
+  /// The same envelope received again (another gossip path): dropped, not a rejection.
+  pub duplicates: f64,
+  pub bytes_sent: f64,
+  pub bytes_received: f64,
+  pub per_round: Vec<FederationRoundStats>,
+  /// ε spent by this node's public releases (at the configured δ).
+  pub epsilon: f64,
+  /// Connected peers.
+  pub peers: u32,
 }

@@ -27,6 +27,7 @@ const USAGE = `usage:
                                    (--model: embed with that LLM's pooled hidden states)
   ruvllm bench diffusion [--manifest m.json ...] [--sequences N] [--samples N] [--answers N] [--json out.json]
   ruvllm bench learning [flags of benches/learning.mjs; --help lists them]
+  ruvllm bench federation [--nodes 8] [--quick] [--json] [flags of benches/federation.mjs]
   ruvllm bench serve [--url <url>] [--clients 1,4,8,16] [--duration 60] [--max-tokens N] [--system-prompt-tokens N]
                                    (ruvllm bench serve --help)`
 
@@ -95,7 +96,7 @@ async function hooks(argv) {
 
 async function bench(argv) {
   const [sub, ...rest] = argv
-  if (sub === 'diffusion' || sub === 'learning') {
+  if (sub === 'diffusion' || sub === 'learning' || sub === 'federation') {
     // These benchmarks are programs of their own (benches/<name>.mjs); their flags pass through.
     // They are not in the npm package: they need a clone of the repository.
     const script = path.join(__dirname, `../../benches/${sub}.mjs`)
@@ -103,7 +104,7 @@ async function bench(argv) {
     const r = require('node:child_process').spawnSync(process.execPath, [script, ...rest], { stdio: 'inherit' })
     return r.status ?? 1
   }
-  if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; use "bench routing", "bench serve", "bench learning" or "bench diffusion"`)
+  if (sub !== 'routing') throw new UsageError(`unknown benchmark ${JSON.stringify(sub)}; use "bench routing", "bench serve", "bench learning", "bench federation" or "bench diffusion"`)
   const { values } = parse(rest, { json: { type: 'boolean' }, sizes: { type: 'string' }, model: { type: 'string' }, halvings: { type: 'string' } })
   const opts = {}
   if (values.sizes) {

@@ -50,6 +50,17 @@ impl Method {
     }
 }
 
+impl std::fmt::Display for Method {
+    /// The name [`Method::parse`] reads back.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Method::FactorAverage => write!(f, "factors"),
+            Method::Stack => write!(f, "stack"),
+            Method::Svd { rank } => write!(f, "svd:{rank}"),
+        }
+    }
+}
+
 /// One aggregated adapter (one bucket of it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Aggregate {

@@ -236,6 +236,39 @@ impl Federation {
         Ok(out)
     }
 
+    /// What an adversarial node would publish in `round`, made from this node's own update of
+    /// the earlier round `from` (for benchmarks and tests of the other nodes' validation):
+    /// that update re-encrypted (a replay that gossip's duplicate filter cannot see), the same
+    /// with a flipped byte (tampered), an update for `round` under this node's name signed by
+    /// another key (forged), and bytes that do not parse. Honest nodes reject all four
+    /// (`replayed`, `undecryptable`, `badSignature`, `malformed`). Group and tenant tiers only.
+    pub fn attack_envelopes(&mut self, from: u64, round: u64) -> Result<Vec<Vec<u8>>> {
+        use rand::Rng;
+        let me = self.node_id();
+        let old = self
+            .rounds
+            .get(&from)
+            .and_then(|st| st.updates.iter().find(|(k, _)| k.0 == me).map(|(_, u)| u.clone()))
+            .ok_or_else(|| Error::Round { round: from, msg: "this node published no update in that round".into() })?;
+        if !matches!(old.tier, Tier::Group | Tier::Tenant) {
+            return Err(Error::Config(format!("attacks are made for the group and tenant tiers, not {}", old.tier.name())));
+        }
+        let replay = seal(&old, &self.cfg.keys, &mut self.rng)?;
+        let mut tampered = replay.clone();
+        let at = tampered.len().saturating_sub(40);
+        if let Some(b) = tampered.get_mut(at) {
+            *b ^= 0x10;
+        }
+        let mut forged = old;
+        forged.round = round;
+        let other = SigningKey::from_bytes(&self.rng.gen::<[u8; 32]>());
+        forged.sign(&other);
+        forged.node = me;
+        let forged = seal(&forged, &self.cfg.keys, &mut self.rng)?;
+        let garbage: Vec<u8> = (0..200).map(|_| self.rng.gen()).collect();
+        Ok(vec![replay, tampered, forged, garbage])
+    }
+
     /// Takes an envelope from the wire: opens, decodes, checks it against its header and
     /// validates it; an accepted update joins its round. Every outcome is counted.
     pub fn receive(&mut self, bytes: &[u8], source: Source) -> std::result::Result<(), Reject> {

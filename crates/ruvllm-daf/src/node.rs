@@ -280,6 +280,16 @@ impl Node {
         self.send(|reply| Command::Publish { messages, reply }).await?.map_err(transport)
     }
 
+    /// Publishes [`Federation::attack_envelopes`] (each as its own gossip message); returns
+    /// how many. For benchmarks and tests of the other nodes' validation.
+    pub async fn attack(&self, from: u64, round: u64) -> Result<usize> {
+        let envelopes = lock(&self.fed).attack_envelopes(from, round)?;
+        let n = envelopes.len();
+        let messages: Vec<Vec<u8>> = envelopes.iter().enumerate().map(|(i, e)| if i + 1 == n { e.clone() } else { bundle(std::slice::from_ref(e)) }).collect();
+        self.publish_raw(messages).await?;
+        Ok(n)
+    }
+
     /// Asks connected peers, one after another until one answers, for `round`'s updates this
     /// node lacks; validates them as catch-up of that round.
     pub async fn catch_up(&self, round: u64) -> Result<CatchUpReport> {

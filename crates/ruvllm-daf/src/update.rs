@@ -158,6 +158,19 @@ impl Factors {
     }
 }
 
+/// A fresh node identity: an Ed25519 secret key (32 bytes from the OS's CSPRNG).
+pub fn generate_identity() -> [u8; 32] {
+    use rand::RngCore;
+    let mut secret = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut secret);
+    secret
+}
+
+/// The public key (node id) of an Ed25519 secret key.
+pub fn public_key(secret: &[u8; 32]) -> [u8; 32] {
+    SigningKey::from_bytes(secret).verifying_key().to_bytes()
+}
+
 /// One node's update of one adapter (and, for TALoRA, one timestep bucket) for one round.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Update {

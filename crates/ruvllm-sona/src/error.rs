@@ -20,6 +20,12 @@ pub enum Error {
     Core(#[from] ruvllm_core::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    /// Federation was asked for without consent (`learning.federate` is off).
+    #[error("{0}")]
+    NoConsent(String),
+    /// The federation failed (keeps its code).
+    #[error(transparent)]
+    Federation(#[from] ruvllm_daf::Error),
 }
 
 impl Error {
@@ -31,6 +37,8 @@ impl Error {
             Error::Closed => "ERR_CLOSED",
             Error::Core(e) => e.code(),
             Error::Internal(_) => "ERR_INTERNAL",
+            Error::NoConsent(_) => "ERR_FEDERATION_CONSENT",
+            Error::Federation(e) => e.code(),
         }
     }
 

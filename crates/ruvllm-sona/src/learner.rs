@@ -66,6 +66,8 @@ pub struct LearningOptions {
     /// Longest training sequence (the prompt's start is cut).
     pub max_seq: usize,
     pub seed: u64,
+    /// Consent to federate the learned adapter (`llm.federation.join`); off unless asked for.
+    pub federate: bool,
 }
 
 impl LearningOptions {
@@ -89,6 +91,7 @@ impl LearningOptions {
             general_text: Vec::new(),
             max_seq: 256,
             seed: 0,
+            federate: false,
         }
     }
 
@@ -745,6 +748,46 @@ impl Learner {
     /// The BaseLoRA's factors as trained (f32), once a round has trained them.
     pub fn base_params(&self) -> Option<Arc<LoraParams>> {
         lock(&self.state).base_snapshot.clone()
+    }
+
+    /// The BaseLoRA's federation spec at `tier`; refused without consent (`federate: true`).
+    pub fn federation_spec(&self, tier: ruvllm_daf::update::Tier) -> Result<(ruvllm_daf::validate::AdapterSpec, usize)> {
+        if !self.opts.federate {
+            return Err(Error::NoConsent("federation needs explicit consent: load the model with learning: { dir, federate: true }".into()));
+        }
+        let st = lock(&self.state);
+        Ok((crate::federate::adapter_spec(&st.base, tier), st.base.rank))
+    }
+
+    /// The BaseLoRA as it is now (untrained: `B = 0`), as an unsigned update for `round`,
+    /// weighted by the trajectories that train and their mean quality.
+    pub fn federated_update(&self, tier: ruvllm_daf::update::Tier, round: u64) -> Result<ruvllm_daf::update::Update> {
+        let st = lock(&self.state);
+        let good: Vec<f32> = st.trajectories.iter().filter(|t| trained_answer(t, self.opts.quality_gate).is_ok()).map(|t| t.quality.min(1.0)).collect();
+        let quality = if good.is_empty() { 0.0 } else { good.iter().sum::<f32>() / good.len() as f32 };
+        let prov = crate::federate::Provenance { samples: good.len() as u64, quality, improvement: 0.0 };
+        crate::federate::to_update(&st.base, tier, round, prov)
+    }
+
+    /// Replaces the BaseLoRA by a round's aggregate: the EWC anchor moves to it, it is saved and
+    /// served from the next request on. A BaseLoRA round running meanwhile overwrites it when it
+    /// ends, so call this between rounds (after `consolidate`). Returns the adapter's digest.
+    pub fn apply_federated(&self, agg: &ruvllm_daf::aggregate::Aggregate) -> Result<String> {
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        crate::federate::apply(&mut st.base, agg)?;
+        st.counters.base_trained = true;
+        st.anchor = st.base.w.clone();
+        store::write_atomic(&self.opts.dir.join("base.bin"), &store::params_bytes(&st.base, Some(&st.base_adam)))?;
+        self.save_state(st)?;
+        st.base_snapshot = Some(Arc::new(st.base.clone()));
+        self.refresh_adapters(st, false, true)?;
+        Ok(crate::federate::digest(&st.base))
+    }
+
+    /// SHA-256 of the BaseLoRA's factors (hex): nodes that applied the same aggregate agree.
+    pub fn adapter_digest(&self) -> String {
+        crate::federate::digest(&lock(&self.state).base)
     }
 
     /// Stops the threads after their current step (state on disk stays as last saved).

@@ -11,6 +11,7 @@ pub mod adam;
 pub mod bank;
 pub mod error;
 pub mod export;
+pub mod federate;
 pub mod grad;
 pub mod learner;
 pub mod micro;
