@@ -81,4 +81,26 @@ function report(e) {
   return exitCode(code)
 }
 
-module.exports = { CliError, UsageError, parse, report, exitCode }
+/**
+ * Runs the subcommand `argv[0]` of command `name` from `handlers` (name → function of the rest
+ * of `argv`, sync or async). No arguments: usage on stdout, exit code 2; `--help`: usage, 0. An
+ * error is reported with its code (usage errors followed by the usage) and becomes the exit code.
+ */
+async function subcommands(name, usage, handlers, argv) {
+  if (argv.length === 0 || argv.includes('--help') || argv.includes('-h')) {
+    process.stdout.write(usage + '\n')
+    return argv.length === 0 ? 2 : 0
+  }
+  const [sub, ...rest] = argv
+  try {
+    if (Object.hasOwn(handlers, sub)) return await handlers[sub](rest)
+    const subs = Object.keys(handlers)
+    throw new UsageError(`unknown ${name} command ${JSON.stringify(sub)}; use ${subs.slice(0, -1).join(', ')} or ${subs.at(-1)}`)
+  } catch (e) {
+    const code = report(e)
+    if (e && e.code === 'ERR_USAGE') process.stderr.write(usage + '\n')
+    return code
+  }
+}
+
+module.exports = { CliError, UsageError, parse, report, exitCode, subcommands }

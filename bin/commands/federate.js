@@ -170,22 +170,8 @@ async function round(argv) {
   }
 }
 
-async function run(argv) {
-  if (argv.length === 0 || argv.includes('--help') || argv.includes('-h')) {
-    process.stdout.write(USAGE + '\n')
-    return argv.length === 0 ? 2 : 0
-  }
-  const [sub, ...rest] = argv
-  try {
-    if (sub === 'keys') return keys(rest)
-    if (sub === 'status') return status(rest)
-    if (sub === 'round') return await round(rest)
-    throw new UsageError(`unknown federate command ${JSON.stringify(sub)}; use keys, status or round`)
-  } catch (e) {
-    const code = cli.report(e)
-    if (e && e.code === 'ERR_USAGE') process.stderr.write(USAGE + '\n')
-    return code
-  }
+function run(argv) {
+  return cli.subcommands('federate', USAGE, { keys, status, round }, argv)
 }
 
 module.exports = { run, USAGE }

@@ -65,22 +65,8 @@ function reset(argv) {
   return 0
 }
 
-async function run(argv) {
-  if (argv.length === 0 || argv.includes('--help') || argv.includes('-h')) {
-    process.stdout.write(USAGE + '\n')
-    return argv.length === 0 ? 2 : 0
-  }
-  const [sub, ...rest] = argv
-  try {
-    if (sub === 'status') return status(rest)
-    if (sub === 'export') return exportAdapter(rest)
-    if (sub === 'reset') return reset(rest)
-    throw new UsageError(`unknown learn command ${JSON.stringify(sub)}; use status, export or reset`)
-  } catch (e) {
-    const code = cli.report(e)
-    if (e && e.code === 'ERR_USAGE') process.stderr.write(USAGE + '\n')
-    return code
-  }
+function run(argv) {
+  return cli.subcommands('learn', USAGE, { status, export: exportAdapter, reset }, argv)
 }
 
 module.exports = { run, USAGE }

@@ -108,7 +108,8 @@ macro_rules! tile_gemm {
                 assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
                 let [eight, four, one, one_both] = fns;
                 let (p, a) = (tile.as_ptr(), act.as_ptr());
-                let singles = ntok - (ntok / 8 * 8 + ntok % 8 / 4 * 4);
+                // The groups of eight and four leave `ntok % 4` tokens.
+                let singles = ntok % 4;
                 for h in 0..2 {
                     let rows = nrows.saturating_sub(8 * h);
                     if rows == 0 {
