@@ -76,6 +76,25 @@ def read_adapter(path):
     return meta, factors, mask_row
 
 
+def compose(d):
+    """Residual TALoRA (train.py --talora residual) comes back as a shared LoRA and three per-bucket
+    residuals, all at alpha/r = 2: bucket k's adapter is their sum, one LoRA of the stacked factors
+    (A = [A_s; A_r], B = [B_s, B_r]) with the shared mask row and the residual's [t_min, t_max)."""
+    ms, fs, mask_row = read_adapter(os.path.join(d, "talora-shared.gguf"))
+    rs = int(fs[(0, "q")][0].shape[0])
+    assert abs(ms["adapter.lora.alpha"] / rs - 2.0) < 1e-6
+    for b in range(3):
+        mr, fr, _ = read_adapter(os.path.join(d, f"talora-res{b}.gguf"))
+        rb = int(fr[(0, "q")][0].shape[0])
+        assert abs(mr["adapter.lora.alpha"] / rb - 2.0) < 1e-6
+        f = {key: (np.concatenate([fs[key][0], fr[key][0]], 0), np.concatenate([fs[key][1], fr[key][1]], 1)) for key in fs}
+        out = os.path.join(d, f"talora-t{b}.gguf")
+        tmp = out + ".tmp"
+        write_adapter(tmp, f, rs + rb, 2.0 * (rs + rb), mask_row, mr["ruvllm.diffusion.t_min"], mr["ruvllm.diffusion.t_max"])
+        os.replace(tmp, out)
+        print(out, "rank", rs + rb)
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -94,7 +113,12 @@ def main():
     m.add_argument("--files", nargs="+", default=["talora-t0.gguf", "talora-t1.gguf", "talora-t2.gguf"])
     c = sub.add_parser("check")
     c.add_argument("path")
+    k = sub.add_parser("compose", help="residual TALoRA: talora-t{k}.gguf = talora-shared.gguf stacked with talora-res{k}.gguf")
+    k.add_argument("--dir", required=True)
     a = ap.parse_args()
+    if a.cmd == "compose":
+        compose(a.dir)
+        return
     if a.cmd == "check":
         meta, factors, mask_row = read_adapter(a.path)
         print(json.dumps(meta, indent=1))

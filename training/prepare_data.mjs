@@ -7,7 +7,7 @@
 // Also writes training/data/prompts.json: self-distillation prompts (the hand-written ones in
 // prompts.txt plus the openings of held-in chunks).
 //
-// usage: node training/prepare_data.mjs [--gguf path/to/gemma-3-270m-q4_k_m.gguf]
+// usage: node training/prepare_data.mjs [--gguf path/to/gemma-3-270m-q4_k_m.gguf] [--extra-prompts training/prompts_knowledge.txt]
 import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, writeFileSync } from 'node:fs'
@@ -151,14 +151,19 @@ async function main() {
   }
   write('train.bin', train)
   write('heldout.bin', held)
-  const handWritten = readFileSync(join(here, 'prompts.txt'), 'utf8')
-    .split('\n')
-    .map((l) => l.trim())
-    .filter((l) => l && !l.startsWith('#'))
-    .map((l) => llm.tokenize(l.replace(/\\n/g, '\n')))
-  const prompts = [...handWritten, ...promptsFromCorpus]
+  const promptFile = (file) =>
+    readFileSync(file, 'utf8')
+      .split('\n')
+      .map((l) => l.trim())
+      .filter((l) => l && !l.startsWith('#'))
+      .map((l) => llm.tokenize(l.replace(/\\n/g, '\n')))
+  const handWritten = promptFile(join(here, 'prompts.txt'))
+  // --extra-prompts FILE (the third run: prompts_knowledge.txt) goes last, so earlier prompts keep their indices.
+  const ei = args.indexOf('--extra-prompts')
+  const extra = ei >= 0 ? promptFile(args[ei + 1]) : []
+  const prompts = [...handWritten, ...promptsFromCorpus, ...extra]
   writeFileSync(join(outDir, 'prompts.json'), JSON.stringify(prompts))
-  const meta = { seq: SEQ, bos: BOS, train: train.length, heldOut: held.length, prompts: prompts.length, handWritten: handWritten.length, sources: stats }
+  const meta = { seq: SEQ, bos: BOS, train: train.length, heldOut: held.length, prompts: prompts.length, handWritten: handWritten.length, extraPrompts: extra.length, sources: stats }
   writeFileSync(join(outDir, 'meta.json'), JSON.stringify(meta, null, 2))
   console.log(JSON.stringify(meta))
 }

@@ -45,6 +45,65 @@ def log(*a):
     LOG.append(s)
 
 
+class Composite(torch.nn.Module):
+    """TALoRA with a shared part: a bucket's adapter = the shared LoRA (rank rs, on every t) + the
+    bucket's own residual LoRA (rank rb), both at alpha/r = 2, so the sum is one LoRA of rank
+    rs + rb with the factors stacked (A = [A_s; A_r], B = [B_s, B_r]). The mask row is the shared
+    one. Three buckets with rs + 3 rb = the single LoRA's rank have its parameter count."""
+
+    def __init__(self, shared, res):
+        super().__init__()
+        self.shared, self.res = shared, res
+        self.rank = shared.rank + res.rank
+        self.alpha, self.scale = 2.0 * self.rank, 2.0
+        assert shared.scale == 2.0 and res.scale == 2.0
+
+    @property
+    def mask_row(self):
+        return self.shared.mask_row
+
+    def layer(self, i):
+        return tuple((torch.cat([a_s, a_r], 0), torch.cat([b_s, b_r], 1))
+                     for (a_s, b_s), (a_r, b_r) in zip(self.shared.layer(i), self.res.layer(i)))
+
+    def factors(self):
+        fs, fr = self.shared.factors(), self.res.factors()
+        return {k: (np.concatenate([fs[k][0], fr[k][0]], 0), np.concatenate([fs[k][1], fr[k][1]], 1)) for k in fs}
+
+
+class MultiOpt:
+    """The optimizers of a Composite: the shared part's (stepped by every bucket) and the bucket's own."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self.param_groups = [g for o in opts for g in o.param_groups]
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return [o.state_dict() for o in self.opts]
+
+    def load_state_dict(self, sd):
+        for o, d in zip(self.opts, sd):
+            o.load_state_dict(d)
+
+
+def unique_params(mods):
+    seen, n = set(), 0
+    for m in mods:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += p.numel()
+    return n
+
+
 def bucket_of(t):
     return 0 if t < 0.3 else (1 if t < 0.6 else 2)
 
@@ -217,7 +276,8 @@ def sync():
 def svd_init(talora, single):
     """Warm start of TALoRA at equal parameters: every bucket's rank-r set = the best rank-r
     approximation (truncated SVD) of the single LoRA's delta (alpha/R)·B·A, per projection, and
-    the single LoRA's mask row. Returns the mean fraction of squared singular values kept."""
+    the single LoRA's mask row. Returns the mean fraction of squared singular values kept.
+    (Residual TALoRA: `talora` is [shared]; the residuals keep B = 0.)"""
     r, c = talora[0].rank, single.scale / talora[0].scale
     kept = []
     for k in range(len(single.A)):
@@ -243,13 +303,20 @@ def save_ckpt(path, st):
     os.replace(tmp, path)
 
 
-def export_all(talora, single, outdir, tag=""):
+def export_all(talora, single, outdir, parts=None):
+    """Writes the adapters. Residual TALoRA (`parts` = [shared, res0, res1, res2]): the parts come back
+    (`export.py compose` stacks them into talora-t{k}.gguf there); the stacked files stay in WORK for the
+    export check, which keeps the returned files within 8."""
     os.makedirs(outdir, exist_ok=True)
     files = []
     for bk, ad in enumerate(talora):
-        p = os.path.join(outdir, f"talora-t{bk}.gguf")
+        p = os.path.join(outdir if parts is None else WORK, f"talora-t{bk}.gguf")
         export.write_adapter(p, ad.factors(), ad.rank, ad.alpha, ad.mask_row.detach().float().cpu().numpy(), *BUCKETS[bk])
         files.append(p)
+    if parts is not None:
+        mrow = parts[0].mask_row.detach().float().cpu().numpy()
+        for nm, ad, (lo, hi) in zip(["talora-shared.gguf"] + [f"talora-res{k}.gguf" for k in range(3)], parts, [(0.0, 1.0)] + BUCKETS):
+            export.write_adapter(os.path.join(outdir, nm), ad.factors(), ad.rank, ad.alpha, mrow, lo, hi)
     p = os.path.join(WORK, "lora.gguf")
     export.write_adapter(p, single.factors(), single.rank, single.alpha, single.mask_row.detach().float().cpu().numpy(), 0.0, 1.0)
     data = open(p, "rb").read()
@@ -318,6 +385,10 @@ def main():
     ap.add_argument("--distill-seed", type=int, default=100)
     ap.add_argument("--distill-batch", type=int, default=512)
     ap.add_argument("--extra-data", default="", help="comma-separated token files (uint32, 512 a row) in the data dir, added to train")
+    ap.add_argument("--distill-temps", default="", help="comma-separated temperature per distillation round (overrides --distill-temp)")
+    ap.add_argument("--talora", choices=["split", "residual"], default="split",
+                    help="split: three rank-r sets; residual: a shared LoRA (--shared-rank) + three residuals, same parameters")
+    ap.add_argument("--shared-rank", type=int, default=24)
     a = ap.parse_args()
     smoke = a.phase == "smoke"
     os.makedirs(OUT, exist_ok=True)
@@ -356,12 +427,15 @@ def main():
         ps = prompts[1:33] if smoke else prompts[1:]  # prompts[0] is the probe: never distilled
         rounds = 1 if smoke else a.distill_rounds
         seq = 64 if smoke else L
-        d = torch.cat([sample_ar(model, ps, seq, a.distill_temp, a.distill_seed + r, batch=a.distill_batch) for r in range(rounds)])
+        temps = [float(x) for x in a.distill_temps.split(",")] if a.distill_temps else [a.distill_temp] * rounds
+        if len(temps) != rounds:
+            raise SystemExit(f"--distill-temps has {len(temps)} values for {rounds} rounds")
+        d = torch.cat([sample_ar(model, ps, seq, temps[r], a.distill_seed + r, batch=a.distill_batch) for r in range(rounds)])
         sync()
         log(f"self-distillation: {d.shape[0]} sequences x {seq} tokens in {time.time() - t1:.1f}s")
         log("sample:", d[0, :48].tolist())
         results["distill"] = {"sequences": int(d.shape[0]), "tokens": int(d.numel()), "seconds": time.time() - t1,
-                              "temperature": a.distill_temp, "prompts": len(ps), "rounds": rounds,
+                              "temperature": temps if len(set(temps)) > 1 else temps[0], "prompts": len(ps), "rounds": rounds,
                               "seeds": [a.distill_seed + r for r in range(rounds)]}
         if not smoke:
             d.numpy().astype(np.uint32).tofile(dpath)
@@ -380,22 +454,40 @@ def main():
     # adapters + optimizers
     r = a.rank
     mrow = w["mask_row_f32"]
-    talora = [Adapter(cfg, r, 2.0 * r, mrow, seed=10 + k).to(dev) for k in range(3)]
     single = Adapter(cfg, 3 * r, 2.0 * 3 * r, mrow, seed=20).to(dev)
-    n_t = sum(p.numel() for ad in talora for p in ad.parameters())
-    n_s = sum(p.numel() for p in single.parameters())
-    log(f"params: TALoRA 3 x rank {r} = {n_t:,}; single rank {3 * r} = {n_s:,}")
-    mk = lambda ad: torch.optim.AdamW(ad.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0, fused=dev.type == "cuda")
-    opt_t = [mk(ad) for ad in talora]
+    mk = lambda ad: torch.optim.AdamW([p for p in ad.parameters() if p.requires_grad], lr=a.lr, betas=(0.9, 0.99),
+                                      weight_decay=0.0, fused=dev.type == "cuda")
+    if a.talora == "split":
+        talora = [Adapter(cfg, r, 2.0 * r, mrow, seed=10 + k).to(dev) for k in range(3)]
+        parts = None
+        opt_t = [mk(ad) for ad in talora]
+        desc = f"3 x rank {r}"
+    else:
+        rs = a.shared_rank
+        rb = (3 * r - rs) // 3
+        if rs <= 0 or rb <= 0 or rs + 3 * rb != 3 * r:
+            raise SystemExit(f"--shared-rank {rs}: the shared rank plus three equal residual ranks must be {3 * r}")
+        shared = Adapter(cfg, rs, 2.0 * rs, mrow, seed=10).to(dev)
+        res = [Adapter(cfg, rb, 2.0 * rb, mrow, seed=11 + k).to(dev) for k in range(3)]
+        for x in res:
+            x.mask_row.requires_grad_(False)  # a bucket uses the shared mask row
+        talora = [Composite(shared, x) for x in res]
+        parts = [shared] + res
+        o_sh = mk(shared)
+        opt_t = [MultiOpt([o_sh, mk(x)]) for x in res]
+        desc = f"shared rank {rs} + 3 x residual rank {rb}"
+    n_t = unique_params(talora)
+    n_s = unique_params([single])
+    log(f"params: TALoRA {desc} = {n_t:,}; single rank {3 * r} = {n_s:,}")
     opt_s = mk(single)
     st = {"step": 0, "train_seconds": 0.0, "tokens": 0, "masked_tokens": 0, "history": []}
     ck = os.path.join(WORK, "ckpt.pt")
     if a.init_gguf and a.phase != "b":
         load_gguf_into(single, a.init_gguf)
-        kept = svd_init(talora, single)
+        kept = svd_init(talora if parts is None else parts[:1], single)
         st["init_from"] = os.path.basename(a.init_gguf)
         st["svd_energy_kept"] = kept
-        log(f"single LoRA from {a.init_gguf}; TALoRA sets from its rank-{r} SVD (mean energy kept {kept:.4f})")
+        log(f"single LoRA from {a.init_gguf}; TALoRA ({a.talora}) from its rank-{talora[0].rank if parts is None else parts[0].rank} SVD (mean energy kept {kept:.4f})")
         ev0 = held[:4 if smoke else (a.eval_seqs or 64)]
         e0_s, _ = elbo(model, single, ev0, K=2 if smoke else 8)
         e0_t, _ = elbo(model, talora, ev0, K=2 if smoke else 8)
@@ -413,8 +505,12 @@ def main():
             st = c["state"]
             log("resumed from", ck, "step", st["step"])
         elif a.resume_gguf:
-            for k in range(3):
-                load_gguf_into(talora[k], os.path.join(a.resume_gguf, f"talora-t{k}.gguf"))
+            if parts is None:
+                for k in range(3):
+                    load_gguf_into(talora[k], os.path.join(a.resume_gguf, f"talora-t{k}.gguf"))
+            else:
+                for ad, nm in zip(parts, ["talora-shared.gguf"] + [f"talora-res{k}.gguf" for k in range(3)]):
+                    load_gguf_into(ad, os.path.join(a.resume_gguf, nm))
             lp = os.path.join(a.resume_gguf, "lora.gguf")
             if not os.path.exists(lp):
                 lp = os.path.join(WORK, "lora-resume.gguf")
@@ -487,14 +583,14 @@ def main():
                        "opt_t": [o.state_dict() for o in opt_t], "opt_s": opt_s.state_dict(), "state": st})
         log("checkpoint", ck)
     results["training"] = {k: st[k] for k in ("step", "train_seconds", "tokens", "masked_tokens")}
-    results["training"].update({"rank_talora": r, "rank_single": 3 * r, "alpha_over_rank": 2.0, "lr": a.lr,
+    results["training"].update({"rank_talora": r, "talora_mode": a.talora, "shared_rank": a.shared_rank if a.talora == "residual" else None, "rank_single": 3 * r, "alpha_over_rank": 2.0, "lr": a.lr,
                                 "batch": B, "seq": L, "params_talora": n_t, "params_single": n_s,
                                 "train_sequences": int(train.shape[0]), "history": st["history"],
                                 "init_from": st.get("init_from"), "svd_energy_kept": st.get("svd_energy_kept")})
     results["tokens_trained_per_model"] = st["tokens"]
 
     # ------------------------------------------------------------ export (before eval: a crash there loses nothing)
-    files = export_all(talora, single, OUT)
+    files = export_all(talora, single, OUT, parts)
     results["state"] = st
 
     # ------------------------------------------------------------ evaluation
