@@ -129,6 +129,10 @@ async function child(index) {
       if (cmd.cmd === 'join') {
         // Every arm starts from the same state: chunk 0 learned, nothing federated.
         await llm.close()
+        // The closed model and the last arm's federation node (each holding the learner and
+        // its weights) go only when collected; 8 such processes ran out of memory without this.
+        llm = node = undefined
+        globalThis.gc?.()
         rmSync(dir, { recursive: true, force: true })
         cpSync(start, dir, { recursive: true })
         llm = await load()
@@ -156,7 +160,7 @@ async function child(index) {
       } else if (cmd.cmd === 'attack') {
         send({ type: 'attacked', sent: await node.attack(1) })
       } else if (cmd.cmd === 'measure') {
-        send({ type: 'measured', nll: await nll(llm, heldDomain, true), stats: node.stats() })
+        send({ type: 'measured', nll: await nll(llm, heldDomain, true), stats: node.stats(), rssMb: process.memoryUsage().rss / 2 ** 20 })
       } else if (cmd.cmd === 'stop') {
         await node.stop()
         node = undefined
@@ -182,7 +186,7 @@ const t0 = performance.now()
 const secs = () => ((performance.now() - t0) / 1000).toFixed(0)
 const args = process.argv.slice(2).filter((a) => a !== '--json')
 const procs = Array.from({ length: N }, (_, i) => {
-  const p = spawn(process.execPath, [fileURLToPath(import.meta.url), ...args, '--child', String(i)], { stdio: ['pipe', 'pipe', 'inherit'] })
+  const p = spawn(process.execPath, ['--expose-gc', fileURLToPath(import.meta.url), ...args, '--child', String(i)], { stdio: ['pipe', 'pipe', 'inherit'] })
   const queue = []
   const waiting = []
   createInterface({ input: p.stdout }).on('line', (l) => {
@@ -268,8 +272,9 @@ async function arm(phase, { attack = false, kill = [] } = {}) {
     const byId2 = new Map(measured.map((m, i) => [live2[i].id, m]))
     out.nll.push(procs.map((p) => byId2.get(p.id)?.nll ?? null))
     out.stats = procs.map((p) => byId2.get(p.id)?.stats ?? null)
+    out.rssMb = Math.max(out.rssMb ?? 0, ...measured.map((m) => m.rssMb))
     const rep = reports.map((m) => m.report).filter(Boolean)
-    log(`${phase} round ${r + 1}: ${rep[0]?.contributors} contributors${failed.length ? ` (${failed.length} nodes failed: ${failed[0].error.code})` : ''}${victim ? ` (node ${victim.id} killed ${kill[r]} publishing)` : ''}, ${new Set(rep.map((x) => x.adapterDigest)).size} distinct adapters, mean NLL ${mean(out.nll[r].filter((x) => x !== null)).toFixed(4)}, ${secs()} s`)
+    log(`${phase} round ${r + 1}: ${rep[0]?.contributors} contributors${failed.length ? ` (${failed.length} nodes failed: ${failed[0].error.code})` : ''}${victim ? ` (node ${victim.id} killed ${kill[r]} publishing)` : ''}, ${new Set(rep.map((x) => x.adapterDigest)).size} distinct adapters, mean NLL ${mean(out.nll[r].filter((x) => x !== null)).toFixed(4)}, largest node RSS ${Math.max(...measured.map((m) => m.rssMb)).toFixed(0)} MB, ${secs()} s`)
   }
   await all(procs.filter((p) => p.alive), { cmd: 'stop' }, 'stopped')
   return out
