@@ -60,6 +60,7 @@ const { values } = parseArgs({
     quick: { type: 'boolean' },
     json: { type: 'boolean' },
     child: { type: 'string' },
+    resume: { type: 'string' },
     help: { type: 'boolean' },
   },
 })
@@ -102,7 +103,9 @@ async function child(index) {
   const { examples, heldDomain } = domainData(N * R * perRound, nHeld)
   // This node's slice, chunk r of it learned before round r.
   const chunk = (r) => examples.slice((index * R + r) * perRound, (index * R + r + 1) * perRound)
-  const base = mkdtempSync(join(tmpdir(), `ruvllm-bench-federation-${index}-`))
+  // A node process resumed for a later arm (--resume: the first process's directory) starts
+  // from chunk 0 without learning it again.
+  const base = values.resume ?? mkdtempSync(join(tmpdir(), `ruvllm-bench-federation-${index}-`))
   const dir = join(base, 'learned')
   const start = join(base, 'chunk0')
   const send = (m) => process.stdout.write(JSON.stringify(m) + '\n')
@@ -116,25 +119,38 @@ async function child(index) {
     await llm.consolidate()
     return performance.now() - t
   }
+  const restore = () => {
+    rmSync(dir, { recursive: true, force: true })
+    cpSync(start, dir, { recursive: true })
+  }
+  if (values.resume) restore()
   let llm = await load()
   let node
+  let fresh = Boolean(values.resume)
+  let keep = false
   try {
-    const nllBase = await nll(llm, heldDomain, true, [])
-    const learnMs = await learn(0)
-    cpSync(dir, start, { recursive: true })
-    send({ type: 'learned', nllBase, nll0: await nll(llm, heldDomain, true), learnMs, dir: base })
+    if (fresh) send({ type: 'ready' })
+    else {
+      const nllBase = await nll(llm, heldDomain, true, [])
+      const learnMs = await learn(0)
+      cpSync(dir, start, { recursive: true })
+      send({ type: 'learned', nllBase, nll0: await nll(llm, heldDomain, true), learnMs, dir: base })
+    }
     const lines = createInterface({ input: process.stdin })
     for await (const text of lines) {
       const cmd = JSON.parse(text)
-      if (cmd.cmd === 'join') {
+      if (cmd.cmd === 'join' && fresh) {
+        fresh = false
+        node = await llm.federation.join({ peers: cmd.peers, expectedNodes: cmd.expected, roundTimeoutMs: Number(values['timeout-ms']), topic: `ruvllm-bench/${cmd.phase}`, ...PHASES[cmd.phase] })
+        send({ type: 'joined', address: node.address, nodeId: node.nodeId })
+      } else if (cmd.cmd === 'join') {
         // Every arm starts from the same state: chunk 0 learned, nothing federated.
         await llm.close()
         // The closed model and the last arm's federation node (each holding the learner and
         // its weights) go only when collected; 8 such processes ran out of memory without this.
         llm = node = undefined
         globalThis.gc?.()
-        rmSync(dir, { recursive: true, force: true })
-        cpSync(start, dir, { recursive: true })
+        restore()
         llm = await load()
         node = await llm.federation.join({ peers: cmd.peers, expectedNodes: cmd.expected, roundTimeoutMs: Number(values['timeout-ms']), topic: `ruvllm-bench/${cmd.phase}`, ...PHASES[cmd.phase] })
         send({ type: 'joined', address: node.address, nodeId: node.nodeId })
@@ -166,13 +182,14 @@ async function child(index) {
         node = undefined
         send({ type: 'stopped' })
       } else if (cmd.cmd === 'exit') {
+        keep = Boolean(cmd.keep)
         break
       }
     }
   } finally {
     if (node) await node.stop()
     await llm.close()
-    rmSync(base, { recursive: true, force: true })
+    if (!keep) rmSync(base, { recursive: true, force: true })
   }
 }
 
@@ -185,8 +202,8 @@ if (values.child !== undefined) {
 const t0 = performance.now()
 const secs = () => ((performance.now() - t0) / 1000).toFixed(0)
 const args = process.argv.slice(2).filter((a) => a !== '--json')
-const procs = Array.from({ length: N }, (_, i) => {
-  const p = spawn(process.execPath, ['--expose-gc', fileURLToPath(import.meta.url), ...args, '--child', String(i)], { stdio: ['pipe', 'pipe', 'inherit'] })
+const spawnNode = (i, extra = []) => {
+  const p = spawn(process.execPath, ['--expose-gc', fileURLToPath(import.meta.url), ...args, '--child', String(i), ...extra], { stdio: ['pipe', 'pipe', 'inherit'] })
   const queue = []
   const waiting = []
   createInterface({ input: p.stdout }).on('line', (l) => {
@@ -213,7 +230,8 @@ const procs = Array.from({ length: N }, (_, i) => {
     })),
     send: (m) => p.stdin.write(JSON.stringify(m) + '\n'),
   }
-})
+}
+const procs = Array.from({ length: N }, (_, i) => spawnNode(i))
 const expect = async (proc, type) => {
   const m = await proc.next()
   if (m.type !== type) throw new Error(`expected ${type}, got ${JSON.stringify(m)}`)
@@ -227,7 +245,17 @@ const learned = await Promise.all(procs.map((p) => expect(p, 'learned')))
 log(`chunk 0 learned in ${secs()} s`)
 
 /** One arm: every live node joins `phase`, then `rounds` rounds (learning chunk r before round r > 0). */
-async function arm(phase, { attack = false, kill = [] } = {}) {
+async function arm(phase, { attack = false, kill = [], respawn = false } = {}) {
+  if (respawn) {
+    // A fresh process per node and arm: a process that reloads the model for every arm grows
+    // (~0.4 GB per arm even with gc()), and 8 of them ran out of the machine's memory.
+    for (const old of procs.filter((p) => p.alive)) {
+      old.send({ cmd: 'exit', keep: true })
+      await old.exited
+      procs[old.id] = spawnNode(old.id, ['--resume', learned[old.id].dir])
+    }
+    await Promise.all(procs.filter((p) => p.alive).map((p) => expect(p, 'ready')))
+  }
   const live = procs.filter((p) => p.alive)
   const addrs = []
   for (const proc of live) {
@@ -282,8 +310,8 @@ async function arm(phase, { attack = false, kill = [] } = {}) {
 
 const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length
 const results = {}
-for (const phase of phases) results[phase] = await arm(phase, { attack: phase === 'exact' })
-if (dropout) results.dropout = await arm('dropout', { kill: ['before', 'after'] })
+for (const [i, phase] of phases.entries()) results[phase] = await arm(phase, { attack: phase === 'exact', respawn: i > 0 })
+if (dropout) results.dropout = await arm('dropout', { kill: ['before', 'after'], respawn: phases.length > 0 })
 for (const proc of procs.filter((p) => p.alive)) proc.send({ cmd: 'exit' })
 await Promise.all(procs.map((p) => p.exited))
 
