@@ -1,25 +1,35 @@
 // Federation of SONA's learned adapter (llm.federation) across node processes on this machine.
 //
-// Each of N node processes (default 8) loads the model with learning: { federate: true }, learns
-// from its own slice of the SONA benchmark's domain feedback (benches/sona-data.mjs: CMU
-// pronunciations, held-out words never in feedback) with instant updates and one consolidate(),
-// and measures the held-out domain NLL per token (llm.score) with its local adapter. Then, for
-// each phase, every node goes back to its local adapter (the learning directory as it was
-// after learning), joins a federation on 127.0.0.1 (a topic per phase) and runs one round:
-//   exact   the exact weighted mean of the nodes' ΔW, re-factorised to rank 8 by truncated SVD
-//   fedavg  the mean of the A and B factors separately (FedAvg of factors: inexact)
-//   daf     exact aggregation with DAF's hybrid weighting (quality and measured improvement;
-//           SONA's adapter has no timestep buckets, so this is the non-diffusion case)
-//   private tier 'private': nothing may leave the node (bytes on the wire counted)
-//   public  tier 'public' (with at least 5 nodes): clipped and noised to ε = 1, δ = 1e-5,
-//           released with at least 5 contributors (k-anonymity)
-// and measures the held-out NLL again. In the exact phase node 0 then turns adversarial: it
-// publishes a replay of its round-1 update (re-encrypted), a tampered copy, a forged update and
-// garbage; the other nodes' rejections are counted.
+// Each of N node processes (default 8) loads the model with learning: { federate: true } and
+// owns its own slice of the SONA benchmark's domain feedback (benches/sona-data.mjs: CMU
+// pronunciations; held-out words are never in feedback), cut into R chunks (--rounds, default
+// 3) of --examples each. One arm per phase, each starting from the same state (every node has
+// learned its chunk 0: instant updates and one consolidate(), then a copy of its learning
+// directory is restored at the start of every arm), then R rounds:
+//   round r: (r > 0) the node learns its chunk r on top of what it has (the last aggregate in
+//            the federated arms), consolidates, then runs one round of the federation on
+//            127.0.0.1 and applies the round's aggregate; every node measures its held-out NLL.
+// So local-only and federated nodes have seen exactly the same examples; the federated ones
+// also get the others' adapters every round. The arms:
+//   local   tier 'private': nothing leaves the node (bytes on the wire counted), nothing is
+//           applied: local learning only
+//   exact   the exact weighted mean of the nodes' ΔW, re-factorised to the local rank by
+//           truncated SVD (its relative truncation error reported per round)
+//   fedavg  the mean of the A and B factors separately, B̄·Ā (its relative distance from the
+//           exact mean reported per round)
+//   daf     exact with DAF's hybrid weighting (quality and improvement; SONA's adapter has no
+//           timestep buckets, so this is the non-diffusion case): not in the defaults
+//   public  tier 'public' (≥ 5 nodes), one round from chunk 0: clipped and noised to ε = 1,
+//           δ = 1e-5, released with at least 5 contributors (k-anonymity)
+// After the exact arm's last round node 0 turns adversarial (a re-encrypted replay of its
+// round-1 update, a tampered copy, a forged update and garbage); the others' rejections are
+// counted. Then the dropout phase (unless --no-dropout): from chunk 0, round 1: the last node
+// is killed before it publishes; round 2: the next-to-last is killed right after it has
+// published; the others finish both rounds (the first on its round timeout).
 //
-//   npx ruvllm bench federation [--nodes 8] [--examples 6] [--heldout 16] [--phases exact,fedavg,daf,private,public]
-//                               [--epochs 1] [--model <gguf>] [--quick] [--json]
-// --quick: 3 nodes, 3 examples each, 6 held-out passages, phases exact,fedavg,private.
+//   npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16]
+//       [--phases local,exact,fedavg,public] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]
+// --quick: 3 nodes, 2 examples per round, 2 rounds, 6 held-out passages, phases local,exact,fedavg.
 // --json: the summary as one JSON object on the last line of stdout.
 import { cpSync, mkdtempSync, rmSync } from 'node:fs'
 import { createRequire } from 'node:module'
@@ -41,90 +51,145 @@ const { values } = parseArgs({
     model: { type: 'string' },
     nodes: { type: 'string' },
     examples: { type: 'string' },
+    rounds: { type: 'string' },
     heldout: { type: 'string' },
     phases: { type: 'string' },
+    'no-dropout': { type: 'boolean' },
     epochs: { type: 'string', default: '1' },
-    'timeout-ms': { type: 'string', default: '120000' },
+    'timeout-ms': { type: 'string', default: '300000' },
     quick: { type: 'boolean' },
     json: { type: 'boolean' },
     child: { type: 'string' },
+    resume: { type: 'string' },
     help: { type: 'boolean' },
   },
 })
+const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]'
 if (values.help) {
-  console.log('npx ruvllm bench federation [--nodes 8] [--examples 6] [--heldout 16] [--phases exact,fedavg,daf,private,public] [--epochs 1] [--model <gguf>] [--quick] [--json]')
+  console.log(USAGE)
   process.exit(0)
 }
 const quick = values.quick
 const N = Number(values.nodes ?? (quick ? 3 : 8))
-const perNode = Number(values.examples ?? (quick ? 3 : 6))
+const perRound = Number(values.examples ?? (quick ? 2 : 4))
+const R = Number(values.rounds ?? (quick ? 2 : 3))
 const nHeld = Number(values.heldout ?? (quick ? 6 : 16))
-const phases = (values.phases ?? (quick ? 'exact,fedavg,private' : `exact,fedavg,daf,private${N >= 5 ? ',public' : ''}`)).split(',')
+const phases = (values.phases ?? (quick ? 'local,exact,fedavg' : `local,exact,fedavg${N >= 5 ? ',public' : ''}`)).split(',')
+const dropout = !values['no-dropout'] && N >= 3
+for (const [k, v, min] of [['nodes', N, 1], ['examples', perRound, 1], ['rounds', R, 1], ['heldout', nHeld, 1]]) {
+  if (!Number.isInteger(v) || v < min) {
+    console.error(`bench federation: --${k} must be an integer ≥ ${min}\n${USAGE}`)
+    process.exit(2)
+  }
+}
 const GROUP_KEY = '5a'.repeat(32)
 const PHASES = {
+  // Nothing arrives on the private tier: each round ends on its timeout with nothing to apply.
+  local: { tier: 'private', roundTimeoutMs: 1000 },
   exact: { tier: 'group', key: GROUP_KEY, method: 'exact', weighting: 'fedavg' },
   fedavg: { tier: 'group', key: GROUP_KEY, method: 'fedavg', weighting: 'fedavg' },
   daf: { tier: 'group', key: GROUP_KEY, method: 'exact', weighting: 'hybrid' },
-  // Nothing arrives on the private tier: the round ends on its timeout with nothing to apply.
-  private: { tier: 'private', roundTimeoutMs: 1000 },
   public: { tier: 'public', method: 'exact', weighting: 'fedavg', epsilon: 1, delta: 1e-5, rounds: 1, kAnonymity: 5 },
+  dropout: { tier: 'group', key: GROUP_KEY, method: 'exact', weighting: 'fedavg', roundTimeoutMs: 20000 },
 }
-for (const p of phases) if (!PHASES[p]) throw new Error(`unknown phase ${p}; known: ${Object.keys(PHASES).join(', ')}`)
+// Rounds per arm: the public arm spends its whole ε = 1 budget on one release.
+const roundsOf = (phase) => (phase === 'public' ? 1 : phase === 'dropout' ? 2 : R)
+for (const p of phases) if (!PHASES[p] || p === 'dropout') throw new Error(`unknown phase ${p}; known: local, exact, fedavg, daf, public`)
 
 // ---- a node process --------------------------------------------------------------------------
 async function child(index) {
   const { LLM, models } = require(addonPath)
   const model = values.model || process.env.RUVLLM_TEST_MODEL || models.path('gemma-3-270m')
-  const { examples, heldDomain } = domainData(N * perNode, nHeld)
-  const mine = examples.slice(index * perNode, (index + 1) * perNode)
-  const base = mkdtempSync(join(tmpdir(), `ruvllm-bench-federation-${index}-`))
+  const { examples, heldDomain } = domainData(N * R * perRound, nHeld)
+  // This node's slice, chunk r of it learned before round r.
+  const chunk = (r) => examples.slice((index * R + r) * perRound, (index * R + r + 1) * perRound)
+  // A node process resumed for a later arm (--resume: the first process's directory) starts
+  // from chunk 0 without learning it again.
+  const base = values.resume ?? mkdtempSync(join(tmpdir(), `ruvllm-bench-federation-${index}-`))
   const dir = join(base, 'learned')
-  const local = join(base, 'local')
+  const start = join(base, 'chunk0')
   const send = (m) => process.stdout.write(JSON.stringify(m) + '\n')
   const load = () => LLM.load(model, { threads: 1, contextSize: 512, learning: { dir, background: false, epochs: Number(values.epochs), federate: true } })
-  let llm = await load()
-  let node
-  try {
-    const nllBase = await nll(llm, heldDomain, true, [])
-    for (const ex of mine) {
+  const learn = async (r) => {
+    const t = performance.now()
+    for (const ex of chunk(r)) {
       const c = await llm.generate(ex.prompt, { maxTokens: 8, temperature: 0 })
       await llm.feedback(c.id, { quality: 1, correction: ex.correction })
     }
     await llm.consolidate()
-    cpSync(dir, local, { recursive: true })
-    const nllLocal = await nll(llm, heldDomain, true)
-    send({ type: 'learned', nllBase, nllLocal })
+    return performance.now() - t
+  }
+  const restore = () => {
+    rmSync(dir, { recursive: true, force: true })
+    cpSync(start, dir, { recursive: true })
+  }
+  if (values.resume) restore()
+  let llm = await load()
+  let node
+  let fresh = Boolean(values.resume)
+  let keep = false
+  try {
+    if (fresh) send({ type: 'ready' })
+    else {
+      const nllBase = await nll(llm, heldDomain, true, [])
+      const learnMs = await learn(0)
+      cpSync(dir, start, { recursive: true })
+      send({ type: 'learned', nllBase, nll0: await nll(llm, heldDomain, true), learnMs, dir: base })
+    }
     const lines = createInterface({ input: process.stdin })
     for await (const text of lines) {
       const cmd = JSON.parse(text)
-      if (cmd.cmd === 'join') {
-        // Back to the local adapter before each phase.
+      if (cmd.cmd === 'join' && fresh) {
+        fresh = false
+        node = await llm.federation.join({ peers: cmd.peers, expectedNodes: cmd.expected, roundTimeoutMs: Number(values['timeout-ms']), topic: `ruvllm-bench/${cmd.phase}`, ...PHASES[cmd.phase] })
+        send({ type: 'joined', address: node.address, nodeId: node.nodeId })
+      } else if (cmd.cmd === 'join') {
+        // Every arm starts from the same state: chunk 0 learned, nothing federated.
         await llm.close()
-        rmSync(dir, { recursive: true, force: true })
-        cpSync(local, dir, { recursive: true })
+        // The closed model and the last arm's federation node (each holding the learner and
+        // its weights) go only when collected; 8 such processes ran out of memory without this.
+        llm = node = undefined
+        globalThis.gc?.()
+        restore()
         llm = await load()
         node = await llm.federation.join({ peers: cmd.peers, expectedNodes: cmd.expected, roundTimeoutMs: Number(values['timeout-ms']), topic: `ruvllm-bench/${cmd.phase}`, ...PHASES[cmd.phase] })
         send({ type: 'joined', address: node.address, nodeId: node.nodeId })
+      } else if (cmd.cmd === 'learn') {
+        send({ type: 'learned', learnMs: await learn(cmd.chunk) })
       } else if (cmd.cmd === 'round') {
-        const report = await node.round()
-        send({ type: 'round', report })
+        if (cmd.die === 'before') process.exit(137)
+        if (cmd.die === 'after') {
+          // Report once this node's update has gone out; the orchestrator kills it then.
+          const sent = node.stats().bytesSent
+          node.round().catch(() => {})
+          while (node.stats().bytesSent - sent < 1e6) await new Promise((r) => setTimeout(r, 10))
+          // Sealed and handed to gossipsub: half a second for it to leave, then die.
+          await new Promise((r) => setTimeout(r, 500))
+          send({ type: 'published' })
+          await new Promise(() => {})
+        }
+        try {
+          send({ type: 'round', report: await node.round() })
+        } catch (e) {
+          send({ type: 'round', error: { code: e.code, message: e.message } })
+        }
       } else if (cmd.cmd === 'attack') {
         send({ type: 'attacked', sent: await node.attack(1) })
       } else if (cmd.cmd === 'measure') {
-        const nllFederated = await nll(llm, heldDomain, true)
-        send({ type: 'measured', nllFederated, stats: node.stats() })
+        send({ type: 'measured', nll: await nll(llm, heldDomain, true), stats: node.stats(), rssMb: process.memoryUsage().rss / 2 ** 20 })
       } else if (cmd.cmd === 'stop') {
         await node.stop()
         node = undefined
         send({ type: 'stopped' })
       } else if (cmd.cmd === 'exit') {
+        keep = Boolean(cmd.keep)
         break
       }
     }
   } finally {
     if (node) await node.stop()
     await llm.close()
-    rmSync(base, { recursive: true, force: true })
+    if (!keep) rmSync(base, { recursive: true, force: true })
   }
 }
 
@@ -135,9 +200,10 @@ if (values.child !== undefined) {
 
 // ---- the orchestrator ------------------------------------------------------------------------
 const t0 = performance.now()
+const secs = () => ((performance.now() - t0) / 1000).toFixed(0)
 const args = process.argv.slice(2).filter((a) => a !== '--json')
-const procs = Array.from({ length: N }, (_, i) => {
-  const p = spawn(process.execPath, [fileURLToPath(import.meta.url), ...args, '--child', String(i)], { stdio: ['pipe', 'pipe', 'inherit'] })
+const spawnNode = (i, extra = []) => {
+  const p = spawn(process.execPath, ['--expose-gc', fileURLToPath(import.meta.url), ...args, '--child', String(i), ...extra], { stdio: ['pipe', 'pipe', 'inherit'] })
   const queue = []
   const waiting = []
   createInterface({ input: p.stdout }).on('line', (l) => {
@@ -154,97 +220,172 @@ const procs = Array.from({ length: N }, (_, i) => {
   })
   const exited = new Promise((resolve) => p.on('exit', resolve))
   return {
+    id: i,
     p,
     exited,
+    alive: true,
     next: () => (queue.length ? Promise.resolve(queue.shift()) : new Promise((resolve, reject) => {
       waiting.push(resolve)
       exited.then((code) => reject(new Error(`node ${i} exited (${code}) while a reply was awaited`)))
     })),
     send: (m) => p.stdin.write(JSON.stringify(m) + '\n'),
   }
-})
+}
+const procs = Array.from({ length: N }, (_, i) => spawnNode(i))
 const expect = async (proc, type) => {
   const m = await proc.next()
   if (m.type !== type) throw new Error(`expected ${type}, got ${JSON.stringify(m)}`)
   return m
 }
-
+const all = (ps, cmd, type) => Promise.all(ps.map((p) => (p.send(cmd), expect(p, type))))
 const log = (s) => process.stderr.write(`bench federation: ${s}\n`)
-log(`${N} nodes, ${perNode} feedback examples each, ${nHeld} held-out passages; phases ${phases.join(', ')}`)
+
+log(`${N} nodes, ${R} rounds of ${perRound} feedback examples per node, ${nHeld} held-out passages; phases ${phases.join(', ')}${dropout ? ', dropout' : ''}`)
 const learned = await Promise.all(procs.map((p) => expect(p, 'learned')))
-log(`learned locally in ${((performance.now() - t0) / 1000).toFixed(0)} s`)
-const results = {}
-let attack = null
-for (const phase of phases) {
+log(`chunk 0 learned in ${secs()} s`)
+
+/** One arm: every live node joins `phase`, then `rounds` rounds (learning chunk r before round r > 0). */
+async function arm(phase, { attack = false, kill = [], respawn = false } = {}) {
+  if (respawn) {
+    // A fresh process per node and arm: a process that reloads the model for every arm grows
+    // (~0.4 GB per arm even with gc()), and 8 of them ran out of the machine's memory.
+    for (const old of procs.filter((p) => p.alive)) {
+      old.send({ cmd: 'exit', keep: true })
+      await old.exited
+      procs[old.id] = spawnNode(old.id, ['--resume', learned[old.id].dir])
+    }
+    await Promise.all(procs.filter((p) => p.alive).map((p) => expect(p, 'ready')))
+  }
+  const live = procs.filter((p) => p.alive)
   const addrs = []
-  for (const proc of procs) {
-    proc.send({ cmd: 'join', phase, peers: phase === 'private' ? [] : [...addrs], expected: phase === 'private' ? 1 : N })
+  for (const proc of live) {
+    proc.send({ cmd: 'join', phase, peers: phase === 'local' ? [] : [...addrs], expected: phase === 'local' ? 1 : live.length })
     addrs.push((await expect(proc, 'joined')).address)
   }
-  for (const proc of procs) proc.send({ cmd: 'round' })
-  const rounds = await Promise.all(procs.map((p) => expect(p, 'round')))
-  if (phase === 'exact') {
-    procs[0].send({ cmd: 'attack' })
-    const sent = (await expect(procs[0], 'attacked')).sent
-    // Time for the attack to reach everyone before the counters are read.
-    await new Promise((r) => setTimeout(r, 3000))
-    attack = { sent }
+  const out = { rounds: [], nll: [], learnMs: [] }
+  for (let r = 0; r < roundsOf(phase); r++) {
+    const ps = procs.filter((p) => p.alive)
+    if (r > 0 && phase !== 'dropout') out.learnMs.push((await all(ps, { cmd: 'learn', chunk: r }, 'learned')).map((m) => m.learnMs))
+    // The victim (the last live node) drops out while the others run the round: before it
+    // publishes (it exits on the command) or right after (killed once its update went out).
+    const victim = kill[r] ? ps[ps.length - 1] : null
+    const survivors = victim ? ps.slice(0, -1) : ps
+    if (victim) {
+      victim.alive = false
+      victim.send({ cmd: 'round', die: kill[r] })
+    }
+    const pending = survivors.map((p) => (p.send({ cmd: 'round' }), expect(p, 'round')))
+    if (kill[r] === 'after') {
+      await expect(victim, 'published')
+      victim.p.kill('SIGKILL')
+    }
+    if (victim) {
+      await victim.exited
+      // A killed node leaves its learning directory behind.
+      rmSync(learned[victim.id].dir, { recursive: true, force: true })
+    }
+    const reports = await Promise.all(pending)
+    const failed = reports.filter((m) => m.error)
+    if (failed.length && phase !== 'dropout') throw new Error(`${phase} round ${r + 1}: ${JSON.stringify(failed[0].error)}`)
+    const byId = new Map(reports.map((m, i) => [survivors[i].id, m.report ?? { error: m.error }]))
+    out.rounds.push({ victim: victim && { id: victim.id, when: kill[r] }, reports: procs.map((p) => byId.get(p.id) ?? null) })
+    if (attack && r === roundsOf(phase) - 1) {
+      procs[0].send({ cmd: 'attack' })
+      out.attackSent = (await expect(procs[0], 'attacked')).sent
+      // Time for the attack to reach everyone before the counters are read.
+      await new Promise((res) => setTimeout(res, 3000))
+    }
+    const live2 = procs.filter((p) => p.alive)
+    const measured = await all(live2, { cmd: 'measure' }, 'measured')
+    const byId2 = new Map(measured.map((m, i) => [live2[i].id, m]))
+    out.nll.push(procs.map((p) => byId2.get(p.id)?.nll ?? null))
+    out.stats = procs.map((p) => byId2.get(p.id)?.stats ?? null)
+    out.rssMb = Math.max(out.rssMb ?? 0, ...measured.map((m) => m.rssMb))
+    const rep = reports.map((m) => m.report).filter(Boolean)
+    log(`${phase} round ${r + 1}: ${rep[0]?.contributors} contributors${failed.length ? ` (${failed.length} nodes failed: ${failed[0].error.code})` : ''}${victim ? ` (node ${victim.id} killed ${kill[r]} publishing)` : ''}, ${new Set(rep.map((x) => x.adapterDigest)).size} distinct adapters, mean NLL ${mean(out.nll[r].filter((x) => x !== null)).toFixed(4)}, largest node RSS ${Math.max(...measured.map((m) => m.rssMb)).toFixed(0)} MB, ${secs()} s`)
   }
-  for (const proc of procs) proc.send({ cmd: 'measure' })
-  const measured = await Promise.all(procs.map((p) => expect(p, 'measured')))
-  for (const proc of procs) proc.send({ cmd: 'stop' })
-  await Promise.all(procs.map((p) => expect(p, 'stopped')))
-  results[phase] = { rounds: rounds.map((r) => r.report), measured }
-  if (phase === 'exact') {
-    const honest = measured.slice(1)
-    attack.rejected = honest.reduce((a, m) => a + m.stats.rejectedTotal, 0)
-    attack.reasons = honest.map((m) => m.stats.rejected)
-    attack.receivedBy = honest.filter((m) => m.stats.rejectedTotal > 0).length
-    attack.accepted = honest.reduce((a, m) => a + m.stats.accepted, 0) - honest.length * N
-  }
-  const digests = new Set(rounds.map((r) => r.report.adapterDigest))
-  log(`${phase}: ${rounds[0].report.contributors} contributors, ${digests.size} distinct adapters after the round, ${((performance.now() - t0) / 1000).toFixed(0)} s`)
+  await all(procs.filter((p) => p.alive), { cmd: 'stop' }, 'stopped')
+  return out
 }
-for (const proc of procs) proc.send({ cmd: 'exit' })
+
+const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length
+const results = {}
+for (const [i, phase] of phases.entries()) results[phase] = await arm(phase, { attack: phase === 'exact', respawn: i > 0 })
+if (dropout) results.dropout = await arm('dropout', { kill: ['before', 'after'], respawn: phases.length > 0 })
+for (const proc of procs.filter((p) => p.alive)) proc.send({ cmd: 'exit' })
 await Promise.all(procs.map((p) => p.exited))
 
 // ---- report ----------------------------------------------------------------------------------
 const f = (x, d = 3) => (Number.isFinite(x) ? x.toFixed(d) : '–')
-const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length
-const nll_ = (phase, i) => results[phase]?.measured[i].nllFederated
 const cpu = cpus()[0]?.model ?? 'unknown CPU'
-const rows = learned.map((l, i) => `| ${i} | ${f(l.nllBase)} | ${f(l.nllLocal)} | ${phases.filter((p) => p !== 'private').map((p) => f(nll_(p, i))).join(' | ')} |`)
-const fedPhases = phases.filter((p) => p !== 'private')
+const last = (phase) => results[phase]?.nll.at(-1)
+const arms = phases.filter((p) => p !== 'local')
+const local = results.local ? last('local') : learned.map((l) => l.nll0)
+const beats = (phase, other) => learned.filter((_, i) => last(phase)[i] < other[i]).length
+const bytes = (phase) => mean(results[phase].rounds.flatMap((r) => r.reports.filter(Boolean).map((x) => x.bytesSent)))
+const errs = (phase) => results[phase].rounds.map((r) => Math.max(...r.reports.filter(Boolean).map((x) => x.truncationError)))
+const attack = results.exact?.attackSent !== undefined ? (() => {
+  const honest = results.exact.stats.slice(1)
+  return {
+    sent: results.exact.attackSent,
+    rejected: honest.reduce((a, s) => a + s.rejectedTotal, 0),
+    receivedBy: honest.filter((s) => s.rejectedTotal > 0).length,
+    reasons: honest[0]?.rejected ?? {},
+    // Each honest node accepts N updates per round (its own too); anything more came from the attack.
+    accepted: honest.reduce((a, s) => a + s.accepted, 0) - honest.length * N * R,
+  }
+})() : null
+const privateBytes = results.local ? results.local.rounds.reduce((a, r) => a + r.reports.reduce((b, x) => b + (x?.bytesSent ?? 0), 0), 0) : null
+const epsilon = results.public ? Math.max(...results.public.stats.map((s) => s.epsilon)) : 0
+const drop = results.dropout && results.dropout.rounds.map((r) => {
+  const rep = r.reports.filter((x) => x && !x.error)
+  const errors = r.reports.filter((x) => x?.error).map((x) => x.error.code)
+  return { killed: r.victim.id, when: r.victim.when, finished: rep.length, errors, applied: rep.filter((x) => x.applied).length, contributors: rep[0]?.contributors, timedOut: rep.some((x) => x.timedOut), adapters: new Set(rep.map((x) => x.adapterDigest)).size }
+})
+const perRoundRows = arms.concat(results.local ? ['local'] : []).map((p) => `| ${p} | ${results[p].nll.map((r) => f(mean(r))).join(' | ')} |`)
 console.log(
   [
-    `${cpu}; ${N} node processes, 1 engine thread each; ${perNode} feedback examples per node, ${nHeld} held-out passages; one round per phase`,
+    `${cpu}; ${N} node processes, 1 engine thread each; ${R} rounds × ${perRound} feedback examples per node (${R * perRound} in all, every arm), ${nHeld} held-out passages`,
     '',
-    `| node | held-out NLL base | local only | ${fedPhases.map((p) => `federated: ${p}`).join(' | ')} |`,
-    `|---|---|---|${fedPhases.map(() => '---|').join('')}`,
-    ...rows,
-    `| mean | ${f(mean(learned.map((l) => l.nllBase)))} | ${f(mean(learned.map((l) => l.nllLocal)))} | ${fedPhases.map((p) => f(mean(learned.map((_, i) => nll_(p, i))))).join(' | ')} |`,
+    `| node | base | after chunk 0 | local only | ${arms.map((p) => `federated: ${p}`).join(' | ')} |`,
+    `|---|---|---|---|${arms.map(() => '---|').join('')}`,
+    ...learned.map((l, i) => `| ${i} | ${f(l.nllBase)} | ${f(l.nll0)} | ${f(local[i])} | ${arms.map((p) => f(last(p)[i])).join(' | ')} |`),
+    `| mean | ${f(mean(learned.map((l) => l.nllBase)))} | ${f(mean(learned.map((l) => l.nll0)))} | ${f(mean(local))} | ${arms.map((p) => f(mean(last(p)))).join(' | ')} |`,
     '',
-    ...fedPhases.map((p) => {
-      const r = results[p].rounds
-      return `${p}: bytes sent per node per round ${f(mean(r.map((x) => x.bytesSent)), 0)}, applied on ${r.filter((x) => x.applied).length}/${N}, withheld ${r[0].withheld}, SVD truncation error ${f(Math.max(...r.map((x) => x.truncationError)), 4)}, epsilon ${f(Math.max(...results[p].measured.map((m) => m.stats.epsilon)), 3)}`
-    }),
-    results.private ? `private: bytes on the wire ${results.private.rounds.reduce((a, x) => a + x.bytesSent, 0)}` : '',
-    attack ? `adversary (node 0, exact phase): ${attack.sent} bad envelopes published, ${attack.rejected} rejections at ${attack.receivedBy}/${N - 1} honest nodes (${JSON.stringify(attack.reasons[0] ?? {})}), ${attack.accepted} accepted` : '',
-    `${((performance.now() - t0) / 1000).toFixed(0)} s in all`,
+    `mean held-out NLL after each round: | arm | ${Array.from({ length: R }, (_, r) => `round ${r + 1}`).join(' | ')} |`,
+    ...perRoundRows,
+    '',
+    ...arms.map((p) => `${p}: beats local-only on ${beats(p, local)}/${N} nodes${p !== 'fedavg' && results.fedavg && p !== 'public' ? `, beats fedavg on ${beats(p, last('fedavg'))}/${N}` : ''}; bytes sent per node per round ${f(bytes(p), 0)}; relative distance from the exact mean per round ${errs(p).map((e) => f(e, 4)).join(', ')}${p === 'public' ? `; epsilon ${f(epsilon)}, withheld ${results.public.rounds[0].reports[0].withheld}` : ''}`),
+    privateBytes !== null ? `private (local arm): bytes on the wire over ${R} rounds × ${N} nodes: ${privateBytes}` : '',
+    attack ? `adversary (node 0, after the exact arm's last round): ${attack.sent} bad envelopes published, ${attack.rejected} rejections at ${attack.receivedBy}/${N - 1} honest nodes (${JSON.stringify(attack.reasons)}), ${attack.accepted} accepted` : '',
+    ...(drop ?? []).map((d) => `dropout: node ${d.killed} killed ${d.when} publishing; ${d.finished} nodes finished the round${d.errors.length ? ` (${d.errors.length} failed: ${d.errors.join(', ')})` : ''} (${d.applied} applied, ${d.contributors} contributors, timed out: ${d.timedOut}, ${d.adapters} distinct adapters)`),
+    `${secs()} s in all`,
   ].join('\n'),
 )
 if (values.json) {
-  const main = results.exact ?? results[fedPhases[0]]
+  const main = results.exact ? 'exact' : arms[0]
   console.log(
     JSON.stringify({
-      nodes: learned.map((l, i) => ({ id: i, nllBase: l.nllBase, nllLocal: l.nllLocal, nllFederated: main?.measured[i].nllFederated, ...Object.fromEntries(fedPhases.map((p) => [`nll_${p}`, nll_(p, i)])) })),
+      nodes: learned.map((l, i) => ({
+        id: i,
+        nllBase: l.nllBase,
+        nllChunk0: l.nll0,
+        nllLocal: local[i],
+        nllFederated: main ? last(main)[i] : null,
+        ...Object.fromEntries(arms.map((p) => [`nll_${p}`, last(p)[i]])),
+      })),
       tampered: attack?.sent ?? 0,
       rejected: attack?.rejected ?? 0,
       tamperedAccepted: attack?.accepted ?? 0,
-      privateBytesOnWire: results.private ? results.private.rounds.reduce((a, x) => a + x.bytesSent, 0) : null,
-      epsilon: results.public ? Math.max(...results.public.measured.map((m) => m.stats.epsilon)) : 0,
-      rounds: 1,
-      bytesPerRound: main ? mean(main.rounds.map((x) => x.bytesSent)) : 0,
+      privateBytesOnWire: privateBytes,
+      epsilon,
+      rounds: R,
+      examplesPerRound: perRound,
+      bytesPerRound: main ? bytes(main) : 0,
+      perRound: Object.fromEntries(Object.entries(results).filter(([p]) => p !== 'dropout').map(([p, r]) => [p, r.nll.map(mean)])),
+      distanceFromExact: Object.fromEntries(arms.map((p) => [p, errs(p)])),
+      dropout: drop ?? null,
+      seconds: Number(secs()),
     }),
   )
 }

@@ -73,13 +73,14 @@ pub struct Aggregate {
     /// The contributing nodes, in aggregation order, and their normalised weights.
     pub contributors: Vec<[u8; 32]>,
     pub weights: Vec<f64>,
-    /// Per target (same order): relative Frobenius truncation error of [`Method::Svd`] (0 for
-    /// the other methods).
+    /// Per target (same order): the relative Frobenius distance of the aggregate's `ΔW` from
+    /// the exact weighted mean of the updates' `ΔW`: the truncation error of [`Method::Svd`],
+    /// the cross-term error of [`Method::FactorAverage`], 0 for [`Method::Stack`].
     pub truncation_error: Vec<f64>,
 }
 
 impl Aggregate {
-    /// The largest relative truncation error over the targets.
+    /// The largest relative error from the exact mean over the targets.
     pub fn max_truncation_error(&self) -> f64 {
         self.truncation_error.iter().copied().fold(0.0, f64::max)
     }
@@ -153,7 +154,11 @@ pub fn aggregate(updates: &[&Update], weights: &[f64], method: Method) -> Result
             return Err(Error::Aggregate(format!("blk.{layer}.{proj}: shapes differ between updates")));
         }
         let (f, err) = match method {
-            Method::FactorAverage => (factor_average(layer, &proj, &parts, &w)?, 0.0),
+            Method::FactorAverage => {
+                let f = factor_average(layer, &proj, &parts, &w)?;
+                let err = factor_average_error(&parts, &w, updates, &f, scale);
+                (f, err)
+            }
             Method::Stack => (stack(layer, &proj, &parts, &w, updates)?, 0.0),
             Method::Svd { rank } => svd(layer, &proj, &parts, &w, updates, rank)?,
         };
@@ -185,6 +190,45 @@ fn factor_average(layer: u32, proj: &str, parts: &[(usize, &Factors)], w: &[f64]
     }
     let f32s = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect();
     Factors::new(layer, proj, t0.rank, t0.d_in, t0.d_out, f32s(a), f32s(b))
+}
+
+/// `‖Σ cᵢBᵢAᵢ − s·B̄Ā‖_F / ‖Σ cᵢBᵢAᵢ‖_F` (`cᵢ = wᵢsᵢ`) from the factors' Gram matrices,
+/// without forming a dense matrix: `‖P·Q‖²_F = tr(PᵀP · QQᵀ)`.
+fn factor_average_error(parts: &[(usize, &Factors)], w: &[f64], updates: &[&Update], avg: &Factors, scale: f32) -> f64 {
+    let (d_in, d_out) = (avg.d_in, avg.d_out);
+    let mut p_cols: Vec<Vec<f64>> = Vec::new();
+    let mut q_rows: Vec<&[f32]> = Vec::new();
+    let mut push = |c: f64, t: &'_ Factors| {
+        for j in 0..t.rank {
+            p_cols.push((0..d_out).map(|o| c * t.b[o * t.rank + j] as f64).collect());
+        }
+    };
+    for &(i, t) in parts {
+        push(w[i] * updates[i].scale as f64, t);
+    }
+    push(-(scale as f64), avg);
+    for (_, t) in parts.iter().copied().chain([(0, avg)]) {
+        q_rows.extend((0..t.rank).map(|j| &t.a[j * d_in..(j + 1) * d_in]));
+    }
+    let k = p_cols.len();
+    let exact_cols = k - avg.rank;
+    let dot_p = |x: usize, y: usize| p_cols[x].iter().zip(&p_cols[y]).map(|(a, b)| a * b).sum::<f64>();
+    let dot_q = |x: usize, y: usize| q_rows[x].iter().zip(q_rows[y]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>();
+    let (mut all, mut exact) = (0.0f64, 0.0f64);
+    for x in 0..k {
+        for y in x..k {
+            let g = dot_p(x, y) * dot_q(x, y) * if x == y { 1.0 } else { 2.0 };
+            all += g;
+            if y < exact_cols {
+                exact += g;
+            }
+        }
+    }
+    if exact > 0.0 {
+        (all.max(0.0) / exact).sqrt()
+    } else {
+        0.0
+    }
 }
 
 fn stack(layer: u32, proj: &str, parts: &[(usize, &Factors)], w: &[f64], updates: &[&Update]) -> Result<Factors> {
@@ -292,8 +336,19 @@ mod tests {
         let refs: Vec<&Update> = us.iter().collect();
         let w = [1.0; 4];
         let agg = aggregate(&refs, &w, Method::FactorAverage).expect("aggregates");
-        for e in rel_errors(&agg, &refs, &w) {
+        for (e, reported) in rel_errors(&agg, &refs, &w).into_iter().zip(&agg.truncation_error) {
             assert!(e > 0.3, "independent random clients: the cross terms dominate, got {e}");
+            assert!((e - reported).abs() < 1e-6 * e.max(1.0), "reported {reported}, dense {e}");
+        }
+        // Clients that share A: factor averaging is exact (and reports 0).
+        let mut same = clients(3);
+        let a0: Vec<Vec<f32>> = same[0].targets.iter().map(|t| t.a.clone()).collect();
+        same.iter_mut().for_each(|u| u.targets.iter_mut().zip(&a0).for_each(|(t, a)| t.a = a.clone()));
+        same.iter_mut().for_each(|u| u.scale = 0.5);
+        let refs: Vec<&Update> = same.iter().collect();
+        let agg = aggregate(&refs, &[1.0, 2.0, 3.0], Method::FactorAverage).expect("aggregates");
+        for (e, reported) in rel_errors(&agg, &refs, &[1.0, 2.0, 3.0]).into_iter().zip(&agg.truncation_error) {
+            assert!(e < 1e-6 && *reported < 1e-3, "shared A: dense {e}, reported {reported}");
         }
     }
 

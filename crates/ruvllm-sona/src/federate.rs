@@ -68,8 +68,33 @@ pub fn apply(p: &mut LoraParams, agg: &Aggregate) -> Result<()> {
     }
     let mut w = p.w.clone();
     into_flat(agg, p.rank, p.scale, &flat_slots(p), &mut w)?;
+    init_gauge(p, &mut w);
     p.w = w;
     Ok(())
+}
+
+/// `B·A` is unchanged by `A → g·A`, `B → B/g` per component; the aggregate's own split (the
+/// SVD's `√σ` on each side) leaves `A`'s rows far smaller than at initialisation, which slows
+/// every later step on `B`. Each component of `w` is rescaled so that `A`'s row has the norm
+/// of an initial row (`1/√3`, uniform in `±1/√d_in`): the same `ΔW`, the same factors on
+/// every node, and learning after a round moves as it did from the start.
+fn init_gauge(p: &LoraParams, w: &mut [f32]) {
+    let target = 1.0 / 3f64.sqrt();
+    for s in &p.slots {
+        for j in 0..p.rank {
+            let row = s.a + j * s.d_in..s.a + (j + 1) * s.d_in;
+            let norm = w[row.clone()].iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+            if !(norm > 0.0 && norm.is_finite()) {
+                continue;
+            }
+            let g = target / norm;
+            w[row].iter_mut().for_each(|x| *x = (*x as f64 * g) as f32);
+            for o in 0..s.d_out {
+                let i = s.b + o * p.rank + j;
+                w[i] = (w[i] as f64 / g) as f32;
+            }
+        }
+    }
 }
 
 /// The aggregation that fits an adapter of rank `rank`: `fedavg` (factor averaging, inexact),
@@ -136,13 +161,31 @@ mod tests {
         let mut q = params(4, 2);
         assert_ne!(digest(&p), digest(&q));
         apply(&mut q, &agg).expect("fits");
-        assert_eq!(q.w, p.w);
-        assert_eq!(digest(&q), digest(&p));
+        assert_same_delta(&q, &p);
+        // Applied on another node (other local factors): the same factors, bit for bit.
+        let mut q2 = params(4, 9);
+        apply(&mut q2, &agg).expect("fits");
+        assert_eq!(digest(&q2), digest(&q));
         // A factor average of one adapter is the adapter (weights normalise to 1).
         let one = aggregate(&[&u], &[3.0], Method::FactorAverage).expect("aggregates");
         let mut r = params(4, 3);
         apply(&mut r, &one).expect("fits");
-        assert_eq!(r.w, p.w);
+        assert_same_delta(&r, &p);
+        // A's rows have the initial norm.
+        for s in &r.slots {
+            let n: f32 = r.w[s.a..s.a + s.d_in].iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((n - 1.0 / 3f32.sqrt()).abs() < 1e-5, "row norm {n}");
+        }
+    }
+
+    fn assert_same_delta(got: &LoraParams, want: &LoraParams) {
+        let (g, w) = (to_update(got, Tier::Group, 1, prov(1)).expect("update"), to_update(want, Tier::Group, 1, prov(1)).expect("update"));
+        for (x, y) in g.targets.iter().zip(&w.targets) {
+            let (dx, dy) = (x.delta(got.scale as f64), y.delta(want.scale as f64));
+            let err = dx.iter().zip(&dy).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
+            let max = dy.iter().map(|a| a.abs()).fold(0.0f64, f64::max);
+            assert!(err <= 1e-5 * max, "{}: {err} of {max}", x.name());
+        }
     }
 
     #[test]

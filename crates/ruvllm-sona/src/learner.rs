@@ -776,6 +776,9 @@ impl Learner {
         let mut st = lock(&self.state);
         let st = &mut *st;
         crate::federate::apply(&mut st.base, agg)?;
+        // The aggregate's factors are a new basis (the SVD rotates them): moments kept from the
+        // local factors would step in the old one, so the optimiser starts afresh.
+        st.base_adam = Adam::new(st.base.len(), st.base_adam.lr);
         st.counters.base_trained = true;
         st.anchor = st.base.w.clone();
         store::write_atomic(&self.opts.dir.join("base.bin"), &store::params_bytes(&st.base, Some(&st.base_adam)))?;
