@@ -76,6 +76,11 @@ def read_adapter(path):
     return meta, factors, mask_row
 
 
+def stack_factors(fs, fr):
+    """Two LoRAs at the same alpha/r as one: A = [A_s; A_r], B = [B_s, B_r] per (layer, proj)."""
+    return {k: (np.concatenate([fs[k][0], fr[k][0]], 0), np.concatenate([fs[k][1], fr[k][1]], 1)) for k in fs}
+
+
 def compose(d):
     """Residual TALoRA (train.py --talora residual) comes back as a shared LoRA and three per-bucket
     residuals, all at alpha/r = 2: bucket k's adapter is their sum, one LoRA of the stacked factors
@@ -87,7 +92,7 @@ def compose(d):
         mr, fr, _ = read_adapter(os.path.join(d, f"talora-res{b}.gguf"))
         rb = int(fr[(0, "q")][0].shape[0])
         assert abs(mr["adapter.lora.alpha"] / rb - 2.0) < 1e-6
-        f = {key: (np.concatenate([fs[key][0], fr[key][0]], 0), np.concatenate([fs[key][1], fr[key][1]], 1)) for key in fs}
+        f = stack_factors(fs, fr)
         out = os.path.join(d, f"talora-t{b}.gguf")
         tmp = out + ".tmp"
         write_adapter(tmp, f, rs + rb, 2.0 * (rs + rb), mask_row, mr["ruvllm.diffusion.t_min"], mr["ruvllm.diffusion.t_max"])

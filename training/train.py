@@ -67,8 +67,7 @@ class Composite(torch.nn.Module):
                      for (a_s, b_s), (a_r, b_r) in zip(self.shared.layer(i), self.res.layer(i)))
 
     def factors(self):
-        fs, fr = self.shared.factors(), self.res.factors()
-        return {k: (np.concatenate([fs[k][0], fr[k][0]], 0), np.concatenate([fs[k][1], fr[k][1]], 1)) for k in fs}
+        return export.stack_factors(self.shared.factors(), self.res.factors())
 
 
 class MultiOpt:

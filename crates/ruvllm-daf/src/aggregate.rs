@@ -192,28 +192,34 @@ fn factor_average(layer: u32, proj: &str, parts: &[(usize, &Factors)], w: &[f64]
     Factors::new(layer, proj, t0.rank, t0.d_in, t0.d_out, f32s(a), f32s(b))
 }
 
+/// The exact weighted mean `Σᵢ cᵢ·BᵢAᵢ` (`cᵢ = wᵢsᵢ`) as rank-one terms `Σⱼ pⱼ qⱼᵀ`: the
+/// columns `pⱼ` of each `cᵢBᵢ` and the matching rows `qⱼ` of `Aᵢ`, in f64.
+fn rank_one_terms(parts: &[(usize, &Factors)], w: &[f64], updates: &[&Update]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let (mut p_cols, mut q_rows) = (Vec::new(), Vec::new());
+    for &(i, t) in parts {
+        push_terms(&mut p_cols, &mut q_rows, w[i] * updates[i].scale as f64, t);
+    }
+    (p_cols, q_rows)
+}
+
+/// Appends `c·B·A` of one factor pair as rank-one terms (see [`rank_one_terms`]).
+fn push_terms(p_cols: &mut Vec<Vec<f64>>, q_rows: &mut Vec<Vec<f64>>, c: f64, t: &Factors) {
+    for j in 0..t.rank {
+        p_cols.push((0..t.d_out).map(|o| c * t.b[o * t.rank + j] as f64).collect());
+        q_rows.push(t.a[j * t.d_in..(j + 1) * t.d_in].iter().map(|&v| v as f64).collect());
+    }
+}
+
 /// `‖Σ cᵢBᵢAᵢ − s·B̄Ā‖_F / ‖Σ cᵢBᵢAᵢ‖_F` (`cᵢ = wᵢsᵢ`) from the factors' Gram matrices,
 /// without forming a dense matrix: `‖P·Q‖²_F = tr(PᵀP · QQᵀ)`.
 fn factor_average_error(parts: &[(usize, &Factors)], w: &[f64], updates: &[&Update], avg: &Factors, scale: f32) -> f64 {
-    let (d_in, d_out) = (avg.d_in, avg.d_out);
-    let mut p_cols: Vec<Vec<f64>> = Vec::new();
-    let mut q_rows: Vec<&[f32]> = Vec::new();
-    let mut push = |c: f64, t: &'_ Factors| {
-        for j in 0..t.rank {
-            p_cols.push((0..d_out).map(|o| c * t.b[o * t.rank + j] as f64).collect());
-        }
-    };
-    for &(i, t) in parts {
-        push(w[i] * updates[i].scale as f64, t);
-    }
-    push(-(scale as f64), avg);
-    for (_, t) in parts.iter().copied().chain([(0, avg)]) {
-        q_rows.extend((0..t.rank).map(|j| &t.a[j * d_in..(j + 1) * d_in]));
-    }
+    let (mut p_cols, mut q_rows) = rank_one_terms(parts, w, updates);
+    let exact_cols = p_cols.len();
+    push_terms(&mut p_cols, &mut q_rows, -(scale as f64), avg);
     let k = p_cols.len();
-    let exact_cols = k - avg.rank;
-    let dot_p = |x: usize, y: usize| p_cols[x].iter().zip(&p_cols[y]).map(|(a, b)| a * b).sum::<f64>();
-    let dot_q = |x: usize, y: usize| q_rows[x].iter().zip(q_rows[y]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>();
+    let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
+    let dot_p = |x: usize, y: usize| dot(&p_cols[x], &p_cols[y]);
+    let dot_q = |x: usize, y: usize| dot(&q_rows[x], &q_rows[y]);
     let (mut all, mut exact) = (0.0f64, 0.0f64);
     for x in 0..k {
         for y in x..k {
@@ -255,15 +261,7 @@ fn svd(layer: u32, proj: &str, parts: &[(usize, &Factors)], w: &[f64], updates: 
         return Err(Error::Config("SVD aggregation to rank 0".into()));
     }
     let (d_in, d_out) = (parts[0].1.d_in, parts[0].1.d_out);
-    let mut p_cols: Vec<Vec<f64>> = Vec::new();
-    let mut q_rows: Vec<Vec<f64>> = Vec::new();
-    for &(i, t) in parts {
-        let c = w[i] * updates[i].scale as f64;
-        for j in 0..t.rank {
-            p_cols.push((0..d_out).map(|o| c * t.b[o * t.rank + j] as f64).collect());
-            q_rows.push(t.a[j * d_in..(j + 1) * d_in].iter().map(|&v| v as f64).collect());
-        }
-    }
+    let (p_cols, q_rows) = rank_one_terms(parts, w, updates);
     let (u, sigma, v) = lowrank_svd(&p_cols, &q_rows);
     let keep = rank.min(sigma.len());
     let total: f64 = sigma.iter().map(|s| s * s).sum();
