@@ -10,7 +10,8 @@
 #   gpu-check.sh check     correctness against the CPU path (examples/gpu_check.rs) and the
 #                          JavaScript API on the GPU (benches/gpu.mjs)
 #   gpu-check.sh bench     speed: ours and llama-bench alternately in fresh processes (3 rounds),
-#                          peak device memory and load time of each; prints the table last
+#                          peak device memory and load time of each; prints the table last.
+#                          ALTS="VAR=value ..." adds one arm per setting to every round (A/B)
 set -euo pipefail
 WORK=${RUVLLM_GPU_WORK:-/tmp/ruvllm-gpu}
 MODEL_SHA=${MODEL_SHA:-}
@@ -61,6 +62,10 @@ bench)
   for r in 1 2 3; do
     echo "== round $r: ruvllm"
     peak_mem "$WORK/mem.ours.$r" "$WORK/gpu_check" "$WORK/model.gguf" --speed-only | grep -E "prefill|decode|backend"
+    for alt in ${ALTS:-}; do
+      echo "== round $r: ruvllm with $alt"
+      env "$alt" "$WORK/gpu_check" "$WORK/model.gguf" --speed-only | grep -E "prefill|decode"
+    done
     echo "== round $r: llama.cpp"
     peak_mem "$WORK/mem.llama.$r" "$LB" -m "$WORK/model.gguf" -p 512 -n 128 -ngl 99 -r 5 -fa 0,1 -o csv 2>/dev/null | tee "$WORK/lb.$r.csv" | cut -d, -f1-3,30- | tail -4
   done

@@ -290,6 +290,25 @@ pub trait Backend {
     fn argmax(&mut self) -> Option<u32> {
         None
     }
+    /// Queues the greedy pick of the last LM head (as [`argmax`](Backend::argmax) finds it)
+    /// without waiting for it, so the next pass can be sent meanwhile; `false` where the
+    /// backend cannot (then use `argmax`). At most two are queued; [`next_pick`](Backend::next_pick)
+    /// returns them in order.
+    fn queue_pick(&mut self) -> bool {
+        false
+    }
+    /// The oldest queued pick, once it is known; `None` when none is queued.
+    fn next_pick(&mut self) -> Option<u32> {
+        None
+    }
+    /// Forgets the queued picks (waiting for the device to finish what it was sent).
+    fn drop_picks(&mut self) {}
+    /// While on, a one-token pass takes its token from the last queued pick on the device (the
+    /// token given to [`embed`](Backend::embed) is a placeholder): the pass can be sent before
+    /// the host knows that token.
+    fn embed_last_pick(&mut self, on: bool) {
+        let _ = on;
+    }
     /// Waits until the work asked for so far is done (a GPU runs it asynchronously): what a
     /// timing of it must include. A no-op on the CPU.
     fn finish(&mut self) {}

@@ -50,6 +50,9 @@ pub(super) struct Seq<'t> {
     adapters_used: Option<Vec<AdapterUse>>,
     /// Set once the sequence is finished (reported by [`Worker::retire`]).
     outcome: Option<Result<FinishReason>>,
+    /// The pass for the token this sequence will take next was sent before that token was
+    /// known (see [`send_ahead`]): its pick is queued on the backend.
+    ahead: bool,
 }
 
 impl Seq<'_> {
@@ -146,6 +149,28 @@ fn copy_prefix(dst: &mut KvCache, src: &KvCache, n: usize) -> bool {
     dst.adapters = src.adapters.clone();
     dst.note_written(n);
     true
+}
+
+/// Sends the pass for the token after the one `s` is about to take (its pick queued on the
+/// backend, not yet known to the host): the pass takes that pick on the device as its token.
+/// `false` (nothing sent) when the sequence may end with the pending token, samples otherwise
+/// than greedily, or the backend cannot queue the pass's own pick.
+fn send_ahead(model: &Transformer, be: &mut dyn Backend, s: &mut Seq<'_>) -> Result<bool> {
+    if !s.ar.plain_greedy() || !s.ar.room_after_next() || s.req.cancel.load(Ordering::Relaxed) {
+        return Ok(false);
+    }
+    let (_, pos) = s.ar.last();
+    be.embed_last_pick(true);
+    // A placeholder token: the cache's record of it is set once the pick is read.
+    let r = model.forward_segments(&mut [Segment { tokens: &[0], pos0: pos + 1, cache: &mut s.cache }], AttentionMask::Causal, be);
+    be.embed_last_pick(false);
+    r?;
+    model.head_deferred(be, 0);
+    if !be.queue_pick() {
+        be.status()?;
+        return Err(Error::Internal("the backend could not queue a greedy pick".into()));
+    }
+    Ok(true)
 }
 
 /// Ends the sequences of a failed pass with its error (their caches may be half-written: they
@@ -249,7 +274,7 @@ impl Worker {
         cache.adapters = adapters;
         let id = format!("cmpl-{}-{}", std::process::id(), REQUEST_COUNTER.fetch_add(1, Ordering::Relaxed));
         let ar = ArSequence::new(tok, &ids, &req.params, constraint, self.context, start);
-        Some(Seq { req, id, ids, cache, done: reused, reused, ar, admitted: Instant::now(), prefill_end: None, adapters_used, outcome: None })
+        Some(Seq { req, id, ids, cache, done: reused, reused, ar, admitted: Instant::now(), prefill_end: None, adapters_used, outcome: None, ahead: false })
     }
 
     /// One forward pass over the active sequences' next tokens, then their sampling. Finished
@@ -262,15 +287,67 @@ impl Worker {
                 s.outcome = Some(Ok(FinishReason::Length));
             }
         }
+        // A pass sent ahead is this step's work: its pick is taken (and, while the sequence
+        // decodes alone, the pass after it sent first).
+        if let Some(i) = active.iter().position(|s| s.ahead) {
+            let plan = [Work { seq: i, len: 1, head: true }];
+            let r = catch_unwind(AssertUnwindSafe(|| self.step_ahead(active, i)));
+            if !matches!(r, Ok(Ok(()))) {
+                self.backend.drop_picks();
+                active[i].ahead = false;
+            }
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => fail(active, &plan, &e),
+                Err(panic) => fail(active, &plan, &Error::from_panic(panic)),
+            }
+            return;
+        }
         let plan = self.plan(active);
         if plan.is_empty() {
             return;
         }
-        match catch_unwind(AssertUnwindSafe(|| self.run_plan(active, &plan))) {
+        let r = catch_unwind(AssertUnwindSafe(|| self.run_plan(active, &plan)));
+        if !matches!(r, Ok(Ok(()))) && active.iter().any(|s| s.ahead) {
+            self.backend.drop_picks();
+            active.iter_mut().for_each(|s| s.ahead = false);
+        }
+        match r {
             Ok(Ok(())) => {}
             Ok(Err(e)) => fail(active, &plan, &e),
             Err(panic) => fail(active, &plan, &Error::from_panic(panic)),
         }
+    }
+
+    /// Takes the pick of sequence `i`'s pass that was sent ahead; while the sequence still
+    /// decodes alone, the pass for the token after it is sent first (the device then always
+    /// has the next pass queued while the host handles a token).
+    fn step_ahead(&mut self, active: &mut [Seq<'_>], i: usize) -> Result<()> {
+        let alone = active.iter().filter(|s| s.outcome.is_none()).count() == 1;
+        let s = &mut active[i];
+        let be: &mut dyn Backend = &mut *self.backend;
+        if s.outcome.is_some() {
+            // Finished (or cancelled) meanwhile: the pick is not wanted.
+            s.ahead = false;
+            be.next_pick();
+            return be.status();
+        }
+        let sent = alone && send_ahead(&self.model, be, s)?;
+        self.take_pick(s, sent)
+    }
+
+    /// Hands `s` the oldest queued pick; `sent`: the pass for the token after it was sent
+    /// ahead (the cache's record of that pass's token is the pick).
+    fn take_pick(&mut self, s: &mut Seq<'_>, sent: bool) -> Result<()> {
+        let picked = self.backend.next_pick();
+        self.backend.status()?;
+        let id = picked.ok_or_else(|| Error::Internal("no greedy pick was queued".into()))?;
+        s.ahead = sent;
+        if sent {
+            let (_, pos) = s.ar.last();
+            s.cache.tokens[pos + 1] = id;
+        }
+        self.take(s, id)
     }
 
     /// Which sequences this step carries, and how many tokens of each: every decoding sequence
@@ -364,6 +441,13 @@ impl Worker {
         if let [(i, row)] = rows[..] {
             if active[i].ar.plain_greedy() {
                 model.head_deferred(be, row);
+                // Decoding alone: the pick stays on the device as the next pass's token, and
+                // that pass is sent before the host reads the pick.
+                let alone = active.iter().filter(|s| s.outcome.is_none()).count() == 1;
+                if alone && be.queue_pick() {
+                    let sent = send_ahead(model, be, &mut active[i])?;
+                    return self.take_pick(&mut active[i], sent);
+                }
                 let id = match be.argmax() {
                     Some(id) => id,
                     None => {
@@ -407,6 +491,12 @@ impl Worker {
 
     /// Reports a finished sequence (its completion, or its error) and parks its cache.
     pub(super) fn retire(&mut self, mut s: Seq<'_>) {
+        if s.ahead {
+            // The pass sent ahead evaluated a token the sequence took: its cache row is valid,
+            // its pick is not wanted.
+            s.ahead = false;
+            self.backend.next_pick();
+        }
         let outcome = s.outcome.take().unwrap_or(Ok(FinishReason::Abort));
         let now = Instant::now();
         let prefill_end = s.prefill_end.unwrap_or(now);

@@ -949,6 +949,7 @@ impl Worker {
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.step(&mut active))) {
                 // Whatever was running may be half-done: it ends with the panic's error.
                 let msg = Error::from_panic(panic).to_string();
+                let _ = catch_unwind(AssertUnwindSafe(|| self.backend.drop_picks()));
                 for s in active.drain(..) {
                     let mut sink = s.req.sink;
                     let _ = catch_unwind(AssertUnwindSafe(|| sink(Event::Error(Error::Internal(msg.clone())))));

@@ -39,7 +39,17 @@ pub struct CpuBackend {
     logits_len: usize,
     /// Attention scores of the split decode path, grown on use.
     att_scores: Vec<f32>,
+    /// `RUVLLM_CPU_AHEAD=1`: queue greedy picks as a GPU does (`Backend::queue_pick`), so the
+    /// engine's run-ahead decoding is tested on the CPU. Off by default: a CPU pass runs when it
+    /// is sent, so there is nothing to overlap, and a pass sent ahead of a final token is wasted.
+    ahead: bool,
+    picks: std::collections::VecDeque<u32>,
+    embed_pick: bool,
 }
+
+/// Greedy picks queued by CPU backends under `RUVLLM_CPU_AHEAD=1` in this process (so a test
+/// can tell that run-ahead decoding ran).
+pub static QUEUED_PICKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl CpuBackend {
     /// A backend on `threads` threads (its own pool).
@@ -49,7 +59,18 @@ impl CpuBackend {
 
     pub fn with_pool(pool: ThreadPool) -> Self {
         let widths = BufWidths { d_model: 0, q_dim: 0, kv_dim: 0, ff_dim: 0, vocab_size: 0 };
-        CpuBackend { pool, widths, max_batch: 0, bufs: Default::default(), logits: Vec::new(), logits_len: 0, att_scores: Vec::new() }
+        CpuBackend {
+            pool,
+            widths,
+            max_batch: 0,
+            bufs: Default::default(),
+            logits: Vec::new(),
+            logits_len: 0,
+            att_scores: Vec::new(),
+            ahead: std::env::var("RUVLLM_CPU_AHEAD").is_ok_and(|v| v == "1"),
+            picks: Default::default(),
+            embed_pick: false,
+        }
     }
 
     /// The thread pool the kernels run on.
@@ -125,6 +146,14 @@ impl Backend for CpuBackend {
 
     fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>, replace: Option<(u32, &[f32])>) {
         let d = self.widths.d_model;
+        let picked;
+        let tokens = match (self.embed_pick, tokens.len(), self.picks.back()) {
+            (true, 1, Some(&p)) => {
+                picked = [p];
+                &picked[..]
+            }
+            _ => tokens,
+        };
         let x = self.buf_mut(Buf::X, tokens.len());
         for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
             match replace {
@@ -278,5 +307,28 @@ impl Backend for CpuBackend {
 
     fn logits(&mut self) -> &mut [f32] {
         &mut self.logits[..self.logits_len]
+    }
+
+    fn queue_pick(&mut self) -> bool {
+        let v = self.widths.vocab_size;
+        if !self.ahead || self.picks.len() >= 2 || self.logits_len < v {
+            return false;
+        }
+        self.picks.push_back(crate::sampling::argmax(&self.logits[..v]));
+        QUEUED_PICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
+    fn next_pick(&mut self) -> Option<u32> {
+        self.picks.pop_front()
+    }
+
+    fn drop_picks(&mut self) {
+        self.picks.clear();
+        self.embed_pick = false;
+    }
+
+    fn embed_last_pick(&mut self, on: bool) {
+        self.embed_pick = on;
     }
 }

@@ -112,6 +112,7 @@ driver_api! {
     memcpy_htod = "cuMemcpyHtoD_v2": fn(CUdeviceptr, *const c_void, usize);
     memcpy_htod_async = "cuMemcpyHtoDAsync_v2": fn(CUdeviceptr, *const c_void, usize, CUstream);
     memcpy_dtoh_async = "cuMemcpyDtoHAsync_v2": fn(*mut c_void, CUdeviceptr, usize, CUstream);
+    memcpy_dtod_async = "cuMemcpyDtoDAsync_v2": fn(CUdeviceptr, CUdeviceptr, usize, CUstream);
     memset_d8 = "cuMemsetD8_v2": fn(CUdeviceptr, u8, usize);
     func_set_attribute = "cuFuncSetAttribute": fn(CUfunction, c_int, c_int);
     launch_kernel = "cuLaunchKernel": fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void);
@@ -128,6 +129,7 @@ driver_api! {
     event_record = "cuEventRecord": fn(CUevent, CUstream);
     event_synchronize = "cuEventSynchronize": fn(CUevent);
     event_elapsed_time = "cuEventElapsedTime": fn(*mut f32, CUevent, CUevent);
+    event_destroy = "cuEventDestroy_v2": fn(CUevent);
 }
 
 /// A driver call that failed: the call's name and the driver's code and message.

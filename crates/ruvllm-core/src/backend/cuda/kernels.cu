@@ -1045,6 +1045,7 @@ extern "C" __global__ void low_rank_b(const __half* Bt, const float* tmp, float*
 // With more than one slice, every block writes its partial result and the last block of a
 // (token, KV head) to finish combines them, so one launch serves decode (many slices over a long
 // span, more than 100 multiprocessors busy) and prefill (many tokens, a few slices each).
+// `min_chunk`: the fewest positions a slice takes (ATT_MIN_CHUNK unless the host says).
 // mask 0: causal, 1: bidirectional, 2: block-causal (`block` positions); window 0: none.
 
 #define ATT_WARPS 8
@@ -1179,7 +1180,7 @@ __device__ __forceinline__ void att_step(int G, float (*q)[ATT_MAX_D], const flo
 // needs fewer registers and two blocks fit on a multiprocessor.
 template <int MG, bool FUSE>
 __device__ __forceinline__ void attention_body(const float* Q, float* O, const void* kc, const void* vc, int kv_f16, int capacity, int n_head, int n_kv, int hd, float scale,
-                                               int mask, int block, int window, const int* step, int n, float* part, unsigned int* counters, int splits, const AttFuse& fu) {
+                                               int mask, int block, int window, const int* step, int n, float* part, unsigned int* counters, int splits, int min_chunk, const AttFuse& fu) {
     PDL_ENTRY();
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1191,7 +1192,7 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
     const int cnt = end - lo;
     // Splits in use for this span: at least ATT_MIN_CHUNK positions each (a short span in
     // fewer blocks, combined with less work); the others have nothing to do.
-    const int eff = min(splits, max(1, (cnt + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK));
+    const int eff = min(splits, max(1, (cnt + min_chunk - 1) / min_chunk));
     if (s >= eff) return;
     const int chunk = (cnt + eff - 1) / eff;
     const int a = lo + s * chunk, b = min(end, a + chunk);
@@ -1292,15 +1293,15 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
 
 #define ATT_ARGS                                                                                                                                                     \
     const float *Q, float *O, const void *kc, const void *vc, int kv_f16, int capacity, int n_head, int n_kv, int hd, float scale, int mask, int block, int window, \
-        const int *step, int n, float *part, unsigned int *counters, int splits, AttFuse fu
+        const int *step, int n, float *part, unsigned int *counters, int splits, int min_chunk, AttFuse fu
 extern "C" __global__ void __launch_bounds__(256) attention(ATT_ARGS) {
-    attention_body<ATT_MAX_G, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
+    attention_body<ATT_MAX_G, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu);
 }
 extern "C" __global__ void __launch_bounds__(256) attention_g4(ATT_ARGS) {
-    attention_body<4, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
+    attention_body<4, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) attention_g4n(ATT_ARGS) {
-    attention_body<4, false>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, fu);
+    attention_body<4, false>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -39,6 +39,9 @@ const PREFILL_SPLITS: usize = 4;
 /// Shortest slice of a span the attention kernel gives one block (`ATT_MIN_CHUNK`).
 const ATT_MIN_CHUNK: usize = 32;
 const ARGMAX_BLOCKS: usize = 256;
+/// Where in `argmax_out` a queued pick is kept for a pass that takes it as its token (the
+/// kernels write element 0).
+const PICK_OFFSET: u64 = 8;
 /// The one-token LM head over Q8_0 (`head_q8_0r`): blocks of its persistent grid, rows per
 /// block step, widest input.
 const HEAD_BLOCKS: usize = 1024;
@@ -304,10 +307,27 @@ pub struct CudaBackend {
     bufs: Vec<DevMem>,
     /// Step block: [pos0, n, rows, _, tokens.., head rows..].
     step_dev: Option<DevMem>,
+    /// Two host copies of the step block, used in turn: a pass's upload may still be in flight
+    /// while the next pass is recorded (`step_ev[k]` marks slot k's upload done).
     step_host: Option<HostMem>,
     step: Vec<i32>,
-    /// An upload of `step_host` may still be in flight.
-    step_inflight: bool,
+    step_slot: usize,
+    step_ev: [driver::CUevent; 2],
+    step_ev_set: [bool; 2],
+    /// Queued greedy picks (see `Backend::queue_pick`): host slots 1 and 2 of `argmax_host`,
+    /// oldest first, each with the event that marks its copy done.
+    picks: std::collections::VecDeque<usize>,
+    pick_ev: [driver::CUevent; 2],
+    /// The next pass takes its token from the last queued pick (`embed_last_pick`), and
+    /// whether the pass being recorded does.
+    embed_pick: bool,
+    pass_pick: bool,
+    /// Picks may be queued (`RUVLLM_CUDA_AHEAD=0` turns it off, for A/B runs: every greedy
+    /// token then waits for its pick before the next pass is sent).
+    ahead_on: bool,
+    /// The fewest cache positions a decode attention slice takes (`RUVLLM_CUDA_ATT_CHUNK`,
+    /// default `ATT_MIN_CHUNK`): fewer positions per slice, more blocks on a short span.
+    att_chunk: usize,
     logits_dev: Option<DevMem>,
     logits_host: Option<HostMem>,
     /// Rows of the last LM head, and whether `logits_host` holds them.
@@ -386,6 +406,11 @@ impl CudaBackend {
         // prefill take 1.7x as long (the early-started kernels hold multiprocessors while they
         // wait).
         let pdl = dev.major >= 9 && api.launch_kernel_ex.is_some() && std::env::var("RUVLLM_CUDA_PDL").is_ok_and(|v| v == "1");
+        let mut evs = [std::ptr::null_mut(); 4];
+        for e in evs.iter_mut() {
+            // SAFETY: an out-parameter; the context is current. 2: CU_EVENT_DISABLE_TIMING.
+            unsafe { check(api, "cuEventCreate", (api.event_create)(e, 2)).map_err(|e| gpu_error(&e))? };
+        }
         let timing = if std::env::var_os("RUVLLM_CUDA_TIMING").is_some() {
             let (mut start, mut end) = (std::ptr::null_mut(), std::ptr::null_mut());
             // SAFETY: out-parameters; the context is current.
@@ -410,7 +435,19 @@ impl CudaBackend {
             step_dev: None,
             step_host: None,
             step: Vec::new(),
-            step_inflight: false,
+            step_slot: 0,
+            step_ev: [evs[0], evs[1]],
+            step_ev_set: [false; 2],
+            picks: std::collections::VecDeque::new(),
+            pick_ev: [evs[2], evs[3]],
+            embed_pick: false,
+            pass_pick: false,
+            ahead_on: std::env::var("RUVLLM_CUDA_AHEAD").map(|v| v != "0").unwrap_or(true),
+            att_chunk: std::env::var("RUVLLM_CUDA_ATT_CHUNK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&c: &usize| (1..=4096).contains(&c))
+                .unwrap_or(ATT_MIN_CHUNK),
             logits_dev: None,
             logits_host: None,
             head_rows: 0,
@@ -641,22 +678,32 @@ impl CudaBackend {
         self.current();
         let api = self.api;
         let res = (|| -> std::result::Result<(), CudaError> {
-            // The step block.
-            if self.step_inflight {
-                // SAFETY: our stream.
-                unsafe { check(api, "cuStreamSynchronize", (api.stream_synchronize)(self.stream))? };
+            // The step block, from the host slot whose last upload is done.
+            let slot = self.step_slot;
+            if self.step_ev_set[slot] {
+                // SAFETY: an event recorded on our stream.
+                unsafe { check(api, "cuEventSynchronize", (api.event_synchronize)(self.step_ev[slot]))? };
             }
             let n = self.step.len();
             let Some(host) = self.step_host.as_mut() else {
                 // `reserve` could not allocate it (reported then); nothing can run.
                 return Err(CudaError { call: "cuMemAllocHost", code: driver::CUDA_ERROR_OUT_OF_MEMORY, message: "no step buffer".into() });
             };
-            host.as_i32(n).copy_from_slice(&self.step);
+            host.as_i32(2 * n)[slot * n..(slot + 1) * n].copy_from_slice(&self.step);
+            let src = (host.ptr as *mut i32).wrapping_add(slot * n) as *const c_void;
             let dst = Self::ptr_of(&self.step_dev);
-            // SAFETY: both hold `n` i32s; the host memory is page-locked and not rewritten before
-            // the copy is known to be done (`step_inflight`).
-            unsafe { check(api, "cuMemcpyHtoDAsync", (api.memcpy_htod_async)(dst, host.ptr, n * 4, self.stream))? };
-            self.step_inflight = true;
+            // SAFETY: both hold `n` i32s; the host slot is page-locked and not rewritten before
+            // its event says the copy is done.
+            unsafe { check(api, "cuMemcpyHtoDAsync", (api.memcpy_htod_async)(dst, src, n * 4, self.stream))? };
+            if std::mem::take(&mut self.pass_pick) {
+                // The pass's token is the last queued pick (stream order: after its LM head).
+                // SAFETY: device buffers of at least these sizes.
+                unsafe { check(api, "cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(dst + 16, Self::ptr_of(&self.argmax_out) + PICK_OFFSET, 4, self.stream))? };
+            }
+            // SAFETY: our event, on our stream.
+            unsafe { check(api, "cuEventRecord", (api.event_record)(self.step_ev[slot], self.stream))? };
+            self.step_ev_set[slot] = true;
+            self.step_slot ^= 1;
             let graphable = self.graphs_on && self.step[1] == 1;
             let sig = if graphable { signature(&self.pending) } else { 0 };
             if graphable {
@@ -817,7 +864,6 @@ impl CudaBackend {
         self.current();
         // SAFETY: our stream.
         let r = unsafe { (self.api.stream_synchronize)(self.stream) };
-        self.step_inflight = false;
         if let Err(e) = check(self.api, "cuStreamSynchronize", r) {
             self.fail(gpu_error(&e));
         }
@@ -971,7 +1017,8 @@ impl CudaBackend {
             .i32(n as i32)
             .ptr(Self::ptr_of(&self.att_part))
             .ptr(Self::ptr_of(&self.att_counters))
-            .i32(splits as i32);
+            .i32(splits as i32)
+            .i32(if n <= MMV_MAX { self.att_chunk } else { ATT_MIN_CHUNK } as i32);
         // Many tokens: the instance without the folding, lean enough for two blocks per
         // multiprocessor (a 512-token prefill runs thousands of blocks).
         let name = match (g <= 4, n > MMV_MAX) {
@@ -1106,6 +1153,10 @@ impl Drop for CudaBackend {
         // SAFETY: our stream; graphs are destroyed before the memory they use.
         unsafe { (self.api.stream_synchronize)(self.stream) };
         self.clear_graphs();
+        for e in self.step_ev.iter().chain(&self.pick_ev) {
+            // SAFETY: events we created; the stream is idle.
+            unsafe { (self.api.event_destroy)(*e) };
+        }
     }
 }
 
@@ -1135,7 +1186,7 @@ impl Backend for CudaBackend {
         self.step = vec![0; 4 + 2 * max_batch];
         self.step_dev = self.alloc(self.step.len() * 4);
         self.current();
-        self.step_host = HostMem::alloc(self.api, self.ctx, self.step.len() * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
+        self.step_host = HostMem::alloc(self.api, self.ctx, 2 * self.step.len() * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
         self.argmax_part = self.alloc(ARGMAX_BLOCKS.max(HEAD_BLOCKS) * 8);
         self.head_counter = self.alloc(16);
         if let Some(c) = &self.head_counter {
@@ -1177,6 +1228,7 @@ impl Backend for CudaBackend {
         self.flush();
         self.x_alt = false;
         let n = tokens.len();
+        self.pass_pick = self.embed_pick && n == 1;
         self.step[1] = n as i32;
         for (i, &t) in tokens.iter().enumerate() {
             self.step[4 + i] = t as i32;
@@ -1434,6 +1486,64 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn queue_pick(&mut self) -> bool {
+        if !self.ahead_on || self.picks.len() >= 2 || self.argmax_host.is_none() {
+            return false;
+        }
+        self.flush();
+        if !self.ok() {
+            return false;
+        }
+        let slot = if self.picks.back() == Some(&1) { 2 } else { 1 };
+        let out = Self::ptr_of(&self.argmax_out);
+        let dst = self.argmax_host.as_ref().map_or(std::ptr::null_mut(), |h| (h.ptr as *mut i32).wrapping_add(slot) as *mut c_void);
+        let (api, stream, ev) = (self.api, self.stream, self.pick_ev[slot - 1]);
+        self.current();
+        // SAFETY: device and page-locked host buffers of 16 bytes; our stream and event. The
+        // pick is kept on the device too (for a pass that takes it as its token: a later LM
+        // head of another request may rewrite `argmax_out` first).
+        let r = unsafe {
+            check(api, "cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(out + PICK_OFFSET, out, 4, stream))
+                .and_then(|_| check(api, "cuMemcpyDtoHAsync", (api.memcpy_dtoh_async)(dst, out, 4, stream)))
+                .and_then(|_| check(api, "cuEventRecord", (api.event_record)(ev, stream)))
+        };
+        if let Err(e) = r {
+            self.fail(gpu_error(&e));
+            return false;
+        }
+        self.picks.push_back(slot);
+        true
+    }
+
+    fn next_pick(&mut self) -> Option<u32> {
+        let slot = self.picks.pop_front()?;
+        if self.ok() {
+            self.current();
+            // SAFETY: an event recorded on our stream.
+            let r = unsafe { (self.api.event_synchronize)(self.pick_ev[slot - 1]) };
+            if let Err(e) = check(self.api, "cuEventSynchronize", r) {
+                self.fail(gpu_error(&e));
+            }
+        }
+        match (&mut self.argmax_host, self.error.is_none()) {
+            (Some(h), true) => Some(h.as_i32(4)[slot] as u32),
+            // The failure is reported by `status`.
+            _ => Some(0),
+        }
+    }
+
+    fn drop_picks(&mut self) {
+        self.flush();
+        self.sync();
+        self.picks.clear();
+        self.embed_pick = false;
+        self.pass_pick = false;
+    }
+
+    fn embed_last_pick(&mut self, on: bool) {
+        self.embed_pick = on;
+    }
+
     fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32] {
         self.rms_norm(Buf::X, Buf::Xn, norm, eps, n);
         self.flush();
@@ -1487,6 +1597,7 @@ impl Backend for CudaBackend {
             Some(e) => {
                 // The pass's results are void; the next pass starts clean.
                 self.pending.clear();
+                self.picks.clear();
                 self.pending_res = None;
                 Err(e)
             }

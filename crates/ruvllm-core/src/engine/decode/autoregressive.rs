@@ -69,6 +69,12 @@ impl<'t> ArSequence<'t> {
         self.max_new == 0
     }
 
+    /// Whether, after the next token is taken, the length budget still wants another (the
+    /// sequence may yet end at the end-of-generation token or a stop string).
+    pub fn room_after_next(&self) -> bool {
+        self.history.len() + 1 - self.prompt_len < self.max_new
+    }
+
     /// Whether the next token is a plain argmax of the logits (greedy, no penalties, no
     /// constraint), which a backend can find where the logits are.
     pub fn plain_greedy(&self) -> bool {
