@@ -42,6 +42,7 @@ put)
       node.xz) xz -dc "$dir/$f" > "$WORK/node" && chmod +x "$WORK/node" ;;
       gpu_check.xz) xz -dc "$dir/$f" > "$WORK/gpu_check" && chmod +x "$WORK/gpu_check" ;;
       ruvllm.node.xz) xz -dc "$dir/$f" > "$WORK/ruvllm.linux-x64-gnu.node" ;;
+      *.txt) cp "$dir/$f" "$WORK/$f" ;;
       *) echo "unknown piece $f" >&2; exit 1 ;;
     esac
   done

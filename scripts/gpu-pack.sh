@@ -22,5 +22,7 @@ d=$(printf ".gpu/c%02d" $i); mkdir -p $d
 cp .gpu/node.xz $d/node.xz
 xz -6 -c target/release/examples/gpu_check > $d/gpu_check.xz
 xz -6 -c ruvllm.linux-x64-gnu.node > $d/ruvllm.node.xz
+# The natural text the log-probability comparison can use (`benches/text.mjs` fetches it).
+[ -f "$HOME/.cache/ruvllm-bench/hamlet.txt" ] && cp "$HOME/.cache/ruvllm-bench/hamlet.txt" $d/hamlet.txt
 du -sh .gpu/c*
 sha256sum "$MODEL"

@@ -114,7 +114,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let model = PathBuf::from(args.get(1).expect("usage: gpu_check MODEL.gguf [--diffusion A.gguf] [--text FILE] [--speed-only] [--load-only]"));
+    let model = PathBuf::from(args.get(1).expect("usage: gpu_check MODEL.gguf [--diffusion A.gguf] [--text FILE] [--speed-only] [--load-only] [--dump-scores OUT.json [--cpu]]"));
     let opt = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).map(PathBuf::from);
     let flag = |k: &str| args.iter().any(|a| a == k);
     let diffusion = opt("--diffusion");
@@ -124,6 +124,24 @@ fn main() {
         let (g, secs) = load(&model, GpuMode::Cuda, None);
         let c = g.generate_blocking(Prompt::Text("Hello".into()), greedy(1)).expect("generate");
         println!("load {:.3} s, first token {:?}", secs, c.tokens);
+        return;
+    }
+
+    if let Some(out) = opt("--dump-scores") {
+        // Per-token log-probabilities of the check's text on one backend (`--cpu`: the CPU,
+        // whose kernel path the environment picks), written as JSON: to compare backends and
+        // CPU paths offline.
+        let (e, _) = load(&model, if flag("--cpu") { GpuMode::Off } else { GpuMode::Cuda }, None);
+        let text = match opt("--text") {
+            Some(f) => std::fs::read_to_string(f).expect("text file"),
+            None => PROMPTS.join(" ").repeat(12),
+        };
+        let mut ids = e.tokenize(&text, true).expect("tokenize");
+        ids.truncate(512);
+        let s = score(&e, Prompt::Tokens(ids.clone()), None);
+        let json = format!("{{\"backend\":{:?},\"ids\":{:?},\"logprobs\":{:?},\"top\":{:?}}}", e.info().backend, ids, s.logprobs, s.top_tokens);
+        std::fs::write(&out, json).expect("write scores");
+        println!("{}: {} log-probabilities, perplexity {:.4}", e.info().backend, s.logprobs.len(), s.perplexity);
         return;
     }
 
