@@ -40,7 +40,7 @@ put)
         tar xJf "$dir/$f" -C "$WORK"
         (cd "$WORK/llama.cpp" && setsid nohup bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && cmake --build build --target llama-bench -j16 >> build.log 2>&1; echo done $? >> build.log' > /dev/null 2>&1 &) ;;
       node.xz) xz -dc "$dir/$f" > "$WORK/node" && chmod +x "$WORK/node" ;;
-      gpu_check.xz) xz -dc "$dir/$f" > "$WORK/gpu_check" && chmod +x "$WORK/gpu_check" ;;
+      gpu_check*.xz) xz -dc "$dir/$f" > "$WORK/${f%.xz}" && chmod +x "$WORK/${f%.xz}" ;;
       ruvllm.node.xz) xz -dc "$dir/$f" > "$WORK/ruvllm.linux-x64-gnu.node" ;;
       *.txt) cp "$dir/$f" "$WORK/$f" ;;
       *) echo "unknown piece $f" >&2; exit 1 ;;

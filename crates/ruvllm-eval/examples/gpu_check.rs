@@ -114,7 +114,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let model = PathBuf::from(args.get(1).expect("usage: gpu_check MODEL.gguf [--diffusion A.gguf] [--text FILE] [--speed-only] [--load-only] [--dump-scores OUT.json [--cpu]]"));
+    let model = PathBuf::from(
+        args.get(1).expect("usage: gpu_check MODEL.gguf [--diffusion A.gguf] [--text FILE] [--speed-only] [--load-only] [--dump-scores OUT.json [--cpu]]"),
+    );
     let opt = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).map(PathBuf::from);
     let flag = |k: &str| args.iter().any(|a| a == k);
     let diffusion = opt("--diffusion");

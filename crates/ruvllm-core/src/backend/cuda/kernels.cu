@@ -1227,37 +1227,69 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
         att_step<MG>(G, q, k, v, acc, m, l);
         if (p2 < b) att_step<MG>(G, q, k2, v2, acc, m, l);
     }
-    // Combine the warps, one head at a time, through shared memory.
-    __shared__ float sm[ATT_WARPS][2 + 256];
+    // Combine the warps through shared memory: all heads at once where they fit (MG ≤ 4: one
+    // barrier), else one head at a time.
     __shared__ bool last;
     const int key = t * n_kv + g;
+    // Thread's output element d of head h: the warps' partial sums combined.
+    auto emit = [&](int h, int d, float M, float L, float A) {
+        if (eff == 1) {
+            O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / L;
+        } else {
+            float* pp = part + ((size_t)(key * splits + s) * G + h) * (hd + 2);
+            pp[2 + d] = A;
+            if (d == 0) { pp[0] = M; pp[1] = L; }
+        }
+    };
+    if constexpr (MG <= 4) {
+        __shared__ float sm[ATT_WARPS][MG][2 + 256];
 #pragma unroll
-    for (int h = 0; h < MG; h++) {
-        if (h >= G) break;
-        if (lane == 0) { sm[warp][0] = m[h]; sm[warp][1] = l[h]; }
+        for (int h = 0; h < MG; h++) {
+            if (h >= G) break;
+            if (lane == 0) { sm[warp][h][0] = m[h]; sm[warp][h][1] = l[h]; }
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_D; i++)
-            if (i < D) sm[warp][2 + lane * D + i] = acc[h][i];
-        __syncthreads();
-        float M = -1e30f;
-        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][0]);
-        float L = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) L += sm[w][1] * __expf(sm[w][0] - M);
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            float A = 0.f;
-            for (int w = 0; w < ATT_WARPS; w++) A += sm[w][2 + d] * __expf(sm[w][0] - M);
-            if (eff == 1) {
-                O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / L;
-            } else {
-                float* pp = part + ((size_t)(key * splits + s) * G + h) * (hd + 2);
-                pp[2 + d] = A;
-                if (d == 0) { pp[0] = M; pp[1] = L; }
-            }
+            for (int i = 0; i < ATT_MAX_D; i++)
+                if (i < D) sm[warp][h][2 + lane * D + i] = acc[h][i];
         }
         __syncthreads();
+        for (int idx = threadIdx.x; idx < G * hd; idx += blockDim.x) {
+            const int h = idx / hd, d = idx - h * hd;
+            float M = -1e30f;
+            for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][h][0]);
+            float L = 0.f, A = 0.f;
+            for (int w = 0; w < ATT_WARPS; w++) {
+                const float e = __expf(sm[w][h][0] - M);
+                L += sm[w][h][1] * e;
+                A += sm[w][h][2 + d] * e;
+            }
+            emit(h, d, M, L, A);
+        }
+    } else {
+        __shared__ float sm[ATT_WARPS][2 + 256];
+#pragma unroll
+        for (int h = 0; h < MG; h++) {
+            if (h >= G) break;
+            if (lane == 0) { sm[warp][0] = m[h]; sm[warp][1] = l[h]; }
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_D; i++)
+                if (i < D) sm[warp][2 + lane * D + i] = acc[h][i];
+            __syncthreads();
+            float M = -1e30f;
+            for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][0]);
+            float L = 0.f;
+            for (int w = 0; w < ATT_WARPS; w++) L += sm[w][1] * __expf(sm[w][0] - M);
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                float A = 0.f;
+                for (int w = 0; w < ATT_WARPS; w++) A += sm[w][2 + d] * __expf(sm[w][0] - M);
+                emit(h, d, M, L, A);
+            }
+            __syncthreads();
+        }
     }
     if (eff == 1) return;
+    // Every thread's partial sums visible device-wide before the block counts itself done.
     __threadfence();
+    __syncthreads();
     if (threadIdx.x == 0) {
         unsigned int done = atomicAdd(&counters[key], 1u);
         last = done == (unsigned int)(eff - 1);
@@ -1265,28 +1297,29 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // The last block of this (token, KV head): combine the splits, all loads independent.
-    __shared__ float wgt[64];
-    __shared__ float tot;
+    // The last block of this (token, KV head): combine the splits, all loads independent;
+    // warp h weighs head h's splits (G ≤ ATT_WARPS), then every (head, element) at once.
+    __shared__ float wgt[ATT_MAX_G][32];
+    __shared__ float tot[ATT_MAX_G];
     const size_t stride = (size_t)G * (hd + 2);
-    for (int h = 0; h < G; h++) {
-        const float* base = part + ((size_t)key * splits * G + h) * (hd + 2);
-        if (threadIdx.x < 32) {
-            float mi = threadIdx.x < eff ? __ldcg(base + threadIdx.x * stride) : -1e30f;
-            float li = threadIdx.x < eff ? __ldcg(base + threadIdx.x * stride + 1) : 0.f;
-            const float M = warp_max(mi);
-            const float e = threadIdx.x < eff ? __expf(mi - M) : 0.f;
-            const float L = warp_sum(li * e);
-            if (threadIdx.x < eff) wgt[threadIdx.x] = e;
-            if (threadIdx.x == 0) tot = L;
-        }
-        __syncthreads();
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            float A = 0.f;
-            for (int i = 0; i < eff; i++) A += __ldcg(base + i * stride + 2 + d) * wgt[i];
-            O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / tot;
-        }
-        __syncthreads();
+    const float* base0 = part + (size_t)key * splits * G * (hd + 2);
+    if (warp < G) {
+        const float* base = base0 + (size_t)warp * (hd + 2);
+        const float mi = lane < eff ? __ldcg(base + lane * stride) : -1e30f;
+        const float li = lane < eff ? __ldcg(base + lane * stride + 1) : 0.f;
+        const float M = warp_max(mi);
+        const float e = lane < eff ? __expf(mi - M) : 0.f;
+        const float L = warp_sum(li * e);
+        wgt[warp][lane] = e;
+        if (lane == 0) tot[warp] = L;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * hd; idx += blockDim.x) {
+        const int h = idx / hd, d = idx - h * hd;
+        const float* base = base0 + (size_t)h * (hd + 2);
+        float A = 0.f;
+        for (int i = 0; i < eff; i++) A += __ldcg(base + i * stride + 2 + d) * wgt[h][i];
+        O[(size_t)t * n_head * hd + (g * G + h) * hd + d] = A / tot[h];
     }
     if (threadIdx.x == 0) counters[key] = 0;
 }
