@@ -612,7 +612,7 @@ __device__ __forceinline__ void better(float& bv, int& bi, float v, int i);
 __device__ __forceinline__ void block_best(float& bv, int& bi);
 
 extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restrict__ W, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ Y, float cap,
-                                                              float* pv, int* pi, unsigned int* counter, int* out) {
+                                                              float* pv, int* pi, unsigned int* counter, int* out, const float* __restrict__ nw, float eps, const int* step, int mb) {
     __shared__ __align__(16) int8_t xq[HEAD_MAX_COLS];
     __shared__ float xd[HEAD_MAX_COLS / 32];
     __shared__ bool last;
@@ -624,13 +624,24 @@ extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restric
         for (long long o = (long long)threadIdx.x * 128; o < bytes; o += 256 * 128) prefetch_l2(W + r0 * rb + o);
     }
     PDL_ENTRY();
+    // With `nw`: X is the residual stream and the head's row (the step's first head row) is
+    // RMS-normed here first, as `norm_rows` does it (the same sums in the same order).
+    const float* xr = X;
+    float rs = 1.f;
+    if (nw) {
+        __shared__ float red[32];
+        xr = X + (size_t)step[4 + mb] * cols;
+        float ss = 0.f;
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) ss += xr[j] * xr[j];
+        rs = rsqrtf(block_sum(ss, red) / (float)cols + eps);
+    }
     const int chunks = (cols + 255) / 256;
     for (int c = warp; c < chunks; c += 8) {
         const int j = c * 256 + lane * 8;
         const bool in = j < cols;
         float x[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) x[i] = in ? X[j + i] : 0.f;
+        for (int i = 0; i < 8; i++) x[i] = in ? (nw ? xr[j + i] * rs * nw[j + i] : xr[j + i]) : 0.f;
         float d, id;
         q8_0_scale(x, d, id);
         if (in) {

@@ -47,7 +47,11 @@ const ARGMAX_BLOCKS: usize = 256;
 const PICK_OFFSET: u64 = 8;
 /// The one-token LM head over Q8_0 (`head_q8_0r`): blocks of its persistent grid, rows per
 /// block step, widest input.
-const HEAD_BLOCKS: usize = 1024;
+/// The one-token LM head's grid: 2048 blocks of 4 tiles each gave 840 against 849 us of device
+/// time per decode step with 1024 on an H200 (same card, alternating; 528: 844, 4096: 846).
+const HEAD_BLOCKS: usize = 2048;
+/// The most blocks `RUVLLM_CUDA_HEAD_BLOCKS` may ask for (the candidates' buffer is sized for it).
+const HEAD_BLOCKS_MAX: usize = 8192;
 const HEAD_TILE: usize = 32;
 const HEAD_MAX_COLS: usize = 2048;
 /// Widest input of the one-token products that stage it in shared memory (`mmv1s`, `mmvg1s`).
@@ -331,6 +335,12 @@ pub struct CudaBackend {
     /// The fewest cache positions a decode attention slice takes (`RUVLLM_CUDA_ATT_CHUNK`,
     /// default `DECODE_ATT_CHUNK`): fewer positions per slice, more blocks on a short span.
     att_chunk: usize,
+    /// The one-token LM head's persistent grid (`RUVLLM_CUDA_HEAD_BLOCKS`, default
+    /// `HEAD_BLOCKS`).
+    head_blocks: usize,
+    /// The one-token LM head computes its row's final norm itself (one launch fewer;
+    /// `RUVLLM_CUDA_FUSE_HEAD=0` keeps `norm_rows`).
+    fuse_head: bool,
     logits_dev: Option<DevMem>,
     logits_host: Option<HostMem>,
     /// Rows of the last LM head, and whether `logits_host` holds them.
@@ -446,6 +456,12 @@ impl CudaBackend {
             embed_pick: false,
             pass_pick: false,
             ahead_on: std::env::var("RUVLLM_CUDA_AHEAD").map(|v| v != "0").unwrap_or(true),
+            fuse_head: std::env::var("RUVLLM_CUDA_FUSE_HEAD").map(|v| v != "0").unwrap_or(true),
+            head_blocks: std::env::var("RUVLLM_CUDA_HEAD_BLOCKS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&b: &usize| (1..=HEAD_BLOCKS_MAX).contains(&b))
+                .unwrap_or(HEAD_BLOCKS),
             att_chunk: std::env::var("RUVLLM_CUDA_ATT_CHUNK")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -1052,25 +1068,34 @@ impl CudaBackend {
         let (x, xn) = (self.buf(Buf::X), self.buf(Buf::Xn));
         let w = self.vector(norm);
         let step = Self::ptr_of(&self.step_dev);
-        self.push("norm_rows", [m as u32, 1, 1], 256, Args::new().ptr(x).ptr(xn).ptr(w).i32(d as i32).f32(eps).ptr(step).i32(mb as i32));
+        let fused = m == 1 && output.ty == GgmlType::Q8_0 && d <= HEAD_MAX_COLS && d.is_multiple_of(32);
+        if !(fused && self.fuse_head) {
+            self.push("norm_rows", [m as u32, 1, 1], 256, Args::new().ptr(x).ptr(xn).ptr(w).i32(d as i32).f32(eps).ptr(step).i32(mb as i32));
+        }
         let Some((wp, rb)) = self.weight(output) else { return };
         let logits = Self::ptr_of(&self.logits_dev);
-        if m == 1 && output.ty == GgmlType::Q8_0 && d <= HEAD_MAX_COLS && d.is_multiple_of(32) {
-            // One kernel: product, soft-cap and the greedy pick.
+        if fused {
+            // One kernel: the final norm (unless `norm_rows` ran), product, soft-cap and the
+            // greedy pick.
+            let (input, nw) = if self.fuse_head { (x, w) } else { (xn, 0) };
             let (pv, out, counter) = (Self::ptr_of(&self.argmax_part), Self::ptr_of(&self.argmax_out), Self::ptr_of(&self.head_counter));
-            let blocks = v.div_ceil(HEAD_TILE).clamp(1, HEAD_BLOCKS);
+            let blocks = v.div_ceil(HEAD_TILE).clamp(1, self.head_blocks);
             let args = Args::new()
                 .ptr(wp)
                 .i64(rb as i64)
                 .i32(v as i32)
-                .ptr(xn)
+                .ptr(input)
                 .i32(d as i32)
                 .ptr(logits)
                 .f32(softcap.unwrap_or(0.0))
                 .ptr(pv)
-                .ptr(pv + (HEAD_BLOCKS * 4) as u64)
+                .ptr(pv + (HEAD_BLOCKS_MAX * 4) as u64)
                 .ptr(counter)
-                .ptr(out);
+                .ptr(out)
+                .ptr(nw)
+                .f32(eps)
+                .ptr(step)
+                .i32(mb as i32);
             self.push("head_q8_0r", [blocks as u32, 1, 1], 256, args);
             self.head_rows = m;
             self.logits_ready = false;
@@ -1190,7 +1215,7 @@ impl Backend for CudaBackend {
         self.step_dev = self.alloc(self.step.len() * 4);
         self.current();
         self.step_host = HostMem::alloc(self.api, self.ctx, 2 * self.step.len() * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
-        self.argmax_part = self.alloc(ARGMAX_BLOCKS.max(HEAD_BLOCKS) * 8);
+        self.argmax_part = self.alloc(ARGMAX_BLOCKS.max(HEAD_BLOCKS_MAX) * 8);
         self.head_counter = self.alloc(16);
         if let Some(c) = &self.head_counter {
             // SAFETY: zero the fresh counter.
