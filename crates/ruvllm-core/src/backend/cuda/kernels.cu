@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <mma.h>
 
 typedef uint8_t u8;
 
@@ -323,6 +324,16 @@ __device__ __forceinline__ void q8_0_scale(const float* x, float& d, float& id) 
     id = amax != 0.f ? 127.f / amax : 0.f;
 }
 
+// The Q8_0 quants of x[0..8) (id from `q8_0_scale`), four to a word.
+__device__ __forceinline__ uint2 q8_0_pack(const float* x, float id) {
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) lo |= ((uint32_t)(__float2int_rn(x[i] * id) & 0xFF)) << (8 * i);
+#pragma unroll
+    for (int i = 0; i < 4; i++) hi |= ((uint32_t)(__float2int_rn(x[4 + i] * id) & 0xFF)) << (8 * i);
+    return make_uint2(lo, hi);
+}
+
 // x: elements lane*8.. of a warp-wide 256-element chunk; every lane of the warp calls it.
 template <int KIND>
 __device__ __forceinline__ void act_round(float* x, int lane) {
@@ -468,9 +479,10 @@ __device__ __forceinline__ void mmvg_body(const u8* __restrict__ Wg, const u8* _
 }
 
 // The activation rounding of `act_round` for the tiled product's input: n rows of `cols`, one
-// warp per 256-element chunk (KIND as in act_round).
+// warp per 256-element chunk (KIND as in act_round). KIND 3: Q8_0 as int8 quants Xq[t·cols + k]
+// and scales Xd[t·(cols/32) + k/32] (the int8 tensor-core product's input), else rounded floats.
 template <int KIND>
-__device__ __forceinline__ void act_quant_body(const float* X, float* Xq, int cols, int n) {
+__device__ __forceinline__ void act_quant_body(const float* X, void* Xq, float* Xd, int cols, int n) {
     PDL_ENTRY();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int chunks = (cols + 255) / 256;
@@ -481,14 +493,24 @@ __device__ __forceinline__ void act_quant_body(const float* X, float* Xq, int co
     float x[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) x[i] = in ? X[(size_t)t * cols + j + i] : 0.f;
+    if (KIND == 3) {
+        float d, id;
+        q8_0_scale(x, d, id);
+        if (in) {
+            *(uint2*)((int8_t*)Xq + (size_t)t * cols + j) = q8_0_pack(x, id);
+            if ((lane & 3) == 0) Xd[(size_t)t * (cols >> 5) + (j >> 5)] = d;
+        }
+        return;
+    }
     act_round<KIND>(x, lane);
     if (in) {
 #pragma unroll
-        for (int i = 0; i < 8; i++) Xq[(size_t)t * cols + j + i] = x[i];
+        for (int i = 0; i < 8; i++) ((float*)Xq)[(size_t)t * cols + j + i] = x[i];
     }
 }
-extern "C" __global__ void act_q8_0(const float* X, float* Xq, int cols, int n) { act_quant_body<1>(X, Xq, cols, n); }
-extern "C" __global__ void act_q8_k(const float* X, float* Xq, int cols, int n) { act_quant_body<2>(X, Xq, cols, n); }
+extern "C" __global__ void act_q8_0(const float* X, float* Xq, int cols, int n) { act_quant_body<1>(X, Xq, nullptr, cols, n); }
+extern "C" __global__ void act_q8_k(const float* X, float* Xq, int cols, int n) { act_quant_body<2>(X, Xq, nullptr, cols, n); }
+extern "C" __global__ void act_q8_0_i8(const float* X, int8_t* Xq, float* Xd, int cols, int n) { act_quant_body<3>(X, Xq, Xd, cols, n); }
 
 // ---------------------------------------------------------------------------------------------
 // Products for one token (decode): the block rounds the input once into shared memory (each
@@ -645,12 +667,7 @@ extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restric
         float d, id;
         q8_0_scale(x, d, id);
         if (in) {
-            uint32_t lo = 0, hi = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) lo |= ((uint32_t)(__float2int_rn(x[i] * id) & 0xFF)) << (8 * i);
-#pragma unroll
-            for (int i = 0; i < 4; i++) hi |= ((uint32_t)(__float2int_rn(x[4 + i] * id) & 0xFF)) << (8 * i);
-            *(uint2*)(xq + j) = make_uint2(lo, hi);
+            *(uint2*)(xq + j) = q8_0_pack(x, id);
             if ((lane & 3) == 0) xd[j >> 5] = d;
         }
     }
@@ -802,6 +819,131 @@ __device__ __forceinline__ void gemm_body(const u8* __restrict__ W, long long rb
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tiled product on the int8 tensor cores, for weights in symmetric 32-blocks (Q8_0 as uploaded,
+// Q5_0, Q4_0):
+// per 32-column block, the exact integer product of the weight quants and the activations' Q8_0
+// quants (WMMA m16n16k16 s8 → s32, two steps), times the two scales, summed in f32 block after
+// block: the CPU's arithmetic (and `head_q8_0r`'s). A block computes 64 rows × 64 tokens; warp w
+// takes rows 16·(w/2).. and tokens 32·(w%2)..; each block's integer tile goes through shared
+// memory, where every lane scales and adds its 16 elements (the fragment's layout is the
+// library's own).
+
+// The quants and scale of elements j..j+7 (j a multiple of 8) of one row.
+template <int T> __device__ __forceinline__ void qq8(const u8* row, int j, int8_t* q, float& d);
+template <> __device__ __forceinline__ void qq8<T_Q8_0R>(const u8* row, int j, int8_t* q, float& d) {
+    const u8* c = row + (size_t)(j >> 8) * 272;
+    const int e = j & 255;
+    d = __half2float(((const __half*)c)[e >> 5]);
+    const uint2 v = *(const uint2*)(c + 16 + e);
+#pragma unroll
+    for (int i = 0; i < 4; i++) q[i] = (int8_t)((v.x >> (8 * i)) & 0xFF);
+#pragma unroll
+    for (int i = 0; i < 4; i++) q[4 + i] = (int8_t)((v.y >> (8 * i)) & 0xFF);
+}
+template <> __device__ __forceinline__ void qq8<T_Q4_0>(const u8* row, int j, int8_t* q, float& d) {
+    const u8* b = row + (size_t)(j >> 5) * 18;
+    d = ldh(b);
+    const int o = j & 31;
+    const u8* qs = b + 2 + (o & 15);
+    const int sh = o < 16 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[i] = (int8_t)(((qs[i] >> sh) & 0xF) - 8);
+}
+template <> __device__ __forceinline__ void qq8<T_Q5_0>(const u8* row, int j, int8_t* q, float& d) {
+    const u8* b = row + (size_t)(j >> 5) * 22;
+    d = ldh(b);
+    const uint32_t qh = ld32u(b + 2);
+    const int o = j & 31;
+    const u8* qs = b + 6 + (o & 15);
+    const int sh = o < 16 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[i] = (int8_t)((((qs[i] >> sh) & 0xF) | (((qh >> (o + i)) & 1) << 4)) - 16);
+}
+
+template <int T>
+__device__ __forceinline__ void gemm_mma_body(const u8* __restrict__ W, long long rb, int rows, const int8_t* __restrict__ Xq, const float* __restrict__ Xd, int cols, float* __restrict__ Y,
+                                              int ldy, int n) {
+    using namespace nvcuda;
+    PDL_ENTRY();
+    // Each 32-block in two 16-column halves (WMMA wants 32-byte aligned tiles).
+    __shared__ __align__(32) int8_t Ws[2][64][16];
+    __shared__ __align__(32) int8_t Xs[2][64][16];
+    __shared__ float Wd[64], Xds[64];
+    __shared__ __align__(32) int Cs[8][16][32];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int r0 = blockIdx.x * 64, t0 = blockIdx.y * 64;
+    const int wr = (warp >> 1) * 16, wt = (warp & 1) * 32;
+    const int lr = tid >> 2, part = tid & 3;  // the loader's row (or token) and 8-element part
+    const int nb = cols >> 5;
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i] = 0.f;
+    for (int blk = 0; blk < nb; blk++) {
+        const int k0 = blk * 32;
+        int8_t q[8];
+        float d = 0.f;
+        if (r0 + lr < rows) {
+            qq8<T>(W + (size_t)(r0 + lr) * rb, k0 + part * 8, q, d);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) q[i] = 0;
+        }
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo |= ((uint32_t)(uint8_t)q[i]) << (8 * i);
+            hi |= ((uint32_t)(uint8_t)q[4 + i]) << (8 * i);
+        }
+        *(uint2*)&Ws[part >> 1][lr][(part & 1) * 8] = make_uint2(lo, hi);
+        if (part == 0) Wd[lr] = d;
+        uint2 xv = make_uint2(0, 0);
+        float dx = 0.f;
+        if (t0 + lr < n) {
+            xv = *(const uint2*)(Xq + (size_t)(t0 + lr) * cols + k0 + part * 8);
+            dx = Xd[(size_t)(t0 + lr) * nb + blk];
+        }
+        *(uint2*)&Xs[part >> 1][lr][(part & 1) * 8] = xv;
+        if (part == 0) Xds[lr] = dx;
+        __syncthreads();
+        wmma::fragment<wmma::accumulator, 16, 16, 16, int> c[2];
+        wmma::fill_fragment(c[0], 0);
+        wmma::fill_fragment(c[1], 0);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, signed char, wmma::row_major> a;
+            wmma::load_matrix_sync(a, &Ws[h][wr][0], 16);
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, signed char, wmma::col_major> b;
+                wmma::load_matrix_sync(b, &Xs[h][wt + tt * 16][0], 16);
+                wmma::mma_sync(c[tt], a, b, c[tt]);
+            }
+        }
+        wmma::store_matrix_sync(&Cs[warp][0][0], c[0], 32, wmma::mem_row_major);
+        wmma::store_matrix_sync(&Cs[warp][0][16], c[1], 32, wmma::mem_row_major);
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int e = lane + 32 * i, r = e >> 5, t = e & 31;
+            acc[i] += (float)Cs[warp][r][t] * (Wd[wr + r] * Xds[wt + t]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int e = lane + 32 * i, r = r0 + wr + (e >> 5), t = t0 + wt + (e & 31);
+        if (r < rows && t < n) Y[(size_t)t * ldy + r] = acc[i];
+    }
+}
+#define INSTANTIATE_MMA(T, name) \
+    extern "C" __global__ void __launch_bounds__(256) gemm_mma_##name(const u8* W, long long rb, int rows, const int8_t* Xq, const float* Xd, int cols, float* Y, int ldy, int n) { \
+        gemm_mma_body<T>(W, rb, rows, Xq, Xd, cols, Y, ldy, n); \
+    }
+INSTANTIATE_MMA(T_Q8_0R, q8_0r)
+INSTANTIATE_MMA(T_Q4_0, q4_0)
+INSTANTIATE_MMA(T_Q5_0, q5_0)
 
 // Embedding rows: X[t] = scale · table[tokens[t]], the token equal to `replace_id` taking
 // `replace` (when given) instead.

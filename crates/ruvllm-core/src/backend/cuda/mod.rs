@@ -341,6 +341,13 @@ pub struct CudaBackend {
     /// The one-token LM head computes its row's final norm itself (one launch fewer;
     /// `RUVLLM_CUDA_FUSE_HEAD=0` keeps `norm_rows`).
     fuse_head: bool,
+    /// Many-token products of Q8_0 / Q5_0 / Q4_0 weights on the int8 tensor cores
+    /// (`RUVLLM_CUDA_MMA=1`; off by default: on an H200 a 512-token prefill was only 1.05x
+    /// faster than with the FP32 tiles, 43.7k against 41.6k tok/s, because each 32-block's
+    /// integer tile is scaled through shared memory, and greedy tokens parted from the CPU's at
+    /// larger gaps on 2 of 7 prompts; the way forward is `mma.sync` with the scales applied in
+    /// registers, as llama.cpp's MMQ does).
+    mma: bool,
     logits_dev: Option<DevMem>,
     logits_host: Option<HostMem>,
     /// Rows of the last LM head, and whether `logits_host` holds them.
@@ -456,6 +463,7 @@ impl CudaBackend {
             embed_pick: false,
             pass_pick: false,
             ahead_on: std::env::var("RUVLLM_CUDA_AHEAD").map(|v| v != "0").unwrap_or(true),
+            mma: std::env::var("RUVLLM_CUDA_MMA").is_ok_and(|v| v == "1"),
             fuse_head: std::env::var("RUVLLM_CUDA_FUSE_HEAD").map(|v| v != "0").unwrap_or(true),
             head_blocks: std::env::var("RUVLLM_CUDA_HEAD_BLOCKS")
                 .ok()
@@ -498,6 +506,11 @@ impl CudaBackend {
             carveout: std::env::var("RUVLLM_CUDA_CARVEOUT").ok().and_then(|v| v.parse().ok()),
             error: None,
         })
+    }
+
+    /// The widest input of a product (the activation buffer holds `max_batch` of them).
+    fn widest(&self) -> usize {
+        self.widths.d_model.max(self.widths.q_dim).max(self.widths.ff_dim)
     }
 
     /// Device memory in use and total, in bytes.
@@ -952,23 +965,55 @@ impl CudaBackend {
         } else {
             let mut rounded: Option<&str> = None;
             for (k, w) in ws.iter().enumerate() {
-                let input = match act_kernel(w.ty) {
-                    Some(act) => {
-                        if rounded != Some(act) {
-                            self.act_round(act, x, cols, n);
-                            rounded = Some(act);
-                        }
-                        Self::ptr_of(&self.act_buf)
-                    }
-                    None => x,
-                };
-                let name = format!("gemm_{}", type_suffix(w.ty).unwrap_or("f32"));
                 let y = self.buf(dsts[k]);
-                let args =
-                    Args::new().ptr(up[k].0).i64(up[k].1 as i64).i32(w.rows as i32).ptr(input).i32(w.cols as i32).ptr(y).i32(w.rows as i32).i32(n as i32);
-                self.push(&name, [Self::blocks(w.rows, 64), Self::blocks(n, 64), 1], 256, args);
+                self.gemm(up[k], w.ty, w.rows, w.cols, x, y, w.rows, n, &mut rounded);
             }
         }
+    }
+
+    /// `Y[t·ldy + r] = W[r]·x[t]` for `n` tokens (`w`: the uploaded weight and its row bytes):
+    /// on the int8 tensor cores for weights in symmetric 32-blocks with `RUVLLM_CUDA_MMA=1`,
+    /// else the FP32 tiles. `rounded`: which rounding of `x` the activation buffer holds.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &mut self,
+        w: (CUdeviceptr, usize),
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        x: CUdeviceptr,
+        y: CUdeviceptr,
+        ldy: usize,
+        n: usize,
+        rounded: &mut Option<&'static str>,
+    ) {
+        let suffix = type_suffix(ty).unwrap_or("f32");
+        let grid = [Self::blocks(rows, 64), Self::blocks(n, 64), 1];
+        let mma = self.mma && cols.is_multiple_of(32) && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0);
+        if mma {
+            // Quants (n × cols bytes) then scales (n × cols/32 floats), in the activation buffer.
+            let (q, d) = (Self::ptr_of(&self.act_buf), Self::ptr_of(&self.act_buf) + (self.max_batch * self.widest()) as u64);
+            if *rounded != Some("act_q8_0_i8") {
+                let warps = cols.div_ceil(256) * n;
+                self.push("act_q8_0_i8", [Self::blocks(warps, 8), 1, 1], 256, Args::new().ptr(x).ptr(q).ptr(d).i32(cols as i32).i32(n as i32));
+                *rounded = Some("act_q8_0_i8");
+            }
+            let args = Args::new().ptr(w.0).i64(w.1 as i64).i32(rows as i32).ptr(q).ptr(d).i32(cols as i32).ptr(y).i32(ldy as i32).i32(n as i32);
+            self.push(&format!("gemm_mma_{suffix}"), grid, 256, args);
+            return;
+        }
+        let input = match act_kernel(ty) {
+            Some(act) => {
+                if *rounded != Some(act) {
+                    self.act_round(act, x, cols, n);
+                    *rounded = Some(act);
+                }
+                Self::ptr_of(&self.act_buf)
+            }
+            None => x,
+        };
+        let args = Args::new().ptr(w.0).i64(w.1 as i64).i32(rows as i32).ptr(input).i32(cols as i32).ptr(y).i32(ldy as i32).i32(n as i32);
+        self.push(&format!("gemm_{suffix}"), grid, 256, args);
     }
 
     /// `act_buf` = the activations `x` (n × cols) rounded as `act` does.
@@ -1112,16 +1157,7 @@ impl CudaBackend {
             let args = Args::new().words(&mmv3_words([wp, 0, 0], [rb as i64, 0, 0], [v as i32, 0, 0], [logits, 0, 0])).ptr(xn).i32(d as i32).i32(m as i32);
             self.push(&name, [Self::blocks(v, 8), 1, 1], 256, args);
         } else {
-            let input = match act_kernel(output.ty) {
-                Some(act) => {
-                    self.act_round(act, xn, d, m);
-                    Self::ptr_of(&self.act_buf)
-                }
-                None => xn,
-            };
-            let name = format!("gemm_{}", type_suffix(output.ty).unwrap_or("f32"));
-            let args = Args::new().ptr(wp).i64(rb as i64).i32(v as i32).ptr(input).i32(d as i32).ptr(logits).i32(v as i32).i32(m as i32);
-            self.push(&name, [Self::blocks(v, 64), Self::blocks(m, 64), 1], 256, args);
+            self.gemm((wp, rb), output.ty, v, d, xn, logits, v, m, &mut None);
         }
         if let Some(cap) = softcap {
             self.push("softcap", [Self::blocks(m * v, 256), 1, 1], 256, Args::new().ptr(logits).i32((m * v) as i32).f32(cap));
