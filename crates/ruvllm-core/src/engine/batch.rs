@@ -308,7 +308,9 @@ impl Worker {
             return;
         }
         let r = catch_unwind(AssertUnwindSafe(|| self.run_plan(active, &plan)));
-        if !matches!(r, Ok(Ok(()))) && active.iter().any(|s| s.ahead) {
+        if !matches!(r, Ok(Ok(()))) {
+            // A pick may have been queued before the failure (whether or not a pass was sent
+            // ahead): none may outlive it.
             self.backend.drop_picks();
             active.iter_mut().for_each(|s| s.ahead = false);
         }
