@@ -107,6 +107,18 @@ fn random_adapter(e: &Engine, seed: u64) -> AdapterSet {
     AdapterSet::new(vec![(Arc::new(ad), 1.0)])
 }
 
+/// The log-probability comparison's tokens: the first 512 of `--text FILE`, else of the prompts
+/// repeated.
+fn check_ids(e: &Engine, text_file: Option<PathBuf>) -> Vec<u32> {
+    let text = match text_file {
+        Some(f) => std::fs::read_to_string(f).expect("text file"),
+        None => PROMPTS.join(" ").repeat(12),
+    };
+    let mut ids = e.tokenize(&text, true).expect("tokenize");
+    ids.truncate(512);
+    ids
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -134,12 +146,7 @@ fn main() {
         // whose kernel path the environment picks), written as JSON: to compare backends and
         // CPU paths offline.
         let (e, _) = load(&model, if flag("--cpu") { GpuMode::Off } else { GpuMode::Cuda }, None);
-        let text = match opt("--text") {
-            Some(f) => std::fs::read_to_string(f).expect("text file"),
-            None => PROMPTS.join(" ").repeat(12),
-        };
-        let mut ids = e.tokenize(&text, true).expect("tokenize");
-        ids.truncate(512);
+        let ids = check_ids(&e, opt("--text"));
         let s = score(&e, Prompt::Tokens(ids.clone()), None);
         let json = format!("{{\"backend\":{:?},\"ids\":{:?},\"logprobs\":{:?},\"top\":{:?}}}", e.info().backend, ids, s.logprobs, s.top_tokens);
         std::fs::write(&out, json).expect("write scores");
@@ -166,12 +173,7 @@ fn main() {
         println!("  identical: {equal}/{}", PROMPTS.len());
 
         println!("2. per-token log-probabilities, 512 tokens");
-        let text = match opt("--text") {
-            Some(f) => std::fs::read_to_string(f).expect("text file"),
-            None => PROMPTS.join(" ").repeat(12),
-        };
-        let mut ids = cpu.tokenize(&text, true).expect("tokenize");
-        ids.truncate(512);
+        let ids = check_ids(&cpu, opt("--text"));
         let (sa, sb) = (score(&cpu, Prompt::Tokens(ids.clone()), None), score(&gpu, Prompt::Tokens(ids.clone()), None));
         let diffs: Vec<f64> = sa.logprobs.iter().zip(&sb.logprobs).map(|(x, y)| (x - y).abs()).collect();
         let max = diffs.iter().cloned().fold(0.0, f64::max);

@@ -289,25 +289,17 @@ impl Worker {
         }
         // A pass sent ahead is this step's work: its pick is taken (and, while the sequence
         // decodes alone, the pass after it sent first).
-        if let Some(i) = active.iter().position(|s| s.ahead) {
-            let plan = [Work { seq: i, len: 1, head: true }];
-            let r = catch_unwind(AssertUnwindSafe(|| self.step_ahead(active, i)));
-            if !matches!(r, Ok(Ok(()))) {
-                self.backend.drop_picks();
-                active[i].ahead = false;
+        let (plan, r) = match active.iter().position(|s| s.ahead) {
+            Some(i) => (vec![Work { seq: i, len: 1, head: true }], catch_unwind(AssertUnwindSafe(|| self.step_ahead(active, i)))),
+            None => {
+                let plan = self.plan(active);
+                if plan.is_empty() {
+                    return;
+                }
+                let r = catch_unwind(AssertUnwindSafe(|| self.run_plan(active, &plan)));
+                (plan, r)
             }
-            match r {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => fail(active, &plan, &e),
-                Err(panic) => fail(active, &plan, &Error::from_panic(panic)),
-            }
-            return;
-        }
-        let plan = self.plan(active);
-        if plan.is_empty() {
-            return;
-        }
-        let r = catch_unwind(AssertUnwindSafe(|| self.run_plan(active, &plan)));
+        };
         if !matches!(r, Ok(Ok(()))) {
             // A pick may have been queued before the failure (whether or not a pass was sent
             // ahead): none may outlive it.

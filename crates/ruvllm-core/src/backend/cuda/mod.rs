@@ -58,6 +58,16 @@ const HEAD_MAX_COLS: usize = 2048;
 const MMV1_MAX_COLS: usize = 4096;
 
 /// Why the GPU cannot be used, as the coded error `gpu: 'cuda'` reports.
+/// A switch that is on unless the variable is `0`.
+fn env_on(name: &str) -> bool {
+    std::env::var(name).map(|v| v != "0").unwrap_or(true)
+}
+
+/// A count from the environment within `range`, else `default`.
+fn env_count(name: &str, range: std::ops::RangeInclusive<usize>, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|c| range.contains(c)).unwrap_or(default)
+}
+
 pub fn unavailable(msg: impl Into<String>) -> Error {
     Error::Gpu { code: "ERR_GPU_UNAVAILABLE", msg: msg.into() }
 }
@@ -320,7 +330,6 @@ pub struct CudaBackend {
     step: Vec<i32>,
     step_slot: usize,
     step_ev: [driver::CUevent; 2],
-    step_ev_set: [bool; 2],
     /// Queued greedy picks (see `Backend::queue_pick`): host slots 1 and 2 of `argmax_host`,
     /// oldest first, each with the event that marks its copy done.
     picks: std::collections::VecDeque<usize>,
@@ -421,7 +430,7 @@ impl CudaBackend {
                 .map_err(|e| unavailable(format!("cannot load ruvllm's GPU kernels on {desc}: {e}")))?;
             check(api, "cuStreamCreate", (api.stream_create)(&mut stream, driver::STREAM_NON_BLOCKING)).map_err(|e| gpu_error(&e))?;
         }
-        let graphs_on = std::env::var("RUVLLM_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
+        let graphs_on = env_on("RUVLLM_CUDA_GRAPHS");
         // Off unless asked for: on an H200 it made decode steps ~40 us slower and a 512-token
         // prefill take 1.7x as long (the early-started kernels hold multiprocessors while they
         // wait).
@@ -457,24 +466,15 @@ impl CudaBackend {
             step: Vec::new(),
             step_slot: 0,
             step_ev: [evs[0], evs[1]],
-            step_ev_set: [false; 2],
             picks: std::collections::VecDeque::new(),
             pick_ev: [evs[2], evs[3]],
             embed_pick: false,
             pass_pick: false,
-            ahead_on: std::env::var("RUVLLM_CUDA_AHEAD").map(|v| v != "0").unwrap_or(true),
+            ahead_on: env_on("RUVLLM_CUDA_AHEAD"),
             mma: std::env::var("RUVLLM_CUDA_MMA").is_ok_and(|v| v == "1"),
-            fuse_head: std::env::var("RUVLLM_CUDA_FUSE_HEAD").map(|v| v != "0").unwrap_or(true),
-            head_blocks: std::env::var("RUVLLM_CUDA_HEAD_BLOCKS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&b: &usize| (1..=HEAD_BLOCKS_MAX).contains(&b))
-                .unwrap_or(HEAD_BLOCKS),
-            att_chunk: std::env::var("RUVLLM_CUDA_ATT_CHUNK")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&c: &usize| (1..=4096).contains(&c))
-                .unwrap_or(DECODE_ATT_CHUNK),
+            fuse_head: env_on("RUVLLM_CUDA_FUSE_HEAD"),
+            head_blocks: env_count("RUVLLM_CUDA_HEAD_BLOCKS", 1..=HEAD_BLOCKS_MAX, HEAD_BLOCKS),
+            att_chunk: env_count("RUVLLM_CUDA_ATT_CHUNK", 1..=4096, DECODE_ATT_CHUNK),
             logits_dev: None,
             logits_host: None,
             head_rows: 0,
@@ -712,10 +712,8 @@ impl CudaBackend {
         let res = (|| -> std::result::Result<(), CudaError> {
             // The step block, from the host slot whose last upload is done.
             let slot = self.step_slot;
-            if self.step_ev_set[slot] {
-                // SAFETY: an event recorded on our stream.
-                unsafe { check(api, "cuEventSynchronize", (api.event_synchronize)(self.step_ev[slot]))? };
-            }
+            // SAFETY: our event (one never recorded returns at once).
+            unsafe { check(api, "cuEventSynchronize", (api.event_synchronize)(self.step_ev[slot]))? };
             let n = self.step.len();
             let Some(host) = self.step_host.as_mut() else {
                 // `reserve` could not allocate it (reported then); nothing can run.
@@ -734,7 +732,6 @@ impl CudaBackend {
             }
             // SAFETY: our event, on our stream.
             unsafe { check(api, "cuEventRecord", (api.event_record)(self.step_ev[slot], self.stream))? };
-            self.step_ev_set[slot] = true;
             self.step_slot ^= 1;
             let graphable = self.graphs_on && self.step[1] == 1;
             let sig = if graphable { signature(&self.pending) } else { 0 };
