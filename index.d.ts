@@ -93,8 +93,11 @@ export declare class Federation {
    * `public`: clipped and noised to `epsilon`/`delta` over `rounds`, released with at least
    * `kAnonymity` nodes), `key` (64 hex digits), `nodeKey` (this node's Ed25519 secret, 64 hex
    * digits; default a fresh one), `expectedNodes` (default peers + 1), `roundTimeoutMs`
-   * (default 10000), `method` (`exact`/`svd`: the exact weighted mean re-factorised to the
-   * adapter's rank; `fedavg`: factor averaging), `weighting` (`fedavg`, `quality`,
+   * (default 10000), `method` (`exact`: the exact weighted mean of the nodes' changes, FLoRA
+   * stacking; `svd`: that mean re-factorised to the BaseLoRA's rank; `fedavg`: factor
+   * averaging, inexact), `globalRank` (most components per projection the global adapter
+   * keeps, 1..=256, default 64; beyond it a truncated SVD, its error reported per round),
+   * `weighting` (`fedavg`, `quality`,
    * `timestep`, `hybrid`), `topic`. Rejects with `ERR_FEDERATION_CONSENT` (not loaded with
    * `learning: { dir, federate: true }`), `ERR_INVALID_ARG`, `ERR_FEDERATION_KEY`,
    * `ERR_FEDERATION_TRANSPORT`.
@@ -109,11 +112,12 @@ export declare class FederationNode {
   /** This node's public key (64 hex digits): what a tenant's `members` lists. */
   get nodeId(): string
   /**
-   * Runs the next round (or `options.round`): publishes this node's current BaseLoRA (nothing
-   * leaves the node on the private tier), waits for the expected nodes or the round timeout,
-   * aggregates, and replaces the local BaseLoRA by the aggregate (served from the next
-   * request on). Call it between learning rounds (after `consolidate()`): a learning round
-   * running meanwhile overwrites the aggregate when it ends. Rejects with `ERR_CLOSED`,
+   * Runs the next round (or `options.round`): publishes this node's BaseLoRA, what it learned
+   * since the last round (nothing leaves the node on the private tier), waits for the
+   * expected nodes or the round timeout, aggregates, adds the aggregate to the global adapter
+   * (the same on every node, served under the BaseLoRA) and starts the BaseLoRA afresh on top
+   * of it, from the next request on. Call it between learning rounds (after
+   * `consolidate()`): a learning round running meanwhile overwrites the BaseLoRA when it ends. Rejects with `ERR_CLOSED`,
    * `ERR_FEDERATION_ROUND`, `ERR_FEDERATION_BUDGET`, `ERR_FEDERATION_SHAPE`.
    */
   round(options?: { round?: number }): Promise<FederationRound>
@@ -888,6 +892,8 @@ export interface LearningStats {
   bankSize: number
   microRank: number
   baseRank: number
+  /** Rank of the federation's global adapter; absent before a federated round was applied. */
+  globalRank?: number
   ewc: boolean
 }
 

@@ -6,15 +6,20 @@
 // 3) of --examples each. One arm per phase, each starting from the same state (every node has
 // learned its chunk 0: instant updates and one consolidate(), then a copy of its learning
 // directory is restored at the start of every arm), then R rounds:
-//   round r: (r > 0) the node learns its chunk r on top of what it has (the last aggregate in
-//            the federated arms), consolidates, then runs one round of the federation on
-//            127.0.0.1 and applies the round's aggregate; every node measures its held-out NLL.
+//   round r: (r > 0) the node learns its chunk r on top of what it has (in the federated arms:
+//            a fresh BaseLoRA on top of the global adapter), consolidates, then runs one round
+//            of the federation on 127.0.0.1: it publishes its BaseLoRA (what it learned since
+//            the last round), adds the round's aggregate to the global adapter and starts its
+//            BaseLoRA afresh; every node measures its held-out NLL.
 // So local-only and federated nodes have seen exactly the same examples; the federated ones
 // also get the others' adapters every round. The arms:
 //   local   tier 'private': nothing leaves the node (bytes on the wire counted), nothing is
 //           applied: local learning only
-//   exact   the exact weighted mean of the nodes' ΔW, re-factorised to the local rank by
-//           truncated SVD (its relative truncation error reported per round)
+//   exact   the exact weighted mean of the nodes' ΔW: their BaseLoRAs stacked (FLoRA) and added
+//           to the global adapter, which keeps up to --global-rank (default 64) components per
+//           projection (beyond that a truncated SVD, its relative error reported per round)
+//   svd     the same mean re-factorised to the BaseLoRA's rank (8) before it is added: the
+//           previous method, inexact (not in the defaults)
 //   fedavg  the mean of the A and B factors separately, B̄·Ā (its relative distance from the
 //           exact mean reported per round)
 //   daf     exact with DAF's hybrid weighting (quality and improvement; SONA's adapter has no
@@ -28,7 +33,7 @@
 // published; the others finish both rounds (the first on its round timeout).
 //
 //   npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16]
-//       [--phases local,exact,fedavg,public] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]
+//       [--phases local,exact,fedavg,public] [--global-rank 64] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]
 // --quick: 3 nodes, 2 examples per round, 2 rounds, 6 held-out passages, phases local,exact,fedavg.
 // --json: the summary as one JSON object on the last line of stdout.
 import { cpSync, mkdtempSync, rmSync } from 'node:fs'
@@ -56,6 +61,7 @@ const { values } = parseArgs({
     phases: { type: 'string' },
     'no-dropout': { type: 'boolean' },
     epochs: { type: 'string', default: '1' },
+    'global-rank': { type: 'string', default: '64' },
     'timeout-ms': { type: 'string', default: '300000' },
     quick: { type: 'boolean' },
     json: { type: 'boolean' },
@@ -64,7 +70,7 @@ const { values } = parseArgs({
     help: { type: 'boolean' },
   },
 })
-const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]'
+const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--global-rank 64] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]'
 if (values.help) {
   console.log(USAGE)
   process.exit(0)
@@ -76,7 +82,7 @@ const R = Number(values.rounds ?? (quick ? 2 : 3))
 const nHeld = Number(values.heldout ?? (quick ? 6 : 16))
 const phases = (values.phases ?? (quick ? 'local,exact,fedavg' : `local,exact,fedavg${N >= 5 ? ',public' : ''}`)).split(',')
 const dropout = !values['no-dropout'] && N >= 3
-for (const [k, v, min] of [['nodes', N, 1], ['examples', perRound, 1], ['rounds', R, 1], ['heldout', nHeld, 1]]) {
+for (const [k, v, min] of [['nodes', N, 1], ['examples', perRound, 1], ['rounds', R, 1], ['heldout', nHeld, 1], ['global-rank', Number(values['global-rank']), 1]]) {
   if (!Number.isInteger(v) || v < min) {
     console.error(`bench federation: --${k} must be an integer ≥ ${min}\n${USAGE}`)
     process.exit(2)
@@ -87,6 +93,7 @@ const PHASES = {
   // Nothing arrives on the private tier: each round ends on its timeout with nothing to apply.
   local: { tier: 'private', roundTimeoutMs: 1000 },
   exact: { tier: 'group', key: GROUP_KEY, method: 'exact', weighting: 'fedavg' },
+  svd: { tier: 'group', key: GROUP_KEY, method: 'svd', weighting: 'fedavg' },
   fedavg: { tier: 'group', key: GROUP_KEY, method: 'fedavg', weighting: 'fedavg' },
   daf: { tier: 'group', key: GROUP_KEY, method: 'exact', weighting: 'hybrid' },
   public: { tier: 'public', method: 'exact', weighting: 'fedavg', epsilon: 1, delta: 1e-5, rounds: 1, kAnonymity: 5 },
@@ -94,7 +101,7 @@ const PHASES = {
 }
 // Rounds per arm: the public arm spends its whole ε = 1 budget on one release.
 const roundsOf = (phase) => (phase === 'public' ? 1 : phase === 'dropout' ? 2 : R)
-for (const p of phases) if (!PHASES[p] || p === 'dropout') throw new Error(`unknown phase ${p}; known: local, exact, fedavg, daf, public`)
+for (const p of phases) if (!PHASES[p] || p === 'dropout') throw new Error(`unknown phase ${p}; known: local, exact, svd, fedavg, daf, public`)
 
 // ---- a node process --------------------------------------------------------------------------
 async function child(index) {
@@ -119,6 +126,14 @@ async function child(index) {
     await llm.consolidate()
     return performance.now() - t
   }
+  const joinOptions = (cmd) => ({
+    peers: cmd.peers,
+    expectedNodes: cmd.expected,
+    roundTimeoutMs: Number(values['timeout-ms']),
+    topic: `ruvllm-bench/${cmd.phase}`,
+    ...(cmd.phase === 'local' ? {} : { globalRank: Number(values['global-rank']) }),
+    ...PHASES[cmd.phase],
+  })
   const restore = () => {
     rmSync(dir, { recursive: true, force: true })
     cpSync(start, dir, { recursive: true })
@@ -141,7 +156,7 @@ async function child(index) {
       const cmd = JSON.parse(text)
       if (cmd.cmd === 'join' && fresh) {
         fresh = false
-        node = await llm.federation.join({ peers: cmd.peers, expectedNodes: cmd.expected, roundTimeoutMs: Number(values['timeout-ms']), topic: `ruvllm-bench/${cmd.phase}`, ...PHASES[cmd.phase] })
+        node = await llm.federation.join(joinOptions(cmd))
         send({ type: 'joined', address: node.address, nodeId: node.nodeId })
       } else if (cmd.cmd === 'join') {
         // Every arm starts from the same state: chunk 0 learned, nothing federated.
@@ -152,7 +167,7 @@ async function child(index) {
         globalThis.gc?.()
         restore()
         llm = await load()
-        node = await llm.federation.join({ peers: cmd.peers, expectedNodes: cmd.expected, roundTimeoutMs: Number(values['timeout-ms']), topic: `ruvllm-bench/${cmd.phase}`, ...PHASES[cmd.phase] })
+        node = await llm.federation.join(joinOptions(cmd))
         send({ type: 'joined', address: node.address, nodeId: node.nodeId })
       } else if (cmd.cmd === 'learn') {
         send({ type: 'learned', learnMs: await learn(cmd.chunk) })

@@ -125,8 +125,11 @@ impl Federation {
   /// `public`: clipped and noised to `epsilon`/`delta` over `rounds`, released with at least
   /// `kAnonymity` nodes), `key` (64 hex digits), `nodeKey` (this node's Ed25519 secret, 64 hex
   /// digits; default a fresh one), `expectedNodes` (default peers + 1), `roundTimeoutMs`
-  /// (default 10000), `method` (`exact`/`svd`: the exact weighted mean re-factorised to the
-  /// adapter's rank; `fedavg`: factor averaging), `weighting` (`fedavg`, `quality`,
+  /// (default 10000), `method` (`exact`: the exact weighted mean of the nodes' changes, FLoRA
+  /// stacking; `svd`: that mean re-factorised to the BaseLoRA's rank; `fedavg`: factor
+  /// averaging, inexact), `globalRank` (most components per projection the global adapter
+  /// keeps, 1..=256, default 64; beyond it a truncated SVD, its error reported per round),
+  /// `weighting` (`fedavg`, `quality`,
   /// `timestep`, `hybrid`), `topic`. Rejects with `ERR_FEDERATION_CONSENT` (not loaded with
   /// `learning: { dir, federate: true }`), `ERR_INVALID_ARG`, `ERR_FEDERATION_KEY`,
   /// `ERR_FEDERATION_TRANSPORT`.
@@ -137,14 +140,14 @@ impl Federation {
       let args = options::federation_options(Some(Val::new(env, &options)))?;
       let learner =
         learner.ok_or_else(|| CodedError::new("ERR_FEDERATION_CONSENT", "federation needs learning: load the model with learning: { dir, federate: true }"))?;
-      let tier = args.tier;
+      let (tier, global_rank) = (args.tier, args.global_rank);
       let cfg = config(&learner, args)?;
       Ok(async move {
         let node = Node::join(cfg).await?;
-        Ok((node, learner, tier))
+        Ok((node, learner, tier, global_rank))
       })
     });
-    on_network(env, fut, |(node, learner, tier)| {
+    on_network(env, fut, |(node, learner, tier, global_rank)| {
       let address = node.listen_addr().to_string();
       let node_id = hex(&node.node_id());
       Ok(FederationNode {
@@ -153,6 +156,7 @@ impl Federation {
           last: Mutex::new(None),
           learner,
           tier,
+          global_rank,
           next_round: AtomicU64::new(1),
           address,
           node_id,
@@ -168,6 +172,8 @@ struct Inner {
   last: Mutex<Option<Stats>>,
   learner: Arc<Learner>,
   tier: Tier,
+  /// The cap on the global adapter's components per projection.
+  global_rank: usize,
   next_round: AtomicU64,
   address: String,
   node_id: String,
@@ -225,11 +231,12 @@ impl FederationNode {
     self.inner.node_id.clone()
   }
 
-  /// Runs the next round (or `options.round`): publishes this node's current BaseLoRA (nothing
-  /// leaves the node on the private tier), waits for the expected nodes or the round timeout,
-  /// aggregates, and replaces the local BaseLoRA by the aggregate (served from the next
-  /// request on). Call it between learning rounds (after `consolidate()`): a learning round
-  /// running meanwhile overwrites the aggregate when it ends. Rejects with `ERR_CLOSED`,
+  /// Runs the next round (or `options.round`): publishes this node's BaseLoRA, what it learned
+  /// since the last round (nothing leaves the node on the private tier), waits for the
+  /// expected nodes or the round timeout, aggregates, adds the aggregate to the global adapter
+  /// (the same on every node, served under the BaseLoRA) and starts the BaseLoRA afresh on top
+  /// of it, from the next request on. Call it between learning rounds (after
+  /// `consolidate()`): a learning round running meanwhile overwrites the BaseLoRA when it ends. Rejects with `ERR_CLOSED`,
   /// `ERR_FEDERATION_ROUND`, `ERR_FEDERATION_BUDGET`, `ERR_FEDERATION_SHAPE`.
   #[napi(ts_args_type = "options?: { round?: number }", ts_return_type = "Promise<FederationRound>")]
   pub fn round<'env>(&self, env: &'env Env, options: Unknown) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
@@ -252,9 +259,10 @@ impl FederationNode {
         let (applied, adapter_digest, method, weights, truncation) = match agg {
           Some(agg) => {
             let learner = inner.learner.clone();
-            let (method, weights, truncation) = (agg.method.to_string(), agg.weights.clone(), agg.max_truncation_error());
-            let digest = blocking(move || Ok(learner.apply_federated(&agg)?)).await?;
-            (true, digest, Some(method), weights, truncation)
+            let (method, weights, agg_error) = (agg.method.to_string(), agg.weights.clone(), agg.max_truncation_error());
+            let cap = inner.global_rank;
+            let (digest, cap_error) = blocking(move || Ok(learner.apply_federated(&agg, cap)?)).await?;
+            (true, digest, Some(method), weights, agg_error.max(cap_error))
           }
           None => (false, inner.learner.adapter_digest(), None, Vec::new(), 0.0),
         };

@@ -893,6 +893,7 @@ const FEDERATION_KEYS: &[&str] = &[
   "expectedNodes",
   "roundTimeoutMs",
   "method",
+  "globalRank",
   "weighting",
   "topic",
   "kAnonymity",
@@ -914,6 +915,8 @@ pub struct FederationArgs {
   pub round_timeout_ms: Option<u64>,
   /// `fedavg`, `exact` or `svd` (checked here; resolved against the adapter's rank at join).
   pub method: String,
+  /// Most components per projection the global adapter keeps (default 64).
+  pub global_rank: usize,
   pub weighting: ruvllm_daf::weighting::Weighting,
   pub topic: Option<String>,
   pub k_anonymity: Option<usize>,
@@ -984,6 +987,7 @@ pub fn federation_options(v: Option<Val>) -> Res<FederationArgs> {
     expected_nodes: int_in(bag, "expectedNodes", 1.0, 10_000.0)?.map(|n| n as usize),
     round_timeout_ms: int_in(bag, "roundTimeoutMs", 1.0, 86_400_000.0)?.map(|n| n as u64),
     method,
+    global_rank: int_in(bag, "globalRank", 1.0, 256.0)?.map(|n| n as usize).unwrap_or(64),
     weighting,
     topic: opt_string(bag, "topic")?,
     k_anonymity: int_in(bag, "kAnonymity", 1.0, 10_000.0)?.map(|n| n as usize),

@@ -160,6 +160,8 @@ pub struct LearningStats {
   pub bank_size: u32,
   pub micro_rank: u32,
   pub base_rank: u32,
+  /// Rank of the federation's global adapter; absent before a federated round was applied.
+  pub global_rank: Option<u32>,
   pub ewc: bool,
 }
 

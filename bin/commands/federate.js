@@ -21,10 +21,11 @@ const USAGE = `usage:
                         the node id of a key file and what a learning directory holds
   ruvllm federate round --dir <dir> --tier private|group|tenant|public [--peers <multiaddr,...>]
                         [--key <file>] [--group-key <hex>] [--members <id,...>] [--listen <multiaddr>]
-                        [--expected <n>] [--timeout-ms <ms>] [--method exact|fedavg] [--weighting fedavg|quality|timestep|hybrid]
+                        [--expected <n>] [--timeout-ms <ms>] [--method exact|svd|fedavg] [--global-rank <n>]
+                        [--weighting fedavg|quality|timestep|hybrid]
                         [--round <k>] [--wait-ms <ms>] [-m <model>] [--threads <n>] [--json]
                         load the model with learning: { dir, federate: true }, join, run round k (default 1)
-                        and apply the aggregate to the learned adapter in <dir>. --wait-ms waits that long
+                        and add the aggregate to the global adapter in <dir>. --wait-ms waits that long
                         after joining (start the other nodes meanwhile); the address to give them is
                         printed on stderr.`
 
@@ -119,6 +120,7 @@ async function round(argv) {
     expected: { type: 'string' },
     'timeout-ms': { type: 'string' },
     method: { type: 'string' },
+    'global-rank': { type: 'string' },
     weighting: { type: 'string' },
     round: { type: 'string' },
     'wait-ms': { type: 'string' },
@@ -136,6 +138,7 @@ async function round(argv) {
     expectedNodes: int(values.expected, 'expected', 1),
     roundTimeoutMs: int(values['timeout-ms'], 'timeout-ms', 1),
     method: values.method,
+    globalRank: int(values['global-rank'], 'global-rank', 1),
     weighting: values.weighting,
   }
   const k = int(values.round, 'round', 1) ?? 1

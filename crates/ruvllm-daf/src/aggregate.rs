@@ -262,8 +262,15 @@ fn svd(layer: u32, proj: &str, parts: &[(usize, &Factors)], w: &[f64], updates: 
     }
     let (d_in, d_out) = (parts[0].1.d_in, parts[0].1.d_out);
     let (p_cols, q_rows) = rank_one_terms(parts, w, updates);
-    let (u, sigma, v) = lowrank_svd(&p_cols, &q_rows);
-    let keep = rank.min(sigma.len());
+    truncated(layer, proj, d_in, d_out, &p_cols, &q_rows, rank)
+}
+
+/// The best rank-`rank` factors of `Σⱼ pⱼqⱼᵀ` (components with σ = 0 dropped) and the relative
+/// Frobenius error of the truncation.
+fn truncated(layer: u32, proj: &str, d_in: usize, d_out: usize, p_cols: &[Vec<f64>], q_rows: &[Vec<f64>], rank: usize) -> Result<(Factors, f64)> {
+    let (u, sigma, v) = lowrank_svd(p_cols, q_rows);
+    let nonzero = sigma.iter().take_while(|&&s| s > 0.0).count();
+    let keep = rank.min(nonzero);
     let total: f64 = sigma.iter().map(|s| s * s).sum();
     let dropped: f64 = sigma[keep..].iter().map(|s| s * s).sum();
     let err = if total > 0.0 && dropped > 0.0 { (dropped / total).sqrt() } else { 0.0 };
@@ -279,6 +286,50 @@ fn svd(layer: u32, proj: &str, parts: &[(usize, &Factors)], w: &[f64], updates: 
         }
     }
     Ok((Factors::new(layer, proj, keep, d_in, d_out, a, b)?, err))
+}
+
+/// Adds a round's aggregate to a running global adapter: `G' = G + agg.scale·B·A` per target
+/// (`G`'s factors apply `B·A`, scale 1), re-factorised by truncated SVD to at most `cap`
+/// components per target. This is how a node keeps the exact weighted mean of the clients'
+/// `ΔW` when each client publishes only its change since the last global adapter (every
+/// client's adapter is `G + Lᵢ`, so the mean is `G + Σ wᵢLᵢ`). Returns the new targets (each of
+/// its own rank, in (layer, proj) order; targets with no change left out) and, per returned
+/// target, the relative Frobenius error the cap cost (0 when the sum's rank fits). Zero
+/// components (padding) are ignored, so equal inputs give equal outputs on every node.
+pub fn accumulate(global: &[Factors], agg: &Aggregate, cap: usize) -> Result<(Vec<Factors>, Vec<f64>)> {
+    if cap == 0 {
+        return Err(Error::Config("global adapter of rank 0".into()));
+    }
+    let mut by_target: BTreeMap<TargetKey, Vec<(f64, &Factors)>> = BTreeMap::new();
+    for t in global {
+        by_target.entry((t.layer, t.proj.clone())).or_default().push((1.0, t));
+    }
+    for t in &agg.targets {
+        by_target.entry((t.layer, t.proj.clone())).or_default().push((agg.scale as f64, t));
+    }
+    let (mut out, mut errs) = (Vec::new(), Vec::new());
+    for ((layer, proj), parts) in by_target {
+        let (d_in, d_out) = (parts[0].1.d_in, parts[0].1.d_out);
+        if parts.iter().any(|(_, t)| (t.d_in, t.d_out) != (d_in, d_out)) {
+            return Err(Error::Aggregate(format!("blk.{layer}.{proj}: the aggregate's shape differs from the global adapter's")));
+        }
+        let (mut p_cols, mut q_rows) = (Vec::new(), Vec::new());
+        for &(c, t) in &parts {
+            push_terms(&mut p_cols, &mut q_rows, c, t);
+        }
+        let live: Vec<usize> = (0..p_cols.len()).filter(|&j| p_cols[j].iter().any(|&x| x != 0.0) && q_rows[j].iter().any(|&x| x != 0.0)).collect();
+        if live.is_empty() {
+            continue;
+        }
+        let p_cols: Vec<Vec<f64>> = live.iter().map(|&j| std::mem::take(&mut p_cols[j])).collect();
+        let q_rows: Vec<Vec<f64>> = live.iter().map(|&j| std::mem::take(&mut q_rows[j])).collect();
+        let (f, err) = truncated(layer, &proj, d_in, d_out, &p_cols, &q_rows, cap)?;
+        if f.rank > 0 {
+            out.push(f);
+            errs.push(err);
+        }
+    }
+    Ok((out, errs))
 }
 
 #[cfg(test)]

@@ -1,12 +1,16 @@
-//! The learned BaseLoRA as a federation adapter: its factors become a `ruvllm_daf::Update`
-//! (one target per slot, the projection by its GGUF name), and a round's aggregate goes back
-//! into the same flat layout. The learner's methods that use these are in `learner.rs`
-//! (`federated_update`, `apply_federated`); the transport is `ruvllm_daf::Node`.
+//! The learned BaseLoRA as a federation adapter. A federating node's adapters are two:
 //!
-//! The aggregate is written so that the local adapter applies exactly the aggregate's `ΔW`
-//! (`flat::into_flat` divides `B` by the local scale). Aggregates must therefore come at the
-//! local rank or below: factor averaging of equal-rank adapters, or the exact weighted mean
-//! re-factorised by truncated SVD to the local rank ([`method`]).
+//! - the **global adapter** `G`, the same on every node: what the federation has learned so
+//!   far, frozen locally (served, and applied under training as part of the model);
+//! - the **local BaseLoRA** `L`, trained on this node's feedback on top of `G`.
+//!
+//! A round publishes `L` (one `ruvllm_daf::Update` target per slot, the projection by its GGUF
+//! name): this node's change since the last round. The nodes' adapters are `G + Lᵢ`, so the
+//! exact weighted mean of their `ΔW` is `G + Σ wᵢLᵢ`; the round's aggregate of the `Lᵢ` (FLoRA
+//! stacking, exact) is added to `G` ([`accumulate`]), which is re-factorised by truncated SVD
+//! only when its rank would pass a cap (the error reported), and `L` starts afresh. The
+//! learner's methods that use these are in `learner.rs` (`federated_update`,
+//! `apply_federated`); the transport is `ruvllm_daf::Node`.
 
 use ruvllm_daf::aggregate::{Aggregate, Method};
 use ruvllm_daf::flat::{from_flat, into_flat, FlatSlot};
@@ -14,7 +18,7 @@ use ruvllm_daf::update::{Tier, Update};
 use ruvllm_daf::validate::AdapterSpec;
 use sha2::{Digest, Sha256};
 
-use crate::grad::LoraParams;
+use crate::grad::{LoraParams, Slot};
 use crate::{Error, Result};
 
 /// The id nodes agree on for SONA's BaseLoRA.
@@ -60,51 +64,61 @@ pub fn to_update(p: &LoraParams, tier: Tier, round: u64, prov: Provenance) -> Re
     })
 }
 
-/// Replaces `p`'s factors by `agg`'s (same `ΔW` per slot; slots the aggregate lacks become
-/// zero). `p` is left unchanged when the aggregate does not fit.
-pub fn apply(p: &mut LoraParams, agg: &Aggregate) -> Result<()> {
+/// The federation's global adapter after a round: `global + agg` (the aggregate of the nodes'
+/// changes since the last global adapter), re-factorised to at most `cap` components per
+/// projection by truncated SVD ([`ruvllm_daf::aggregate::accumulate`]). `template` gives the
+/// slots (the local BaseLoRA's). The result applies `B·A` (scale 1), its rank the largest
+/// target's (smaller targets padded with zero components); returned with the truncation's
+/// largest relative error (0 while the sum's rank fits `cap`).
+pub fn accumulate(global: Option<&LoraParams>, template: &LoraParams, agg: &Aggregate, cap: usize) -> Result<(LoraParams, f64)> {
     if agg.adapter != ADAPTER_ID || agg.bucket.is_some() {
         return Err(Error::InvalidArg(format!("aggregate of adapter '{}' is not SONA's BaseLoRA ('{ADAPTER_ID}')", agg.adapter)));
     }
-    let mut w = p.w.clone();
-    into_flat(agg, p.rank, p.scale, &flat_slots(p), &mut w)?;
-    init_gauge(p, &mut w);
-    p.w = w;
-    Ok(())
+    let prev = match global {
+        Some(g) => global_factors(g)?,
+        None => Vec::new(),
+    };
+    let (targets, errs) = ruvllm_daf::aggregate::accumulate(&prev, agg, cap)?;
+    let err = errs.iter().copied().fold(0.0, f64::max);
+    Ok((global_params(template, targets, agg)?, err))
 }
 
-/// `B·A` is unchanged by `A → g·A`, `B → B/g` per component; the aggregate's own split (the
-/// SVD's `√σ` on each side) leaves `A`'s rows far smaller than at initialisation, which slows
-/// every later step on `B`. Each component of `w` is rescaled so that `A`'s row has the norm
-/// of an initial row (`1/√3`, uniform in `±1/√d_in`): the same `ΔW`, the same factors on
-/// every node, and learning after a round moves as it did from the start.
-fn init_gauge(p: &LoraParams, w: &mut [f32]) {
-    let target = 1.0 / 3f64.sqrt();
-    for s in &p.slots {
-        for j in 0..p.rank {
-            let row = s.a + j * s.d_in..s.a + (j + 1) * s.d_in;
-            let norm = w[row.clone()].iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
-            if !(norm > 0.0 && norm.is_finite()) {
-                continue;
-            }
-            let g = target / norm;
-            w[row].iter_mut().for_each(|x| *x = (*x as f64 * g) as f32);
-            for o in 0..s.d_out {
-                let i = s.b + o * p.rank + j;
-                w[i] = (w[i] as f64 / g) as f32;
-            }
-        }
+/// `targets` (scale 1) in `template`'s slots at the largest target's rank.
+fn global_params(template: &LoraParams, targets: Vec<ruvllm_daf::update::Factors>, agg: &Aggregate) -> Result<LoraParams> {
+    let rank = targets.iter().map(|t| t.rank).max().unwrap_or(1).max(1);
+    let mut slots = Vec::with_capacity(template.slots.len());
+    let mut off = 0;
+    for s in &template.slots {
+        slots.push(Slot { a: off, b: off + rank * s.d_in, ..s.clone() });
+        off += rank * (s.d_in + s.d_out);
     }
+    let n_layer = template.slots.iter().map(|s| s.layer + 1).max().unwrap_or(0);
+    let mut g = LoraParams::from_parts(n_layer, rank, 1.0, slots, vec![0.0; off]);
+    let whole = Aggregate { targets, scale: 1.0, truncation_error: Vec::new(), ..agg.clone() };
+    let mut w = std::mem::take(&mut g.w);
+    into_flat(&whole, rank, 1.0, &flat_slots(&g), &mut w)?;
+    g.w = w;
+    Ok(g)
 }
 
-/// The aggregation that fits an adapter of rank `rank`: `fedavg` (factor averaging, inexact),
-/// `svd` or `exact` (the exact weighted mean of the clients' `ΔW`, re-factorised to `rank` by
-/// truncated SVD; the truncation error is reported with the aggregate).
+/// The global adapter's factors, each target applying `g.scale·B·A` folded into `B`.
+fn global_factors(g: &LoraParams) -> Result<Vec<ruvllm_daf::update::Factors>> {
+    let mut f = from_flat(g.rank, &flat_slots(g), &g.w)?;
+    if g.scale != 1.0 {
+        f.iter_mut().for_each(|t| t.b.iter_mut().for_each(|x| *x *= g.scale));
+    }
+    Ok(f)
+}
+
+/// How a round combines the nodes' changes: `exact` (FLoRA stacking: the exact weighted mean
+/// of the changes, which the global adapter then holds up to its rank cap), `svd` (that mean
+/// re-factorised to `rank` first) or `fedavg` (factor averaging, inexact).
 pub fn method(name: &str, rank: usize) -> Result<Method> {
     match name {
         "fedavg" | "factors" => Ok(Method::FactorAverage),
-        "svd" | "exact" => Ok(Method::Svd { rank }),
-        _ => Err(Error::InvalidArg(format!("method must be 'fedavg', 'exact' or 'svd', got '{name}' (stacking exceeds the adapter's rank)"))),
+        "exact" | "stack" => Ok(Method::Stack),
+        "svd" => Ok(Method::Svd { rank }),
+        _ => Err(Error::InvalidArg(format!("method must be 'exact', 'svd' or 'fedavg', got '{name}'"))),
     }
 }
 
@@ -122,7 +136,7 @@ mod tests {
     use super::*;
     use crate::grad::{Rng, Slot};
     use ruvllm_core::nn::Proj;
-    use ruvllm_daf::aggregate::{aggregate, dense_mean};
+    use ruvllm_daf::aggregate::{aggregate, dense_mean, DenseTarget};
 
     fn params(rank: usize, seed: u64) -> LoraParams {
         let mut slots = Vec::new();
@@ -140,6 +154,19 @@ mod tests {
         Provenance { samples, quality: 0.8, improvement: 0.0 }
     }
 
+    /// The dense `ΔW` `p` applies on each slot, in slot order.
+    fn dense(p: &LoraParams) -> Vec<Vec<f64>> {
+        to_update(p, Tier::Group, 1, prov(1)).expect("update").targets.iter().map(|t| t.delta(p.scale as f64)).collect()
+    }
+
+    fn max_diff(x: &[f64], y: &[f64]) -> f64 {
+        x.iter().zip(y).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max)
+    }
+
+    fn find<'a>(want: &'a [DenseTarget], s: &Slot) -> &'a DenseTarget {
+        want.iter().find(|d| d.layer == s.layer as u32 && d.proj == s.proj.gguf_name()).expect("target")
+    }
+
     #[test]
     fn an_adapter_round_trips_exactly_through_an_update() {
         let p = params(4, 1);
@@ -147,77 +174,68 @@ mod tests {
         assert_eq!(u.targets.len(), 3);
         assert_eq!(u.targets[1].name(), "blk.1.ffn_down");
         assert_eq!((u.targets[0].d_in, u.targets[0].d_out, u.targets[0].rank), (12, 16, 4));
-        // The update's own factors as an aggregate at the local scale: bit-identical factors.
-        let agg = Aggregate {
-            adapter: ADAPTER_ID.into(),
-            bucket: None,
-            method: Method::Stack,
-            scale: u.scale,
-            targets: u.targets.clone(),
-            contributors: vec![[0; 32]],
-            weights: vec![1.0],
-            truncation_error: vec![0.0; 3],
-        };
-        let mut q = params(4, 2);
-        assert_ne!(digest(&p), digest(&q));
-        apply(&mut q, &agg).expect("fits");
-        assert_same_delta(&q, &p);
-        // Applied on another node (other local factors): the same factors, bit for bit.
-        let mut q2 = params(4, 9);
-        apply(&mut q2, &agg).expect("fits");
-        assert_eq!(digest(&q2), digest(&q));
-        // A factor average of one adapter is the adapter (weights normalise to 1).
-        let one = aggregate(&[&u], &[3.0], Method::FactorAverage).expect("aggregates");
-        let mut r = params(4, 3);
-        apply(&mut r, &one).expect("fits");
-        assert_same_delta(&r, &p);
-        // A's rows have the initial norm.
-        for s in &r.slots {
-            let n: f32 = r.w[s.a..s.a + s.d_in].iter().map(|x| x * x).sum::<f32>().sqrt();
-            assert!((n - 1.0 / 3f32.sqrt()).abs() < 1e-5, "row norm {n}");
-        }
-    }
-
-    fn assert_same_delta(got: &LoraParams, want: &LoraParams) {
-        let (g, w) = (to_update(got, Tier::Group, 1, prov(1)).expect("update"), to_update(want, Tier::Group, 1, prov(1)).expect("update"));
-        for (x, y) in g.targets.iter().zip(&w.targets) {
-            let (dx, dy) = (x.delta(got.scale as f64), y.delta(want.scale as f64));
-            let err = dx.iter().zip(&dy).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
-            let max = dy.iter().map(|a| a.abs()).fold(0.0f64, f64::max);
-            assert!(err <= 1e-5 * max, "{}: {err} of {max}", x.name());
+        // One client's stacked aggregate as the first global adapter: the same ΔW.
+        let agg = aggregate(&[&u], &[3.0], Method::Stack).expect("aggregates");
+        let (g, err) = accumulate(None, &params(4, 2), &agg, 64).expect("accumulates");
+        assert_eq!(err, 0.0);
+        for (x, y) in dense(&g).iter().zip(dense(&p)) {
+            assert!(max_diff(x, &y) < 1e-5);
         }
     }
 
     #[test]
-    fn the_exact_mean_of_adapters_goes_back_into_the_local_rank() {
-        // Two rank-2 clients into a rank-4 adapter: the SVD keeps the exact weighted mean.
-        let a = to_update(&params(2, 4), Tier::Group, 1, prov(1)).expect("update");
-        let b = to_update(&params(2, 5), Tier::Group, 1, prov(3)).expect("update");
-        let w = [1.0, 3.0];
-        let agg = aggregate(&[&a, &b], &w, method("exact", 4).expect("method")).expect("aggregates");
-        let want = dense_mean(&[&a, &b], &w).expect("dense");
-        let mut local = params(4, 6);
-        apply(&mut local, &agg).expect("fits");
-        let back = to_update(&local, Tier::Group, 2, prov(1)).expect("update");
-        for d in &want {
-            let f = back.targets.iter().find(|f| f.layer == d.layer && f.proj == d.proj).expect("slot");
-            let got = f.delta(local.scale as f64);
-            let err = d.values.iter().zip(&got).map(|(x, y)| (x - y).abs()).fold(0.0f64, f64::max);
-            assert!(err < 1e-5, "blk.{}.{}: {err}", d.layer, d.proj);
+    fn the_global_adapter_holds_the_exact_mean_of_every_round() {
+        // Round 1: three rank-2 clients, stacked (exact), become the global adapter G₁.
+        let us: Vec<Update> = (0..3).map(|i| to_update(&params(2, 10 + i), Tier::Group, 1, prov(1 + i)).expect("update")).collect();
+        let refs: Vec<&Update> = us.iter().collect();
+        let w = [1.0, 2.0, 3.0];
+        let agg = aggregate(&refs, &w, method("exact", 2).expect("method")).expect("aggregates");
+        let template = params(2, 1);
+        let (g1, err) = accumulate(None, &template, &agg, 64).expect("accumulates");
+        assert_eq!(err, 0.0);
+        assert_eq!(g1.rank, 6);
+        let want = dense_mean(&refs, &w).expect("dense");
+        for (s, got) in g1.slots.iter().zip(dense(&g1)) {
+            assert!(max_diff(&find(&want, s).values, &got) < 1e-5, "blk.{}.{:?}", s.layer, s.proj);
         }
-        // Factor averaging of equal ranks fits; an aggregate of another adapter does not apply.
-        assert!(apply(&mut params(2, 7), &aggregate(&[&a, &b], &w, method("fedavg", 2).expect("m")).expect("agg")).is_ok());
-        let mut other = agg.clone();
-        other.adapter = "talora".into();
-        let before = local.w.clone();
-        assert!(apply(&mut local, &other).is_err());
-        assert_eq!(local.w, before);
-        // A rank above the local one is refused, the adapter untouched.
-        let wide = aggregate(&[&a, &b], &w, Method::Stack).expect("aggregates");
-        let mut small = params(2, 8);
-        let before = small.w.clone();
-        assert!(apply(&mut small, &wide).is_err());
-        assert_eq!(small.w, before);
-        assert!(method("stack", 4).is_err());
+        // Round 2: the clients' changes L_i on top of G₁. Every client's adapter is G₁ + L_i, so
+        // the exact mean is G₁ + Σ wᵢLᵢ; the new global adapter equals it.
+        let ls: Vec<Update> = (0..3).map(|i| to_update(&params(2, 20 + i), Tier::Group, 2, prov(1)).expect("update")).collect();
+        let lrefs: Vec<&Update> = ls.iter().collect();
+        let agg2 = aggregate(&lrefs, &[1.0, 1.0, 2.0], Method::Stack).expect("aggregates");
+        let (g2, err2) = accumulate(Some(&g1), &template, &agg2, 64).expect("accumulates");
+        assert_eq!(err2, 0.0);
+        let delta = dense_mean(&lrefs, &[1.0, 1.0, 2.0]).expect("dense");
+        for ((s, got), before) in g2.slots.iter().zip(dense(&g2)).zip(dense(&g1)) {
+            let exact: Vec<f64> = before.iter().zip(&find(&delta, s).values).map(|(a, b)| a + b).collect();
+            assert!(max_diff(&exact, &got) < 1e-5, "blk.{}.{:?}", s.layer, s.proj);
+        }
+        // Equal inputs, equal outputs (every node computes its own).
+        let (again, _) = accumulate(Some(&g1), &template, &agg2, 64).expect("accumulates");
+        assert_eq!(digest(&again), digest(&g2));
+        // A cap below the sum's rank: the best approximation, its error reported and true.
+        let (capped, err3) = accumulate(Some(&g1), &template, &agg2, 4).expect("accumulates");
+        assert_eq!(capped.rank, 4);
+        assert!(err3 > 0.0 && err3 < 1.0, "{err3}");
+        let mut worst = 0.0f64;
+        for (s, (got, full)) in capped.slots.iter().zip(dense(&capped).iter().zip(dense(&g2))) {
+            let num: f64 = got.iter().zip(&full).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+            let den: f64 = full.iter().map(|a| a * a).sum::<f64>().sqrt();
+            worst = worst.max(num / den);
+            let _ = s;
+        }
+        assert!((worst - err3).abs() < 1e-4, "measured {worst}, reported {err3}");
+    }
+
+    #[test]
+    fn methods_and_foreign_aggregates() {
+        assert_eq!(method("exact", 8).expect("m"), Method::Stack);
+        assert_eq!(method("svd", 8).expect("m"), Method::Svd { rank: 8 });
+        assert_eq!(method("fedavg", 8).expect("m"), Method::FactorAverage);
+        assert!(method("mean", 8).is_err());
+        let u = to_update(&params(2, 3), Tier::Group, 1, prov(1)).expect("update");
+        let mut agg = aggregate(&[&u], &[1.0], Method::Stack).expect("aggregates");
+        agg.adapter = "talora".into();
+        assert!(accumulate(None, &params(2, 1), &agg, 8).is_err());
     }
 }

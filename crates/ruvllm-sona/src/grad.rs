@@ -138,6 +138,9 @@ pub struct Frozen {
     head_t: Option<QWeight>,
     /// Called between blocks and head chunks: where background training steps aside.
     pause: Option<Pause>,
+    /// A frozen adapter applied on top of the base weights in every pass (the federation's
+    /// global adapter): it shapes the activations and `dx`, and gets no gradient.
+    extra: Option<Arc<LoraParams>>,
 }
 
 /// See [`Frozen::set_pause`].
@@ -290,11 +293,37 @@ fn visible(i: usize, j: usize, window: Option<usize>) -> bool {
     j <= i && window.is_none_or(|w| i - j < w)
 }
 
+/// `y += scale·B·(A·x)` for `params`' slot of (`l`, `p`), factors read from `w`; returns `A·x`
+/// (`t × rank`; empty without a slot).
+fn lora_forward(params: &LoraParams, w: &[f32], l: usize, p: Proj, x: &[f32], t: usize, y: &mut [f32]) -> Vec<f32> {
+    let Some(s) = params.slot(l, p) else { return Vec::new() };
+    let (r, d_in, d_out) = (params.rank, s.d_in, s.d_out);
+    let (a, b) = params.factors(s, w);
+    let mut u = vec![0.0f32; t * r];
+    for ti in 0..t {
+        let xr = &x[ti * d_in..(ti + 1) * d_in];
+        for j in 0..r {
+            u[ti * r + j] = dot(&a[j * d_in..(j + 1) * d_in], xr);
+        }
+        let yr = &mut y[ti * d_out..(ti + 1) * d_out];
+        for o in 0..d_out {
+            let br = &b[o * r..(o + 1) * r];
+            yr[o] += params.scale * (0..r).map(|j| br[j] * u[ti * r + j]).sum::<f32>();
+        }
+    }
+    u
+}
+
 impl Frozen {
     /// The model, with `threads` kernel threads for training. Transposed weights are built on
     /// first use of [`Frozen::loss_and_grad`] with layers below the last (or with the LM head).
     pub fn new(model: Arc<Transformer>, threads: usize) -> Self {
-        Frozen { model, pool: ThreadPool::new(threads.max(1)), wt: Vec::new(), head_t: None, pause: None }
+        Frozen { model, pool: ThreadPool::new(threads.max(1)), wt: Vec::new(), head_t: None, pause: None, extra: None }
+    }
+
+    /// Sets the frozen adapter every pass applies on top of the base weights (`None`: none).
+    pub fn set_extra(&mut self, extra: Option<Arc<LoraParams>>) {
+        self.extra = extra;
     }
 
     /// `f` is called between blocks (forward and backward) and LM-head chunks: it may wait, for
@@ -336,29 +365,17 @@ impl Frozen {
     fn linear(&self, l: usize, p: Proj, x: &[f32], t: usize, y: &mut [f32], lora: Option<(&LoraParams, &[f32])>) -> Vec<f32> {
         let lin = self.lin(l, p);
         matmul(&self.pool, &lin.weight, x, t, y);
-        let (d_in, d_out) = (lin.weight.cols, lin.weight.rows);
+        let d_out = lin.weight.rows;
         if let Some(b) = &lin.bias {
             for row in y.chunks_exact_mut(d_out) {
                 add_into(row, b);
             }
         }
-        let Some((params, w)) = lora else { return Vec::new() };
-        let Some(s) = params.slot(l, p) else { return Vec::new() };
-        let r = params.rank;
-        let (a, b) = params.factors(s, w);
-        let mut u = vec![0.0f32; t * r];
-        for ti in 0..t {
-            let xr = &x[ti * d_in..(ti + 1) * d_in];
-            for j in 0..r {
-                u[ti * r + j] = dot(&a[j * d_in..(j + 1) * d_in], xr);
-            }
-            let yr = &mut y[ti * d_out..(ti + 1) * d_out];
-            for o in 0..d_out {
-                let br = &b[o * r..(o + 1) * r];
-                yr[o] += params.scale * (0..r).map(|j| br[j] * u[ti * r + j]).sum::<f32>();
-            }
+        if let Some(e) = &self.extra {
+            lora_forward(e, &e.w, l, p, x, t, y);
         }
-        u
+        let Some((params, w)) = lora else { return Vec::new() };
+        lora_forward(params, w, l, p, x, t, y)
     }
 
     /// Backward of [`Self::linear`]: `dx += Wᵀ·dy + scale·Aᵀ·(Bᵀ·dy)` (when `dx` is given) and
@@ -405,6 +422,29 @@ impl Frozen {
         let mut tmp = vec![0.0f32; t * d_in];
         matmul(&self.pool, &self.wt[l][proj_index(p)], dy, t, &mut tmp);
         add_into(&mut dx[..t * d_in], &tmp);
+        if let Some(e) = &self.extra {
+            if let Some(s) = e.slot(l, p) {
+                // dx += scale·Aᵀ·(Bᵀ·dy) of the frozen adapter.
+                let r = e.rank;
+                let (a, b) = e.factors(s, &e.w);
+                let mut g = vec![0.0f32; r];
+                for ti in 0..t {
+                    g.iter_mut().for_each(|v| *v = 0.0);
+                    for (o, &dv) in dy[ti * d_out..(ti + 1) * d_out].iter().enumerate() {
+                        if dv != 0.0 {
+                            g.iter_mut().zip(&b[o * r..(o + 1) * r]).for_each(|(gv, &bv)| *gv += dv * bv);
+                        }
+                    }
+                    let dxr = &mut dx[ti * d_in..(ti + 1) * d_in];
+                    for (j, &gj) in g.iter().enumerate() {
+                        let gj = e.scale * gj;
+                        if gj != 0.0 {
+                            dxr.iter_mut().zip(&a[j * d_in..(j + 1) * d_in]).for_each(|(dv, &av)| *dv += gj * av);
+                        }
+                    }
+                }
+            }
+        }
         if let Some(s) = slot {
             let r = params.rank;
             let (a, _) = params.factors(s, w);

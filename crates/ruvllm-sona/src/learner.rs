@@ -188,6 +188,13 @@ pub struct Counters {
     /// Trajectories `0..banked` are in some bank snapshot.
     pub banked: usize,
     pub base_trained: bool,
+    /// Trajectories `0..federated` were learned before the last federated round was applied
+    /// (the local BaseLoRA holds what came after).
+    #[serde(default)]
+    pub federated: usize,
+    /// Federated rounds applied.
+    #[serde(default)]
+    pub federated_rounds: u64,
 }
 
 /// `llm.learningStats()`.
@@ -209,6 +216,8 @@ pub struct LearningStats {
     pub bank_size: usize,
     pub micro_rank: usize,
     pub base_rank: usize,
+    /// The federation's global adapter's rank (`None` before any federated round).
+    pub global_rank: Option<usize>,
     pub ewc: bool,
 }
 
@@ -245,6 +254,9 @@ struct State {
     bank: Bank,
     micro_adapter: Option<Arc<LoraAdapter>>,
     base_adapter: Option<Arc<LoraAdapter>>,
+    /// The federation's global adapter (frozen here; see `federate`) and its runtime form.
+    global: Option<Arc<LoraParams>>,
+    global_adapter: Option<Arc<LoraAdapter>>,
 }
 
 struct InstantJob {
@@ -492,6 +504,15 @@ impl Learner {
         let all: Vec<(usize, Proj)> = (0..cfg.n_layer).flat_map(|l| Proj::ALL.map(|p| (l, p))).collect();
         let (micro, micro_adam) = load("micro.bin", micro::targets(cfg.n_layer), opts.micro_rank, opts.micro_lr, opts.seed ^ 0x4D)?;
         let (base, base_adam) = load("base.bin", all, opts.base_rank, opts.base_lr, opts.seed ^ 0xBA)?;
+        let global_path = dir.join("global.bin");
+        let global = match store::read_optional(&global_path)? {
+            Some(b) => Some(Arc::new(store::params_from_bytes(&global_path, &b, cfg.n_layer, shape)?.0)),
+            None => None,
+        };
+        let global_adapter = match &global {
+            Some(g) => Some(crate::export::to_adapter(g, &cfg, &global_path)?),
+            None => None,
+        };
         let fisher_path = dir.join("fisher.bin");
         let (fisher, anchor, micro_fisher, micro_anchor) = match store::read_optional(&fisher_path)? {
             Some(b) => {
@@ -531,6 +552,8 @@ impl Learner {
             bank,
             micro_adapter: None,
             base_adapter: None,
+            global,
+            global_adapter,
         };
         let learner = Arc::new(Learner {
             engine,
@@ -597,7 +620,7 @@ impl Learner {
         if base_changed {
             st.base_adapter = if st.counters.base_trained { Some(crate::export::to_adapter(&st.base, &cfg, &self.opts.dir.join("base.bin"))?) } else { None };
         }
-        let set: Vec<(Arc<LoraAdapter>, f32)> = st.base_adapter.iter().chain(&st.micro_adapter).map(|a| (a.clone(), 1.0)).collect();
+        let set: Vec<(Arc<LoraAdapter>, f32)> = st.global_adapter.iter().chain(&st.base_adapter).chain(&st.micro_adapter).map(|a| (a.clone(), 1.0)).collect();
         self.engine.set_learned(AdapterSet::new(set));
         Ok(())
     }
@@ -704,6 +727,7 @@ impl Learner {
             bank_size: st.bank.len(),
             micro_rank: st.micro.rank,
             base_rank: st.base.rank,
+            global_rank: st.global.as_ref().map(|g| g.rank),
             ewc: self.opts.ewc,
         }
     }
@@ -711,7 +735,7 @@ impl Learner {
     /// Writes the learned adapter (BaseLoRA and MicroLoRA summed) as a llama.cpp LoRA GGUF.
     pub fn export(&self, path: &Path) -> Result<()> {
         let st = lock(&self.state);
-        let mut parts = Vec::new();
+        let mut parts: Vec<&LoraParams> = st.global.iter().map(|g| &**g).collect();
         if st.counters.base_trained {
             parts.push(&st.base);
         }
@@ -733,6 +757,11 @@ impl Learner {
             return Ok((self.engine.learned(), Vec::new()));
         }
         let mut set: Vec<(Arc<LoraAdapter>, f32)> = self.engine.default_adapters().entries().to_vec();
+        // The federation's global adapter is part of the model here; the snapshots were learned
+        // on top of it.
+        if let Some(g) = &st.global_adapter {
+            set.push((g.clone(), 1.0));
+        }
         let mut used = Vec::new();
         let scale = 1.0 / hits.len() as f32;
         for &(i, cos) in &hits {
@@ -759,38 +788,67 @@ impl Learner {
         Ok((crate::federate::adapter_spec(&st.base, tier), st.base.rank))
     }
 
-    /// The BaseLoRA as it is now (untrained: `B = 0`), as an unsigned update for `round`,
-    /// weighted by the trajectories that train and their mean quality.
+    /// The local BaseLoRA (this node's change since the last applied round; untrained: `B = 0`)
+    /// as an unsigned update for `round`, weighted by the trajectories it learned since then
+    /// and their mean quality.
     pub fn federated_update(&self, tier: ruvllm_daf::update::Tier, round: u64) -> Result<ruvllm_daf::update::Update> {
         let st = lock(&self.state);
-        let good: Vec<f32> = st.trajectories.iter().filter(|t| trained_answer(t, self.opts.quality_gate).is_ok()).map(|t| t.quality.min(1.0)).collect();
+        let upto = st.counters.trained.min(st.trajectories.len());
+        let since = st.counters.federated.min(upto);
+        let good: Vec<f32> =
+            st.trajectories[since..upto].iter().filter(|t| trained_answer(t, self.opts.quality_gate).is_ok()).map(|t| t.quality.min(1.0)).collect();
         let quality = if good.is_empty() { 0.0 } else { good.iter().sum::<f32>() / good.len() as f32 };
         let prov = crate::federate::Provenance { samples: good.len() as u64, quality, improvement: 0.0 };
         crate::federate::to_update(&st.base, tier, round, prov)
     }
 
-    /// Replaces the BaseLoRA by a round's aggregate: the EWC anchor moves to it, it is saved and
-    /// served from the next request on. A BaseLoRA round running meanwhile overwrites it when it
-    /// ends, so call this between rounds (after `consolidate`). Returns the adapter's digest.
-    pub fn apply_federated(&self, agg: &ruvllm_daf::aggregate::Aggregate) -> Result<String> {
+    /// Applies a round's aggregate (of the nodes' local BaseLoRAs): it is added to the global
+    /// adapter, kept to at most `cap` components per projection (`federate::accumulate`), and
+    /// the local BaseLoRA starts afresh on top of it (its initial factors, new optimiser
+    /// state, EWC anchor there). Both are saved and served from the next request on. A BaseLoRA
+    /// round running meanwhile overwrites the local adapter when it ends, so call this between
+    /// rounds (after `consolidate`). Returns the adapters' digest and the cap's truncation error.
+    pub fn apply_federated(&self, agg: &ruvllm_daf::aggregate::Aggregate, cap: usize) -> Result<(String, f64)> {
         let mut st = lock(&self.state);
         let st = &mut *st;
-        crate::federate::apply(&mut st.base, agg)?;
-        // The aggregate's factors are a new basis (the SVD rotates them): moments kept from the
-        // local factors would step in the old one, so the optimiser starts afresh.
-        st.base_adam = Adam::new(st.base.len(), st.base_adam.lr);
-        st.counters.base_trained = true;
-        st.anchor = st.base.w.clone();
+        let (global, err) = crate::federate::accumulate(st.global.as_deref(), &st.base, agg, cap)?;
+        let cfg = self.engine.config().clone();
+        let path = self.opts.dir.join("global.bin");
+        let adapter = crate::export::to_adapter(&global, &cfg, &path)?;
+        let model = self.engine.model();
+        let targets: Vec<(usize, Proj)> = st.base.slots.iter().map(|s| (s.layer, s.proj)).collect();
+        let fresh = LoraParams::new(&model, &targets, st.base.rank, st.base.scale * st.base.rank as f32, self.opts.seed ^ 0xBA);
+        store::write_atomic(&path, &store::params_bytes(&global, None))?;
+        st.base_adam = Adam::new(fresh.len(), st.base_adam.lr);
+        st.anchor = fresh.w.clone();
+        st.base = fresh;
+        st.counters.base_trained = false;
+        st.counters.federated = st.counters.trained;
+        st.counters.federated_rounds += 1;
         store::write_atomic(&self.opts.dir.join("base.bin"), &store::params_bytes(&st.base, Some(&st.base_adam)))?;
+        self.save_fisher(st)?;
         self.save_state(st)?;
-        st.base_snapshot = Some(Arc::new(st.base.clone()));
+        st.global = Some(Arc::new(global));
+        st.global_adapter = Some(adapter);
+        st.base_snapshot = None;
         self.refresh_adapters(st, false, true)?;
-        Ok(crate::federate::digest(&st.base))
+        Ok((self.digest_of(st), err))
     }
 
-    /// SHA-256 of the BaseLoRA's factors (hex): nodes that applied the same aggregate agree.
+    /// The global adapter (what the federation learned), once a round was applied.
+    pub fn global_params(&self) -> Option<Arc<LoraParams>> {
+        lock(&self.state).global.clone()
+    }
+
+    fn digest_of(&self, st: &State) -> String {
+        let g = st.global.as_deref().map(crate::federate::digest).unwrap_or_default();
+        format!("{}{}", &g[..g.len().min(32)], &crate::federate::digest(&st.base)[..32])
+    }
+
+    /// SHA-256 of the global adapter's factors (first 32 hex digits; empty before any round)
+    /// and of the BaseLoRA's (32): nodes that applied the same aggregates agree.
     pub fn adapter_digest(&self) -> String {
-        crate::federate::digest(&lock(&self.state).base)
+        self.digest_of(&lock(&self.state))
     }
 
     /// Stops the threads after their current step (state on disk stays as last saved).
@@ -901,6 +959,8 @@ impl Learner {
         let (mut params, mut adam, examples, upto, micro_merged, fisher, anchor) = {
             let mut st = lock(&self.state);
             let st = &mut *st;
+            // The federation's global adapter is part of the model the BaseLoRA trains on.
+            fr.set_extra(st.global.clone());
             let micro_merged = st.counters.micro_since_merge > 0 && merge_micro(&mut st.base, &mut st.base_adam, &mut st.micro);
             if micro_merged {
                 st.counters.micro_merges += 1;
@@ -1137,7 +1197,7 @@ pub fn offline_status(dir: &Path) -> Result<serde_json::Value> {
         "corrections": trajectories.iter().filter(|t| t.correction.is_some()).count(),
         "counters": state.as_ref().map(|s| serde_json::to_value(&s.counters).unwrap_or_default()),
         "bankSize": bank.len(),
-        "files": { "base": size("base.bin"), "micro": size("micro.bin"), "fisher": size("fisher.bin"), "trajectories": size("trajectories.jsonl") },
+        "files": { "global": size("global.bin"), "base": size("base.bin"), "micro": size("micro.bin"), "fisher": size("fisher.bin"), "trajectories": size("trajectories.jsonl") },
     }))
 }
 
@@ -1147,7 +1207,7 @@ pub fn offline_export(dir: &Path, out: &Path) -> Result<()> {
     let b = store::read_optional(&state_path)?.ok_or_else(|| Error::InvalidArg(format!("{} holds no learning state", dir.display())))?;
     let s: StateFile = serde_json::from_slice(&b).map_err(|e| Error::corrupt(&state_path, e.to_string()))?;
     let mut parts = Vec::new();
-    for (name, used) in [("base.bin", s.counters.base_trained), ("micro.bin", true)] {
+    for (name, used) in [("global.bin", true), ("base.bin", s.counters.base_trained), ("micro.bin", true)] {
         let path = dir.join(name);
         if let (Some(bytes), true) = (store::read_optional(&path)?, used) {
             let (p, _) = store::params_from_bytes(&path, &bytes, s.n_layer, |_| None)?;
@@ -1168,9 +1228,10 @@ impl Drop for Learner {
 
 fn instant_loop(learner: std::sync::Weak<Learner>, rx: Receiver<InstantJob>) {
     let Some(model) = learner.upgrade().map(|l| l.engine.model()) else { return };
-    let fr = Frozen::new(model, 1);
+    let mut fr = Frozen::new(model, 1);
     while let Ok(job) = rx.recv() {
         let Some(l) = learner.upgrade() else { break };
+        fr.set_extra(l.global_params());
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.instant(&fr, job.traj)))
             .unwrap_or_else(|_| Err(Error::Internal("the instant update panicked".into())));
         let _ = job.reply.send(out);

@@ -79,7 +79,20 @@ pub fn tiny_model(dir: &std::path::Path, act: Activation) -> Arc<Transformer> {
     Arc::new(Transformer::load(&loader, cfg, 64).unwrap())
 }
 
-fn check(act: Activation) {
+/// A rank-2 adapter on every projection with non-zero `B` (seeded).
+fn frozen_adapter(model: &Transformer, seed: u64) -> LoraParams {
+    let targets: Vec<(usize, Proj)> = (0..2).flat_map(|l| Proj::ALL.map(|p| (l, p))).collect();
+    let mut e = LoraParams::new(model, &targets, 2, 2.0, seed);
+    let mut rng = Rng(seed + 100);
+    for s in e.slots.clone() {
+        for v in &mut e.w[s.b..s.b + s.d_out * 2] {
+            *v = rng.uniform() * 0.4;
+        }
+    }
+    e
+}
+
+fn check(act: Activation, extra: bool) {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path(), act);
     let targets: Vec<(usize, Proj)> = (0..2).flat_map(|l| Proj::ALL.map(|p| (l, p))).collect();
@@ -93,7 +106,18 @@ fn check(act: Activation) {
     }
     let tokens: Vec<u32> = (0..10).map(|i| (i * 37 + 5) % 128).collect();
     let ex = Example { tokens: tokens.clone(), targets: (2..9).map(|i| (i, 0.5 + i as f32 * 0.1)).collect() };
-    let mut frozen = Frozen::new(model, 1);
+    let mut frozen = Frozen::new(model.clone(), 1);
+    if extra {
+        // The federation's global adapter: frozen, applied in every pass, no gradient.
+        let e = Arc::new(frozen_adapter(&model, 9));
+        let plain = Frozen::new(model.clone(), 1);
+        frozen.set_extra(Some(e.clone()));
+        // Applied: the loss moves, and equals the plain model's with the adapter as `params`.
+        let untrained = LoraParams::new(&model, &targets, 3, 6.0, 1);
+        let with_extra = frozen.loss(&ex, Some(&untrained)).0;
+        assert!((with_extra - plain.loss(&ex, Some(&e)).0).abs() < 1e-5 * with_extra.abs(), "extra adapter not applied as an adapter");
+        assert!((with_extra - plain.loss(&ex, None).0).abs() > 1e-3, "extra adapter changed nothing");
+    }
     let mut grad = vec![0.0f32; params.len()];
     let (loss, wsum) = frozen.loss_and_grad(&ex, &params, &mut grad);
     let (loss2, _) = frozen.loss(&ex, Some(&params));
@@ -120,17 +144,23 @@ fn check(act: Activation) {
         }
     }
     assert_eq!(checked, 28);
-    eprintln!("{act:?}: worst relative error {worst:.2e}");
+    eprintln!("{act:?} (frozen extra adapter: {extra}): worst relative error {worst:.2e}");
 }
 
 #[test]
 fn gradients_match_finite_differences_gelu() {
-    check(Activation::GeluTanh);
+    check(Activation::GeluTanh, false);
 }
 
 #[test]
 fn gradients_match_finite_differences_silu() {
-    check(Activation::Silu);
+    check(Activation::Silu, false);
+}
+
+/// With the federation's global adapter frozen under the trained one (forward and `dx` paths).
+#[test]
+fn gradients_match_finite_differences_under_a_frozen_adapter() {
+    check(Activation::GeluTanh, true);
 }
 
 /// The MicroLoRA step's gradient equals the full backward pass's when its candidate set is the
