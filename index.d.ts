@@ -93,10 +93,11 @@ export declare class Federation {
    * `public`: clipped and noised to `epsilon`/`delta` over `rounds`, released with at least
    * `kAnonymity` nodes), `key` (64 hex digits), `nodeKey` (this node's Ed25519 secret, 64 hex
    * digits; default a fresh one), `expectedNodes` (default peers + 1), `roundTimeoutMs`
-   * (default 10000), `method` (`exact`: the exact weighted mean of the nodes' changes, FLoRA
+   * (default 10000), `method` (`exact`: the exact weighted mean of the nodes' BaseLoRAs, FLoRA
    * stacking; `svd`: that mean re-factorised to the BaseLoRA's rank; `fedavg`: factor
-   * averaging, inexact), `globalRank` (most components per projection the global adapter
-   * keeps, 1..=256, default 64; beyond it a truncated SVD, its error reported per round),
+   * averaging, inexact), `globalRank` (most components per projection the federated adapters
+   * keep, BaseLoRA included, 1..=256, default 64; beyond it a truncated SVD, its error
+   * reported per round),
    * `weighting` (`fedavg`, `quality`,
    * `timestep`, `hybrid`), `topic`. Rejects with `ERR_FEDERATION_CONSENT` (not loaded with
    * `learning: { dir, federate: true }`), `ERR_INVALID_ARG`, `ERR_FEDERATION_KEY`,
@@ -112,11 +113,11 @@ export declare class FederationNode {
   /** This node's public key (64 hex digits): what a tenant's `members` lists. */
   get nodeId(): string
   /**
-   * Runs the next round (or `options.round`): publishes this node's BaseLoRA, what it learned
-   * since the last round (nothing leaves the node on the private tier), waits for the
-   * expected nodes or the round timeout, aggregates, adds the aggregate to the global adapter
-   * (the same on every node, served under the BaseLoRA) and starts the BaseLoRA afresh on top
-   * of it, from the next request on. Call it between learning rounds (after
+   * Runs the next round (or `options.round`): publishes this node's BaseLoRA (nothing leaves
+   * the node on the private tier), waits for the expected nodes or the round timeout,
+   * aggregates, adds the aggregate to the global adapter (frozen, the same on every node) and
+   * splits the sum again: its strongest components become the BaseLoRA, the rest the global
+   * adapter; both are served from the next request on. Call it between learning rounds (after
    * `consolidate()`): a learning round running meanwhile overwrites the BaseLoRA when it ends. Rejects with `ERR_CLOSED`,
    * `ERR_FEDERATION_ROUND`, `ERR_FEDERATION_BUDGET`, `ERR_FEDERATION_SHAPE`.
    */
@@ -583,8 +584,10 @@ export interface FederationOptions {
   expectedNodes?: number
   /** How long a round waits for them before it aggregates what came. Default 10000. */
   roundTimeoutMs?: number
-  /** `exact` (default) or `svd`, the same: the exact weighted mean of the nodes' ΔW, re-factorised to the adapter's rank by truncated SVD; `fedavg`: the mean of the factors (inexact). */
+  /** How a round combines the nodes' BaseLoRAs (each trained on top of the same global adapter): `exact` (default): their exact weighted mean (FLoRA stacking), added to the global adapter, whose strongest components then become every node's BaseLoRA; `svd`: that mean re-factorised to the BaseLoRA's rank first; `fedavg`: the mean of the factors (inexact). */
   method?: 'exact' | 'svd' | 'fedavg'
+  /** Most components per projection the federated adapters keep, the BaseLoRA's included (1..=256, default 64); beyond it a truncated SVD whose error each round reports. */
+  globalRank?: number
   /** How nodes are weighted: by samples (`fedavg`, default), samples × quality (`quality`), measured improvement (`timestep`), or a mix (`hybrid`). */
   weighting?: 'fedavg' | 'quality' | 'timestep' | 'hybrid'
   /** The gossip topic: nodes federate only with nodes on the same topic. */
@@ -607,19 +610,19 @@ export interface FederationRound {
   contributors: number
   /** The round aggregated on its timeout, without every expected node. */
   timedOut: boolean
-  /** The aggregate replaced the local BaseLoRA (false when a public aggregate was withheld). */
+  /** The aggregate was added to the global adapter and the sum split again into BaseLoRA and global adapter (false when a public aggregate was withheld). */
   applied: boolean
-  /** The aggregation used (`Svd { rank: 8 }`, `FactorAverage`), null when nothing was applied. */
+  /** The aggregation used (`stack`, `svd:8`, `factors`), null when nothing was applied. */
   method?: string
   /** The nodes' normalised weights, in node-id order. */
   weights: Array<number>
-  /** Largest relative truncation error of the SVD over the targets (0: exact). */
+  /** Largest relative distance from the exact mean over the targets: of the aggregation (`svd`, `factors`) or of the `globalRank` cap (0: exact). */
   truncationError: number
   /** Public aggregates withheld for too few nodes. */
   withheld: number
   /** SHA-256 of the round's aggregates (hex): equal on nodes that aggregated the same updates. */
   digest: string
-  /** SHA-256 of the local BaseLoRA after the round (hex): equal on nodes with equal adapters. */
+  /** SHA-256 prefixes of the global adapter and of the BaseLoRA after the round (hex): equal on nodes with equal adapters. */
   adapterDigest: string
   /** Envelope bytes this node sent and received for the round. */
   bytesSent: number

@@ -101,14 +101,15 @@ describe('federation', () => {
         expect(r.bytesReceived).toBeGreaterThan(0)
         expect(r.digest).toBe(reports[0].digest)
         expect(r.adapterDigest).toBe(reports[0].adapterDigest)
-        // The exact mean of the three BaseLoRAs (stacked, rank up to 3 × 8) is the global adapter.
+        // The exact mean of the three BaseLoRAs (stacked, rank up to 3 × 8): its 8 strongest
+        // components per projection are the new BaseLoRA, the rest the global adapter.
         expect(r.method).toBe('stack')
         expect(r.truncationError).toBe(0)
       }
       for (const m of nodes) {
         const s = m.learningStats()!
-        expect(s.globalRank).toBeGreaterThan(8)
-        expect(s.globalRank).toBeLessThanOrEqual(24)
+        expect(s.globalRank).toBeGreaterThan(0)
+        expect(s.globalRank).toBeLessThanOrEqual(16)
         expect(s.counters.federatedRounds).toBe(1)
       }
       // The same adapter on every node: the same scores, bit for bit.

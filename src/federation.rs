@@ -125,10 +125,11 @@ impl Federation {
   /// `public`: clipped and noised to `epsilon`/`delta` over `rounds`, released with at least
   /// `kAnonymity` nodes), `key` (64 hex digits), `nodeKey` (this node's Ed25519 secret, 64 hex
   /// digits; default a fresh one), `expectedNodes` (default peers + 1), `roundTimeoutMs`
-  /// (default 10000), `method` (`exact`: the exact weighted mean of the nodes' changes, FLoRA
+  /// (default 10000), `method` (`exact`: the exact weighted mean of the nodes' BaseLoRAs, FLoRA
   /// stacking; `svd`: that mean re-factorised to the BaseLoRA's rank; `fedavg`: factor
-  /// averaging, inexact), `globalRank` (most components per projection the global adapter
-  /// keeps, 1..=256, default 64; beyond it a truncated SVD, its error reported per round),
+  /// averaging, inexact), `globalRank` (most components per projection the federated adapters
+  /// keep, BaseLoRA included, 1..=256, default 64; beyond it a truncated SVD, its error
+  /// reported per round),
   /// `weighting` (`fedavg`, `quality`,
   /// `timestep`, `hybrid`), `topic`. Rejects with `ERR_FEDERATION_CONSENT` (not loaded with
   /// `learning: { dir, federate: true }`), `ERR_INVALID_ARG`, `ERR_FEDERATION_KEY`,
@@ -231,11 +232,11 @@ impl FederationNode {
     self.inner.node_id.clone()
   }
 
-  /// Runs the next round (or `options.round`): publishes this node's BaseLoRA, what it learned
-  /// since the last round (nothing leaves the node on the private tier), waits for the
-  /// expected nodes or the round timeout, aggregates, adds the aggregate to the global adapter
-  /// (the same on every node, served under the BaseLoRA) and starts the BaseLoRA afresh on top
-  /// of it, from the next request on. Call it between learning rounds (after
+  /// Runs the next round (or `options.round`): publishes this node's BaseLoRA (nothing leaves
+  /// the node on the private tier), waits for the expected nodes or the round timeout,
+  /// aggregates, adds the aggregate to the global adapter (frozen, the same on every node) and
+  /// splits the sum again: its strongest components become the BaseLoRA, the rest the global
+  /// adapter; both are served from the next request on. Call it between learning rounds (after
   /// `consolidate()`): a learning round running meanwhile overwrites the BaseLoRA when it ends. Rejects with `ERR_CLOSED`,
   /// `ERR_FEDERATION_ROUND`, `ERR_FEDERATION_BUDGET`, `ERR_FEDERATION_SHAPE`.
   #[napi(ts_args_type = "options?: { round?: number }", ts_return_type = "Promise<FederationRound>")]

@@ -665,9 +665,11 @@ pub struct FederationOptions {
   pub expected_nodes: Option<u32>,
   /// How long a round waits for them before it aggregates what came. Default 10000.
   pub round_timeout_ms: Option<u32>,
-  /// `exact` (default) or `svd`, the same: the exact weighted mean of the nodes' ΔW, re-factorised to the adapter's rank by truncated SVD; `fedavg`: the mean of the factors (inexact).
+  /// How a round combines the nodes' BaseLoRAs (each trained on top of the same global adapter): `exact` (default): their exact weighted mean (FLoRA stacking), added to the global adapter, whose strongest components then become every node's BaseLoRA; `svd`: that mean re-factorised to the BaseLoRA's rank first; `fedavg`: the mean of the factors (inexact).
   #[napi(ts_type = "'exact' | 'svd' | 'fedavg'")]
   pub method: Option<String>,
+  /// Most components per projection the federated adapters keep, the BaseLoRA's included (1..=256, default 64); beyond it a truncated SVD whose error each round reports.
+  pub global_rank: Option<u32>,
   /// How nodes are weighted: by samples (`fedavg`, default), samples × quality (`quality`), measured improvement (`timestep`), or a mix (`hybrid`).
   #[napi(ts_type = "'fedavg' | 'quality' | 'timestep' | 'hybrid'")]
   pub weighting: Option<String>,
@@ -692,19 +694,19 @@ pub struct FederationRound {
   pub contributors: u32,
   /// The round aggregated on its timeout, without every expected node.
   pub timed_out: bool,
-  /// The aggregate replaced the local BaseLoRA (false when a public aggregate was withheld).
+  /// The aggregate was added to the global adapter and the sum split again into BaseLoRA and global adapter (false when a public aggregate was withheld).
   pub applied: bool,
-  /// The aggregation used (`Svd { rank: 8 }`, `FactorAverage`), null when nothing was applied.
+  /// The aggregation used (`stack`, `svd:8`, `factors`), null when nothing was applied.
   pub method: Option<String>,
   /// The nodes' normalised weights, in node-id order.
   pub weights: Vec<f64>,
-  /// Largest relative truncation error of the SVD over the targets (0: exact).
+  /// Largest relative distance from the exact mean over the targets: of the aggregation (`svd`, `factors`) or of the `globalRank` cap (0: exact).
   pub truncation_error: f64,
   /// Public aggregates withheld for too few nodes.
   pub withheld: u32,
   /// SHA-256 of the round's aggregates (hex): equal on nodes that aggregated the same updates.
   pub digest: String,
-  /// SHA-256 of the local BaseLoRA after the round (hex): equal on nodes with equal adapters.
+  /// SHA-256 prefixes of the global adapter and of the BaseLoRA after the round (hex): equal on nodes with equal adapters.
   pub adapter_digest: String,
   /// Envelope bytes this node sent and received for the round.
   pub bytes_sent: f64,

@@ -1,16 +1,20 @@
 //! The learned BaseLoRA as a federation adapter. A federating node's adapters are two:
 //!
-//! - the **global adapter** `G`, the same on every node: what the federation has learned so
-//!   far, frozen locally (served, and applied under training as part of the model);
-//! - the **local BaseLoRA** `L`, trained on this node's feedback on top of `G`.
+//! - the **global adapter** `G`, the same on every node after a round: the weaker components of
+//!   what the federation has learned so far, frozen locally (served, and applied under
+//!   training as part of the model);
+//! - the **BaseLoRA** `L`, trained on this node's feedback on top of `G`; after a round, the
+//!   federation's strongest components.
 //!
 //! A round publishes `L` (one `ruvllm_daf::Update` target per slot, the projection by its GGUF
-//! name): this node's change since the last round. The nodes' adapters are `G + Lᵢ`, so the
-//! exact weighted mean of their `ΔW` is `G + Σ wᵢLᵢ`; the round's aggregate of the `Lᵢ` (FLoRA
-//! stacking, exact) is added to `G` ([`accumulate`]), which is re-factorised by truncated SVD
-//! only when its rank would pass a cap (the error reported), and `L` starts afresh. The
-//! learner's methods that use these are in `learner.rs` (`federated_update`,
-//! `apply_federated`); the transport is `ruvllm_daf::Node`.
+//! name). The nodes' adapters are `G + Lᵢ` with the same `G`, so the exact weighted mean of
+//! their `ΔW` (weights summing to 1) is `G + Σ wᵢLᵢ`: the round's aggregate of the `Lᵢ` (FLoRA
+//! stacking, exact) is added to `G` ([`accumulate`]), the sum re-factorised by SVD (truncated
+//! only past a rank cap, the error reported), and split again: its strongest components
+//! become every node's new `L`, so learning goes on in the directions the federation found
+//! (with both factors non-zero), the rest the new `G`. The learner's methods that use these
+//! are in `learner.rs` (`federated_update`, `apply_federated`); the transport is
+//! `ruvllm_daf::Node`.
 
 use ruvllm_daf::aggregate::{Aggregate, Method};
 use ruvllm_daf::flat::{from_flat, into_flat, FlatSlot};
@@ -64,23 +68,72 @@ pub fn to_update(p: &LoraParams, tier: Tier, round: u64, prov: Provenance) -> Re
     })
 }
 
-/// The federation's global adapter after a round: `global + agg` (the aggregate of the nodes'
-/// changes since the last global adapter), re-factorised to at most `cap` components per
-/// projection by truncated SVD ([`ruvllm_daf::aggregate::accumulate`]). `template` gives the
-/// slots (the local BaseLoRA's). The result applies `B·A` (scale 1), its rank the largest
-/// target's (smaller targets padded with zero components); returned with the truncation's
-/// largest relative error (0 while the sum's rank fits `cap`).
-pub fn accumulate(global: Option<&LoraParams>, template: &LoraParams, agg: &Aggregate, cap: usize) -> Result<(LoraParams, f64)> {
+/// A node's adapters after a round: the sum `frozen + agg` (the aggregate of the nodes'
+/// BaseLoRAs, every one trained on top of the same frozen part) re-factorised by truncated SVD
+/// ([`ruvllm_daf::aggregate::accumulate`]) to at most `cap` components per projection, then
+/// split: the `local.rank` strongest components of each projection become the new BaseLoRA
+/// (in `local`'s layout and scale; each `A` row at its initial norm, see [`init_gauge`]; spare
+/// components start as at initialisation), the rest the new frozen part (scale 1; `None` when
+/// nothing is left). Their sum is the whole re-factorised mean. Returns them with the cap's
+/// largest relative truncation error (0 while the sum's rank fits `cap`).
+pub fn accumulate(frozen: Option<&LoraParams>, local: &LoraParams, agg: &Aggregate, cap: usize, seed: u64) -> Result<(LoraParams, Option<LoraParams>, f64)> {
     if agg.adapter != ADAPTER_ID || agg.bucket.is_some() {
         return Err(Error::InvalidArg(format!("aggregate of adapter '{}' is not SONA's BaseLoRA ('{ADAPTER_ID}')", agg.adapter)));
     }
-    let prev = match global {
+    let prev = match frozen {
         Some(g) => global_factors(g)?,
         None => Vec::new(),
     };
-    let (targets, errs) = ruvllm_daf::aggregate::accumulate(&prev, agg, cap)?;
+    let (targets, errs) = ruvllm_daf::aggregate::accumulate(&prev, agg, cap.max(local.rank))?;
     let err = errs.iter().copied().fold(0.0, f64::max);
-    Ok((global_params(template, targets, agg)?, err))
+    // Components come in descending σ: the first `rank` of each target train, the rest freeze.
+    let r = local.rank;
+    let (mut top, mut rest) = (Vec::with_capacity(targets.len()), Vec::new());
+    for t in targets {
+        let k = r.min(t.rank);
+        let (d_in, d_out) = (t.d_in, t.d_out);
+        let cols = |from: usize, to: usize| -> Vec<f32> { (0..d_out).flat_map(|o| t.b[o * t.rank + from..o * t.rank + to].to_vec()).collect() };
+        if t.rank > k {
+            rest.push(ruvllm_daf::update::Factors::new(t.layer, &t.proj, t.rank - k, d_in, d_out, t.a[k * d_in..].to_vec(), cols(k, t.rank))?);
+        }
+        top.push(ruvllm_daf::update::Factors::new(t.layer, &t.proj, k, d_in, d_out, t.a[..k * d_in].to_vec(), cols(0, k))?);
+    }
+    let mut next = local.clone();
+    let whole = Aggregate { targets: top, scale: 1.0, truncation_error: Vec::new(), ..agg.clone() };
+    into_flat(&whole, r, local.scale, &flat_slots(local), &mut next.w)?;
+    init_gauge(&mut next, seed);
+    let frozen = if rest.is_empty() { None } else { Some(global_params(local, rest, agg)?) };
+    Ok((next, frozen, err))
+}
+
+/// `B·A` is unchanged by `A → g·A`, `B → B/g` per component; the SVD's split (`√σ` on each
+/// side) leaves `A`'s rows far smaller than at initialisation, which slows every later step on
+/// `B`. Each component is rescaled so that `A`'s row has the norm of an initial row (`1/√3`,
+/// uniform in `±1/√d_in`): the same `ΔW`, the same factors on every node, and learning after
+/// a round moves as it did from the start. A component the aggregate left empty starts as at
+/// initialisation (`A` row drawn from `seed`, `B` column 0), so it can still learn.
+fn init_gauge(p: &mut LoraParams, seed: u64) {
+    let target = 1.0 / 3f64.sqrt();
+    let mut rng = crate::grad::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let rank = p.rank;
+    for s in p.slots.clone() {
+        for j in 0..rank {
+            let row = s.a + j * s.d_in..s.a + (j + 1) * s.d_in;
+            let norm = p.w[row.clone()].iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+            if !(norm > 0.0 && norm.is_finite()) {
+                let bound = 1.0 / (s.d_in as f32).sqrt();
+                p.w[row].iter_mut().for_each(|x| *x = rng.uniform() * bound);
+                (0..s.d_out).for_each(|o| p.w[s.b + o * rank + j] = 0.0);
+                continue;
+            }
+            let g = target / norm;
+            p.w[row].iter_mut().for_each(|x| *x = (*x as f64 * g) as f32);
+            for o in 0..s.d_out {
+                let i = s.b + o * rank + j;
+                p.w[i] = (p.w[i] as f64 / g) as f32;
+            }
+        }
+    }
 }
 
 /// `targets` (scale 1) in `template`'s slots at the largest target's rank.
@@ -167,6 +220,17 @@ mod tests {
         want.iter().find(|d| d.layer == s.layer as u32 && d.proj == s.proj.gguf_name()).expect("target")
     }
 
+    /// The dense `ΔW` of `local` plus `frozen`, in `local`'s slot order.
+    fn total(local: &LoraParams, frozen: Option<&LoraParams>) -> Vec<Vec<f64>> {
+        let mut d = dense(local);
+        if let Some(g) = frozen {
+            for (x, y) in d.iter_mut().zip(dense(g)) {
+                x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+            }
+        }
+        d
+    }
+
     #[test]
     fn an_adapter_round_trips_exactly_through_an_update() {
         let p = params(4, 1);
@@ -174,55 +238,66 @@ mod tests {
         assert_eq!(u.targets.len(), 3);
         assert_eq!(u.targets[1].name(), "blk.1.ffn_down");
         assert_eq!((u.targets[0].d_in, u.targets[0].d_out, u.targets[0].rank), (12, 16, 4));
-        // One client's stacked aggregate as the first global adapter: the same ΔW.
+        // One client's stacked aggregate: it fits the BaseLoRA, nothing is left to freeze.
         let agg = aggregate(&[&u], &[3.0], Method::Stack).expect("aggregates");
-        let (g, err) = accumulate(None, &params(4, 2), &agg, 64).expect("accumulates");
+        let (local, frozen, err) = accumulate(None, &params(4, 2), &agg, 64, 7).expect("accumulates");
+        assert!(frozen.is_none());
         assert_eq!(err, 0.0);
-        for (x, y) in dense(&g).iter().zip(dense(&p)) {
+        for (x, y) in dense(&local).iter().zip(dense(&p)) {
             assert!(max_diff(x, &y) < 1e-5);
+        }
+        // A's rows have the initial norm.
+        for s in &local.slots {
+            let n: f32 = local.w[s.a..s.a + s.d_in].iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((n - 1.0 / 3f32.sqrt()).abs() < 1e-5, "row norm {n}");
         }
     }
 
     #[test]
-    fn the_global_adapter_holds_the_exact_mean_of_every_round() {
-        // Round 1: three rank-2 clients, stacked (exact), become the global adapter G₁.
+    fn every_round_keeps_the_exact_mean_split_between_the_baselora_and_the_global_adapter() {
+        // Round 1: three rank-2 clients, stacked (exact): rank 6, the strongest 2 components of
+        // each projection train from now on, the other 4 freeze.
         let us: Vec<Update> = (0..3).map(|i| to_update(&params(2, 10 + i), Tier::Group, 1, prov(1 + i)).expect("update")).collect();
         let refs: Vec<&Update> = us.iter().collect();
         let w = [1.0, 2.0, 3.0];
         let agg = aggregate(&refs, &w, method("exact", 2).expect("method")).expect("aggregates");
         let template = params(2, 1);
-        let (g1, err) = accumulate(None, &template, &agg, 64).expect("accumulates");
+        let (l1, g1, err) = accumulate(None, &template, &agg, 64, 7).expect("accumulates");
+        let g1 = g1.expect("a frozen part");
         assert_eq!(err, 0.0);
-        assert_eq!(g1.rank, 6);
+        assert_eq!((l1.rank, g1.rank), (2, 4));
         let want = dense_mean(&refs, &w).expect("dense");
-        for (s, got) in g1.slots.iter().zip(dense(&g1)) {
+        for (s, got) in l1.slots.iter().zip(total(&l1, Some(&g1))) {
             assert!(max_diff(&find(&want, s).values, &got) < 1e-5, "blk.{}.{:?}", s.layer, s.proj);
         }
-        // Round 2: the clients' changes L_i on top of G₁. Every client's adapter is G₁ + L_i, so
-        // the exact mean is G₁ + Σ wᵢLᵢ; the new global adapter equals it.
+        // Round 2: every client trained its BaseLoRA (starting from l1) on top of g1; each
+        // client's adapter is g1 + Lᵢ, and the exact mean (weights summing to 1) is g1 + Σ wᵢLᵢ.
         let ls: Vec<Update> = (0..3).map(|i| to_update(&params(2, 20 + i), Tier::Group, 2, prov(1)).expect("update")).collect();
         let lrefs: Vec<&Update> = ls.iter().collect();
-        let agg2 = aggregate(&lrefs, &[1.0, 1.0, 2.0], Method::Stack).expect("aggregates");
-        let (g2, err2) = accumulate(Some(&g1), &template, &agg2, 64).expect("accumulates");
+        let w2 = [1.0, 1.0, 2.0];
+        let agg2 = aggregate(&lrefs, &w2, Method::Stack).expect("aggregates");
+        let (l2, g2, err2) = accumulate(Some(&g1), &template, &agg2, 64, 8).expect("accumulates");
         assert_eq!(err2, 0.0);
-        let delta = dense_mean(&lrefs, &[1.0, 1.0, 2.0]).expect("dense");
-        for ((s, got), before) in g2.slots.iter().zip(dense(&g2)).zip(dense(&g1)) {
-            let exact: Vec<f64> = before.iter().zip(&find(&delta, s).values).map(|(a, b)| a + b).collect();
+        let mean = dense_mean(&lrefs, &w2).expect("dense");
+        let before = dense(&g1);
+        for ((s, got), frozen) in l2.slots.iter().zip(total(&l2, g2.as_ref())).zip(&before) {
+            let exact: Vec<f64> = frozen.iter().zip(&find(&mean, s).values).map(|(a, b)| a + b).collect();
             assert!(max_diff(&exact, &got) < 1e-5, "blk.{}.{:?}", s.layer, s.proj);
         }
         // Equal inputs, equal outputs (every node computes its own).
-        let (again, _) = accumulate(Some(&g1), &template, &agg2, 64).expect("accumulates");
-        assert_eq!(digest(&again), digest(&g2));
+        let (l2b, g2b, _) = accumulate(Some(&g1), &template, &agg2, 64, 8).expect("accumulates");
+        assert_eq!(digest(&l2b), digest(&l2));
+        assert_eq!(g2b.as_ref().map(digest), g2.as_ref().map(digest));
         // A cap below the sum's rank: the best approximation, its error reported and true.
-        let (capped, err3) = accumulate(Some(&g1), &template, &agg2, 4).expect("accumulates");
-        assert_eq!(capped.rank, 4);
+        let full = total(&l2, g2.as_ref());
+        let (l3, g3, err3) = accumulate(Some(&g1), &template, &agg2, 4, 8).expect("accumulates");
+        assert_eq!(g3.as_ref().map(|g| g.rank), Some(2));
         assert!(err3 > 0.0 && err3 < 1.0, "{err3}");
         let mut worst = 0.0f64;
-        for (s, (got, full)) in capped.slots.iter().zip(dense(&capped).iter().zip(dense(&g2))) {
-            let num: f64 = got.iter().zip(&full).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+        for (got, full) in total(&l3, g3.as_ref()).iter().zip(&full) {
+            let num: f64 = got.iter().zip(full).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
             let den: f64 = full.iter().map(|a| a * a).sum::<f64>().sqrt();
             worst = worst.max(num / den);
-            let _ = s;
         }
         assert!((worst - err3).abs() < 1e-4, "measured {worst}, reported {err3}");
     }
@@ -236,6 +311,6 @@ mod tests {
         let u = to_update(&params(2, 3), Tier::Group, 1, prov(1)).expect("update");
         let mut agg = aggregate(&[&u], &[1.0], Method::Stack).expect("aggregates");
         agg.adapter = "talora".into();
-        assert!(accumulate(None, &params(2, 1), &agg, 8).is_err());
+        assert!(accumulate(None, &params(2, 1), &agg, 8, 1).is_err());
     }
 }

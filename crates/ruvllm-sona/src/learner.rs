@@ -802,35 +802,45 @@ impl Learner {
         crate::federate::to_update(&st.base, tier, round, prov)
     }
 
-    /// Applies a round's aggregate (of the nodes' local BaseLoRAs): it is added to the global
-    /// adapter, kept to at most `cap` components per projection (`federate::accumulate`), and
-    /// the local BaseLoRA starts afresh on top of it (its initial factors, new optimiser
-    /// state, EWC anchor there). Both are saved and served from the next request on. A BaseLoRA
-    /// round running meanwhile overwrites the local adapter when it ends, so call this between
-    /// rounds (after `consolidate`). Returns the adapters' digest and the cap's truncation error.
+    /// Applies a round's aggregate (of the nodes' BaseLoRAs, all trained on top of the same
+    /// global adapter): the global adapter plus the aggregate, kept to at most `cap` components
+    /// per projection, is split again (`federate::accumulate`): its strongest components become
+    /// the BaseLoRA (new optimiser state, EWC anchor there), the rest the new global adapter.
+    /// Both are saved and served from the next request on. A BaseLoRA round running meanwhile
+    /// overwrites the BaseLoRA when it ends, so call this between rounds (after
+    /// `consolidate`). Returns the adapters' digest and the cap's truncation error.
     pub fn apply_federated(&self, agg: &ruvllm_daf::aggregate::Aggregate, cap: usize) -> Result<(String, f64)> {
         let mut st = lock(&self.state);
         let st = &mut *st;
-        let (global, err) = crate::federate::accumulate(st.global.as_deref(), &st.base, agg, cap)?;
+        let seed = self.opts.seed ^ 0xBA ^ st.counters.federated_rounds.wrapping_add(1).wrapping_mul(0x51);
+        let (base, global, err) = crate::federate::accumulate(st.global.as_deref(), &st.base, agg, cap, seed)?;
         let cfg = self.engine.config().clone();
         let path = self.opts.dir.join("global.bin");
-        let adapter = crate::export::to_adapter(&global, &cfg, &path)?;
-        let model = self.engine.model();
-        let targets: Vec<(usize, Proj)> = st.base.slots.iter().map(|s| (s.layer, s.proj)).collect();
-        let fresh = LoraParams::new(&model, &targets, st.base.rank, st.base.scale * st.base.rank as f32, self.opts.seed ^ 0xBA);
-        store::write_atomic(&path, &store::params_bytes(&global, None))?;
-        st.base_adam = Adam::new(fresh.len(), st.base_adam.lr);
-        st.anchor = fresh.w.clone();
-        st.base = fresh;
-        st.counters.base_trained = false;
+        let adapter = match &global {
+            Some(g) => Some(crate::export::to_adapter(g, &cfg, &path)?),
+            None => None,
+        };
+        // Each file is written atomically, but not the pair: a crash between the two leaves the
+        // new global adapter under the old BaseLoRA (`federatedRounds` in state.json, written
+        // last, still counts the round as not applied).
+        match &global {
+            Some(g) => store::write_atomic(&path, &store::params_bytes(g, None))?,
+            None => store::remove_if_exists(&path)?,
+        }
+        // The factors are a new basis (the SVD rotates them): moments kept from the old ones
+        // would step in the old one, so the optimiser starts afresh.
+        st.base_adam = Adam::new(base.len(), st.base_adam.lr);
+        st.anchor = base.w.clone();
+        st.base = base;
+        st.counters.base_trained = true;
         st.counters.federated = st.counters.trained;
         st.counters.federated_rounds += 1;
         store::write_atomic(&self.opts.dir.join("base.bin"), &store::params_bytes(&st.base, Some(&st.base_adam)))?;
         self.save_fisher(st)?;
         self.save_state(st)?;
-        st.global = Some(Arc::new(global));
-        st.global_adapter = Some(adapter);
-        st.base_snapshot = None;
+        st.global = global.map(Arc::new);
+        st.global_adapter = adapter;
+        st.base_snapshot = Some(Arc::new(st.base.clone()));
         self.refresh_adapters(st, false, true)?;
         Ok((self.digest_of(st), err))
     }

@@ -23,6 +23,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     ruvllm_core::gguf::writer::write_atomic(path, bytes).map_err(|e| Error::io(path, e))
 }
 
+/// Removes `path` if it exists.
+pub fn remove_if_exists(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(path, e)),
+        _ => Ok(()),
+    }
+}
+
 /// Removes temporary files a killed process left behind ([`write_atomic`]'s `.name.PID-N.tmp`,
 /// or an older `.name.tmp-PID`), in `dir` and `dir/bank`.
 pub fn remove_stale_temporaries(dir: &Path) {
