@@ -97,7 +97,9 @@ export declare class Federation {
    * stacking; `svd`: that mean re-factorised to the BaseLoRA's rank; `fedavg`: factor
    * averaging, inexact), `globalRank` (most components per projection the federated adapters
    * keep, BaseLoRA included, 1..=256, default 64; beyond it a truncated SVD, its error
-   * reported per round),
+   * reported per round), `serverLr` (in (0, 10], default 1: the exact mean; else the adapters
+   * move from where the last round left them by that many times the step to the mean; every
+   * node must use the same),
    * `weighting` (`fedavg`, `quality`,
    * `timestep`, `hybrid`), `topic`. Rejects with `ERR_FEDERATION_CONSENT` (not loaded with
    * `learning: { dir, federate: true }`), `ERR_INVALID_ARG`, `ERR_FEDERATION_KEY`,
@@ -588,6 +590,8 @@ export interface FederationOptions {
   method?: 'exact' | 'svd' | 'fedavg'
   /** Most components per projection the federated adapters keep, the BaseLoRA's included (1..=256, default 64); beyond it a truncated SVD whose error each round reports. */
   globalRank?: number
+  /** Server learning rate: the adapters move from where the last round left them by this many times the step to the exact mean (FedOpt; every node must use the same). In (0, 10], default 1 (the exact mean). */
+  serverLr?: number
   /** How nodes are weighted: by samples (`fedavg`, default), samples × quality (`quality`), measured improvement (`timestep`), or a mix (`hybrid`). */
   weighting?: 'fedavg' | 'quality' | 'timestep' | 'hybrid'
   /** The gossip topic: nodes federate only with nodes on the same topic. */
@@ -897,6 +901,8 @@ export interface LearningStats {
   baseRank: number
   /** Rank of the federation's global adapter; absent before a federated round was applied. */
   globalRank?: number
+  /** Server learning rate: the adapters move from where the last round left them by this many times the step to the exact mean (FedOpt; every node must use the same). In (0, 10], default 1 (the exact mean). */
+  serverLr?: number
   ewc: boolean
 }
 

@@ -33,7 +33,7 @@
 // published; the others finish both rounds (the first on its round timeout).
 //
 //   npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16]
-//       [--phases local,exact,fedavg,public] [--global-rank 64] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]
+//       [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]
 // --quick: 3 nodes, 2 examples per round, 2 rounds, 6 held-out passages, phases local,exact,fedavg.
 // --json: the summary as one JSON object on the last line of stdout.
 import { cpSync, mkdtempSync, rmSync } from 'node:fs'
@@ -62,6 +62,7 @@ const { values } = parseArgs({
     'no-dropout': { type: 'boolean' },
     epochs: { type: 'string', default: '1' },
     'global-rank': { type: 'string', default: '64' },
+    'server-lr': { type: 'string', default: '1' },
     'timeout-ms': { type: 'string', default: '300000' },
     quick: { type: 'boolean' },
     json: { type: 'boolean' },
@@ -70,7 +71,7 @@ const { values } = parseArgs({
     help: { type: 'boolean' },
   },
 })
-const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--global-rank 64] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]'
+const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]'
 if (values.help) {
   console.log(USAGE)
   process.exit(0)
@@ -87,6 +88,11 @@ for (const [k, v, min] of [['nodes', N, 1], ['examples', perRound, 1], ['rounds'
     console.error(`bench federation: --${k} must be an integer ≥ ${min}\n${USAGE}`)
     process.exit(2)
   }
+}
+const serverLr = Number(values['server-lr'])
+if (!(serverLr > 0 && serverLr <= 10)) {
+  console.error(`bench federation: --server-lr must be a number in (0, 10]\n${USAGE}`)
+  process.exit(2)
 }
 const GROUP_KEY = '5a'.repeat(32)
 const PHASES = {
@@ -131,7 +137,7 @@ async function child(index) {
     expectedNodes: cmd.expected,
     roundTimeoutMs: Number(values['timeout-ms']),
     topic: `ruvllm-bench/${cmd.phase}`,
-    ...(cmd.phase === 'local' ? {} : { globalRank: Number(values['global-rank']) }),
+    ...(cmd.phase === 'local' ? {} : { globalRank: Number(values['global-rank']), serverLr: Number(values['server-lr']) }),
     ...PHASES[cmd.phase],
   })
   const restore = () => {
@@ -255,7 +261,7 @@ const expect = async (proc, type) => {
 const all = (ps, cmd, type) => Promise.all(ps.map((p) => (p.send(cmd), expect(p, type))))
 const log = (s) => process.stderr.write(`bench federation: ${s}\n`)
 
-log(`${N} nodes, ${R} rounds of ${perRound} feedback examples per node, ${nHeld} held-out passages; phases ${phases.join(', ')}${dropout ? ', dropout' : ''}`)
+log(`${N} nodes, ${R} rounds of ${perRound} feedback examples per node, ${nHeld} held-out passages; phases ${phases.join(', ')}${dropout ? ', dropout' : ''}; global rank ${values['global-rank']}, server learning rate ${serverLr}`)
 const learned = await Promise.all(procs.map((p) => expect(p, 'learned')))
 log(`chunk 0 learned in ${secs()} s`)
 
@@ -360,7 +366,7 @@ const drop = results.dropout && results.dropout.rounds.map((r) => {
 const perRoundRows = arms.concat(results.local ? ['local'] : []).map((p) => `| ${p} | ${results[p].nll.map((r) => f(mean(r))).join(' | ')} |`)
 console.log(
   [
-    `${cpu}; ${N} node processes, 1 engine thread each; ${R} rounds × ${perRound} feedback examples per node (${R * perRound} in all, every arm), ${nHeld} held-out passages`,
+    `${cpu}; ${N} node processes, 1 engine thread each; ${R} rounds × ${perRound} feedback examples per node (${R * perRound} in all, every arm), ${nHeld} held-out passages; global rank ${values['global-rank']}, server learning rate ${serverLr}`,
     '',
     `| node | base | after chunk 0 | local only | ${arms.map((p) => `federated: ${p}`).join(' | ')} |`,
     `|---|---|---|---|${arms.map(() => '---|').join('')}`,
@@ -396,6 +402,8 @@ if (values.json) {
       epsilon,
       rounds: R,
       examplesPerRound: perRound,
+      globalRank: Number(values['global-rank']),
+      serverLr,
       bytesPerRound: main ? bytes(main) : 0,
       perRound: Object.fromEntries(Object.entries(results).filter(([p]) => p !== 'dropout').map(([p, r]) => [p, r.nll.map(mean)])),
       distanceFromExact: Object.fromEntries(arms.map((p) => [p, errs(p)])),

@@ -129,7 +129,9 @@ impl Federation {
   /// stacking; `svd`: that mean re-factorised to the BaseLoRA's rank; `fedavg`: factor
   /// averaging, inexact), `globalRank` (most components per projection the federated adapters
   /// keep, BaseLoRA included, 1..=256, default 64; beyond it a truncated SVD, its error
-  /// reported per round),
+  /// reported per round), `serverLr` (in (0, 10], default 1: the exact mean; else the adapters
+  /// move from where the last round left them by that many times the step to the mean; every
+  /// node must use the same),
   /// `weighting` (`fedavg`, `quality`,
   /// `timestep`, `hybrid`), `topic`. Rejects with `ERR_FEDERATION_CONSENT` (not loaded with
   /// `learning: { dir, federate: true }`), `ERR_INVALID_ARG`, `ERR_FEDERATION_KEY`,
@@ -141,14 +143,14 @@ impl Federation {
       let args = options::federation_options(Some(Val::new(env, &options)))?;
       let learner =
         learner.ok_or_else(|| CodedError::new("ERR_FEDERATION_CONSENT", "federation needs learning: load the model with learning: { dir, federate: true }"))?;
-      let (tier, global_rank) = (args.tier, args.global_rank);
+      let (tier, global_rank, server_lr) = (args.tier, args.global_rank, args.server_lr);
       let cfg = config(&learner, args)?;
       Ok(async move {
         let node = Node::join(cfg).await?;
-        Ok((node, learner, tier, global_rank))
+        Ok((node, learner, tier, global_rank, server_lr))
       })
     });
-    on_network(env, fut, |(node, learner, tier, global_rank)| {
+    on_network(env, fut, |(node, learner, tier, global_rank, server_lr)| {
       let address = node.listen_addr().to_string();
       let node_id = hex(&node.node_id());
       Ok(FederationNode {
@@ -158,6 +160,7 @@ impl Federation {
           learner,
           tier,
           global_rank,
+          server_lr,
           next_round: AtomicU64::new(1),
           address,
           node_id,
@@ -175,6 +178,7 @@ struct Inner {
   tier: Tier,
   /// The cap on the global adapter's components per projection.
   global_rank: usize,
+  server_lr: f64,
   next_round: AtomicU64,
   address: String,
   node_id: String,
@@ -261,8 +265,8 @@ impl FederationNode {
           Some(agg) => {
             let learner = inner.learner.clone();
             let (method, weights, agg_error) = (agg.method.to_string(), agg.weights.clone(), agg.max_truncation_error());
-            let cap = inner.global_rank;
-            let (digest, cap_error) = blocking(move || Ok(learner.apply_federated(&agg, cap)?)).await?;
+            let (cap, lr) = (inner.global_rank, inner.server_lr);
+            let (digest, cap_error) = blocking(move || Ok(learner.apply_federated(&agg, cap, lr)?)).await?;
             (true, digest, Some(method), weights, agg_error.max(cap_error))
           }
           None => (false, inner.learner.adapter_digest(), None, Vec::new(), 0.0),

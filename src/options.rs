@@ -894,6 +894,7 @@ const FEDERATION_KEYS: &[&str] = &[
   "roundTimeoutMs",
   "method",
   "globalRank",
+  "serverLr",
   "weighting",
   "topic",
   "kAnonymity",
@@ -917,6 +918,8 @@ pub struct FederationArgs {
   pub method: String,
   /// Most components per projection the global adapter keeps (default 64).
   pub global_rank: usize,
+  /// Server learning rate (default 1: the exact mean).
+  pub server_lr: f64,
   pub weighting: ruvllm_daf::weighting::Weighting,
   pub topic: Option<String>,
   pub k_anonymity: Option<usize>,
@@ -988,6 +991,7 @@ pub fn federation_options(v: Option<Val>) -> Res<FederationArgs> {
     round_timeout_ms: int_in(bag, "roundTimeoutMs", 1.0, 86_400_000.0)?.map(|n| n as u64),
     method,
     global_rank: int_in(bag, "globalRank", 1.0, 256.0)?.map(|n| n as usize).unwrap_or(64),
+    server_lr: num(bag, "serverLr", "a number in (0, 10]", |x| x > 0.0 && x <= 10.0)?.unwrap_or(1.0),
     weighting,
     topic: opt_string(bag, "topic")?,
     k_anonymity: int_in(bag, "kAnonymity", 1.0, 10_000.0)?.map(|n| n as usize),

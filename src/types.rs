@@ -162,6 +162,8 @@ pub struct LearningStats {
   pub base_rank: u32,
   /// Rank of the federation's global adapter; absent before a federated round was applied.
   pub global_rank: Option<u32>,
+  /// Server learning rate: the adapters move from where the last round left them by this many times the step to the exact mean (FedOpt; every node must use the same). In (0, 10], default 1 (the exact mean).
+  pub server_lr: Option<f64>,
   pub ewc: bool,
 }
 
@@ -670,6 +672,8 @@ pub struct FederationOptions {
   pub method: Option<String>,
   /// Most components per projection the federated adapters keep, the BaseLoRA's included (1..=256, default 64); beyond it a truncated SVD whose error each round reports.
   pub global_rank: Option<u32>,
+  /// Server learning rate: the adapters move from where the last round left them by this many times the step to the exact mean (FedOpt; every node must use the same). In (0, 10], default 1 (the exact mean).
+  pub server_lr: Option<f64>,
   /// How nodes are weighted: by samples (`fedavg`, default), samples × quality (`quality`), measured improvement (`timestep`), or a mix (`hybrid`).
   #[napi(ts_type = "'fedavg' | 'quality' | 'timestep' | 'hybrid'")]
   pub weighting: Option<String>,

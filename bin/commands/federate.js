@@ -21,7 +21,7 @@ const USAGE = `usage:
                         the node id of a key file and what a learning directory holds
   ruvllm federate round --dir <dir> --tier private|group|tenant|public [--peers <multiaddr,...>]
                         [--key <file>] [--group-key <hex>] [--members <id,...>] [--listen <multiaddr>]
-                        [--expected <n>] [--timeout-ms <ms>] [--method exact|svd|fedavg] [--global-rank <n>]
+                        [--expected <n>] [--timeout-ms <ms>] [--method exact|svd|fedavg] [--global-rank <n>] [--server-lr <x>]
                         [--weighting fedavg|quality|timestep|hybrid]
                         [--round <k>] [--wait-ms <ms>] [-m <model>] [--threads <n>] [--json]
                         load the model with learning: { dir, federate: true }, join, run round k (default 1)
@@ -121,6 +121,7 @@ async function round(argv) {
     'timeout-ms': { type: 'string' },
     method: { type: 'string' },
     'global-rank': { type: 'string' },
+    'server-lr': { type: 'string' },
     weighting: { type: 'string' },
     round: { type: 'string' },
     'wait-ms': { type: 'string' },
@@ -139,6 +140,7 @@ async function round(argv) {
     roundTimeoutMs: int(values['timeout-ms'], 'timeout-ms', 1),
     method: values.method,
     globalRank: int(values['global-rank'], 'global-rank', 1),
+    serverLr: values['server-lr'] === undefined ? undefined : Number(values['server-lr']),
     weighting: values.weighting,
   }
   const k = int(values.round, 'round', 1) ?? 1

@@ -76,15 +76,43 @@ pub fn to_update(p: &LoraParams, tier: Tier, round: u64, prov: Provenance) -> Re
 /// components start as at initialisation), the rest the new frozen part (scale 1; `None` when
 /// nothing is left). Their sum is the whole re-factorised mean. Returns them with the cap's
 /// largest relative truncation error (0 while the sum's rank fits `cap`).
-pub fn accumulate(frozen: Option<&LoraParams>, local: &LoraParams, agg: &Aggregate, cap: usize, seed: u64) -> Result<(LoraParams, Option<LoraParams>, f64)> {
+///
+/// `server` = (`start`, `η`) with `η ≠ 1` is a server learning rate (FedAvgM/FedOpt without
+/// momentum, Reddi et al. 2021): the adapters move from where the round started, `frozen +
+/// start` (`start` the BaseLoRA as the last round left it; `None` before the first round, whose
+/// BaseLoRA starts at `ΔW = 0`), by `η` times the step to the exact mean:
+/// `frozen + start + η·(Σ wᵢLᵢ − start)`. `η = 1` is the exact mean.
+pub fn accumulate(
+    frozen: Option<&LoraParams>,
+    local: &LoraParams,
+    agg: &Aggregate,
+    cap: usize,
+    seed: u64,
+    server: (Option<&LoraParams>, f64),
+) -> Result<(LoraParams, Option<LoraParams>, f64)> {
     if agg.adapter != ADAPTER_ID || agg.bucket.is_some() {
         return Err(Error::InvalidArg(format!("aggregate of adapter '{}' is not SONA's BaseLoRA ('{ADAPTER_ID}')", agg.adapter)));
     }
-    let prev = match frozen {
+    let (start, lr) = server;
+    if !(lr.is_finite() && lr > 0.0) {
+        return Err(Error::InvalidArg(format!("server learning rate must be a finite number > 0, got {lr}")));
+    }
+    let mut prev = match frozen {
         Some(g) => global_factors(g)?,
         None => Vec::new(),
     };
-    let (targets, errs) = ruvllm_daf::aggregate::accumulate(&prev, agg, cap.max(local.rank))?;
+    let mut step = agg.clone();
+    if lr != 1.0 {
+        step.scale = (agg.scale as f64 * lr) as f32;
+        if let Some(st) = start {
+            let c = ((1.0 - lr) * st.scale as f64) as f32;
+            for mut t in from_flat(st.rank, &flat_slots(st), &st.w)? {
+                t.b.iter_mut().for_each(|x| *x *= c);
+                prev.push(t);
+            }
+        }
+    }
+    let (targets, errs) = ruvllm_daf::aggregate::accumulate(&prev, &step, cap.max(local.rank))?;
     let err = errs.iter().copied().fold(0.0, f64::max);
     // Components come in descending σ: the first `rank` of each target train, the rest freeze.
     let r = local.rank;
@@ -240,7 +268,7 @@ mod tests {
         assert_eq!((u.targets[0].d_in, u.targets[0].d_out, u.targets[0].rank), (12, 16, 4));
         // One client's stacked aggregate: it fits the BaseLoRA, nothing is left to freeze.
         let agg = aggregate(&[&u], &[3.0], Method::Stack).expect("aggregates");
-        let (local, frozen, err) = accumulate(None, &params(4, 2), &agg, 64, 7).expect("accumulates");
+        let (local, frozen, err) = accumulate(None, &params(4, 2), &agg, 64, 7, (None, 1.0)).expect("accumulates");
         assert!(frozen.is_none());
         assert_eq!(err, 0.0);
         for (x, y) in dense(&local).iter().zip(dense(&p)) {
@@ -262,7 +290,7 @@ mod tests {
         let w = [1.0, 2.0, 3.0];
         let agg = aggregate(&refs, &w, method("exact", 2).expect("method")).expect("aggregates");
         let template = params(2, 1);
-        let (l1, g1, err) = accumulate(None, &template, &agg, 64, 7).expect("accumulates");
+        let (l1, g1, err) = accumulate(None, &template, &agg, 64, 7, (None, 1.0)).expect("accumulates");
         let g1 = g1.expect("a frozen part");
         assert_eq!(err, 0.0);
         assert_eq!((l1.rank, g1.rank), (2, 4));
@@ -276,7 +304,7 @@ mod tests {
         let lrefs: Vec<&Update> = ls.iter().collect();
         let w2 = [1.0, 1.0, 2.0];
         let agg2 = aggregate(&lrefs, &w2, Method::Stack).expect("aggregates");
-        let (l2, g2, err2) = accumulate(Some(&g1), &template, &agg2, 64, 8).expect("accumulates");
+        let (l2, g2, err2) = accumulate(Some(&g1), &template, &agg2, 64, 8, (Some(&l1), 1.0)).expect("accumulates");
         assert_eq!(err2, 0.0);
         let mean = dense_mean(&lrefs, &w2).expect("dense");
         let before = dense(&g1);
@@ -285,12 +313,12 @@ mod tests {
             assert!(max_diff(&exact, &got) < 1e-5, "blk.{}.{:?}", s.layer, s.proj);
         }
         // Equal inputs, equal outputs (every node computes its own).
-        let (l2b, g2b, _) = accumulate(Some(&g1), &template, &agg2, 64, 8).expect("accumulates");
+        let (l2b, g2b, _) = accumulate(Some(&g1), &template, &agg2, 64, 8, (Some(&l1), 1.0)).expect("accumulates");
         assert_eq!(digest(&l2b), digest(&l2));
         assert_eq!(g2b.as_ref().map(digest), g2.as_ref().map(digest));
         // A cap below the sum's rank: the best approximation, its error reported and true.
         let full = total(&l2, g2.as_ref());
-        let (l3, g3, err3) = accumulate(Some(&g1), &template, &agg2, 4, 8).expect("accumulates");
+        let (l3, g3, err3) = accumulate(Some(&g1), &template, &agg2, 4, 8, (Some(&l1), 1.0)).expect("accumulates");
         assert_eq!(g3.as_ref().map(|g| g.rank), Some(2));
         assert!(err3 > 0.0 && err3 < 1.0, "{err3}");
         let mut worst = 0.0f64;
@@ -303,6 +331,26 @@ mod tests {
     }
 
     #[test]
+    fn a_server_learning_rate_moves_from_the_round_start_by_eta_times_the_step() {
+        let us: Vec<Update> = (0..2).map(|i| to_update(&params(2, 30 + i), Tier::Group, 1, prov(1)).expect("update")).collect();
+        let refs: Vec<&Update> = us.iter().collect();
+        let template = params(2, 1);
+        let (l1, g1, _) = accumulate(None, &template, &aggregate(&refs, &[1.0, 1.0], Method::Stack).expect("agg"), 64, 7, (None, 1.0)).expect("acc");
+        let ls: Vec<Update> = (0..2).map(|i| to_update(&params(2, 40 + i), Tier::Group, 2, prov(1)).expect("update")).collect();
+        let lrefs: Vec<&Update> = ls.iter().collect();
+        let agg = aggregate(&lrefs, &[1.0, 3.0], Method::Stack).expect("agg");
+        let mean = dense_mean(&lrefs, &[1.0, 3.0]).expect("dense");
+        let (l2, g2, err) = accumulate(g1.as_ref(), &template, &agg, 64, 8, (Some(&l1), 2.5)).expect("acc");
+        assert_eq!(err, 0.0);
+        for (((s, got), frozen), start) in l2.slots.iter().zip(total(&l2, g2.as_ref())).zip(dense(g1.as_ref().expect("frozen"))).zip(dense(&l1)) {
+            let m = &find(&mean, s).values;
+            let want: Vec<f64> = (0..got.len()).map(|i| frozen[i] + start[i] + 2.5 * (m[i] - start[i])).collect();
+            assert!(max_diff(&want, &got) < 1e-4, "blk.{}.{:?}", s.layer, s.proj);
+        }
+        assert!(accumulate(None, &template, &agg, 64, 8, (None, 0.0)).is_err());
+    }
+
+    #[test]
     fn methods_and_foreign_aggregates() {
         assert_eq!(method("exact", 8).expect("m"), Method::Stack);
         assert_eq!(method("svd", 8).expect("m"), Method::Svd { rank: 8 });
@@ -311,6 +359,6 @@ mod tests {
         let u = to_update(&params(2, 3), Tier::Group, 1, prov(1)).expect("update");
         let mut agg = aggregate(&[&u], &[1.0], Method::Stack).expect("aggregates");
         agg.adapter = "talora".into();
-        assert!(accumulate(None, &params(2, 1), &agg, 8, 1).is_err());
+        assert!(accumulate(None, &params(2, 1), &agg, 8, 1, (None, 1.0)).is_err());
     }
 }

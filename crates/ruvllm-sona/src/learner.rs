@@ -809,11 +809,20 @@ impl Learner {
     /// Both are saved and served from the next request on. A BaseLoRA round running meanwhile
     /// overwrites the BaseLoRA when it ends, so call this between rounds (after
     /// `consolidate`). Returns the adapters' digest and the cap's truncation error.
-    pub fn apply_federated(&self, agg: &ruvllm_daf::aggregate::Aggregate, cap: usize) -> Result<(String, f64)> {
+    ///
+    /// `server_lr` ≠ 1 is a server learning rate: the adapters move from where the last round
+    /// left them by that many times the step to the exact mean (`federate::accumulate`); every
+    /// node must apply the same rounds with the same rate to stay equal.
+    pub fn apply_federated(&self, agg: &ruvllm_daf::aggregate::Aggregate, cap: usize, server_lr: f64) -> Result<(String, f64)> {
         let mut st = lock(&self.state);
         let st = &mut *st;
         let seed = self.opts.seed ^ 0xBA ^ st.counters.federated_rounds.wrapping_add(1).wrapping_mul(0x51);
-        let (base, global, err) = crate::federate::accumulate(st.global.as_deref(), &st.base, agg, cap, seed)?;
+        let start_path = self.opts.dir.join("round-start.bin");
+        let start = match store::read_optional(&start_path)? {
+            Some(b) => Some(store::params_from_bytes(&start_path, &b, self.engine.config().n_layer, |_| None)?.0),
+            None => None,
+        };
+        let (base, global, err) = crate::federate::accumulate(st.global.as_deref(), &st.base, agg, cap, seed, (start.as_ref(), server_lr))?;
         let cfg = self.engine.config().clone();
         let path = self.opts.dir.join("global.bin");
         let adapter = match &global {
@@ -836,6 +845,8 @@ impl Learner {
         st.counters.federated = st.counters.trained;
         st.counters.federated_rounds += 1;
         store::write_atomic(&self.opts.dir.join("base.bin"), &store::params_bytes(&st.base, Some(&st.base_adam)))?;
+        // Where the next round starts (what a server learning rate steps from).
+        store::write_atomic(&start_path, &store::params_bytes(&st.base, None))?;
         self.save_fisher(st)?;
         self.save_state(st)?;
         st.global = global.map(Arc::new);
