@@ -4,7 +4,8 @@
 // `act_mq_*`). Weights are random bytes in the GGUF block layouts (Q8_0 repacked as uploaded);
 // the reference is a float64 product on the CPU of the dequantized weights (ggml's formulas)
 // and the activations as the FP32 path rounds them. Needs no model and no Rust:
-//   scripts/mmq-test.sh   (builds with nvcc; run the binary on the GPU machine)
+//   scripts/mmq-test.sh   (builds with nvcc; run the binary on the GPU machine:
+//   `mmq-test [N_TOKENS [quick]]`, quick: six cases, for ragged token counts)
 #include "../crates/ruvllm-core/src/backend/cuda/kernels.cu"
 
 #include <algorithm>
@@ -15,6 +16,23 @@
 #include <random>
 #include <string>
 #include <vector>
+
+// Other instances of the MMQ body, for comparison: without the one-stage-ahead loads, and with
+// two warp groups splitting each stage.
+template <int T, int BN, bool PIPE, int KS>
+__global__ void __launch_bounds__(128 * KS) mmq_var(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) {
+    mmq_body<T, BN, PIPE, KS>(a, Xq, Xd, Xm, cols, n);
+}
+template <int BN, bool PIPE, int KS>
+static void launch_var(int ty, dim3 g, Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) {
+    switch (ty) {
+        case 0: mmq_var<T_Q8_0R, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+        case 1: mmq_var<T_Q4_0, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+        case 2: mmq_var<T_Q5_0, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+        case 3: mmq_var<T_Q4_K, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+        case 4: mmq_var<T_Q6_K, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+    }
+}
 
 #define CK(x)                                                                                  \
     do {                                                                                       \
@@ -227,6 +245,8 @@ static double rel_err(const Weight& w, const std::vector<float>& xr, const std::
 
 int main(int argc, char** argv) {
     const int n = argc > 1 ? atoi(argv[1]) : 512;
+    // Fewer cases (correctness at ragged token counts) when a second argument is given.
+    const bool quick = argc > 2;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device %s, %d SMs, n = %d tokens\n", prop.name, prop.multiProcessorCount, n);
@@ -259,8 +279,9 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&dY, ymax * 4));
     std::vector<float> y(ymax);
     bool all_ok = true;
-    printf("%-20s %-6s %-16s %8s %8s %8s %8s %8s | %9s %9s %9s %9s\n", "case", "type", "rows x cols", "act_old", "gemm", "act_mq", "mma", "mmq32/64", "err gemm",
-           "err mma", "err mmq32", "err mmq64");
+    printf("%-20s %-6s %-16s %8s %8s %8s %8s %9s %6s %9s | %9s %9s %9s\n", "case", "type", "rows x cols", "act_old", "gemm", "act_mq", "mma", "mmq32/64", "64np", "ks2 32/64",
+           "err gemm", "err mma", "err mmq*");
+    if (quick) cases = {cases[0], cases[2], cases[4], cases[6], cases[7], cases[8]};
     for (auto& c : cases) {
         const int cols = c.cols;
         const bool k = c.ty == Q4_K || c.ty == Q6_K;
@@ -321,7 +342,12 @@ int main(int argc, char** argv) {
             tiles += blocks_of(ws[i].rows, 64);
         }
         auto mmq = [&](int bn) {
-            dim3 g(tiles, blocks_of(n, bn));
+            // bn: 32 / 64 the kernels as built; 0: 64 without the loads ahead; 1 / 2: 64 / 32
+            // with two warp groups.
+            dim3 g(tiles, blocks_of(n, bn == 2 || bn == 32 ? 32 : 64));
+            if (bn == 0) return launch_var<64, false, 1>(c.ty, g, a, dXq, dXd, dXm, cols, n);
+            if (bn == 1) return launch_var<64, true, 2>(c.ty, g, a, dXq, dXd, dXm, cols, n);
+            if (bn == 2) return launch_var<32, true, 2>(c.ty, g, a, dXq, dXd, dXm, cols, n);
 #define MQ_LAUNCH(name)                                                                    \
     if (bn == 32) mmq32_##name<<<g, 128>>>(a, dXq, dXd, dXm, cols, n); \
     else mmq64_##name<<<g, 128>>>(a, dXq, dXd, dXm, cols, n);
@@ -380,18 +406,20 @@ int main(int argc, char** argv) {
         const double e_mma = has_mma ? check(gemm_mma) : NAN;
         const double e32 = check([&] { mmq(32); });
         const double e64 = check([&] { mmq(64); });
-        if (!(e_old < 1e-5) || !(e32 < 1e-5) || !(e64 < 1e-5) || (has_mma && !(e_mma < 1e-5))) all_ok = false;
+        const double enp = check([&] { mmq(0); }), eks64 = check([&] { mmq(1); }), eks32 = check([&] { mmq(2); });
+        if (!(e_old < 1e-5) || !(e32 < 1e-5) || !(e64 < 1e-5) || !(enp < 1e-5) || !(eks64 < 1e-5) || !(eks32 < 1e-5) || (has_mma && !(e_mma < 1e-5))) all_ok = false;
         const float t_act = time_us(act_old), t_old = time_us(gemm_old), t_actmq = time_us(act_mq);
         const float t_mma = has_mma ? time_us(gemm_mma) : NAN;
-        const float t32 = time_us([&] { mmq(32); }), t64 = time_us([&] { mmq(64); });
+        const float t32 = time_us([&] { mmq(32); }), t64 = time_us([&] { mmq(64); }), tnp = time_us([&] { mmq(0); });
+        const float tks64 = time_us([&] { mmq(1); }), tks32 = time_us([&] { mmq(2); });
         std::string rs;
         for (int r : c.rows) rs += (rs.empty() ? "" : "+") + std::to_string(r);
         rs += "x" + std::to_string(cols);
-        printf("%-20s %-6s %-16s %8.1f %8.1f %8.1f %8.1f %4.1f/%-4.1f | %9.2e %9.2e %9.2e %9.2e\n", c.what, ty_name[c.ty], rs.c_str(), t_act, t_old, t_actmq, t_mma, t32,
-               t64, e_old, e_mma, e32, e64);
+        printf("%-20s %-6s %-16s %8.1f %8.1f %8.1f %8.1f %4.1f/%-4.1f %6.1f %4.1f/%-4.1f | %9.2e %9.2e %9.2e\n", c.what, ty_name[c.ty], rs.c_str(), t_act, t_old, t_actmq,
+               t_mma, t32, t64, tnp, tks32, tks64, e_old, e_mma, std::max({e32, e64, enp, eks32, eks64}));
         for (auto& w : ws) CK(cudaFree(w.dev));
     }
-    printf("(times: microseconds per launch, median of 7 means over 50 launches; err: ||y - ref|| / ||ref||, ref in float64)\n");
+    printf("(times: microseconds per launch, median of 7 means over 50 launches; 64np: mmq64 without loads ahead; ks2: two warp groups per tile; err: ||y - ref|| / ||ref||, ref in float64, mmq*: worst of the MMQ variants)\n");
     printf("%s\n", all_ok ? "MMQ TEST: PASS" : "MMQ TEST: FAIL");
     return all_ok ? 0 : 1;
 }

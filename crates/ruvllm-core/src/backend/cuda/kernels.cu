@@ -967,72 +967,127 @@ template <> struct Mq<T_Q6_K> { static const int sub = 16; static const bool min
 
 // Four 4-bit high parts (bits of h) moved to bit 4 of each byte.
 __device__ __forceinline__ uint32_t mq_spread4(uint32_t h) { return ((h & 1) << 4) | ((h & 2) << 11) | ((h & 4) << 18) | ((h & 8) << 25); }
-__device__ __forceinline__ uint32_t ld2x16(const u8* p) {
-    const uint16_t* s = (const uint16_t*)p;
-    return (uint32_t)s[0] | ((uint32_t)s[1] << 16);
-}
+__device__ __forceinline__ uint32_t pk16(uint16_t a, uint16_t b) { return (uint32_t)a | ((uint32_t)b << 16); }
+__device__ __forceinline__ float h2f(uint16_t v) { return __half2float(__ushort_as_half(v)); }
 
-// 32-block `b` of one row: its 32 quants as int8 (q, four to a word), scale (dw[1]: the second
-// 16's, Q6_K) and min (Q4_K: the weight is dw·q − mw).
-template <int T> __device__ __forceinline__ void mq_blk(const u8* row, int b, uint32_t* q, float* dw, float& mw);
-template <> __device__ __forceinline__ void mq_blk<T_Q8_0R>(const u8* row, int b, uint32_t* q, float* dw, float& mw) {
-    const u8* c = row + (size_t)(b >> 3) * 272;
-    const int k = b & 7;
-    dw[0] = ldh(c + 2 * k);
-    const uint4* p = (const uint4*)(c + 16 + 32 * k);
-    const uint4 u = p[0], v = p[1];
-    q[0] = u.x; q[1] = u.y; q[2] = u.z; q[3] = u.w; q[4] = v.x; q[5] = v.y; q[6] = v.z; q[7] = v.w;
-}
-template <> __device__ __forceinline__ void mq_blk<T_Q4_0>(const u8* row, int b, uint32_t* q, float* dw, float& mw) {
-    const u8* p = row + (size_t)b * 18;
-    dw[0] = ldh(p);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t w = ld2x16(p + 2 + 4 * i);
-        q[i] = __vsub4(w & 0x0F0F0F0F, 0x08080808);
-        q[4 + i] = __vsub4((w >> 4) & 0x0F0F0F0F, 0x08080808);
+// 32-block `b` of one row, in two steps so that the loads of the next stage can be in flight
+// while the tensor cores work on this one: `load` only reads the block's bytes into registers,
+// `get` makes its 32 quants as int8 (q, four to a word), scale (dw[1]: the second 16's, Q6_K)
+// and min (Q4_K: the weight is dw·q − mw).
+template <int T> struct MqRaw;
+template <> struct MqRaw<T_Q8_0R> {
+    uint4 u, v;
+    uint16_t d;
+    __device__ __forceinline__ void load(const u8* row, int b) {
+        const u8* c = row + (size_t)(b >> 3) * 272;
+        const int k = b & 7;
+        d = ((const uint16_t*)c)[k];
+        const uint4* p = (const uint4*)(c + 16 + 32 * k);
+        u = p[0];
+        v = p[1];
     }
-}
-template <> __device__ __forceinline__ void mq_blk<T_Q5_0>(const u8* row, int b, uint32_t* q, float* dw, float& mw) {
-    const u8* p = row + (size_t)b * 22;
-    dw[0] = ldh(p);
-    const uint32_t qh = ld2x16(p + 2);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint32_t w = ld2x16(p + 6 + 4 * i);
-        q[i] = __vsub4((w & 0x0F0F0F0F) | mq_spread4(qh >> (4 * i)), 0x10101010);
-        q[4 + i] = __vsub4(((w >> 4) & 0x0F0F0F0F) | mq_spread4(qh >> (16 + 4 * i)), 0x10101010);
+    __device__ __forceinline__ void get(int b, uint32_t* q, float* dw, float& mw) const {
+        dw[0] = h2f(d);
+        q[0] = u.x; q[1] = u.y; q[2] = u.z; q[3] = u.w; q[4] = v.x; q[5] = v.y; q[6] = v.z; q[7] = v.w;
     }
-}
-template <> __device__ __forceinline__ void mq_blk<T_Q4_K>(const u8* row, int b, uint32_t* q, float* dw, float& mw) {
-    const u8* s = row + (size_t)(b >> 3) * 144;
-    const int j = b & 7;
-    float sc, m;
-    scale_min_k4(j, s + 4, &sc, &m);
-    dw[0] = ldh(s) * sc;
-    mw = ldh(s + 2) * m;
-    const uint4* p = (const uint4*)(s + 16 + 32 * (j >> 1));
-    const uint4 u = p[0], v = p[1];
-    const int sh = (j & 1) * 4;
-    q[0] = (u.x >> sh) & 0x0F0F0F0F; q[1] = (u.y >> sh) & 0x0F0F0F0F; q[2] = (u.z >> sh) & 0x0F0F0F0F; q[3] = (u.w >> sh) & 0x0F0F0F0F;
-    q[4] = (v.x >> sh) & 0x0F0F0F0F; q[5] = (v.y >> sh) & 0x0F0F0F0F; q[6] = (v.z >> sh) & 0x0F0F0F0F; q[7] = (v.w >> sh) & 0x0F0F0F0F;
-}
-template <> __device__ __forceinline__ void mq_blk<T_Q6_K>(const u8* row, int b, uint32_t* q, float* dw, float& mw) {
-    const u8* s = row + (size_t)(b >> 3) * 210;
-    const int j = b & 7, h = j >> 2, qq = j & 3;
-    const u8* ql = s + 64 * h + 32 * (qq & 1);
-    const u8* qh = s + 128 + 32 * h;
-    const int sh = (qq >> 1) * 4, hs = 2 * qq;
-    const float d = ldh(s + 208);
-    const int8_t* sc = (const int8_t*)(s + 192 + 8 * h + 2 * qq);
-    dw[0] = d * (float)sc[0];
-    dw[1] = d * (float)sc[1];
+};
+template <> struct MqRaw<T_Q4_0> {
+    uint16_t s[9];
+    __device__ __forceinline__ void load(const u8* row, int b) {
+        const uint16_t* p = (const uint16_t*)(row + (size_t)b * 18);
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const uint32_t l = ld2x16(ql + 4 * i), hb = ld2x16(qh + 4 * i);
-        q[i] = __vsub4(((l >> sh) & 0x0F0F0F0F) | (((hb >> hs) & 0x03030303) << 4), 0x20202020);
+        for (int i = 0; i < 9; i++) s[i] = p[i];
     }
-}
+    __device__ __forceinline__ void get(int b, uint32_t* q, float* dw, float& mw) const {
+        dw[0] = h2f(s[0]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w = pk16(s[1 + 2 * i], s[2 + 2 * i]);
+            q[i] = __vsub4(w & 0x0F0F0F0F, 0x08080808);
+            q[4 + i] = __vsub4((w >> 4) & 0x0F0F0F0F, 0x08080808);
+        }
+    }
+};
+template <> struct MqRaw<T_Q5_0> {
+    uint16_t s[11];
+    __device__ __forceinline__ void load(const u8* row, int b) {
+        const uint16_t* p = (const uint16_t*)(row + (size_t)b * 22);
+#pragma unroll
+        for (int i = 0; i < 11; i++) s[i] = p[i];
+    }
+    __device__ __forceinline__ void get(int b, uint32_t* q, float* dw, float& mw) const {
+        dw[0] = h2f(s[0]);
+        const uint32_t qh = pk16(s[1], s[2]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t w = pk16(s[3 + 2 * i], s[4 + 2 * i]);
+            q[i] = __vsub4((w & 0x0F0F0F0F) | mq_spread4(qh >> (4 * i)), 0x10101010);
+            q[4 + i] = __vsub4(((w >> 4) & 0x0F0F0F0F) | mq_spread4(qh >> (16 + 4 * i)), 0x10101010);
+        }
+    }
+};
+template <> struct MqRaw<T_Q4_K> {
+    uint4 u, v;
+    uint32_t dd, sc[3];
+    __device__ __forceinline__ void load(const u8* row, int b) {
+        const u8* s = row + (size_t)(b >> 3) * 144;
+        const uint32_t* w = (const uint32_t*)s;
+        dd = w[0];
+        sc[0] = w[1];
+        sc[1] = w[2];
+        sc[2] = w[3];
+        const uint4* p = (const uint4*)(s + 16 + 32 * ((b & 7) >> 1));
+        u = p[0];
+        v = p[1];
+    }
+    __device__ __forceinline__ void get(int b, uint32_t* q, float* dw, float& mw) const {
+        const int j = b & 7;
+        // ggml's get_scale_min_k4 on the 12 scale bytes held in sc[0..2].
+        auto byte = [&](int k) -> uint32_t {
+            const uint32_t w = k < 4 ? sc[0] : (k < 8 ? sc[1] : sc[2]);
+            return (w >> (8 * (k & 3))) & 0xFF;
+        };
+        float s, m;
+        if (j < 4) {
+            s = (float)(byte(j) & 63);
+            m = (float)(byte(j + 4) & 63);
+        } else {
+            s = (float)((byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4));
+            m = (float)((byte(j + 4) >> 4) | ((byte(j) >> 6) << 4));
+        }
+        dw[0] = h2f((uint16_t)(dd & 0xFFFF)) * s;
+        mw = h2f((uint16_t)(dd >> 16)) * m;
+        const int sh = (j & 1) * 4;
+        q[0] = (u.x >> sh) & 0x0F0F0F0F; q[1] = (u.y >> sh) & 0x0F0F0F0F; q[2] = (u.z >> sh) & 0x0F0F0F0F; q[3] = (u.w >> sh) & 0x0F0F0F0F;
+        q[4] = (v.x >> sh) & 0x0F0F0F0F; q[5] = (v.y >> sh) & 0x0F0F0F0F; q[6] = (v.z >> sh) & 0x0F0F0F0F; q[7] = (v.w >> sh) & 0x0F0F0F0F;
+    }
+};
+template <> struct MqRaw<T_Q6_K> {
+    uint16_t l[16], h[16], sc, d;
+    __device__ __forceinline__ void load(const u8* row, int b) {
+        const u8* s = row + (size_t)(b >> 3) * 210;
+        const int j = b & 7, hf = j >> 2, qq = j & 3;
+        const uint16_t* ql = (const uint16_t*)(s + 64 * hf + 32 * (qq & 1));
+        const uint16_t* qh = (const uint16_t*)(s + 128 + 32 * hf);
+#pragma unroll
+        for (int i = 0; i < 16; i++) l[i] = ql[i];
+#pragma unroll
+        for (int i = 0; i < 16; i++) h[i] = qh[i];
+        sc = *(const uint16_t*)(s + 192 + 8 * hf + 2 * qq);
+        d = *(const uint16_t*)(s + 208);
+    }
+    __device__ __forceinline__ void get(int b, uint32_t* q, float* dw, float& mw) const {
+        const int qq = b & 3, sh = (qq >> 1) * 4, hs = 2 * qq;
+        const float dd = h2f(d);
+        dw[0] = dd * (float)(int8_t)(sc & 0xFF);
+        dw[1] = dd * (float)(int8_t)(sc >> 8);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t lo = pk16(l[2 * i], l[2 * i + 1]), hb = pk16(h[2 * i], h[2 * i + 1]);
+            q[i] = __vsub4(((lo >> sh) & 0x0F0F0F0F) | (((hb >> hs) & 0x03030303) << 4), 0x20202020);
+        }
+    }
+};
 
 __device__ __forceinline__ void mma_k32(int* c, const uint32_t* a, const uint32_t* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -1060,13 +1115,23 @@ __device__ __forceinline__ bool mq_pick(const Mmv3& a, int& tile, const u8*& w, 
     return true;
 }
 
-template <int T, int BN>
+// PIPE: the next stage's bytes are read into registers before this stage's products (one
+// stage ahead); else each stage is read, converted and stored before its products. KS: warp
+// groups that split each stage's 32-blocks between them (128·KS threads; more warps in flight
+// for the same tile), their sums added through shared memory at the end.
+template <int T, int BN, bool PIPE, int KS>
 __device__ __forceinline__ void mmq_body(const Mmv3& a, const int8_t* __restrict__ Xq, const float* __restrict__ Xd, const float* __restrict__ Xm, int cols, int n) {
     constexpr int SUB = Mq<T>::sub;
     constexpr bool MINS = Mq<T>::mins;
-    constexpr int NT = BN / 16;  // 8-token tiles per warp
-    __shared__ __align__(16) int8_t Ws[MQ_BM * MQ_LD];
-    __shared__ __align__(16) int8_t Xs[BN * MQ_LD];
+    constexpr int NT = BN / 16;        // 8-token tiles per warp
+    constexpr int NTH = 128 * KS;
+    constexpr int WI = MQ_BM * 4 / NTH;       // (row, 32-block) weight pairs per thread and stage
+    constexpr int XV = BN * 8 / NTH;          // 16-byte activation pieces per thread and stage
+    constexpr int XS = (BN * 4 + NTH - 1) / NTH;  // activation scales per thread and stage
+    static_assert(XV >= 1 && WI >= 1, "tile too small for the threads");
+    __shared__ __align__(16) int8_t Sm[(MQ_BM + BN) * MQ_LD];
+    int8_t* Ws = Sm;
+    int8_t* Xs = Sm + MQ_BM * MQ_LD;
     __shared__ float Wd[2 * MQ_BK / 32][MQ_BM];  // [32-block · 2 + half][row]
     __shared__ float Wm[MQ_BK / 32][MQ_BM];
     __shared__ float Xds[MQ_BK / 32][BN], Xms[MQ_BK / 32][BN];
@@ -1082,7 +1147,8 @@ __device__ __forceinline__ void mmq_body(const Mmv3& a, const int8_t* __restrict
     PDL_ENTRY();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int r0 = tile * MQ_BM, t0 = blockIdx.y * BN;
-    const int wr = (warp >> 1) * 32, wt = (warp & 1) * (BN / 2);
+    const int kg = warp >> 2, w4 = warp & 3;  // the warp's group (32-blocks kg, kg + KS, ..) and place
+    const int wr = (w4 >> 1) * 32, wt = (w4 & 1) * (BN / 2);
     const int nbt = cols >> 5;
     float acc[2][NT][4];
 #pragma unroll
@@ -1091,16 +1157,41 @@ __device__ __forceinline__ void mmq_body(const Mmv3& a, const int8_t* __restrict
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[m][j][i] = 0.f;
-    for (int b0 = 0; b0 < nbt; b0 += MQ_BK / 32) {
+    // One stage in registers: two (row, 32-block) pairs of weights per thread, XV activation
+    // pieces and XS of their scales.
+    MqRaw<T> raw[WI];
+    uint4 xv[XV];
+    float xd[XS], xm[XS];
+    auto load = [&](int b0) {
         const int nb = min(MQ_BK / 32, nbt - b0);
-        // Weights: 64 rows × 4 blocks, two (row, block) pairs per thread.
 #pragma unroll
-        for (int it = 0; it < 2; it++) {
-            const int i = tid + it * 128, r = i >> 2, kb = i & 3;
+        for (int it = 0; it < WI; it++) {
+            const int i = tid + it * NTH, r = i >> 2, kb = i & 3;
+            if (kb < nb && r0 + r < rows) raw[it].load(W + (size_t)(r0 + r) * rb, b0 + kb);
+        }
+#pragma unroll
+        for (int it = 0; it < XV; it++) {
+            const int i = tid + it * NTH, tk = i >> 3, c = i & 7;
+            xv[it] = make_uint4(0, 0, 0, 0);
+            if (t0 + tk < n && c < 2 * nb) xv[it] = *(const uint4*)(Xq + (size_t)(t0 + tk) * cols + b0 * 32 + c * 16);
+        }
+#pragma unroll
+        for (int it = 0; it < XS; it++) {
+            const int i = tid + it * NTH, tk = i >> 2, kb = i & 3;
+            const bool in = i < BN * 4 && t0 + tk < n && kb < nb;
+            xd[it] = in ? Xd[(size_t)(t0 + tk) * nbt + b0 + kb] : 0.f;
+            if (MINS) xm[it] = in ? Xm[(size_t)(t0 + tk) * nbt + b0 + kb] : 0.f;
+        }
+    };
+    auto store = [&](int b0) {
+        const int nb = min(MQ_BK / 32, nbt - b0);
+#pragma unroll
+        for (int it = 0; it < WI; it++) {
+            const int i = tid + it * NTH, r = i >> 2, kb = i & 3;
             uint32_t q[8];
             float dw[2] = {0.f, 0.f}, mw = 0.f;
             if (kb < nb && r0 + r < rows) {
-                mq_blk<T>(W + (size_t)(r0 + r) * rb, b0 + kb, q, dw, mw);
+                raw[it].get(b0 + kb, q, dw, mw);
             } else {
 #pragma unroll
                 for (int k = 0; k < 8; k++) q[k] = 0;
@@ -1112,22 +1203,28 @@ __device__ __forceinline__ void mmq_body(const Mmv3& a, const int8_t* __restrict
             if (SUB == 16) Wd[2 * kb + 1][r] = dw[1];
             if (MINS) Wm[kb][r] = mw;
         }
-        // Activations: BN tokens × 128 bytes, in 16-byte pieces.
 #pragma unroll
-        for (int it = 0; it < BN * 8 / 128; it++) {
-            const int i = tid + it * 128, tk = i >> 3, c = i & 7;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (t0 + tk < n && c < 2 * nb) v = *(const uint4*)(Xq + (size_t)(t0 + tk) * cols + b0 * 32 + c * 16);
-            *(uint4*)(Xs + tk * MQ_LD + c * 16) = v;
+        for (int it = 0; it < XV; it++) {
+            const int i = tid + it * NTH, tk = i >> 3, c = i & 7;
+            *(uint4*)(Xs + tk * MQ_LD + c * 16) = xv[it];
         }
-        for (int i = tid; i < BN * 4; i += 128) {
-            const int tk = i >> 2, kb = i & 3;
-            const bool in = t0 + tk < n && kb < nb;
-            Xds[kb][tk] = in ? Xd[(size_t)(t0 + tk) * nbt + b0 + kb] : 0.f;
-            if (MINS) Xms[kb][tk] = in ? Xm[(size_t)(t0 + tk) * nbt + b0 + kb] : 0.f;
+#pragma unroll
+        for (int it = 0; it < XS; it++) {
+            const int i = tid + it * NTH, tk = i >> 2, kb = i & 3;
+            if (i < BN * 4) {
+                Xds[kb][tk] = xd[it];
+                if (MINS) Xms[kb][tk] = xm[it];
+            }
         }
+    };
+    if (PIPE) load(0);
+    for (int b0 = 0; b0 < nbt; b0 += MQ_BK / 32) {
+        const int nb = min(MQ_BK / 32, nbt - b0);
+        if (!PIPE) load(b0);
+        store(b0);
         __syncthreads();
-        for (int kb = 0; kb < nb; kb++) {
+        if (PIPE && b0 + MQ_BK / 32 < nbt) load(b0 + MQ_BK / 32);
+        for (int kb = kg; kb < nb; kb += KS) {
             uint32_t af[2][4], bf[NT][2];
             float dwr[2][2], dwr2[2][2], mwr[2][2], dxt[NT][2], xmt[NT][2];
 #pragma unroll
@@ -1181,6 +1278,29 @@ __device__ __forceinline__ void mmq_body(const Mmv3& a, const int8_t* __restrict
         }
         __syncthreads();
     }
+    if (KS > 1) {
+        // The other groups' sums into group 0's, through the staging memory (free now).
+        float* red = (float*)Sm;  // [group - 1][element][128 lanes of the group]
+        static_assert((KS - 1) * 2 * NT * 4 * 128 * 4 <= (MQ_BM + BN) * MQ_LD, "reduction does not fit");
+        if (kg > 0) {
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) red[(((kg - 1) * 2 * NT + m * NT + j) * 4 + i) * 128 + w4 * 32 + lane] = acc[m][j][i];
+        }
+        __syncthreads();
+        if (kg > 0) return;
+#pragma unroll
+        for (int k = 1; k < KS; k++)
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[m][j][i] += red[(((k - 1) * 2 * NT + m * NT + j) * 4 + i) * 128 + w4 * 32 + lane];
+    }
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -1191,9 +1311,13 @@ __device__ __forceinline__ void mmq_body(const Mmv3& a, const int8_t* __restrict
                 if (r < rows && tk < n) Y[(size_t)tk * rows + r] = acc[m][j][i];
             }
 }
+// mmq{32,64}: 128 threads; mmq{32,64}k2: two warp groups (256 threads), for grids too small
+// to fill the GPU.
 #define INSTANTIATE_MMQ(T, name) \
-    extern "C" __global__ void __launch_bounds__(128) mmq32_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmq_body<T, 32>(a, Xq, Xd, Xm, cols, n); } \
-    extern "C" __global__ void __launch_bounds__(128) mmq64_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmq_body<T, 64>(a, Xq, Xd, Xm, cols, n); }
+    extern "C" __global__ void __launch_bounds__(128) mmq32_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmq_body<T, 32, true, 1>(a, Xq, Xd, Xm, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(128) mmq64_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmq_body<T, 64, true, 1>(a, Xq, Xd, Xm, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(256) mmq32k2_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmq_body<T, 32, true, 2>(a, Xq, Xd, Xm, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(256) mmq64k2_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmq_body<T, 64, true, 2>(a, Xq, Xd, Xm, cols, n); }
 INSTANTIATE_MMQ(T_Q8_0R, q8_0r)
 INSTANTIATE_MMQ(T_Q4_0, q4_0)
 INSTANTIATE_MMQ(T_Q5_0, q5_0)

@@ -32,11 +32,16 @@ use crate::{Error, Result};
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ruvllm_kernels.fatbin"));
 
 const MMV_MAX: usize = 8;
+/// MMQ grids of at most this many blocks run two warp groups per tile (`mmq_launch`).
+const MMQ_FEW_BLOCKS: usize = 132;
 /// Most splits of a decode step's attention span (fixed, so the step's launches do not change;
 /// the kernel uses fewer while the span is short).
 const DECODE_SPLITS: usize = 32;
 /// Most splits of a prefill token's span.
 const PREFILL_SPLITS: usize = 4;
+/// A many-token attention launch splits spans only while it has fewer (query, KV head) blocks
+/// than this (two per multiprocessor of an H100/H200).
+const ATT_FILL_BLOCKS: usize = 264;
 /// Shortest slice of a span the attention kernel gives one block (`ATT_MIN_CHUNK`).
 const ATT_MIN_CHUNK: usize = 32;
 /// A decode attention slice's fewest positions: 16 took ~18 us off an H200 decode step against
@@ -356,12 +361,15 @@ pub struct CudaBackend {
     /// faster than with the FP32 tiles, 43.7k against 41.6k tok/s, because each 32-block's
     /// integer tile is scaled through shared memory, and greedy tokens parted from the CPU's at
     /// larger gaps on 2 of 7 prompts; the way forward is `mma.sync` with the scales applied in
-    /// registers, as llama.cpp's MMQ does).
+    /// registers, as llama.cpp's MMQ does: that is `mmq`, which takes precedence).
     mma: bool,
     /// Many-token products of Q8_0 / Q5_0 / Q4_0 / Q4_K / Q6_K weights by the MMQ kernels
     /// (int8 `mma.sync`, every 32-block's integer sum scaled in registers; up to three weights
     /// of one type in one launch); on unless `RUVLLM_CUDA_MMQ=0`. Takes precedence over `mma`.
     mmq: bool,
+    /// Most splits of a many-token pass's attention span (`RUVLLM_CUDA_PREFILL_SPLITS`, 1-32,
+    /// for A/B runs; default: see `attention_launch`).
+    prefill_splits: Option<usize>,
     logits_dev: Option<DevMem>,
     logits_host: Option<HostMem>,
     /// Rows of the last LM head, and whether `logits_host` holds them.
@@ -478,6 +486,7 @@ impl CudaBackend {
             ahead_on: env_on("RUVLLM_CUDA_AHEAD"),
             mma: std::env::var("RUVLLM_CUDA_MMA").is_ok_and(|v| v == "1"),
             mmq: env_on("RUVLLM_CUDA_MMQ"),
+            prefill_splits: std::env::var("RUVLLM_CUDA_PREFILL_SPLITS").ok().and_then(|v| v.parse().ok()).filter(|c| (1..=32).contains(c)),
             fuse_head: env_on("RUVLLM_CUDA_FUSE_HEAD"),
             head_blocks: env_count("RUVLLM_CUDA_HEAD_BLOCKS", 1..=HEAD_BLOCKS_MAX, HEAD_BLOCKS),
             att_chunk: env_count("RUVLLM_CUDA_ATT_CHUNK", 1..=4096, DECODE_ATT_CHUNK),
@@ -1017,9 +1026,13 @@ impl CudaBackend {
         }
         let tiles: usize = rows.iter().map(|&r| (r as usize).div_ceil(64)).sum();
         let bn = if tiles * n.div_ceil(64) < 64 { 32 } else { 64 };
+        // A grid that leaves multiprocessors idle (an H100/H200 has 132) gets two warp groups
+        // per tile: on an H200, 640x2048 Q4_K 28.2 -> 24.5 us, Q6_K 38.2 -> 34.7 us; the larger
+        // grids are as fast or a little slower with them.
+        let (k2, threads) = if tiles * n.div_ceil(bn) <= MMQ_FEW_BLOCKS { ("k2", 256) } else { ("", 128) };
         let suffix = type_suffix(ty).unwrap_or("f32");
         let args = Args::new().words(&a).ptr(q).ptr(d).ptr(m).i32(cols as i32).i32(n as i32);
-        self.push(&format!("mmq{bn}_{suffix}"), [tiles as u32, Self::blocks(n, bn), 1], 128, args);
+        self.push(&format!("mmq{bn}{k2}_{suffix}"), [tiles as u32, Self::blocks(n, bn), 1], threads, args);
     }
 
     /// `Y[t·ldy + r] = W[r]·x[t]` for `n` tokens (`w`: the uploaded weight and its row bytes):
@@ -1091,9 +1104,16 @@ impl CudaBackend {
             });
             return;
         }
-        // Decode: a fixed split count over the span (one graph for every step); prefill: one
-        // split per query unless the span is long.
-        let splits = if n <= MMV_MAX { DECODE_SPLITS } else { (pos0 + n).div_ceil(ATT_MIN_CHUNK).clamp(1, PREFILL_SPLITS) };
+        // Decode: a fixed split count over the span (one graph for every step); many tokens:
+        // splits only while the queries alone leave the GPU short of blocks (at 512 tokens one
+        // split took the attention from 131 to 108 us per layer on an H200; 2: 116, 8: 166),
+        // each at least ATT_MIN_CHUNK positions.
+        let splits = if n <= MMV_MAX {
+            DECODE_SPLITS
+        } else {
+            let most = self.prefill_splits.unwrap_or_else(|| ATT_FILL_BLOCKS.div_ceil(n * shape.n_kv_head.max(1)).min(PREFILL_SPLITS));
+            (pos0 + n).div_ceil(ATT_MIN_CHUNK).clamp(1, most.max(1))
+        };
         let need = n * shape.n_kv_head * splits * g * (shape.head_dim + 2) * 4;
         if self.att_part.as_ref().is_none_or(|p| p.bytes < need) {
             self.flush();
