@@ -3,7 +3,8 @@
 //! ([`driver`]), so one binary serves machines with and without a GPU.
 //!
 //! - Weights are uploaded once in their GGUF block formats and dequantized in registers by the
-//!   products (`mmv*` for up to 8 tokens, a tiled `gemm` beyond).
+//!   products (`mmv*` for up to 8 tokens; beyond, a tiled FP32 `gemm`, or with
+//!   `RUVLLM_CUDA_MMQ=1` the int8 tensor-core `mmq*` kernels for Q8_0/Q5_0/Q4_0/Q4_K/Q6_K).
 //! - Operations are recorded, not launched: a forward pass becomes a list of kernel launches,
 //!   sent at the first point the host needs a result (the LM head's token or logits, a hidden
 //!   state). What changes between decode steps (position, tokens, LM-head rows) lives in a small
@@ -31,11 +32,16 @@ use crate::{Error, Result};
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ruvllm_kernels.fatbin"));
 
 const MMV_MAX: usize = 8;
+/// MMQ grids of at most this many blocks run two warp groups per tile (`mmq_launch`).
+const MMQ_FEW_BLOCKS: usize = 132;
 /// Most splits of a decode step's attention span (fixed, so the step's launches do not change;
 /// the kernel uses fewer while the span is short).
 const DECODE_SPLITS: usize = 32;
 /// Most splits of a prefill token's span.
 const PREFILL_SPLITS: usize = 4;
+/// A many-token attention launch splits spans only while it has fewer (query, KV head) blocks
+/// than this (two per multiprocessor of an H100/H200).
+const ATT_FILL_BLOCKS: usize = 264;
 /// Shortest slice of a span the attention kernel gives one block (`ATT_MIN_CHUNK`).
 const ATT_MIN_CHUNK: usize = 32;
 /// A decode attention slice's fewest positions: 16 took ~18 us off an H200 decode step against
@@ -355,8 +361,20 @@ pub struct CudaBackend {
     /// faster than with the FP32 tiles, 43.7k against 41.6k tok/s, because each 32-block's
     /// integer tile is scaled through shared memory, and greedy tokens parted from the CPU's at
     /// larger gaps on 2 of 7 prompts; the way forward is `mma.sync` with the scales applied in
-    /// registers, as llama.cpp's MMQ does).
+    /// registers, as llama.cpp's MMQ does: that is `mmq`, which takes precedence).
     mma: bool,
+    /// Many-token products of Q8_0 / Q5_0 / Q4_0 / Q4_K / Q6_K weights by the MMQ kernels
+    /// (int8 `mma.sync`, every 32-block's integer sum scaled in registers; up to three weights
+    /// of one type in one launch); `RUVLLM_CUDA_MMQ=1`, takes precedence over `mma`. Off by
+    /// default: on an H200 a 512-token prefill runs 86k tok/s against 41k with the FP32 tiles
+    /// and its log-probabilities are as close to the CPU's (Hamlet mean 0.073 vs 0.078 nat), but
+    /// 2 of gpu_check's 7 greedy prompts part from the CPU at 0.43 / 0.50 nat gaps (7-token
+    /// prompts whose BOS row comes from an earlier prefill through the prefix cache; every int8
+    /// variant tried parts there), where the FP32 tiles part only at near-ties.
+    mmq: bool,
+    /// Most splits of a many-token pass's attention span (`RUVLLM_CUDA_PREFILL_SPLITS`, 1-32,
+    /// for A/B runs; default: see `attention_launch`).
+    prefill_splits: Option<usize>,
     logits_dev: Option<DevMem>,
     logits_host: Option<HostMem>,
     /// Rows of the last LM head, and whether `logits_host` holds them.
@@ -472,6 +490,8 @@ impl CudaBackend {
             pass_pick: false,
             ahead_on: env_on("RUVLLM_CUDA_AHEAD"),
             mma: std::env::var("RUVLLM_CUDA_MMA").is_ok_and(|v| v == "1"),
+            mmq: std::env::var("RUVLLM_CUDA_MMQ").is_ok_and(|v| v == "1"),
+            prefill_splits: std::env::var("RUVLLM_CUDA_PREFILL_SPLITS").ok().and_then(|v| v.parse().ok()).filter(|c| (1..=32).contains(c)),
             fuse_head: env_on("RUVLLM_CUDA_FUSE_HEAD"),
             head_blocks: env_count("RUVLLM_CUDA_HEAD_BLOCKS", 1..=HEAD_BLOCKS_MAX, HEAD_BLOCKS),
             att_chunk: env_count("RUVLLM_CUDA_ATT_CHUNK", 1..=4096, DECODE_ATT_CHUNK),
@@ -961,16 +981,68 @@ impl CudaBackend {
             }
         } else {
             let mut rounded: Option<&str> = None;
-            for (k, w) in ws.iter().enumerate() {
-                let y = self.buf(dsts[k]);
-                self.gemm(up[k], w.ty, w.rows, w.cols, x, y, w.rows, n, &mut rounded);
+            let mut i = 0;
+            while i < ws.len() {
+                let (ty, cols) = (ws[i].ty, ws[i].cols);
+                if self.mmq_on(ty, cols) {
+                    // Up to three weights of one type in one launch.
+                    let mut j = i + 1;
+                    while j < ws.len() && j - i < 3 && ws[j].ty == ty && ws[j].cols == cols {
+                        j += 1;
+                    }
+                    let (mut wp, mut rb, mut rows, mut yp) = ([0; 3], [0i64; 3], [0i32; 3], [0; 3]);
+                    for k in i..j {
+                        wp[k - i] = up[k].0;
+                        rb[k - i] = up[k].1 as i64;
+                        rows[k - i] = ws[k].rows as i32;
+                        yp[k - i] = self.buf(dsts[k]);
+                    }
+                    self.mmq_launch(ty, mmv3_words(wp, rb, rows, yp), rows, cols, x, n, &mut rounded);
+                    i = j;
+                } else {
+                    let y = self.buf(dsts[i]);
+                    self.gemm(up[i], ty, ws[i].rows, cols, x, y, ws[i].rows, n, &mut rounded);
+                    i += 1;
+                }
             }
         }
     }
 
+    /// Whether a many-token product of this weight type and width runs on the MMQ kernels.
+    fn mmq_on(&self, ty: GgmlType, cols: usize) -> bool {
+        self.mmq && cols.is_multiple_of(32) && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+    }
+
+    /// The MMQ product of up to three weights of type `ty` (`a`: `Mmv3` words, `rows` their
+    /// row counts) by `x` (n × cols): quantizes `x` into the activation buffer unless `rounded`
+    /// says it holds that already (quants n × cols bytes, then the 32-block scales and the
+    /// scaled quant sums, n × cols/32 floats each), then one launch of 64-row tiles × 64 (32
+    /// where that leaves under 64 blocks) tokens. Outputs `Y[t·rows + r]`.
+    #[allow(clippy::too_many_arguments)]
+    fn mmq_launch(&mut self, ty: GgmlType, a: [u64; 11], rows: [i32; 3], cols: usize, x: CUdeviceptr, n: usize, rounded: &mut Option<&'static str>) {
+        let act = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) { "act_mq_q8_k" } else { "act_mq_q8_0" };
+        let span = (self.max_batch * self.widest()) as u64;
+        let q = Self::ptr_of(&self.act_buf);
+        let (d, m) = (q + span, q + span + span / 8);
+        if *rounded != Some(act) {
+            let warps = cols.div_ceil(256) * n;
+            self.push(act, [Self::blocks(warps, 8), 1, 1], 256, Args::new().ptr(x).ptr(q).ptr(d).ptr(m).i32(cols as i32).i32(n as i32));
+            *rounded = Some(act);
+        }
+        let tiles: usize = rows.iter().map(|&r| (r as usize).div_ceil(64)).sum();
+        let bn = if tiles * n.div_ceil(64) < 64 { 32 } else { 64 };
+        // A grid that leaves multiprocessors idle (an H100/H200 has 132) gets two warp groups
+        // per tile: on an H200, 640x2048 Q4_K 28.2 -> 24.5 us, Q6_K 38.2 -> 34.7 us; the larger
+        // grids are as fast or a little slower with them.
+        let (k2, threads) = if tiles * n.div_ceil(bn) <= MMQ_FEW_BLOCKS { ("k2", 256) } else { ("", 128) };
+        let suffix = type_suffix(ty).unwrap_or("f32");
+        let args = Args::new().words(&a).ptr(q).ptr(d).ptr(m).i32(cols as i32).i32(n as i32);
+        self.push(&format!("mmq{bn}{k2}_{suffix}"), [tiles as u32, Self::blocks(n, bn), 1], threads, args);
+    }
+
     /// `Y[t·ldy + r] = W[r]·x[t]` for `n` tokens (`w`: the uploaded weight and its row bytes):
-    /// on the int8 tensor cores for weights in symmetric 32-blocks with `RUVLLM_CUDA_MMA=1`,
-    /// else the FP32 tiles. `rounded`: which rounding of `x` the activation buffer holds.
+    /// by the MMQ kernels where `mmq_on` says so, else on the int8 tensor cores (WMMA) for
+    /// weights in symmetric 32-blocks with `RUVLLM_CUDA_MMA=1`, else the FP32 tiles. `rounded`: which rounding of `x` the activation buffer holds.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &mut self,
@@ -984,6 +1056,10 @@ impl CudaBackend {
         n: usize,
         rounded: &mut Option<&'static str>,
     ) {
+        if ldy == rows && self.mmq_on(ty, cols) {
+            self.mmq_launch(ty, mmv3_words([w.0, 0, 0], [w.1 as i64, 0, 0], [rows as i32, 0, 0], [y, 0, 0]), [rows as i32, 0, 0], cols, x, n, rounded);
+            return;
+        }
         let suffix = type_suffix(ty).unwrap_or("f32");
         let grid = [Self::blocks(rows, 64), Self::blocks(n, 64), 1];
         let mma = self.mma && cols.is_multiple_of(32) && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0);
@@ -1033,9 +1109,16 @@ impl CudaBackend {
             });
             return;
         }
-        // Decode: a fixed split count over the span (one graph for every step); prefill: one
-        // split per query unless the span is long.
-        let splits = if n <= MMV_MAX { DECODE_SPLITS } else { (pos0 + n).div_ceil(ATT_MIN_CHUNK).clamp(1, PREFILL_SPLITS) };
+        // Decode: a fixed split count over the span (one graph for every step); many tokens:
+        // splits only while the queries alone leave the GPU short of blocks (at 512 tokens one
+        // split took the attention from 131 to 108 us per layer on an H200; 2: 116, 8: 166),
+        // each at least ATT_MIN_CHUNK positions.
+        let splits = if n <= MMV_MAX {
+            DECODE_SPLITS
+        } else {
+            let most = self.prefill_splits.unwrap_or_else(|| ATT_FILL_BLOCKS.div_ceil(n * shape.n_kv_head.max(1)).min(PREFILL_SPLITS));
+            (pos0 + n).div_ceil(ATT_MIN_CHUNK).clamp(1, most.max(1))
+        };
         let need = n * shape.n_kv_head * splits * g * (shape.head_dim + 2) * 4;
         if self.att_part.as_ref().is_none_or(|p| p.bytes < need) {
             self.flush();

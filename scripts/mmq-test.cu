@@ -1,0 +1,425 @@
+// Kernel-level check and timing of the many-token products in kernels.cu, at Gemma 3 270M's
+// prefill shapes (512 tokens): the FP32 tiles (`gemm_*` after `act_q8_0`/`act_q8_k`), the WMMA
+// int8 version (`gemm_mma_*` after `act_q8_0_i8`) and the MMQ kernels (`mmq{32,64}_*` after
+// `act_mq_*`). Weights are random bytes in the GGUF block layouts (Q8_0 repacked as uploaded);
+// the reference is a float64 product on the CPU of the dequantized weights (ggml's formulas)
+// and the activations as the FP32 path rounds them. Needs no model and no Rust:
+//   scripts/mmq-test.sh   (builds with nvcc; run the binary on the GPU machine:
+//   `mmq-test [N_TOKENS [quick]]`, quick: six cases, for ragged token counts)
+#include "../crates/ruvllm-core/src/backend/cuda/kernels.cu"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+// Other instances of the MMQ body, for comparison: without the one-stage-ahead loads, and with
+// two warp groups splitting each stage.
+template <int T, int BN, bool PIPE, int KS>
+__global__ void __launch_bounds__(128 * KS) mmq_var(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) {
+    mmq_body<T, BN, PIPE, KS>(a, Xq, Xd, Xm, cols, n);
+}
+template <int BN, bool PIPE, int KS>
+static void launch_var(int ty, dim3 g, Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) {
+    switch (ty) {
+        case 0: mmq_var<T_Q8_0R, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+        case 1: mmq_var<T_Q4_0, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+        case 2: mmq_var<T_Q5_0, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+        case 3: mmq_var<T_Q4_K, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+        case 4: mmq_var<T_Q6_K, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
+    }
+}
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static std::mt19937_64 rng(12345);
+static float urand(float a, float b) { return std::uniform_real_distribution<float>(a, b)(rng); }
+static uint8_t ubyte() { return (uint8_t)(rng() & 0xFF); }
+static void put_h(uint8_t* p, float v) {
+    __half h = __float2half(v);
+    memcpy(p, &h, 2);
+}
+static float get_h(const uint8_t* p) {
+    __half h;
+    memcpy(&h, p, 2);
+    return __half2float(h);
+}
+
+enum Ty { Q8_0, Q4_0, Q5_0, Q4_K, Q6_K };
+static const char* ty_name[] = {"q8_0r", "q4_0", "q5_0", "q4_k", "q6_k"};
+static int blk_elems(Ty t) { return t == Q4_K || t == Q6_K ? 256 : 32; }
+static int blk_bytes(Ty t) {
+    switch (t) {
+        case Q8_0: return 34;
+        case Q4_0: return 18;
+        case Q5_0: return 22;
+        case Q4_K: return 144;
+        default: return 210;
+    }
+}
+
+// Random raw blocks and the dequantized row (ggml's dequantize_row_* formulas).
+static void make_row(Ty t, int cols, std::vector<uint8_t>& raw, float* y) {
+    const int nb = cols / blk_elems(t), bb = blk_bytes(t);
+    raw.resize((size_t)nb * bb);
+    for (auto& b : raw) b = ubyte();
+    for (int b = 0; b < nb; b++) {
+        uint8_t* p = raw.data() + (size_t)b * bb;
+        if (t == Q8_0) {
+            put_h(p, urand(0.0005f, 0.004f));
+            const float d = get_h(p);
+            for (int j = 0; j < 32; j++) y[b * 32 + j] = d * (float)(int8_t)p[2 + j];
+        } else if (t == Q4_0) {
+            put_h(p, urand(0.005f, 0.03f));
+            const float d = get_h(p);
+            for (int j = 0; j < 16; j++) {
+                y[b * 32 + j] = d * (float)((p[2 + j] & 0xF) - 8);
+                y[b * 32 + j + 16] = d * (float)((p[2 + j] >> 4) - 8);
+            }
+        } else if (t == Q5_0) {
+            put_h(p, urand(0.003f, 0.02f));
+            const float d = get_h(p);
+            uint32_t qh;
+            memcpy(&qh, p + 2, 4);
+            for (int j = 0; j < 16; j++) {
+                const int x0 = (p[6 + j] & 0xF) | (((qh >> j) & 1) << 4);
+                const int x1 = (p[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+                y[b * 32 + j] = d * (float)(x0 - 16);
+                y[b * 32 + j + 16] = d * (float)(x1 - 16);
+            }
+        } else if (t == Q4_K) {
+            put_h(p, urand(0.0002f, 0.001f));
+            put_h(p + 2, urand(0.0001f, 0.0005f));
+            const float d = get_h(p), dmin = get_h(p + 2);
+            const uint8_t* sc = p + 4;
+            const uint8_t* q = p + 16;
+            float* o = y + b * 256;
+            for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
+                uint8_t s1, m1, s2, m2;
+                auto gsm = [&](int k, uint8_t& s, uint8_t& m) {
+                    if (k < 4) {
+                        s = sc[k] & 63;
+                        m = sc[k + 4] & 63;
+                    } else {
+                        s = (sc[k + 4] & 0xF) | ((sc[k - 4] >> 6) << 4);
+                        m = (sc[k + 4] >> 4) | ((sc[k] >> 6) << 4);
+                    }
+                };
+                gsm(is, s1, m1);
+                gsm(is + 1, s2, m2);
+                for (int l = 0; l < 32; l++) *o++ = d * s1 * (q[l] & 0xF) - dmin * m1;
+                for (int l = 0; l < 32; l++) *o++ = d * s2 * (q[l] >> 4) - dmin * m2;
+                q += 32;
+            }
+        } else {
+            put_h(p + 208, urand(0.0001f, 0.0008f));
+            const float d = get_h(p + 208);
+            const uint8_t* ql = p;
+            const uint8_t* qh = p + 128;
+            const int8_t* sc = (const int8_t*)(p + 192);
+            float* o = y + b * 256;
+            for (int n = 0; n < 256; n += 128) {
+                for (int l = 0; l < 32; l++) {
+                    const int is = l / 16;
+                    const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    o[l] = d * sc[is] * q1;
+                    o[l + 32] = d * sc[is + 2] * q2;
+                    o[l + 64] = d * sc[is + 4] * q3;
+                    o[l + 96] = d * sc[is + 6] * q4;
+                }
+                o += 128;
+                ql += 64;
+                qh += 32;
+                sc += 8;
+            }
+        }
+    }
+}
+
+// As repack_q8_0 in mod.rs.
+static std::vector<uint8_t> repack_q8_0(const std::vector<uint8_t>& src, int rows, int cols, size_t& stride) {
+    const int blocks = cols / 32, chunks = (cols + 255) / 256;
+    stride = ((size_t)chunks * 16 + cols + 15) / 16 * 16;
+    std::vector<uint8_t> out((size_t)rows * stride, 0);
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < blocks; b++) {
+            const uint8_t* blk = src.data() + ((size_t)r * blocks + b) * 34;
+            uint8_t* dst = out.data() + (size_t)r * stride;
+            const int c = b / 8, k = b % 8, base = c * 272;
+            memcpy(dst + base + 2 * k, blk, 2);
+            memcpy(dst + base + 16 + k * 32, blk + 2, 32);
+        }
+    return out;
+}
+
+struct Weight {
+    Ty ty;
+    int rows, cols;
+    size_t rb;
+    uint8_t* dev;
+    std::vector<float> deq;  // rows × cols
+};
+
+static Weight make_weight(Ty t, int rows, int cols) {
+    Weight w{t, rows, cols, 0, nullptr, std::vector<float>((size_t)rows * cols)};
+    std::vector<uint8_t> all, raw;
+    for (int r = 0; r < rows; r++) {
+        make_row(t, cols, raw, w.deq.data() + (size_t)r * cols);
+        all.insert(all.end(), raw.begin(), raw.end());
+    }
+    if (t == Q8_0) {
+        all = repack_q8_0(all, rows, cols, w.rb);
+    } else {
+        w.rb = (size_t)cols / blk_elems(t) * blk_bytes(t);
+    }
+    CK(cudaMalloc(&w.dev, all.size()));
+    CK(cudaMemcpy(w.dev, all.data(), all.size(), cudaMemcpyHostToDevice));
+    return w;
+}
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// Mean microseconds per call of `f` (50 calls between events), median of 7.
+template <class F>
+static float time_us(F f) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 5; i++) f();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<float> v;
+    for (int rep = 0; rep < 7; rep++) {
+        CK(cudaEventRecord(a));
+        for (int i = 0; i < 50; i++) f();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        v.push_back(ms * 1000.f / 50.f);
+    }
+    CK(cudaGetLastError());
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return median(v);
+}
+
+static int blocks_of(long long count, int per) { return (int)std::max<long long>(1, (count + per - 1) / per); }
+
+// ‖out − ref‖ / ‖ref‖ over every 7th token (all rows), ref in float64 from `xr` (rounded
+// activations, n × cols); also counts outputs left unwritten (NaN poison) over all tokens.
+static double rel_err(const Weight& w, const std::vector<float>& xr, const std::vector<float>& y, int n, int& unwritten) {
+    unwritten = 0;
+    for (size_t i = 0; i < (size_t)n * w.rows; i++)
+        if (!std::isfinite(y[i])) unwritten++;
+    double num = 0, den = 0;
+    for (int t = 0; t < n; t += 7)
+        for (int r = 0; r < w.rows; r++) {
+            double s = 0;
+            const float* a = w.deq.data() + (size_t)r * w.cols;
+            const float* x = xr.data() + (size_t)t * w.cols;
+            for (int k = 0; k < w.cols; k++) s += (double)a[k] * x[k];
+            const double d = (double)y[(size_t)t * w.rows + r] - s;
+            num += d * d;
+            den += s * s;
+        }
+    return std::sqrt(num / den);
+}
+
+int main(int argc, char** argv) {
+    const int n = argc > 1 ? atoi(argv[1]) : 512;
+    // Fewer cases (correctness at ragged token counts) when a second argument is given.
+    const bool quick = argc > 2;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s, %d SMs, n = %d tokens\n", prop.name, prop.multiProcessorCount, n);
+    struct Case {
+        Ty ty;
+        std::vector<int> rows;  // up to three weights in one launch (MMQ); the others run each
+        int cols;
+        const char* what;
+    };
+    std::vector<Case> cases = {
+        {Q5_0, {1024}, 640, "attn_q"},         {Q5_0, {256}, 640, "attn_k"},        {Q8_0, {256}, 640, "attn_v (q8_0)"},
+        {Q5_0, {2048}, 640, "ffn_gate/up"},    {Q4_K, {640}, 1024, "attn_output"},  {Q4_K, {640}, 2048, "ffn_down (q4_k)"},
+        {Q6_K, {640}, 2048, "ffn_down (q6_k)"}, {Q4_0, {1024}, 640, "q4_0 cover"},   {Q5_0, {1024, 256, 256}, 640, "q,k,v one launch"},
+        {Q5_0, {2048, 2048}, 640, "gate+up one launch"},
+    };
+    int max_cols = 2048;
+    std::vector<float> x((size_t)n * max_cols);
+    for (auto& v : x) v = urand(-1.f, 1.f) * (urand(0.f, 1.f) < 0.01f ? 8.f : 1.f);
+    float *dX, *dXr, *dY, *dXd, *dXm, *dXd0;
+    int8_t *dXq, *dXq0;
+    CK(cudaMalloc(&dX, x.size() * 4));
+    CK(cudaMemcpy(dX, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&dXr, x.size() * 4));
+    CK(cudaMalloc(&dXq, x.size()));
+    CK(cudaMalloc(&dXq0, x.size()));
+    CK(cudaMalloc(&dXd, x.size() / 32 * 4));
+    CK(cudaMalloc(&dXd0, x.size() / 32 * 4));
+    CK(cudaMalloc(&dXm, x.size() / 32 * 4));
+    const size_t ymax = (size_t)n * 4096;
+    CK(cudaMalloc(&dY, ymax * 4));
+    std::vector<float> y(ymax);
+    bool all_ok = true;
+    printf("%-20s %-6s %-16s %8s %8s %8s %8s %9s %6s %9s | %9s %9s %9s\n", "case", "type", "rows x cols", "act_old", "gemm", "act_mq", "mma", "mmq32/64", "64np", "ks2 32/64",
+           "err gemm", "err mma", "err mmq*");
+    if (quick) cases = {cases[0], cases[2], cases[4], cases[6], cases[7], cases[8]};
+    for (auto& c : cases) {
+        const int cols = c.cols;
+        const bool k = c.ty == Q4_K || c.ty == Q6_K;
+        std::vector<Weight> ws;
+        for (int r : c.rows) ws.push_back(make_weight(c.ty, r, cols));
+        const int warps = (cols + 255) / 256 * n;
+        auto act_old = [&] {
+            if (k) act_q8_k<<<blocks_of(warps, 8), 256>>>(dX, dXr, cols, n);
+            else act_q8_0<<<blocks_of(warps, 8), 256>>>(dX, dXr, cols, n);
+        };
+        auto act_mq = [&] {
+            if (k) act_mq_q8_k<<<blocks_of(warps, 8), 256>>>(dX, dXq, dXd, dXm, cols, n);
+            else act_mq_q8_0<<<blocks_of(warps, 8), 256>>>(dX, dXq, dXd, dXm, cols, n);
+        };
+        auto act_i8 = [&] { act_q8_0_i8<<<blocks_of(warps, 8), 256>>>(dX, dXq0, dXd0, cols, n); };
+        // Outputs: weight i at dY + off[i] (rows_i × n).
+        std::vector<size_t> off;
+        size_t o = 0;
+        for (auto& w : ws) {
+            off.push_back(o);
+            o += (size_t)w.rows * n;
+        }
+        auto gemm_old = [&] {
+            for (size_t i = 0; i < ws.size(); i++) {
+                auto& w = ws[i];
+                dim3 g(blocks_of(w.rows, 64), blocks_of(n, 64));
+                float* Y = dY + off[i];
+                switch (c.ty) {
+                    case Q8_0: gemm_q8_0r<<<g, 256>>>(w.dev, w.rb, w.rows, dXr, cols, Y, w.rows, n); break;
+                    case Q4_0: gemm_q4_0<<<g, 256>>>(w.dev, w.rb, w.rows, dXr, cols, Y, w.rows, n); break;
+                    case Q5_0: gemm_q5_0<<<g, 256>>>(w.dev, w.rb, w.rows, dXr, cols, Y, w.rows, n); break;
+                    case Q4_K: gemm_q4_k<<<g, 256>>>(w.dev, w.rb, w.rows, dXr, cols, Y, w.rows, n); break;
+                    case Q6_K: gemm_q6_k<<<g, 256>>>(w.dev, w.rb, w.rows, dXr, cols, Y, w.rows, n); break;
+                }
+            }
+        };
+        auto gemm_mma = [&] {
+            for (size_t i = 0; i < ws.size(); i++) {
+                auto& w = ws[i];
+                dim3 g(blocks_of(w.rows, 64), blocks_of(n, 64));
+                float* Y = dY + off[i];
+                switch (c.ty) {
+                    case Q8_0: gemm_mma_q8_0r<<<g, 256>>>(w.dev, w.rb, w.rows, dXq0, dXd0, cols, Y, w.rows, n); break;
+                    case Q4_0: gemm_mma_q4_0<<<g, 256>>>(w.dev, w.rb, w.rows, dXq0, dXd0, cols, Y, w.rows, n); break;
+                    case Q5_0: gemm_mma_q5_0<<<g, 256>>>(w.dev, w.rb, w.rows, dXq0, dXd0, cols, Y, w.rows, n); break;
+                    default: break;
+                }
+            }
+        };
+        Mmv3 a;
+        memset(&a, 0, sizeof a);
+        int tiles = 0;
+        for (size_t i = 0; i < ws.size(); i++) {
+            a.w[i] = ws[i].dev;
+            a.rb[i] = (long long)ws[i].rb;
+            a.rows[i] = ws[i].rows;
+            a.y[i] = dY + off[i];
+            tiles += blocks_of(ws[i].rows, 64);
+        }
+        auto mmq = [&](int bn) {
+            // bn: 32 / 64 the kernels as built; 0: 64 without the loads ahead; 1 / 2: 64 / 32
+            // with two warp groups.
+            dim3 g(tiles, blocks_of(n, bn == 2 || bn == 32 ? 32 : 64));
+            if (bn == 0) return launch_var<64, false, 1>(c.ty, g, a, dXq, dXd, dXm, cols, n);
+            if (bn == 1) return launch_var<64, true, 2>(c.ty, g, a, dXq, dXd, dXm, cols, n);
+            if (bn == 2) return launch_var<32, true, 2>(c.ty, g, a, dXq, dXd, dXm, cols, n);
+#define MQ_LAUNCH(name)                                                                    \
+    if (bn == 32) mmq32_##name<<<g, 128>>>(a, dXq, dXd, dXm, cols, n); \
+    else mmq64_##name<<<g, 128>>>(a, dXq, dXd, dXm, cols, n);
+            switch (c.ty) {
+                case Q8_0: MQ_LAUNCH(q8_0r) break;
+                case Q4_0: MQ_LAUNCH(q4_0) break;
+                case Q5_0: MQ_LAUNCH(q5_0) break;
+                case Q4_K: MQ_LAUNCH(q4_k) break;
+                case Q6_K: MQ_LAUNCH(q6_k) break;
+            }
+        };
+        // Rounded activations (the reference's input), and the MMQ quants checked against them.
+        act_old();
+        act_mq();
+        CK(cudaGetLastError());
+        std::vector<float> xr((size_t)n * cols), xd((size_t)n * cols / 32), xm((size_t)n * cols / 32);
+        std::vector<int8_t> xq((size_t)n * cols);
+        CK(cudaMemcpy(xr.data(), dXr, xr.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(xq.data(), dXq, xq.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(xd.data(), dXd, xd.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(xm.data(), dXm, xm.size() * 4, cudaMemcpyDeviceToHost));
+        long long act_bad = 0, sum_bad = 0;
+        for (size_t i = 0; i < xr.size(); i++)
+            if ((float)xq[i] * xd[i / 32] != xr[i]) act_bad++;
+        for (size_t b = 0; b < xd.size(); b++) {
+            int s = 0;
+            for (int j = 0; j < 32; j++) s += xq[b * 32 + j];
+            if (fabsf(xd[b] * (float)s - xm[b]) > 1e-6f * fabsf(xm[b]) + 1e-30f) sum_bad++;
+        }
+        if (act_bad || sum_bad) {
+            printf("  act_mq: %lld quants differ from the FP32 path's rounding, %lld block sums wrong\n", act_bad, sum_bad);
+            all_ok = false;
+        }
+        auto check = [&](auto run) -> double {
+            CK(cudaMemset(dY, 0xFF, ymax * 4));  // NaN poison
+            run();
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(y.data(), dY, o * 4, cudaMemcpyDeviceToHost));
+            double worst = 0;
+            for (size_t i = 0; i < ws.size(); i++) {
+                int unw;
+                std::vector<float> yi(y.begin() + off[i], y.begin() + off[i] + (size_t)ws[i].rows * n);
+                const double e = rel_err(ws[i], xr, yi, n, unw);
+                if (unw) {
+                    printf("  %d outputs unwritten\n", unw);
+                    return INFINITY;
+                }
+                worst = std::max(worst, e);
+            }
+            return worst;
+        };
+        const bool has_mma = !k;
+        act_i8();
+        const double e_old = check(gemm_old);
+        const double e_mma = has_mma ? check(gemm_mma) : NAN;
+        const double e32 = check([&] { mmq(32); });
+        const double e64 = check([&] { mmq(64); });
+        const double enp = check([&] { mmq(0); }), eks64 = check([&] { mmq(1); }), eks32 = check([&] { mmq(2); });
+        if (!(e_old < 1e-5) || !(e32 < 1e-5) || !(e64 < 1e-5) || !(enp < 1e-5) || !(eks64 < 1e-5) || !(eks32 < 1e-5) || (has_mma && !(e_mma < 1e-5))) all_ok = false;
+        const float t_act = time_us(act_old), t_old = time_us(gemm_old), t_actmq = time_us(act_mq);
+        const float t_mma = has_mma ? time_us(gemm_mma) : NAN;
+        const float t32 = time_us([&] { mmq(32); }), t64 = time_us([&] { mmq(64); }), tnp = time_us([&] { mmq(0); });
+        const float tks64 = time_us([&] { mmq(1); }), tks32 = time_us([&] { mmq(2); });
+        std::string rs;
+        for (int r : c.rows) rs += (rs.empty() ? "" : "+") + std::to_string(r);
+        rs += "x" + std::to_string(cols);
+        printf("%-20s %-6s %-16s %8.1f %8.1f %8.1f %8.1f %4.1f/%-4.1f %6.1f %4.1f/%-4.1f | %9.2e %9.2e %9.2e\n", c.what, ty_name[c.ty], rs.c_str(), t_act, t_old, t_actmq,
+               t_mma, t32, t64, tnp, tks32, tks64, e_old, e_mma, std::max({e32, e64, enp, eks32, eks64}));
+        for (auto& w : ws) CK(cudaFree(w.dev));
+    }
+    printf("(times: microseconds per launch, median of 7 means over 50 launches; 64np: mmq64 without loads ahead; ks2: two warp groups per tile; err: ||y - ref|| / ||ref||, ref in float64, mmq*: worst of the MMQ variants)\n");
+    printf("%s\n", all_ok ? "MMQ TEST: PASS" : "MMQ TEST: FAIL");
+    return all_ok ? 0 : 1;
+}
