@@ -5,7 +5,10 @@
 // the reference is a float64 product on the CPU of the dequantized weights (ggml's formulas)
 // and the activations as the FP32 path rounds them. Needs no model and no Rust:
 //   scripts/mmq-test.sh   (builds with nvcc; run the binary on the GPU machine:
-//   `mmq-test [N_TOKENS [quick]]`, quick: six cases, for ragged token counts)
+//   `mmq-test [N_TOKENS [quick]]`, quick: six cases, for ragged token counts;
+//   `mmq-test check`: errors only, at 1-17, 31-33, 40, 63-65, 100, 129 and 512 tokens, on the
+//   random activations and on Gemma-like ones: a few channels hundreds of times the rest, rows
+//   of very different sizes)
 #include "../crates/ruvllm-core/src/backend/cuda/kernels.cu"
 
 #include <algorithm>
@@ -223,33 +226,47 @@ static float time_us(F f) {
 
 static int blocks_of(long long count, int per) { return (int)std::max<long long>(1, (count + per - 1) / per); }
 
-// ‖out − ref‖ / ‖ref‖ over every 7th token (all rows), ref in float64 from `xr` (rounded
-// activations, n × cols); also counts outputs left unwritten (NaN poison) over all tokens.
-static double rel_err(const Weight& w, const std::vector<float>& xr, const std::vector<float>& y, int n, int& unwritten) {
-    unwritten = 0;
-    for (size_t i = 0; i < (size_t)n * w.rows; i++)
-        if (!std::isfinite(y[i])) unwritten++;
-    double num = 0, den = 0;
-    for (int t = 0; t < n; t += 7)
+// Tokens the check compares: every one up to 128 tokens, else every 7th.
+static int tok_step(int n) { return n <= 128 ? 1 : 7; }
+
+// Reference outputs in float64 of weight `w` on `xr` (rounded activations, n × cols), at the
+// tokens `tok_step` picks (others left 0).
+static std::vector<double> reference(const Weight& w, const std::vector<float>& xr, int n) {
+    std::vector<double> ref((size_t)n * w.rows, 0.0);
+    for (int t = 0; t < n; t += tok_step(n))
         for (int r = 0; r < w.rows; r++) {
             double s = 0;
             const float* a = w.deq.data() + (size_t)r * w.cols;
             const float* x = xr.data() + (size_t)t * w.cols;
             for (int k = 0; k < w.cols; k++) s += (double)a[k] * x[k];
-            const double d = (double)y[(size_t)t * w.rows + r] - s;
+            ref[(size_t)t * w.rows + r] = s;
+        }
+    return ref;
+}
+
+// The largest over the compared tokens of ‖out − ref‖ / ‖ref‖ (all rows); also counts outputs
+// left unwritten (NaN poison) over all tokens.
+static double rel_err(const Weight& w, const std::vector<double>& ref, const std::vector<float>& y, int n, int& unwritten) {
+    unwritten = 0;
+    for (size_t i = 0; i < (size_t)n * w.rows; i++)
+        if (!std::isfinite(y[i])) unwritten++;
+    double worst = 0;
+    for (int t = 0; t < n; t += tok_step(n)) {
+        double num = 0, den = 0;
+        for (int r = 0; r < w.rows; r++) {
+            const double s = ref[(size_t)t * w.rows + r], d = (double)y[(size_t)t * w.rows + r] - s;
             num += d * d;
             den += s * s;
         }
-    return std::sqrt(num / den);
+        worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+    }
+    return worst;
 }
 
-int main(int argc, char** argv) {
-    const int n = argc > 1 ? atoi(argv[1]) : 512;
-    // Fewer cases (correctness at ragged token counts) when a second argument is given.
-    const bool quick = argc > 2;
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device %s, %d SMs, n = %d tokens\n", prop.name, prop.multiProcessorCount, n);
+// One pass over the cases at `n` tokens. dist 0: uniform activations with rare 8x ones; 1: as
+// Gemma's, a few channels hundreds of times the rest and rows of very different sizes (the
+// per-block activation scales matter). timing: also the times (else errors only, one line).
+static bool run(int n, bool quick, int dist, bool timing) {
     struct Case {
         Ty ty;
         std::vector<int> rows;  // up to three weights in one launch (MMQ); the others run each
@@ -265,6 +282,18 @@ int main(int argc, char** argv) {
     int max_cols = 2048;
     std::vector<float> x((size_t)n * max_cols);
     for (auto& v : x) v = urand(-1.f, 1.f) * (urand(0.f, 1.f) < 0.01f ? 8.f : 1.f);
+    // dist 1, per case: token t's row of `cols` scaled by 0.01-100, channels 3, 77, 300, 513 and
+    // 1500 (those below cols) at 50-500x the rest, 77 negative.
+    auto gemma_like = [&](int cols) {
+        for (int t = 0; t < n; t++) {
+            const float rs = powf(10.f, urand(-2.f, 2.f));
+            for (int k = 0; k < cols; k++) {
+                float v = urand(-1.f, 1.f) * rs;
+                if (k == 3 || k == 77 || k == 300 || k == 513 || k == 1500) v = (k == 77 ? -1.f : 1.f) * urand(50.f, 500.f) * rs;
+                x[(size_t)t * cols + k] = v;
+            }
+        }
+    };
     float *dX, *dXr, *dY, *dXd, *dXm, *dXd0;
     int8_t *dXq, *dXq0;
     CK(cudaMalloc(&dX, x.size() * 4));
@@ -279,11 +308,16 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&dY, ymax * 4));
     std::vector<float> y(ymax);
     bool all_ok = true;
-    printf("%-20s %-6s %-16s %8s %8s %8s %8s %9s %6s %9s | %9s %9s %9s\n", "case", "type", "rows x cols", "act_old", "gemm", "act_mq", "mma", "mmq32/64", "64np", "ks2 32/64",
+    double worst_old = 0, worst_mmq = 0;
+    if (timing) printf("%-20s %-6s %-16s %8s %8s %8s %8s %9s %6s %9s | %9s %9s %9s\n", "case", "type", "rows x cols", "act_old", "gemm", "act_mq", "mma", "mmq32/64", "64np", "ks2 32/64",
            "err gemm", "err mma", "err mmq*");
     if (quick) cases = {cases[0], cases[2], cases[4], cases[6], cases[7], cases[8]};
     for (auto& c : cases) {
         const int cols = c.cols;
+        if (dist == 1) {
+            gemma_like(cols);
+            CK(cudaMemcpy(dX, x.data(), (size_t)n * cols * 4, cudaMemcpyHostToDevice));
+        }
         const bool k = c.ty == Q4_K || c.ty == Q6_K;
         std::vector<Weight> ws;
         for (int r : c.rows) ws.push_back(make_weight(c.ty, r, cols));
@@ -381,6 +415,8 @@ int main(int argc, char** argv) {
             printf("  act_mq: %lld quants differ from the FP32 path's rounding, %lld block sums wrong\n", act_bad, sum_bad);
             all_ok = false;
         }
+        std::vector<std::vector<double>> refs;
+        for (auto& w : ws) refs.push_back(reference(w, xr, n));
         auto check = [&](auto run) -> double {
             CK(cudaMemset(dY, 0xFF, ymax * 4));  // NaN poison
             run();
@@ -391,7 +427,7 @@ int main(int argc, char** argv) {
             for (size_t i = 0; i < ws.size(); i++) {
                 int unw;
                 std::vector<float> yi(y.begin() + off[i], y.begin() + off[i] + (size_t)ws[i].rows * n);
-                const double e = rel_err(ws[i], xr, yi, n, unw);
+                const double e = rel_err(ws[i], refs[i], yi, n, unw);
                 if (unw) {
                     printf("  %d outputs unwritten\n", unw);
                     return INFINITY;
@@ -407,7 +443,16 @@ int main(int argc, char** argv) {
         const double e32 = check([&] { mmq(32); });
         const double e64 = check([&] { mmq(64); });
         const double enp = check([&] { mmq(0); }), eks64 = check([&] { mmq(1); }), eks32 = check([&] { mmq(2); });
-        if (!(e_old < 1e-5) || !(e32 < 1e-5) || !(e64 < 1e-5) || !(enp < 1e-5) || !(eks64 < 1e-5) || !(eks32 < 1e-5) || (has_mma && !(e_mma < 1e-5))) all_ok = false;
+        const bool bad = !(e_old < 1e-5) || !(e32 < 1e-5) || !(e64 < 1e-5) || !(enp < 1e-5) || !(eks64 < 1e-5) || !(eks32 < 1e-5) || (has_mma && !(e_mma < 1e-5));
+        if (bad) all_ok = false;
+        if (!timing) {
+            worst_old = std::max(worst_old, e_old);
+            worst_mmq = std::max({worst_mmq, e32, e64, enp, eks32, eks64});
+            if (bad)
+                printf("  n %d dist %d %s: err gemm %.2e mma %.2e mmq32 %.2e mmq64 %.2e 64np %.2e ks2 32 %.2e ks2 64 %.2e\n", n, dist, c.what, e_old, e_mma, e32, e64, enp, eks32, eks64);
+            for (auto& w : ws) CK(cudaFree(w.dev));
+            continue;
+        }
         const float t_act = time_us(act_old), t_old = time_us(gemm_old), t_actmq = time_us(act_mq);
         const float t_mma = has_mma ? time_us(gemm_mma) : NAN;
         const float t32 = time_us([&] { mmq(32); }), t64 = time_us([&] { mmq(64); }), tnp = time_us([&] { mmq(0); });
@@ -419,7 +464,31 @@ int main(int argc, char** argv) {
                t_mma, t32, t64, tnp, tks32, tks64, e_old, e_mma, std::max({e32, e64, enp, eks32, eks64}));
         for (auto& w : ws) CK(cudaFree(w.dev));
     }
-    printf("(times: microseconds per launch, median of 7 means over 50 launches; 64np: mmq64 without loads ahead; ks2: two warp groups per tile; err: ||y - ref|| / ||ref||, ref in float64, mmq*: worst of the MMQ variants)\n");
-    printf("%s\n", all_ok ? "MMQ TEST: PASS" : "MMQ TEST: FAIL");
-    return all_ok ? 0 : 1;
+    if (timing)
+        printf("(times: microseconds per launch, median of 7 means over 50 launches; 64np: mmq64 without loads ahead; ks2: two warp groups per tile; err: the largest over tokens of ||y - ref|| / ||ref||, ref in float64, mmq*: worst of the MMQ variants)\n");
+    else
+        printf("  n %3d dist %d: worst err gemm %.2e, MMQ variants %.2e%s\n", n, dist, worst_old, worst_mmq, all_ok ? "" : "  FAIL");
+    for (void* p : {(void*)dX, (void*)dXr, (void*)dY, (void*)dXd, (void*)dXm, (void*)dXd0, (void*)dXq, (void*)dXq0}) CK(cudaFree(p));
+    return all_ok;
+}
+
+int main(int argc, char** argv) {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    bool ok = true;
+    if (argc > 1 && !strcmp(argv[1], "check")) {
+        // Correctness only, at the token counts short prompts and ragged tiles give, on both
+        // activation kinds.
+        const int ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 32, 33, 40, 63, 64, 65, 100, 129, 512};
+        for (int dist = 0; dist < 2; dist++)
+            for (int n : ns) ok &= run(n, false, dist, false);
+    } else {
+        const int n = argc > 1 ? atoi(argv[1]) : 512;
+        // Fewer cases (correctness at ragged token counts) when a second argument is given.
+        printf("n = %d tokens\n", n);
+        ok = run(n, argc > 2, 0, true);
+    }
+    printf("%s\n", ok ? "MMQ TEST: PASS" : "MMQ TEST: FAIL");
+    return ok ? 0 : 1;
 }

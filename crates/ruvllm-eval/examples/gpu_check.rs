@@ -2,6 +2,8 @@
 //! `scripts/gpu-check.sh`; see BENCHMARKS.md "GPU"). Exits non-zero when a check fails.
 //!
 //! `gpu_check MODEL.gguf [--diffusion ADAPTER.gguf] [--text FILE] [--speed-only] [--load-only]`
+//! (the diagnostic modes, `--dump-scores`, `--dump-greedy`, `--compare-greedy`, `--sweep`, and
+//! `--prompts`, `--greedy-only`, `--trace`, `--no-prefix-cache`: CONTRIBUTING.md "GPU")
 //!
 //! 1. Greedy tokens, 32 per prompt on 7 prompts, CPU vs GPU: equal, or parting at a near-tie
 //!    (both candidates' CPU log-probabilities printed; a gap under 0.1 nat counts as a tie).
@@ -32,7 +34,9 @@ const PROMPTS: [&str; 7] = [
 
 fn load(path: &Path, gpu: GpuMode, diffusion: Option<&PathBuf>) -> (Engine, f64) {
     let t = Instant::now();
-    let opts = LoadOptions { context_size: Some(2048), gpu, diffusion: diffusion.into_iter().cloned().collect(), ..Default::default() };
+    // `--no-prefix-cache`: every request evaluates its whole prompt (no rows from an earlier one).
+    let prefix_cache_mb = std::env::args().any(|a| a == "--no-prefix-cache" || a == "--sweep").then_some(0);
+    let opts = LoadOptions { context_size: Some(2048), gpu, diffusion: diffusion.into_iter().cloned().collect(), prefix_cache_mb, ..Default::default() };
     let e = Engine::load(path, opts).unwrap_or_else(|e| panic!("load ({gpu:?}): [{}] {e}", e.code()));
     (e, t.elapsed().as_secs_f64())
 }
@@ -127,7 +131,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let model = PathBuf::from(
-        args.get(1).expect("usage: gpu_check MODEL.gguf [--diffusion A.gguf] [--text FILE] [--speed-only] [--load-only] [--dump-scores OUT.json [--cpu]]"),
+        args.get(1).expect("usage: gpu_check MODEL.gguf [--diffusion A.gguf] [--text FILE] [--speed-only] [--load-only] [--dump-scores OUT.json [--cpu]] [--prompts 1,4] [--greedy-only] [--trace] [--no-prefix-cache] [--sweep] [--dump-greedy OUT.json [--cpu]] [--compare-greedy A.json B.json]"),
     );
     let opt = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).map(PathBuf::from);
     let flag = |k: &str| args.iter().any(|a| a == k);
@@ -154,6 +158,60 @@ fn main() {
         return;
     }
 
+    if let Some(out) = opt("--dump-greedy") {
+        // The greedy check's tokens on one backend (`--cpu`: the CPU, whose kernel path the
+        // environment picks; the prompts in order, the prefix cache on unless
+        // `--no-prefix-cache`), as JSON, for `--compare-greedy`.
+        let (e, _) = load(&model, if flag("--cpu") { GpuMode::Off } else { GpuMode::Cuda }, None);
+        let toks: Vec<Vec<u32>> = PROMPTS.iter().map(|p| e.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("generate").tokens).collect();
+        std::fs::write(&out, serde_json::json!({ "backend": e.info().backend, "tokens": toks }).to_string()).expect("write tokens");
+        println!("{}: greedy tokens of {} prompts written", e.info().backend, toks.len());
+        return;
+    }
+    if let Some(a) = opt("--compare-greedy") {
+        // Two `--dump-greedy` files (`--compare-greedy A.json B.json`) compared as the check
+        // does, the gaps from this process's CPU path.
+        let b = args.iter().position(|x| x == "--compare-greedy").and_then(|i| args.get(i + 2)).expect("--compare-greedy A.json B.json");
+        let read = |f: &Path| -> (String, Vec<Vec<u32>>) {
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f).expect("read tokens")).expect("tokens json");
+            (v["backend"].as_str().unwrap_or("?").to_string(), serde_json::from_value(v["tokens"].clone()).expect("tokens"))
+        };
+        let ((na, ta), (nb, tb)) = (read(&a), read(Path::new(b)));
+        let (cpu, _) = load(&model, GpuMode::Off, None);
+        println!("greedy: A = {na}, B = {nb}; log-probabilities from {}", cpu.info().backend);
+        let mut equal = 0;
+        for (k, p) in PROMPTS.iter().enumerate() {
+            equal += usize::from(ta[k] == tb[k]);
+            compare(&format!("prompt {k}"), &cpu, p, &ta[k], &tb[k], None);
+        }
+        println!("  identical: {equal}/{}", PROMPTS.len());
+        return;
+    }
+    if flag("--sweep") {
+        // The check's text scored on the GPU in prefixes of many lengths (each a fresh prefill:
+        // no prefix cache), against the CPU's scores of the whole: max / mean |dlogp| per length.
+        let (gpu, _) = load(&model, GpuMode::Cuda, None);
+        let (cpu, _) = load(&model, GpuMode::Off, None);
+        let ids = check_ids(&cpu, opt("--text"));
+        let full = score(&cpu, Prompt::Tokens(ids.clone()), None);
+        let mut lens: Vec<usize> = (2..=20).chain([24, 31, 32, 33, 40, 48, 63, 64, 65, 100, 128, 129, 200, 300, 512]).collect();
+        lens.retain(|&k| k <= ids.len());
+        for k in lens {
+            let s = score(&gpu, Prompt::Tokens(ids[..k].to_vec()), None);
+            let d: Vec<f64> = s.logprobs.iter().zip(&full.logprobs).map(|(x, y)| (x - y).abs()).collect();
+            let (imax, max) = d.iter().enumerate().fold((0, 0.0), |m, (i, &v)| if v > m.1 { (i, v) } else { m });
+            let top = s.top_tokens.iter().zip(&full.top_tokens).filter(|(x, y)| x == y).count();
+            println!(
+                "  {k:>3} tokens: max |dlogp| {max:.4} at {}, mean {:.5}, last {:.4}; top-1 equal {top}/{}",
+                imax + 1,
+                d.iter().sum::<f64>() / d.len() as f64,
+                d.last().copied().unwrap_or(0.0),
+                d.len()
+            );
+        }
+        return;
+    }
+
     let (gpu, gpu_load) = load(&model, GpuMode::Cuda, None);
     println!("GPU backend: {} (load {gpu_load:.2} s)", gpu.info().backend);
     let mut ok = true;
@@ -161,16 +219,41 @@ fn main() {
         let (cpu, cpu_load) = load(&model, GpuMode::Off, None);
         println!("CPU backend: {} (load {cpu_load:.2} s)", cpu.info().backend);
 
-        println!("1. greedy, 32 tokens x {} prompts", PROMPTS.len());
+        // `--prompts 1,4`: only those prompts (in that order).
+        let picked: Vec<usize> = match args.iter().position(|a| a == "--prompts").and_then(|i| args.get(i + 1)) {
+            Some(list) => list.split(',').map(|k| k.trim().parse().expect("--prompts: indices")).collect(),
+            None => (0..PROMPTS.len()).collect(),
+        };
+        println!("1. greedy, 32 tokens x {} prompts", picked.len());
         let mut equal = 0;
-        for (k, p) in PROMPTS.iter().enumerate() {
+        for &k in &picked {
+            let p = PROMPTS[k];
             let a = cpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("cpu generate");
             let b = gpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("gpu generate");
             let same = a.tokens == b.tokens;
             equal += usize::from(same);
             ok &= compare(&format!("prompt {k}"), &cpu, p, &a.tokens, &b.tokens, None);
+            if flag("--trace") {
+                // The prompt and the CPU's tokens scored by both backends in one request each.
+                let mut ids = cpu.tokenize(p, true).expect("tokenize");
+                ids.extend_from_slice(&a.tokens);
+                let (sa, sb) = (score(&cpu, Prompt::Tokens(ids.clone()), None), score(&gpu, Prompt::Tokens(ids.clone()), None));
+                let d: Vec<f64> = sa.logprobs.iter().zip(&sb.logprobs).map(|(x, y)| (x - y).abs()).collect();
+                let (imax, max) = d.iter().enumerate().fold((0, 0.0), |m, (i, &v)| if v > m.1 { (i, v) } else { m });
+                let first = d.iter().position(|&v| v > 0.05);
+                println!(
+                    "    scored ({} tokens, {} of prompt): max |dlogp| {max:.4} at {}, mean {:.5}, first > 0.05 at {first:?}",
+                    ids.len(),
+                    ids.len() - a.tokens.len(),
+                    imax + 1,
+                    d.iter().sum::<f64>() / d.len() as f64
+                );
+            }
         }
-        println!("  identical: {equal}/{}", PROMPTS.len());
+        println!("  identical: {equal}/{}", picked.len());
+        if flag("--greedy-only") {
+            return;
+        }
 
         println!("2. per-token log-probabilities, 512 tokens");
         let ids = check_ids(&cpu, opt("--text"));

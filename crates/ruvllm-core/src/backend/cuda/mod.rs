@@ -366,12 +366,21 @@ pub struct CudaBackend {
     /// Many-token products of Q8_0 / Q5_0 / Q4_0 / Q4_K / Q6_K weights by the MMQ kernels
     /// (int8 `mma.sync`, every 32-block's integer sum scaled in registers; up to three weights
     /// of one type in one launch); `RUVLLM_CUDA_MMQ=1`, takes precedence over `mma`. Off by
-    /// default: on an H200 a 512-token prefill runs 86k tok/s against 41k with the FP32 tiles
-    /// and its log-probabilities are as close to the CPU's (Hamlet mean 0.073 vs 0.078 nat), but
-    /// 2 of gpu_check's 7 greedy prompts part from the CPU at 0.43 / 0.50 nat gaps (7-token
-    /// prompts whose BOS row comes from an earlier prefill through the prefix cache; every int8
-    /// variant tried parts there), where the FP32 tiles part only at near-ties.
+    /// default: on an H200 a 512-token prefill runs 86k tok/s against 42k with the FP32 tiles
+    /// and its log-probabilities are as close to the CPU's (Hamlet mean 0.073 vs 0.076 nat), but
+    /// gpu_check's greedy prompts come out 0/7 identical with 2 partings at 0.43 / 0.50 nat gaps
+    /// (FP32 tiles: 3/7, near-ties only). No kernel fault behind them: the kernels match a
+    /// float64 product to 3.4e-7 at every token count tried (scripts/mmq-test.cu `check`); the
+    /// 0.50 parting (prompt 4) comes with MMQ off too when the prompt runs without the prefix
+    /// cache (all of it on the one-token kernels), and the CPU's own paths (tile GEMM, per-row,
+    /// scalar) differ from each other as much as the GPU differs from the CPU (Hamlet mean
+    /// 0.069-0.074 nat, max 0.49-0.66; greedy 2/7 identical with a 0.14 nat parting), the gap
+    /// at prompt 4's parting being 0.50 / 0.16 / 0.12 nat by those three. Which prompts part
+    /// depends on which kernels computed each row (the BOS row of a short prompt comes from an
+    /// earlier request's prefill through the prefix cache).
     mmq: bool,
+    /// `RUVLLM_CUDA_MMQ_TYPES=q5_0,q4_k,..`: MMQ only for those weight types (A/B runs).
+    mmq_types: Option<String>,
     /// Most splits of a many-token pass's attention span (`RUVLLM_CUDA_PREFILL_SPLITS`, 1-32,
     /// for A/B runs; default: see `attention_launch`).
     prefill_splits: Option<usize>,
@@ -491,6 +500,7 @@ impl CudaBackend {
             ahead_on: env_on("RUVLLM_CUDA_AHEAD"),
             mma: std::env::var("RUVLLM_CUDA_MMA").is_ok_and(|v| v == "1"),
             mmq: std::env::var("RUVLLM_CUDA_MMQ").is_ok_and(|v| v == "1"),
+            mmq_types: std::env::var("RUVLLM_CUDA_MMQ_TYPES").ok(),
             prefill_splits: std::env::var("RUVLLM_CUDA_PREFILL_SPLITS").ok().and_then(|v| v.parse().ok()).filter(|c| (1..=32).contains(c)),
             fuse_head: env_on("RUVLLM_CUDA_FUSE_HEAD"),
             head_blocks: env_count("RUVLLM_CUDA_HEAD_BLOCKS", 1..=HEAD_BLOCKS_MAX, HEAD_BLOCKS),
@@ -1010,7 +1020,10 @@ impl CudaBackend {
 
     /// Whether a many-token product of this weight type and width runs on the MMQ kernels.
     fn mmq_on(&self, ty: GgmlType, cols: usize) -> bool {
-        self.mmq && cols.is_multiple_of(32) && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+        self.mmq
+            && cols.is_multiple_of(32)
+            && matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+            && self.mmq_types.as_deref().is_none_or(|l| l.split(',').any(|t| Some(t.trim()) == type_suffix(ty)))
     }
 
     /// The MMQ product of up to three weights of type `ty` (`a`: `Mmv3` words, `rows` their
