@@ -365,11 +365,12 @@ pub struct CudaBackend {
     mma: bool,
     /// Many-token products of Q8_0 / Q5_0 / Q4_0 / Q4_K / Q6_K weights by the MMQ kernels
     /// (int8 `mma.sync`, every 32-block's integer sum scaled in registers; up to three weights
-    /// of one type in one launch); `RUVLLM_CUDA_MMQ=1`, takes precedence over `mma`. Off by
-    /// default: on an H200 a 512-token prefill runs 86k tok/s against 42k with the FP32 tiles
-    /// and its log-probabilities are as close to the CPU's (Hamlet mean 0.073 vs 0.076 nat), but
-    /// gpu_check's greedy prompts come out 0/7 identical with 2 partings at 0.43 / 0.50 nat gaps
-    /// (FP32 tiles: 3/7, near-ties only). No kernel fault behind them: the kernels match a
+    /// of one type in one launch); on by default, `RUVLLM_CUDA_MMQ=0` for the FP32 tiles; takes
+    /// precedence over `mma`. On an H200 a 512-token prefill runs 86k tok/s against 42k with
+    /// the FP32 tiles and its log-probabilities are closer to the CPU's (Hamlet mean 0.073 vs
+    /// 0.076 nat, max 0.46 vs 0.54), while gpu_check's greedy prompts come out 0/7 identical
+    /// with 2 partings at 0.43 / 0.50 nat gaps (FP32 tiles: 3/7, near-ties only). No kernel
+    /// fault behind them: the kernels match a
     /// float64 product to 3.4e-7 at every token count tried (scripts/mmq-test.cu `check`); the
     /// 0.50 parting (prompt 4) comes with MMQ off too when the prompt runs without the prefix
     /// cache (all of it on the one-token kernels), and the CPU's own paths (tile GEMM, per-row,
@@ -499,7 +500,7 @@ impl CudaBackend {
             pass_pick: false,
             ahead_on: env_on("RUVLLM_CUDA_AHEAD"),
             mma: std::env::var("RUVLLM_CUDA_MMA").is_ok_and(|v| v == "1"),
-            mmq: std::env::var("RUVLLM_CUDA_MMQ").is_ok_and(|v| v == "1"),
+            mmq: env_on("RUVLLM_CUDA_MMQ"),
             mmq_types: std::env::var("RUVLLM_CUDA_MMQ_TYPES").ok(),
             prefill_splits: std::env::var("RUVLLM_CUDA_PREFILL_SPLITS").ok().and_then(|v| v.parse().ok()).filter(|c| (1..=32).contains(c)),
             fuse_head: env_on("RUVLLM_CUDA_FUSE_HEAD"),
