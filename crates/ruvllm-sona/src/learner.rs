@@ -817,13 +817,14 @@ impl Learner {
         let mut st = lock(&self.state);
         let st = &mut *st;
         let seed = self.opts.seed ^ 0xBA ^ st.counters.federated_rounds.wrapping_add(1).wrapping_mul(0x51);
+        let cfg = self.engine.config().clone();
         let start_path = self.opts.dir.join("round-start.bin");
         let start = match store::read_optional(&start_path)? {
-            Some(b) => Some(store::params_from_bytes(&start_path, &b, self.engine.config().n_layer, |_| None)?.0),
+            // Checked against the model's shapes as `open` checks base.bin.
+            Some(b) => Some(store::params_from_bytes(&start_path, &b, cfg.n_layer, |p: Proj| Some(p.shape(&cfg)))?.0),
             None => None,
         };
         let (base, global, err) = crate::federate::accumulate(st.global.as_deref(), &st.base, agg, cap, seed, (start.as_ref(), server_lr))?;
-        let cfg = self.engine.config().clone();
         let path = self.opts.dir.join("global.bin");
         let adapter = match &global {
             Some(g) => Some(crate::export::to_adapter(g, &cfg, &path)?),

@@ -968,20 +968,10 @@ impl CudaBackend {
             let mut i = 0;
             while i < ws.len() {
                 let ty = ws[i].ty;
-                let mut j = i + 1;
-                while j < ws.len() && j - i < 3 && ws[j].ty == ty && ws[j].cols == cols {
-                    j += 1;
-                }
-                let (mut wp, mut rb, mut rows, mut yp) = ([0; 3], [0i64; 3], [0i32; 3], [0; 3]);
-                for k in i..j {
-                    wp[k - i] = up[k].0;
-                    rb[k - i] = up[k].1 as i64;
-                    rows[k - i] = ws[k].rows as i32;
-                    yp[k - i] = self.buf(dsts[k]);
-                }
+                let (j, words, rows) = self.group3(ws, &up, dsts, i, cols);
                 let total: usize = rows.iter().map(|&r| r as usize).sum();
                 let suffix = type_suffix(ty).unwrap_or("f32");
-                let args = Args::new().words(&mmv3_words(wp, rb, rows, yp)).ptr(x).i32(cols as i32);
+                let args = Args::new().words(&words).ptr(x).i32(cols as i32);
                 if n == 1 && cols <= MMV1_MAX_COLS {
                     let res = self.take_res(src, cols);
                     self.push(&format!("mmv1s_{suffix}"), [Self::blocks(total, 8), 1, 1], 256, args.words(&res));
@@ -997,18 +987,8 @@ impl CudaBackend {
                 let (ty, cols) = (ws[i].ty, ws[i].cols);
                 if self.mmq_on(ty, cols) {
                     // Up to three weights of one type in one launch.
-                    let mut j = i + 1;
-                    while j < ws.len() && j - i < 3 && ws[j].ty == ty && ws[j].cols == cols {
-                        j += 1;
-                    }
-                    let (mut wp, mut rb, mut rows, mut yp) = ([0; 3], [0i64; 3], [0i32; 3], [0; 3]);
-                    for k in i..j {
-                        wp[k - i] = up[k].0;
-                        rb[k - i] = up[k].1 as i64;
-                        rows[k - i] = ws[k].rows as i32;
-                        yp[k - i] = self.buf(dsts[k]);
-                    }
-                    self.mmq_launch(ty, mmv3_words(wp, rb, rows, yp), rows, cols, x, n, &mut rounded);
+                    let (j, words, rows) = self.group3(ws, &up, dsts, i, cols);
+                    self.mmq_launch(ty, words, rows, cols, x, n, &mut rounded);
                     i = j;
                 } else {
                     let y = self.buf(dsts[i]);
@@ -1017,6 +997,24 @@ impl CudaBackend {
                 }
             }
         }
+    }
+
+    /// Weights `i..j` (at most three, all of `ws[i]`'s type and `cols` wide) as one launch's
+    /// `Mmv3` words, with their row counts; returns `j` too.
+    fn group3(&self, ws: &[&QWeight], up: &[(CUdeviceptr, usize)], dsts: &[Buf], i: usize, cols: usize) -> (usize, [u64; 11], [i32; 3]) {
+        let ty = ws[i].ty;
+        let mut j = i + 1;
+        while j < ws.len() && j - i < 3 && ws[j].ty == ty && ws[j].cols == cols {
+            j += 1;
+        }
+        let (mut wp, mut rb, mut rows, mut yp) = ([0; 3], [0i64; 3], [0i32; 3], [0; 3]);
+        for k in i..j {
+            wp[k - i] = up[k].0;
+            rb[k - i] = up[k].1 as i64;
+            rows[k - i] = ws[k].rows as i32;
+            yp[k - i] = self.buf(dsts[k]);
+        }
+        (j, mmv3_words(wp, rb, rows, yp), rows)
     }
 
     /// Whether a many-token product of this weight type and width runs on the MMQ kernels.
