@@ -14,8 +14,9 @@
 //! (`zp` = 128, 16 or 8 for Q8_0, Q5_0, Q4_0) and the accumulator starts at `−zp · Σa` (the
 //! activation block's exact sum, `BlockQ8::qsum`), which makes the integer sum exactly `Σ q·a`.
 //! Q4_0 and Q5_0 keep 4-bit quants (two groups per 64-byte vector, low and high nibbles), Q5_0
-//! adds its fifth bits as one 64-bit mask per group: packed Q5_0 takes 24 bytes per block and
-//! row (22 in the file), Q4_0 20 (18), Q8_0 36 (34).
+//! adds its fifth bits as one byte per lane, bit `g` for group `g` (a shift and a mask put a
+//! group's bits at 0x10 in every byte, for AVX2 as for AVX-512): packed Q5_0 takes 24 bytes per
+//! block and row (22 in the file), Q4_0 20 (18), Q8_0 36 (34).
 //!
 //! On CPUs without AVX-512 the AVX2 kernel (`arch::x86::avx2_gemm`) runs the same tiles as two
 //! 8-row halves (one 256-bit vector each), with AVX-VNNI's `vpdpbusd` or an exact emulation of it
@@ -228,11 +229,14 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         payload[h * 64 + lane..h * 64 + lane + 4].copy_from_slice(&w.to_le_bytes());
                     }
                     if kind == PackKind::Q5 {
-                        // Fifth bits: bit e of qh; group g's four bits go to lanes 4j..4j+4.
+                        // Fifth bits: element e is bit e of qh; group g's four bits go to bit g
+                        // of the lane bytes 256 + 4j .. 256 + 4j + 4 (one byte per lane, a bit
+                        // per group: a lane's byte holds its eight fifth bits).
                         let qh = rd(blk, 2);
                         for g in 0..QK / 4 {
-                            let bits = ((qh >> (4 * g)) & 0xF) as u8;
-                            payload[256 + 8 * g + lane / 8] |= bits << (lane % 8);
+                            for k in 0..4 {
+                                payload[256 + lane + k] |= (((qh >> (4 * g + k)) & 1) as u8) << g;
+                            }
                         }
                     }
                 }
@@ -297,7 +301,7 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
         PackKind::Q8 => p[g * 64 + lane] as i32,
         PackKind::Q5 | PackKind::Q4 => {
             let lo = (p[(g / 2) * 64 + lane] >> (4 * (g % 2))) & 0x0F;
-            let hi = if kind == PackKind::Q5 { (p[256 + 8 * g + lane / 8] >> (lane % 8)) & 1 } else { 0 };
+            let hi = if kind == PackKind::Q5 { (p[256 + lane] >> g) & 1 } else { 0 };
             (lo | hi << 4) as i32
         }
         PackKind::K4 | PackKind::K6 => unreachable!(),

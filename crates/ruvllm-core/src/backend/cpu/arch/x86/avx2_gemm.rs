@@ -210,15 +210,22 @@ macro_rules! tile_gemm {
                     w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
                 }
                 if K == Q5 {
-                    // Bit `b` of the 32-bit mask → 0x10 in byte `b` (ggml's bytes_from_bits_32).
-                    let spread = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
-                    let bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfeu64 as i64);
+                    // The half's lane bytes of fifth bits: bit g of each → 0x10 of group g's byte
+                    // (16-bit shifts: what crosses into the neighbouring byte is masked off).
+                    let hb = ld(p.add(256 + 32 * h));
                     let sixteen = _mm256_set1_epi8(0x10);
-                    for (g, w) in w.iter_mut().enumerate() {
-                        let bits = (p.add(256 + 8 * g + 4 * h) as *const i32).read_unaligned();
-                        let x = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread), bit);
-                        let set = _mm256_cmpeq_epi8(x, _mm256_set1_epi64x(-1));
-                        *w = _mm256_or_si256(*w, _mm256_and_si256(set, sixteen));
+                    let at4 = [
+                        _mm256_slli_epi16::<4>(hb),
+                        _mm256_slli_epi16::<3>(hb),
+                        _mm256_slli_epi16::<2>(hb),
+                        _mm256_slli_epi16::<1>(hb),
+                        hb,
+                        _mm256_srli_epi16::<1>(hb),
+                        _mm256_srli_epi16::<2>(hb),
+                        _mm256_srli_epi16::<3>(hb),
+                    ];
+                    for (w, b) in w.iter_mut().zip(at4) {
+                        *w = _mm256_or_si256(*w, _mm256_and_si256(b, sixteen));
                     }
                 }
                 w

@@ -85,9 +85,11 @@ unsafe fn weights<const K: u8>(p: *const u8) -> [__m512i; 8] {
         w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
     }
     if K == Q5 {
+        // One byte of fifth bits per lane, bit g for group g.
+        let hb = ld(256);
         let sixteen = _mm512_set1_epi8(0x10);
         for (g, w) in w.iter_mut().enumerate() {
-            let k = _cvtu64_mask64((p.add(256 + 8 * g) as *const u64).read_unaligned());
+            let k = _mm512_test_epi8_mask(hb, _mm512_set1_epi8(1 << g));
             *w = _mm512_mask_add_epi8(*w, k, *w, sixteen);
         }
     }
