@@ -100,7 +100,7 @@ fn attention(c: &mut Criterion) {
         b.iter(|| {
             let qs: Vec<&[f32]> = q.chunks(hd).collect();
             let mut outs: Vec<&mut [f32]> = sc.chunks_mut(span).collect();
-            attention::scores_heads(&qs, black_box(&k), &offs, 0.0625, &mut outs);
+            attention::scores_heads(&qs, black_box(&k), &offs, 0.0625, &mut outs, None);
         })
     });
     g.bench_function("weighted_sum/one_head_per_pass", |b| {

@@ -75,9 +75,12 @@ pub fn weighted_sum<T: KvElem>(w: &[f32], v: &[T], offs: &[usize], out: &mut [f3
 /// `outs[h][j] = dot(qs[h], k[offs[j]..][..hd]) * scale`, identical to [`scores`] per head, but
 /// each key row is loaded (and, from the f16 cache, widened) once for up to four heads.
 ///
+/// `pf`: value rows the caller reads next, prefetched while the keys are scored (the SIMD
+/// kernels only; no result changes).
+///
 /// Panics if the heads differ in length, `outs` is shorter than `qs` or an output row shorter
-/// than `offs`, or a key row lies outside `k`.
-pub fn scores_heads<T: KvElem>(qs: &[&[f32]], k: &[T], offs: &[usize], scale: f32, outs: &mut [&mut [f32]]) {
+/// than `offs`, or a key (or prefetched value) row lies outside `k` (`pf.v`).
+pub fn scores_heads<T: KvElem>(qs: &[&[f32]], k: &[T], offs: &[usize], scale: f32, outs: &mut [&mut [f32]], pf: Option<Prefetch<T>>) {
     let Some(hd) = qs.first().map(|q| q.len()) else { return };
     assert!(
         outs.len() >= qs.len() && qs.iter().all(|q| q.len() == hd) && outs.iter().all(|o| o.len() >= offs.len()),
@@ -86,17 +89,26 @@ pub fn scores_heads<T: KvElem>(qs: &[&[f32]], k: &[T], offs: &[usize], scale: f3
     #[cfg(target_arch = "x86_64")]
     if qs.len() > 1 && simd::avx2() && hd.is_multiple_of(16) {
         assert!(offs.iter().all(|&o| o + hd <= k.len()), "scores: key rows out of range");
+        assert!(pf.is_none_or(|p| p.offs.iter().all(|&o| o + p.width <= p.v.len())), "scores: prefetched value rows out of range");
         for (q4, o4) in qs.chunks(4).zip(outs.chunks_mut(4)) {
             // SAFETY: AVX2/FMA/F16C (and AVX-512F for the 512-bit variant) were detected; every
             // key row is inside `k`, every query has `hd` elements and every output row
             // `offs.len()`.
-            unsafe { simd::scores_heads_dispatch(q4, k, offs, scale, o4, simd::avx512()) };
+            unsafe { simd::scores_heads_dispatch(q4, k, offs, scale, o4, simd::avx512(), pf) };
         }
         return;
     }
     for (q, o) in qs.iter().zip(outs.iter_mut()) {
         scores(q, k, offs, scale, o);
     }
+}
+
+/// Value rows for [`scores_heads`] to prefetch: `width` elements at each of `offs` in `v`.
+#[derive(Clone, Copy)]
+pub struct Prefetch<'a, T> {
+    pub v: &'a [T],
+    pub offs: &'a [usize],
+    pub width: usize,
 }
 
 /// [`weighted_sum`] for several heads over the same value rows: `outs[h] = Σ_j ws[h][j] ·
@@ -132,9 +144,9 @@ pub fn weighted_sum_heads<T: KvElem>(ws: &[&[f32]], v: &[T], offs: &[usize], out
 // ---------------------------------------------------------------------------------------------
 
 thread_local! {
-    /// Per-thread attention score row and the key/value row offsets of its positions, grown to
-    /// the longest span seen (no per-token allocation).
-    static SCORES: std::cell::RefCell<(Vec<f32>, Vec<usize>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// Per-thread attention score row, the key/value row offsets of its positions and those of
+    /// the value rows it prefetches, grown to the longest span seen (no per-token allocation).
+    static SCORES: std::cell::RefCell<(Vec<f32>, Vec<usize>, Vec<usize>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// One attention call: the `n` queries of `q` at positions `pos0..` over `cache` (positions
@@ -198,7 +210,7 @@ fn rows<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
         // SAFETY: task i owns attn[t*q_dim + h0*hd ..][..hs*hd]: disjoint across tasks.
         let out = unsafe { std::slice::from_raw_parts_mut(attn.ptr().add(t * q_dim + h0 * hd), hs * hd) };
         SCORES.with(|cell| {
-            let (buf, offs) = &mut *cell.borrow_mut();
+            let (buf, offs, _) = &mut *cell.borrow_mut();
             if buf.len() < hs * span {
                 buf.resize(hs * span, 0.0);
             }
@@ -209,7 +221,10 @@ fn rows<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
             for (h0, hn) in head_chunks(0, hs) {
                 let sc = &mut buf[h0 * span..(h0 + hn) * span];
                 let qs = up_to_four(q[h0 * hd..(h0 + hn) * hd].chunks(hd));
-                scores_heads(&qs[..hn], kc, offs, scale, &mut up_to_four_mut(sc.chunks_mut(span))[..hn]);
+                // One query (decode): the key and value rows come from DRAM; the value rows
+                // are prefetched while the keys are scored.
+                let pf = (n == 1).then_some(Prefetch { v: vc, offs, width: hd });
+                scores_heads(&qs[..hn], kc, offs, scale, &mut up_to_four_mut(sc.chunks_mut(span))[..hn], pf);
                 sc.chunks_mut(span).for_each(ops::softmax_inplace);
                 let ws = up_to_four(sc.chunks(span));
                 weighted_sum_heads(&ws[..hn], vc, offs, &mut up_to_four_mut(out[h0 * hd..(h0 + hn) * hd].chunks_mut(hd))[..hn]);
@@ -241,22 +256,29 @@ fn split<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
     let q_all = c.q;
     pool.for_each(parts, &|i| {
         SCORES.with(|cell| {
-            let offs = &mut cell.borrow_mut().1;
+            let (_, offs, pf_offs) = &mut *cell.borrow_mut();
+            let width = hd / parts;
             for t in 0..n {
                 let (lo, span) = span_of(t);
                 let (a, b) = (i * span / parts, (i + 1) * span / parts);
                 for g in 0..n_kv {
+                    // The value columns this task sums in (3), of every position, prefetched
+                    // while it scores its share of the positions (spread evenly over them).
+                    pf_offs.clear();
+                    pf_offs.extend((lo..lo + span).map(|p| cache.slot(p) * kv_row + g * hd + i * width));
                     for blk in (a..b).step_by(SPLIT_BLOCK) {
                         let e = (blk + SPLIT_BLOCK).min(b);
                         offs.clear();
                         offs.extend((lo + blk..lo + e).map(|p| cache.slot(p) * kv_row + g * hd));
+                        let share = &pf_offs[(blk - a) * span / (b - a)..(e - a) * span / (b - a)];
+                        let pf = Some(Prefetch { v: vc, offs: share, width });
                         for (h0, hn) in head_chunks(g * group, (g + 1) * group) {
                             let qs = up_to_four(q_all[t * q_dim + h0 * hd..t * q_dim + (h0 + hn) * hd].chunks(hd));
                             // SAFETY: task i owns positions a..b of every score row.
                             let mut outs = up_to_four_mut(
                                 (h0..h0 + hn).map(|h| unsafe { std::slice::from_raw_parts_mut(sc.ptr().add((t * n_head + h) * stride + blk), e - blk) }),
                             );
-                            scores_heads(&qs[..hn], kc, offs, scale, &mut outs[..hn]);
+                            scores_heads(&qs[..hn], kc, offs, scale, &mut outs[..hn], pf);
                         }
                     }
                 }
@@ -341,7 +363,8 @@ mod tests {
         let kw: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
         let vw: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
         let ty = std::any::type_name::<T>();
-        for span in [0, 1, 3, 4, 5, 9] {
+        // 37: more rows than a block of the value-sum kernels (16).
+        for span in [0, 1, 3, 4, 5, 9, 37] {
             // Ring-buffer-like order with an odd start offset.
             let offs: Vec<usize> = (0..span).map(|j| ((j * 7 + 3) % rows) * hd + 1).collect();
             let mut got = vec![f32::NAN; span];
@@ -402,20 +425,24 @@ mod tests {
                         w
                     })
                     .collect();
-                let mut got = vec![vec![f32::NAN; span]; heads];
-                scores_heads(&qs, k, &offs, 0.37, &mut got.iter_mut().map(|x| x.as_mut_slice()).collect::<Vec<_>>());
-                assert_eq!(got, want, "scores_heads {ty} hd={hd} span={span} heads={heads}");
+                // With and without value rows to prefetch (which picks another kernel).
+                let pfs = [None, Some(Prefetch { v, offs: &offs, width: hd })];
+                for pf in pfs {
+                    let mut got = vec![vec![f32::NAN; span]; heads];
+                    scores_heads(&qs, k, &offs, 0.37, &mut got.iter_mut().map(|x| x.as_mut_slice()).collect::<Vec<_>>(), pf);
+                    assert_eq!(got, want, "scores_heads {ty} hd={hd} span={span} heads={heads} prefetch={}", pf.is_some());
+                }
                 #[cfg(target_arch = "x86_64")]
-                for wide in [false, true] {
+                for (wide, pf) in [false, true].into_iter().flat_map(|w| pfs.map(|p| (w, p))) {
                     if simd::avx2() && hd.is_multiple_of(16) && (!wide || simd::avx512()) {
                         let mut got = vec![vec![f32::NAN; span]; heads];
                         let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|x| x.as_mut_slice()).collect();
                         for (q4, o4) in qs.chunks(4).zip(outs.chunks_mut(4)) {
                             // SAFETY: the features were checked just above; every row is inside the cache and
                             // every output as long as the call writes.
-                            unsafe { simd::scores_heads_dispatch(q4, k, &offs, 0.37, o4, wide) };
+                            unsafe { simd::scores_heads_dispatch(q4, k, &offs, 0.37, o4, wide, pf) };
                         }
-                        assert_eq!(got, want, "scores_heads wide={wide} {ty} hd={hd} span={span} heads={heads}");
+                        assert_eq!(got, want, "scores_heads wide={wide} prefetch={} {ty} hd={hd} span={span} heads={heads}", pf.is_some());
                     }
                 }
                 let ws: Vec<&[f32]> = wh.iter().map(|x| x.as_slice()).collect();
@@ -467,7 +494,7 @@ mod tests {
             let k: Vec<f32> = (0..rows * hd + 5).map(|_| rnd()).collect();
             let v: Vec<f32> = (0..rows * hd + 5).map(|_| rnd()).collect();
             let q: Vec<f32> = (0..hd).map(|_| rnd()).collect();
-            let w: Vec<f32> = (0..16).map(|_| rnd()).collect();
+            let w: Vec<f32> = (0..40).map(|_| rnd()).collect();
             check_attention_kernels(hd, rows, &k, &v, &q, &w);
             let half = |x: &Vec<f32>| x.iter().map(|&y| f16::from_f32(y)).collect::<Vec<f16>>();
             check_attention_kernels(hd, rows, &half(&k), &half(&v), &q, &w);

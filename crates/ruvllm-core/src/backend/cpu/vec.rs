@@ -73,11 +73,12 @@ pub(crate) fn silu_mul_generic(gate: &mut [f32], up: &[f32]) {
 #[inline(always)]
 pub(crate) fn softmax_generic(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
+    // The exponentials in their own loop, which LLVM vectorises; the sum stays in order (a
+    // floating-point sum in one chain), so the results are those of one fused loop.
     for v in x.iter_mut() {
         *v = exp_approx(*v - max);
-        sum += *v;
     }
+    let sum: f32 = x.iter().fold(0.0, |s, &v| s + v);
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
         *v *= inv;

@@ -11,6 +11,7 @@ use std::arch::x86_64::*;
 
 use std::sync::OnceLock;
 
+use crate::backend::cpu::attention::Prefetch;
 use crate::backend::cpu::vec::{gelu_tanh_mul_generic, silu_mul_generic, softmax_generic, KvElem};
 
 /// AVX2, FMA and F16C present (every AVX2 CPU has F16C; the f16 KV cache loads need it),
@@ -209,22 +210,78 @@ unsafe fn columns<T: KvElem, const R: usize>(w: &[f32], v: &[T], offs: &[usize],
 /// # Safety
 /// AVX2, FMA and F16C present (AVX-512F too if `wide`); `qs[h].len()` a multiple of 16, equal for all heads; every
 /// key row `offs[j]..offs[j] + hd` inside `k`; every `outs[h]` at least `offs.len()` long.
-pub unsafe fn scores_heads_dispatch<T: KvElem>(qs: &[&[f32]], k: &[T], offs: &[usize], scale: f32, outs: &mut [&mut [f32]], wide: bool) {
-    unsafe fn run<T: KvElem, const H: usize>(qs: &[&[f32]], k: &[T], offs: &[usize], scale: f32, outs: &mut [&mut [f32]], wide: bool) {
+pub unsafe fn scores_heads_dispatch<T: KvElem>(
+    qs: &[&[f32]],
+    k: &[T],
+    offs: &[usize],
+    scale: f32,
+    outs: &mut [&mut [f32]],
+    wide: bool,
+    v: Option<Prefetch<T>>,
+) {
+    unsafe fn run<T: KvElem, const H: usize>(qs: &[&[f32]], k: &[T], offs: &[usize], scale: f32, outs: &mut [&mut [f32]], wide: bool, v: Option<Prefetch<T>>) {
         let hd = qs[0].len();
         let q: [*const f32; H] = std::array::from_fn(|h| qs[h].as_ptr());
         let o: [*mut f32; H] = std::array::from_fn(|h| outs[h].as_mut_ptr());
-        if wide {
+        let pf = v.map(|p| (p.v.as_ptr(), p.offs, p.width));
+        // With value rows to prefetch (decode: the cache comes from DRAM), one key row at a
+        // time: a single sequential stream, which the hardware prefetchers follow (the 512-bit
+        // kernel's four rows at once ran 1.4–1.8× slower on a cold cache, the value rows'
+        // prefetches added); else, with AVX-512, four rows at a time.
+        if wide && pf.is_none() {
             scores_heads512::<T, H>(q, hd, k.as_ptr(), offs, scale, o)
         } else {
-            scores_heads256::<T, H>(q, hd, k.as_ptr(), offs, scale, o)
+            scores_heads256::<T, H>(q, hd, k.as_ptr(), offs, scale, o, pf)
         }
     }
     match qs.len() {
-        1 => run::<T, 1>(qs, k, offs, scale, outs, wide),
-        2 => run::<T, 2>(qs, k, offs, scale, outs, wide),
-        3 => run::<T, 3>(qs, k, offs, scale, outs, wide),
-        _ => run::<T, 4>(qs, k, offs, scale, outs, wide),
+        1 => run::<T, 1>(qs, k, offs, scale, outs, wide, v),
+        2 => run::<T, 2>(qs, k, offs, scale, outs, wide, v),
+        3 => run::<T, 3>(qs, k, offs, scale, outs, wide, v),
+        _ => run::<T, 4>(qs, k, offs, scale, outs, wide, v),
+    }
+}
+
+/// Prefetches, while the key rows are scored, the value rows `(base, row offsets, elements per
+/// row)` lists, spread evenly over the `n` key rows (no division per row), so the value sums
+/// that follow find them in the caches rather than in DRAM: the token's weight stream evicts
+/// the KV cache every token, and a value pass reads each row in 16–64-byte slices, one slice
+/// per row per pass, which the hardware prefetchers do not follow.
+struct Share<'a, T> {
+    pv: *const T,
+    offs: &'a [usize],
+    bytes: usize,
+    /// Rows per key row, the remainder spread Bresenham-style.
+    per: usize,
+    extra: usize,
+    n: usize,
+    acc: usize,
+    next: usize,
+}
+
+impl<'a, T> Share<'a, T> {
+    fn new(pf: Option<(*const T, &'a [usize], usize)>, n: usize) -> Option<Self> {
+        let (pv, offs, width) = pf?;
+        (n > 0).then(|| Share { pv, offs, bytes: width * std::mem::size_of::<T>(), per: offs.len() / n, extra: offs.len() % n, n, acc: 0, next: 0 })
+    }
+
+    /// The next key row's share.
+    #[inline(always)]
+    unsafe fn step(&mut self) {
+        let mut count = self.per;
+        self.acc += self.extra;
+        if self.acc >= self.n {
+            self.acc -= self.n;
+            count += 1;
+        }
+        let end = (self.next + count).min(self.offs.len());
+        for &off in &self.offs[self.next..end] {
+            let p = self.pv.add(off) as *const i8;
+            for b in (0..self.bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(b));
+            }
+        }
+        self.next = end;
     }
 }
 
@@ -283,8 +340,20 @@ unsafe fn scores_heads512<T: KvElem, const H: usize>(q: [*const f32; H], hd: usi
 /// `H` heads of [`scores_heads`](crate::backend::cpu::attention::scores_heads) with 256-bit vectors, one key row at a time: per
 /// (row, head) the two accumulator chains of [`dot`], so results are identical.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_heads256<T: KvElem, const H: usize>(q: [*const f32; H], hd: usize, pk: *const T, offs: &[usize], scale: f32, out: [*mut f32; H]) {
+unsafe fn scores_heads256<T: KvElem, const H: usize>(
+    q: [*const f32; H],
+    hd: usize,
+    pk: *const T,
+    offs: &[usize],
+    scale: f32,
+    out: [*mut f32; H],
+    pf: Option<(*const T, &[usize], usize)>,
+) {
+    let mut share = Share::new(pf, offs.len());
     for (j, &off) in offs.iter().enumerate() {
+        if let Some(share) = share.as_mut() {
+            share.step();
+        }
         let row = pk.add(off);
         let mut a0 = [_mm256_setzero_ps(); H];
         let mut a1 = [_mm256_setzero_ps(); H];
@@ -312,27 +381,42 @@ unsafe fn scores_heads256<T: KvElem, const H: usize>(q: [*const f32; H], hd: usi
 pub unsafe fn weighted_sum_heads_dispatch<T: KvElem>(ws: &[&[f32]], v: &[T], offs: &[usize], outs: &mut [&mut [f32]], wide: bool) {
     unsafe fn run<T: KvElem, const H: usize>(ws: &[&[f32]], v: &[T], offs: &[usize], outs: &mut [&mut [f32]], wide: bool) {
         let width = outs[0].len();
-        let w: [*const f32; H] = std::array::from_fn(|h| ws[h].as_ptr());
         let o: [*mut f32; H] = std::array::from_fn(|h| outs[h].as_mut_ptr());
         let pv = v.as_ptr();
-        let mut c = 0;
-        if wide {
-            while c + 64 <= width {
-                heads_columns512::<T, H, 4>(w, pv, offs, c, o);
-                c += 64;
+        // Rows in blocks of `ROWS` (8 KiB of half-precision values at width 256): a column
+        // pass reads 16–64 bytes of each row, so every pass after a block's first finds its
+        // rows in L1 (the scores pass has prefetched them from DRAM into the caches, see
+        // `scores_heads_dispatch`). The sums go through `out` between blocks unchanged, so each
+        // element's multiply-adds run in the same order as in one pass over all rows.
+        const ROWS: usize = 16;
+        if offs.is_empty() {
+            for oh in o {
+                std::ptr::write_bytes(oh, 0, width);
+            }
+            return;
+        }
+        for (bi, block) in offs.chunks(ROWS).enumerate() {
+            let w: [*const f32; H] = std::array::from_fn(|h| ws[h].as_ptr().add(bi * ROWS));
+            let first = bi == 0;
+            let mut c = 0;
+            if wide {
+                while c + 64 <= width {
+                    heads_columns512::<T, H, 4>(w, pv, block, c, o, first);
+                    c += 64;
+                }
+                while c + 16 <= width {
+                    heads_columns512::<T, H, 1>(w, pv, block, c, o, first);
+                    c += 16;
+                }
             }
             while c + 16 <= width {
-                heads_columns512::<T, H, 1>(w, pv, offs, c, o);
+                heads_columns256::<T, H, 2>(w, pv, block, c, o, first);
                 c += 16;
             }
-        }
-        while c + 16 <= width {
-            heads_columns256::<T, H, 2>(w, pv, offs, c, o);
-            c += 16;
-        }
-        while c < width {
-            heads_columns256::<T, H, 1>(w, pv, offs, c, o);
-            c += 8;
+            while c < width {
+                heads_columns256::<T, H, 1>(w, pv, block, c, o, first);
+                c += 8;
+            }
         }
     }
     match outs.len() {
@@ -343,13 +427,28 @@ pub unsafe fn weighted_sum_heads_dispatch<T: KvElem>(ws: &[&[f32]], v: &[T], off
     }
 }
 
-/// Columns `c..c + 16R` of `H` heads' value sums in registers over all rows, each row's
-/// columns widened once for the heads; per element the fused multiply-adds of [`columns`].
+/// Columns `c..c + 16R` of `H` heads' value sums in registers over the rows of `offs` (`w`: their
+/// weights), starting from zero if `first`, else from `out`; each row's columns widened once for
+/// the heads; per element the fused multiply-adds of [`columns`].
 #[inline]
 #[allow(clippy::needless_range_loop)] // register arrays indexed in step
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn heads_columns512<T: KvElem, const H: usize, const R: usize>(w: [*const f32; H], pv: *const T, offs: &[usize], c: usize, out: [*mut f32; H]) {
+unsafe fn heads_columns512<T: KvElem, const H: usize, const R: usize>(
+    w: [*const f32; H],
+    pv: *const T,
+    offs: &[usize],
+    c: usize,
+    out: [*mut f32; H],
+    first: bool,
+) {
     let mut acc = [[_mm512_setzero_ps(); R]; H];
+    if !first {
+        for h in 0..H {
+            for r in 0..R {
+                acc[h][r] = _mm512_loadu_ps(out[h].add(c + 16 * r));
+            }
+        }
+    }
     for (j, &off) in offs.iter().enumerate() {
         let row = pv.add(off + c);
         // Four rows ahead (the cache rows come from DRAM, see `scores_heads512`).
@@ -381,8 +480,22 @@ unsafe fn heads_columns512<T: KvElem, const H: usize, const R: usize>(w: [*const
 #[inline]
 #[allow(clippy::needless_range_loop)] // register arrays indexed in step
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn heads_columns256<T: KvElem, const H: usize, const R: usize>(w: [*const f32; H], pv: *const T, offs: &[usize], c: usize, out: [*mut f32; H]) {
+unsafe fn heads_columns256<T: KvElem, const H: usize, const R: usize>(
+    w: [*const f32; H],
+    pv: *const T,
+    offs: &[usize],
+    c: usize,
+    out: [*mut f32; H],
+    first: bool,
+) {
     let mut acc = [[_mm256_setzero_ps(); R]; H];
+    if !first {
+        for h in 0..H {
+            for r in 0..R {
+                acc[h][r] = _mm256_loadu_ps(out[h].add(c + 8 * r));
+            }
+        }
+    }
     for (j, &off) in offs.iter().enumerate() {
         let row = pv.add(off + c);
         let mut x = [_mm256_setzero_ps(); R];
