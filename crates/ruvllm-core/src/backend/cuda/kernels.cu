@@ -39,11 +39,13 @@ typedef uint8_t u8;
 #define T_Q8_0R 100
 
 // Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute may start
-// while the kernel before it still runs. Every kernel here first lets its own dependents start
-// (`pdl_launch`), may then read what no earlier kernel writes (weights, into L2), and calls
-// `pdl_wait` before touching anything an earlier kernel writes or reads: it returns once the
-// previous grid has completed and its writes are visible. Every kernel waits in every block, so
-// completion stays ordered along the whole stream. Without PDL both are no-ops.
+// while the kernel before it still runs. Every kernel here may first read what no earlier kernel
+// writes (weights, into L2), then calls `pdl_wait` before touching anything an earlier kernel
+// writes or reads: it returns once the previous grid has completed and its writes are visible.
+// Only then does it let its own dependents start (`pdl_launch`), so at most one kernel waits
+// ahead of the running one (letting them start first chained many waiting kernels onto the
+// multiprocessors). Every kernel waits in every block, so completion stays ordered along the
+// whole stream. Without PDL both are no-ops.
 __device__ __forceinline__ void pdl_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
@@ -56,8 +58,8 @@ __device__ __forceinline__ void pdl_wait() {
 }
 #define PDL_ENTRY() \
     do {             \
-        pdl_launch(); \
         pdl_wait();  \
+        pdl_launch(); \
     } while (0)
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 // Pulls `bytes` from `p` into L2, one 128-byte line per lane of the calling warp at a time.

@@ -430,9 +430,11 @@ pub struct CudaBackend {
     graphs_on: bool,
     /// `RUVLLM_CUDA_PROFILE=1`: time every kernel with events (no graphs), report at drop.
     profile: Option<HashMap<String, (u64, f64)>>,
-    /// Launch with programmatic dependent launch (sm_90 and newer; `RUVLLM_CUDA_PDL=1` turns it
-    /// on): each kernel starts while the one before finishes and fetches its weights meanwhile.
+    /// Launch with programmatic dependent launch (sm_90 and newer; `RUVLLM_CUDA_PDL=0` turns it
+    /// off, `RUVLLM_CUDA_PDL=decode` keeps it to one-token passes): each kernel starts while the
+    /// one before finishes and fetches its weights meanwhile.
     pdl: bool,
+    pdl_decode_only: bool,
     /// The one-token LM head's count of finished blocks (zero between launches).
     head_counter: Option<DevMem>,
     /// `RUVLLM_CUDA_TIMING=1`: device time of each replayed decode graph against the host time
@@ -479,10 +481,14 @@ impl CudaBackend {
             check(api, "cuStreamCreate", (api.stream_create)(&mut stream, driver::STREAM_NON_BLOCKING)).map_err(|e| gpu_error(&e))?;
         }
         let graphs_on = env_on("RUVLLM_CUDA_GRAPHS");
-        // Off unless asked for: on an H200 it made decode steps ~40 us slower and a 512-token
-        // prefill take 1.7x as long (the early-started kernels hold multiprocessors while they
-        // wait).
-        let pdl = dev.major >= 9 && api.launch_kernel_ex.is_some() && std::env::var("RUVLLM_CUDA_PDL").is_ok_and(|v| v == "1");
+        // On unless `RUVLLM_CUDA_PDL=0`: with each kernel letting its dependents start only once
+        // it has passed its own wait (see kernels.cu), an H200 decode step takes ~740 against
+        // ~818 us of device time and prefill is unchanged. (Letting them start first made decode
+        // slower and prefill 1.7x as long: chains of early-started kernels held the
+        // multiprocessors while they waited.)
+        let pdl_env = std::env::var("RUVLLM_CUDA_PDL").unwrap_or_default();
+        let pdl = dev.major >= 9 && api.launch_kernel_ex.is_some() && pdl_env != "0";
+        let pdl_decode_only = pdl_env == "decode";
         let mut evs = [std::ptr::null_mut(); 4];
         for e in evs.iter_mut() {
             // SAFETY: an out-parameter; the context is current. 2: CU_EVENT_DISABLE_TIMING.
@@ -554,6 +560,7 @@ impl CudaBackend {
             graphs_on: graphs_on && std::env::var_os("RUVLLM_CUDA_PROFILE").is_none(),
             profile: std::env::var_os("RUVLLM_CUDA_PROFILE").map(|_| HashMap::new()),
             pdl,
+            pdl_decode_only,
             head_counter: None,
             timing,
             pending_res: None,
@@ -860,7 +867,7 @@ impl CudaBackend {
     fn launch_all(&self) -> std::result::Result<(), CudaError> {
         let api = self.api;
         let mut params: Vec<*mut c_void> = Vec::with_capacity(24);
-        let pdl = self.pdl.then_some(api.launch_kernel_ex).flatten();
+        let pdl = (self.pdl && (!self.pdl_decode_only || self.step.get(1) == Some(&1))).then_some(api.launch_kernel_ex).flatten();
         let mut attr = driver::LaunchAttribute { id: driver::LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value: [0; 8] };
         attr.value[0] = 1;
         for l in &self.pending {
