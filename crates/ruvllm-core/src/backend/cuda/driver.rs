@@ -47,6 +47,7 @@ pub const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: c_int = 6;
 pub type LaunchKernelEx = unsafe extern "C" fn(*const LaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 const CU_STREAM_NON_BLOCKING: c_uint = 1;
 const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 
@@ -197,6 +198,7 @@ pub struct DeviceInfo {
     pub major: i32,
     pub minor: i32,
     pub total_mem: usize,
+    pub sm_count: i32,
 }
 
 pub fn first_device(api: &Api) -> Result<DeviceInfo, String> {
@@ -216,9 +218,12 @@ pub fn first_device(api: &Api) -> Result<DeviceInfo, String> {
             .map_err(|e| e.to_string())?;
         check(api, "cuDeviceGetAttribute", (api.device_get_attribute)(&mut minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
             .map_err(|e| e.to_string())?;
+        let mut sm_count = 0;
+        check(api, "cuDeviceGetAttribute", (api.device_get_attribute)(&mut sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+            .map_err(|e| e.to_string())?;
         let mut total = 0usize;
         check(api, "cuDeviceTotalMem", (api.device_total_mem)(&mut total, dev)).map_err(|e| e.to_string())?;
-        Ok(DeviceInfo { device: dev, name: CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned(), major, minor, total_mem: total })
+        Ok(DeviceInfo { device: dev, name: CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned(), major, minor, total_mem: total, sm_count })
     }
 }
 

@@ -8,13 +8,18 @@
 // rows) are read from a device "step" block, so a decode step's launches are identical from one
 // token to the next and can be replayed as a CUDA graph.
 //
-// Step block layout (int32): [0] pos0, [1] n, [2] rows, [3] unused, [4 .. 4+max_batch) tokens,
-// [4+max_batch .. 4+2*max_batch) LM-head rows.
+// Step block layout (int32): [0] pos0, [1] n, [2] rows, [3] flags, [4 .. 4+max_batch) tokens,
+// [4+max_batch .. 4+2*max_batch) LM-head rows. Flags: STEP_KEEP_PICK, the LM head's greedy pick
+// also goes to out[2] (a queued pick, kept for the pass that takes it); STEP_TOKEN_PICK, the
+// pass's token 0 is that kept pick (the embedding reads it there).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <mma.h>
+
+#define STEP_KEEP_PICK 1
+#define STEP_TOKEN_PICK 2
 
 typedef uint8_t u8;
 
@@ -34,11 +39,13 @@ typedef uint8_t u8;
 #define T_Q8_0R 100
 
 // Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute may start
-// while the kernel before it still runs. Every kernel here first lets its own dependents start
-// (`pdl_launch`), may then read what no earlier kernel writes (weights, into L2), and calls
-// `pdl_wait` before touching anything an earlier kernel writes or reads: it returns once the
-// previous grid has completed and its writes are visible. Every kernel waits in every block, so
-// completion stays ordered along the whole stream. Without PDL both are no-ops.
+// while the kernel before it still runs. Every kernel here may first read what no earlier kernel
+// writes (weights, into L2), then calls `pdl_wait` before touching anything an earlier kernel
+// writes or reads: it returns once the previous grid has completed and its writes are visible.
+// Only then does it let its own dependents start (`pdl_launch`), so at most one kernel waits
+// ahead of the running one (letting them start first chained many waiting kernels onto the
+// multiprocessors). Every kernel waits in every block, so completion stays ordered along the
+// whole stream. Without PDL both are no-ops.
 __device__ __forceinline__ void pdl_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
@@ -51,8 +58,8 @@ __device__ __forceinline__ void pdl_wait() {
 }
 #define PDL_ENTRY() \
     do {             \
-        pdl_launch(); \
         pdl_wait();  \
+        pdl_launch(); \
     } while (0)
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 // Pulls `bytes` from `p` into L2, one 128-byte line per lane of the calling warp at a time.
@@ -749,9 +756,178 @@ extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restric
     block_best(cv, ci);
     if (threadIdx.x == 0) {
         out[0] = ci == 0x7fffffff ? 0 : ci;
+        if (step[3] & STEP_KEEP_PICK) out[2] = out[0];
         *counter = 0;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The same LM head (same sums in the same order, so the same logits bit for bit and the same
+// pick), laid out for bandwidth: each lane reads 16-byte pieces, and a row's 8 lanes together
+// read 128 contiguous bytes per load. In chunk c of a row, lane q (0..7) of the row's eight
+// reads quant bytes 16q.. and 128 + 16q..: the halves of 32-blocks q/2 and 4 + q/2; one shuffle
+// between lanes q and q^1 completes both blocks' integer sums, and the lane keeps block
+// g = 4·(q&1) + q/2 of every chunk. Its float sum over the chunks is the old kernel's per-lane
+// sum for 32-block g (the same chain of multiply-adds), and the butterfly over the eight lanes
+// pairs g with g^1, g^2, g^4 in the old order. A warp takes 4·RPL consecutive rows (each lane
+// RPL of them, every load in flight together); the grid is persistent, sized to the GPU.
+
+// Norm (when nw) and Q8_0 rounding of the head's input into shared memory, as `head_q8_0r`.
+__device__ __forceinline__ void head_stage_x(const float* __restrict__ X, int cols, const float* __restrict__ nw, float eps, const int* step, int mb, int8_t* xq, float* xd) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const float* xr = X;
+    float rs = 1.f;
+    if (nw) {
+        __shared__ float red[32];
+        xr = X + (size_t)step[4 + mb] * cols;
+        float ss = 0.f;
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) ss += xr[j] * xr[j];
+        rs = rsqrtf(block_sum(ss, red) / (float)cols + eps);
+    }
+    const int chunks = (cols + 255) / 256;
+    for (int c = warp; c < chunks; c += warps) {
+        const int j = c * 256 + lane * 8;
+        const bool in = j < cols;
+        float x[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = in ? (nw ? xr[j + i] * rs * nw[j + i] : xr[j + i]) : 0.f;
+        float d, id;
+        q8_0_scale(x, d, id);
+        if (in) {
+            *(uint2*)(xq + j) = q8_0_pack(x, id);
+            if ((lane & 3) == 0) xd[j >> 5] = d;
+        }
+    }
+    __syncthreads();
+}
+
+// The blocks' best rows into pv/pi; the last block to finish writes the pick to out[0].
+__device__ __forceinline__ void head_pick(float bv, int bi, float* pv, int* pi, unsigned int* counter, int* out, const int* step) {
+    __shared__ bool last;
+    block_best(bv, bi);
+    if (threadIdx.x == 0) {
+        pv[blockIdx.x] = bv;
+        pi[blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float cv = -INFINITY;
+    int ci = 0x7fffffff;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) better(cv, ci, __ldcg(pv + b), __ldcg(pi + b));
+    block_best(cv, ci);
+    if (threadIdx.x == 0) {
+        out[0] = ci == 0x7fffffff ? 0 : ci;
+        if (step[3] & STEP_KEEP_PICK) out[2] = out[0];
+        *counter = 0;
+    }
+}
+
+__device__ __forceinline__ uint4 ld_stream16(const u8* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int dp4a4(uint4 a, uint4 b, int s) {
+    s = __dp4a((int)a.x, (int)b.x, s);
+    s = __dp4a((int)a.y, (int)b.y, s);
+    s = __dp4a((int)a.z, (int)b.z, s);
+    return __dp4a((int)a.w, (int)b.w, s);
+}
+
+#define HEAD2_MAX_NC 8
+
+template <int NC, int RPL, int LD>
+__device__ __forceinline__ void head2_body(const u8* __restrict__ W, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ Y, float cap, float* pv, int* pi,
+                                           unsigned int* counter, int* out, const float* __restrict__ nw, float eps, const int* step, int mb) {
+    __shared__ __align__(16) int8_t xq[NC * 256];
+    __shared__ float xd[NC * 8];
+    PDL_ENTRY();
+    head_stage_x(X, cols, nw, eps, step, mb, xq, xd);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int q = lane & 7, sub = lane >> 3;
+    const bool odd = q & 1;
+    const int g = (odd ? 4 : 0) + (q >> 1);
+    const int nb = cols >> 5;
+    // The lane's activation pieces and its block's scale, per chunk (zero past the row).
+    uint4 xa[NC], xb[NC];
+    float dx[NC];
+    bool va[NC], vb[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        const int nbc = nb - 8 * c;
+        va[c] = (q >> 1) < nbc;
+        vb[c] = 4 + (q >> 1) < nbc;
+        xa[c] = va[c] ? *(const uint4*)(xq + c * 256 + 16 * q) : make_uint4(0, 0, 0, 0);
+        xb[c] = vb[c] ? *(const uint4*)(xq + c * 256 + 128 + 16 * q) : make_uint4(0, 0, 0, 0);
+        dx[c] = g < nbc ? xd[c * 8 + g] : 0.f;
+    }
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    const int per_block = warps * 4 * RPL;
+    const int tiles = (rows + per_block - 1) / per_block;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int r0 = tile * per_block + warp * 4 * RPL + sub;
+        uint4 wa[RPL][NC], wb[RPL][NC];
+        float dw[RPL][NC];
+#pragma unroll
+        for (int i = 0; i < RPL; i++) {
+            const int r = r0 + 4 * i;
+            const bool ok = r < rows;
+            const u8* row = W + (size_t)(ok ? r : 0) * rb;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const u8* ch = row + c * 272;
+                const uint4 z = make_uint4(0, 0, 0, 0);
+                if (LD) {
+                    wa[i][c] = ok && va[c] ? ld_stream16(ch + 16 + 16 * q) : z;
+                    wb[i][c] = ok && vb[c] ? ld_stream16(ch + 144 + 16 * q) : z;
+                } else {
+                    wa[i][c] = ok && va[c] ? __ldcs((const uint4*)(ch + 16 + 16 * q)) : z;
+                    wb[i][c] = ok && vb[c] ? __ldcs((const uint4*)(ch + 144 + 16 * q)) : z;
+                }
+                dw[i][c] = ok && (odd ? vb[c] : va[c]) ? __half2float(__ldcs((const __half*)ch + g)) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RPL; i++) {
+            float acc = 0.f;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const int sa = dp4a4(wa[i][c], xa[c], 0), sb = dp4a4(wb[i][c], xb[c], 0);
+                const int si = (odd ? sb : sa) + __shfl_xor_sync(0xffffffff, odd ? sa : sb, 1);
+                acc += (float)si * (dw[i][c] * dx[c]);
+            }
+            acc += __shfl_xor_sync(0xffffffff, acc, 2);
+            acc += __shfl_xor_sync(0xffffffff, acc, 4);
+            acc += __shfl_xor_sync(0xffffffff, acc, 1);
+            if (cap > 0.f) acc = tanhf(acc / cap) * cap;
+            const int r = r0 + 4 * i;
+            if (r < rows) {
+                if (q == 0) Y[r] = acc;
+                better(bv, bi, acc, r);
+            }
+        }
+    }
+    head_pick(bv, bi, pv, pi, counter, out, step);
+}
+
+#define HEAD2_ARGS                                                                                                                                                       \
+    const u8 *__restrict__ W, long long rb, int rows, const float *__restrict__ X, int cols, float *__restrict__ Y, float cap, float *pv, int *pi, unsigned int *counter, \
+        int *out, const float *__restrict__ nw, float eps, const int *step, int mb
+#define HEAD2_CALL W, rb, rows, X, cols, Y, cap, pv, pi, counter, out, nw, eps, step, mb
+#define HEAD2(nc) \
+    extern "C" __global__ void __launch_bounds__(256) head2_q8_0r_##nc(HEAD2_ARGS) { head2_body<nc, 2, 1>(HEAD2_CALL); }
+HEAD2(1)
+HEAD2(2)
+HEAD2(3)
+HEAD2(4)
+HEAD2(5)
+HEAD2(6)
+HEAD2(7)
+HEAD2(8)
 
 // ---------------------------------------------------------------------------------------------
 // Tiled product for many tokens: a block computes 64 rows × 64 tokens, stepping 32 columns at a
@@ -1387,10 +1563,10 @@ extern "C" __global__ void act_mq_q8_k(const float* X, int8_t* Xq, float* Xd, fl
 // Embedding rows: X[t] = scale · table[tokens[t]], the token equal to `replace_id` taking
 // `replace` (when given) instead.
 template <int T>
-__device__ __forceinline__ void embed_body(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id) {
+__device__ __forceinline__ void embed_body(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id, const int* pick) {
     PDL_ENTRY();
     const int t = blockIdx.x;
-    const int tok = step[4 + t];
+    const int tok = t == 0 && (step[3] & STEP_TOKEN_PICK) ? pick[0] : step[4 + t];
     float* out = X + (size_t)t * d;
     if (replace && tok == replace_id) {
         for (int j = threadIdx.x; j < d; j += blockDim.x) out[j] = replace[j] * scale;
@@ -1417,8 +1593,8 @@ __device__ __forceinline__ void embed_body(const u8* table, long long rb, const 
     extern "C" __global__ void __launch_bounds__(256) gemm_##name(const u8* W, long long rb, int rows, const float* X, int cols, float* Y, int ldy, int n) { \
         gemm_body<T>(W, rb, rows, X, cols, Y, ldy, n);                                                                   \
     }                                                                                                                     \
-    extern "C" __global__ void embed_##name(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id) { \
-        embed_body<T>(table, rb, step, X, d, scale, replace, replace_id);                                                \
+    extern "C" __global__ void embed_##name(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id, const int* pick) { \
+        embed_body<T>(table, rb, step, X, d, scale, replace, replace_id, pick);                                                                \
     }
 
 INSTANTIATE(T_F32, f32)
@@ -1966,11 +2142,14 @@ extern "C" __global__ void argmax1(const float* v, int count, float* pv, int* pi
     }
 }
 
-extern "C" __global__ void argmax2(const float* pv, const int* pi, int parts, int* out) {
+extern "C" __global__ void argmax2(const float* pv, const int* pi, int parts, int* out, const int* step) {
     PDL_ENTRY();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) better(bv, bi, pv[i], pi[i]);
     block_best(bv, bi);
-    if (threadIdx.x == 0) out[0] = bi == 0x7fffffff ? 0 : bi;
+    if (threadIdx.x == 0) {
+        out[0] = bi == 0x7fffffff ? 0 : bi;
+        if (step[3] & STEP_KEEP_PICK) out[2] = out[0];
+    }
 }

@@ -51,6 +51,10 @@ const ARGMAX_BLOCKS: usize = 256;
 /// Where in `argmax_out` a queued pick is kept for a pass that takes it as its token (the
 /// kernels write element 0).
 const PICK_OFFSET: u64 = 8;
+/// Step block word 3 (flags): the pass's LM head also writes its pick at `PICK_OFFSET` (a queued
+/// pick), and the pass's token is read from there (it takes the last queued pick).
+const STEP_KEEP_PICK: i32 = 1;
+const STEP_TOKEN_PICK: i32 = 2;
 /// The one-token LM head over Q8_0 (`head_q8_0r`): blocks of its persistent grid, rows per
 /// block step, widest input.
 /// The one-token LM head's grid: 2048 blocks of 4 tiles each gave 840 against 849 us of device
@@ -60,6 +64,12 @@ const HEAD_BLOCKS: usize = 2048;
 const HEAD_BLOCKS_MAX: usize = 8192;
 const HEAD_TILE: usize = 32;
 const HEAD_MAX_COLS: usize = 2048;
+/// `head2_q8_0r_<chunks>`, the one-token LM head read in 16-byte pieces (`RUVLLM_CUDA_HEAD2=0`
+/// keeps `head_q8_0r`): its persistent grid is this many blocks per multiprocessor
+/// (`RUVLLM_CUDA_HEAD2_BLOCKS` sets the whole grid), for inputs of at most this many 256-wide
+/// chunks.
+const HEAD2_PER_SM: usize = 3;
+const HEAD2_MAX_CHUNKS: usize = 8;
 /// Widest input of the one-token products that stage it in shared memory (`mmv1s`, `mmvg1s`).
 const MMV1_MAX_COLS: usize = 4096;
 
@@ -300,7 +310,11 @@ struct PendingRes {
 
 /// Device time of graph replays (see `CudaBackend::timing`).
 struct Timing {
-    start: driver::CUevent,
+    /// Start events of the last two replays (`cur` the last's): the device time from one
+    /// replay's start to the next's, gaps between replays included.
+    start: [driver::CUevent; 2],
+    cur: usize,
+    starts_us: Vec<f32>,
     end: driver::CUevent,
     pending: bool,
     replays: u64,
@@ -344,6 +358,9 @@ pub struct CudaBackend {
     /// whether the pass being recorded does.
     embed_pick: bool,
     pass_pick: bool,
+    /// The kernels move picks themselves (step flags, see `STEP_KEEP_PICK`) instead of two
+    /// 4-byte device copies per greedy token (`RUVLLM_CUDA_PICK_KERNEL=0` keeps the copies).
+    pick_kernel: bool,
     /// Picks may be queued (`RUVLLM_CUDA_AHEAD=0` turns it off, for A/B runs: every greedy
     /// token then waits for its pick before the next pass is sent).
     ahead_on: bool,
@@ -356,6 +373,9 @@ pub struct CudaBackend {
     /// The one-token LM head computes its row's final norm itself (one launch fewer;
     /// `RUVLLM_CUDA_FUSE_HEAD=0` keeps `norm_rows`).
     fuse_head: bool,
+    /// The one-token LM head over Q8_0 runs `head2_q8_0r_*` on this grid, or `head_q8_0r` when
+    /// `None` (`RUVLLM_CUDA_HEAD2=0`).
+    head2_blocks: Option<usize>,
     /// Many-token products of Q8_0 / Q5_0 / Q4_0 weights on the int8 tensor cores
     /// (`RUVLLM_CUDA_MMA=1`; off by default: on an H200 a 512-token prefill was only 1.05x
     /// faster than with the FP32 tiles, 43.7k against 41.6k tok/s, because each 32-block's
@@ -410,9 +430,11 @@ pub struct CudaBackend {
     graphs_on: bool,
     /// `RUVLLM_CUDA_PROFILE=1`: time every kernel with events (no graphs), report at drop.
     profile: Option<HashMap<String, (u64, f64)>>,
-    /// Launch with programmatic dependent launch (sm_90 and newer; `RUVLLM_CUDA_PDL=1` turns it
-    /// on): each kernel starts while the one before finishes and fetches its weights meanwhile.
+    /// Launch with programmatic dependent launch (sm_90 and newer; `RUVLLM_CUDA_PDL=0` turns it
+    /// off, `RUVLLM_CUDA_PDL=decode` keeps it to one-token passes): each kernel starts while the
+    /// one before finishes and fetches its weights meanwhile.
     pdl: bool,
+    pdl_decode_only: bool,
     /// The one-token LM head's count of finished blocks (zero between launches).
     head_counter: Option<DevMem>,
     /// `RUVLLM_CUDA_TIMING=1`: device time of each replayed decode graph against the host time
@@ -459,23 +481,29 @@ impl CudaBackend {
             check(api, "cuStreamCreate", (api.stream_create)(&mut stream, driver::STREAM_NON_BLOCKING)).map_err(|e| gpu_error(&e))?;
         }
         let graphs_on = env_on("RUVLLM_CUDA_GRAPHS");
-        // Off unless asked for: on an H200 it made decode steps ~40 us slower and a 512-token
-        // prefill take 1.7x as long (the early-started kernels hold multiprocessors while they
-        // wait).
-        let pdl = dev.major >= 9 && api.launch_kernel_ex.is_some() && std::env::var("RUVLLM_CUDA_PDL").is_ok_and(|v| v == "1");
+        // On unless `RUVLLM_CUDA_PDL=0`: with each kernel letting its dependents start only once
+        // it has passed its own wait (see kernels.cu), an H200 decode step takes ~740 against
+        // ~818 us of device time and prefill is unchanged. (Letting them start first made decode
+        // slower and prefill 1.7x as long: chains of early-started kernels held the
+        // multiprocessors while they waited.)
+        let pdl_env = std::env::var("RUVLLM_CUDA_PDL").unwrap_or_default();
+        let pdl = dev.major >= 9 && api.launch_kernel_ex.is_some() && pdl_env != "0";
+        let pdl_decode_only = pdl_env == "decode";
         let mut evs = [std::ptr::null_mut(); 4];
         for e in evs.iter_mut() {
             // SAFETY: an out-parameter; the context is current. 2: CU_EVENT_DISABLE_TIMING.
             unsafe { check(api, "cuEventCreate", (api.event_create)(e, 2)).map_err(|e| gpu_error(&e))? };
         }
         let timing = if std::env::var_os("RUVLLM_CUDA_TIMING").is_some() {
-            let (mut start, mut end) = (std::ptr::null_mut(), std::ptr::null_mut());
+            let (mut start, mut end) = ([std::ptr::null_mut(); 2], std::ptr::null_mut());
             // SAFETY: out-parameters; the context is current.
             unsafe {
-                check(api, "cuEventCreate", (api.event_create)(&mut start, 0)).map_err(|e| gpu_error(&e))?;
+                for e in start.iter_mut() {
+                    check(api, "cuEventCreate", (api.event_create)(e, 0)).map_err(|e| gpu_error(&e))?;
+                }
                 check(api, "cuEventCreate", (api.event_create)(&mut end, 0)).map_err(|e| gpu_error(&e))?;
             }
-            Some(Timing { start, end, pending: false, replays: 0, gpu_ms: 0.0, last: None, periods: 0, period_s: 0.0 })
+            Some(Timing { start, cur: 0, starts_us: Vec::new(), end, pending: false, replays: 0, gpu_ms: 0.0, last: None, periods: 0, period_s: 0.0 })
         } else {
             None
         };
@@ -498,6 +526,7 @@ impl CudaBackend {
             pick_ev: [evs[2], evs[3]],
             embed_pick: false,
             pass_pick: false,
+            pick_kernel: env_on("RUVLLM_CUDA_PICK_KERNEL"),
             ahead_on: env_on("RUVLLM_CUDA_AHEAD"),
             mma: std::env::var("RUVLLM_CUDA_MMA").is_ok_and(|v| v == "1"),
             mmq: env_on("RUVLLM_CUDA_MMQ"),
@@ -505,6 +534,10 @@ impl CudaBackend {
             prefill_splits: std::env::var("RUVLLM_CUDA_PREFILL_SPLITS").ok().and_then(|v| v.parse().ok()).filter(|c| (1..=32).contains(c)),
             fuse_head: env_on("RUVLLM_CUDA_FUSE_HEAD"),
             head_blocks: env_count("RUVLLM_CUDA_HEAD_BLOCKS", 1..=HEAD_BLOCKS_MAX, HEAD_BLOCKS),
+            head2_blocks: env_on("RUVLLM_CUDA_HEAD2").then(|| {
+                let sms = usize::try_from(dev.sm_count).unwrap_or(0).max(1);
+                env_count("RUVLLM_CUDA_HEAD2_BLOCKS", 1..=HEAD_BLOCKS_MAX, (sms * HEAD2_PER_SM).min(HEAD_BLOCKS_MAX))
+            }),
             att_chunk: env_count("RUVLLM_CUDA_ATT_CHUNK", 1..=4096, DECODE_ATT_CHUNK),
             logits_dev: None,
             logits_host: None,
@@ -527,6 +560,7 @@ impl CudaBackend {
             graphs_on: graphs_on && std::env::var_os("RUVLLM_CUDA_PROFILE").is_none(),
             profile: std::env::var_os("RUVLLM_CUDA_PROFILE").map(|_| HashMap::new()),
             pdl,
+            pdl_decode_only,
             head_counter: None,
             timing,
             pending_res: None,
@@ -756,7 +790,7 @@ impl CudaBackend {
             // SAFETY: both hold `n` i32s; the host slot is page-locked and not rewritten before
             // its event says the copy is done.
             unsafe { check(api, "cuMemcpyHtoDAsync", (api.memcpy_htod_async)(dst, src, n * 4, self.stream))? };
-            if std::mem::take(&mut self.pass_pick) {
+            if std::mem::take(&mut self.pass_pick) && !self.pick_kernel {
                 // The pass's token is the last queued pick (stream order: after its LM head).
                 // SAFETY: device buffers of at least these sizes.
                 unsafe { check(api, "cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(dst + 16, Self::ptr_of(&self.argmax_out) + PICK_OFFSET, 4, self.stream))? };
@@ -806,9 +840,15 @@ impl CudaBackend {
             if t.pending {
                 check(api, "cuEventSynchronize", (api.event_synchronize)(t.end))?;
                 let mut ms = 0f32;
-                check(api, "cuEventElapsedTime", (api.event_elapsed_time)(&mut ms, t.start, t.end))?;
+                check(api, "cuEventElapsedTime", (api.event_elapsed_time)(&mut ms, t.start[t.cur], t.end))?;
                 t.gpu_ms += ms as f64;
+                if t.replays > 0 {
+                    let mut gap = 0f32;
+                    check(api, "cuEventElapsedTime", (api.event_elapsed_time)(&mut gap, t.start[t.cur ^ 1], t.start[t.cur]))?;
+                    t.starts_us.push(gap * 1000.0);
+                }
                 t.replays += 1;
+                t.cur ^= 1;
             }
             let now = std::time::Instant::now();
             if let Some(prev) = t.last {
@@ -816,7 +856,7 @@ impl CudaBackend {
                 t.period_s += (now - prev).as_secs_f64();
             }
             t.last = Some(now);
-            check(api, "cuEventRecord", (api.event_record)(t.start, stream))?;
+            check(api, "cuEventRecord", (api.event_record)(t.start[t.cur], stream))?;
             check(api, "cuGraphLaunch", (api.graph_launch)(exec, stream))?;
             check(api, "cuEventRecord", (api.event_record)(t.end, stream))?;
         }
@@ -827,7 +867,7 @@ impl CudaBackend {
     fn launch_all(&self) -> std::result::Result<(), CudaError> {
         let api = self.api;
         let mut params: Vec<*mut c_void> = Vec::with_capacity(24);
-        let pdl = self.pdl.then_some(api.launch_kernel_ex).flatten();
+        let pdl = (self.pdl && (!self.pdl_decode_only || self.step.get(1) == Some(&1))).then_some(api.launch_kernel_ex).flatten();
         let mut attr = driver::LaunchAttribute { id: driver::LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value: [0; 8] };
         attr.value[0] = 1;
         for l in &self.pending {
@@ -1216,7 +1256,11 @@ impl CudaBackend {
             // greedy pick.
             let (input, nw) = if self.fuse_head { (x, w) } else { (xn, 0) };
             let (pv, out, counter) = (Self::ptr_of(&self.argmax_part), Self::ptr_of(&self.argmax_out), Self::ptr_of(&self.head_counter));
-            let blocks = v.div_ceil(HEAD_TILE).clamp(1, self.head_blocks);
+            let chunks = d.div_ceil(256);
+            let (name, blocks) = match self.head2_blocks {
+                Some(b) if chunks <= HEAD2_MAX_CHUNKS => (format!("head2_q8_0r_{chunks}"), b),
+                _ => ("head_q8_0r".to_string(), v.div_ceil(HEAD_TILE).clamp(1, self.head_blocks)),
+            };
             let args = Args::new()
                 .ptr(wp)
                 .i64(rb as i64)
@@ -1233,7 +1277,7 @@ impl CudaBackend {
                 .f32(eps)
                 .ptr(step)
                 .i32(mb as i32);
-            self.push("head_q8_0r", [blocks as u32, 1, 1], 256, args);
+            self.push(&name, [blocks as u32, 1, 1], 256, args);
             self.head_rows = m;
             self.logits_ready = false;
             return;
@@ -1256,7 +1300,7 @@ impl CudaBackend {
         }
         let (pv, out) = (Self::ptr_of(&self.argmax_part), Self::ptr_of(&self.argmax_out));
         self.push("argmax1", [ARGMAX_BLOCKS as u32, 1, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(pv).ptr(pv + (ARGMAX_BLOCKS * 4) as u64));
-        self.push("argmax2", [1, 1, 1], 256, Args::new().ptr(pv).ptr(pv + (ARGMAX_BLOCKS * 4) as u64).i32(ARGMAX_BLOCKS as i32).ptr(out));
+        self.push("argmax2", [1, 1, 1], 256, Args::new().ptr(pv).ptr(pv + (ARGMAX_BLOCKS * 4) as u64).i32(ARGMAX_BLOCKS as i32).ptr(out).ptr(step));
         self.head_rows = m;
         self.logits_ready = false;
     }
@@ -1294,13 +1338,15 @@ impl Drop for CudaBackend {
                 eprintln!("  {k:32} {c:8} {ms:10.3} {:8.2}", ms * 1000.0 / *c as f64);
             }
         }
-        if let Some(t) = &self.timing {
+        if let Some(t) = self.timing.as_mut() {
             if t.replays > 0 && t.periods > 0 {
+                t.starts_us.sort_by(f32::total_cmp);
                 eprintln!(
-                    "ruvllm cuda timing: {} decode graph replays, {:.1} us of device time each, {:.1} us between replay launches (pdl {})",
+                    "ruvllm cuda timing: {} decode graph replays, {:.1} us of device time each, {:.1} us between replay launches, {:.1} us between replay starts on the device (median) (pdl {})",
                     t.replays,
                     t.gpu_ms * 1000.0 / t.replays as f64,
                     t.period_s * 1e6 / t.periods as f64,
+                    t.starts_us.get(t.starts_us.len() / 2).copied().unwrap_or(0.0),
                     self.pdl
                 );
             }
@@ -1385,6 +1431,7 @@ impl Backend for CudaBackend {
         self.x_alt = false;
         let n = tokens.len();
         self.pass_pick = self.embed_pick && n == 1;
+        self.step[3] = if self.pass_pick && self.pick_kernel { STEP_TOKEN_PICK } else { 0 };
         self.step[1] = n as i32;
         for (i, &t) in tokens.iter().enumerate() {
             self.step[4 + i] = t as i32;
@@ -1397,8 +1444,17 @@ impl Backend for CudaBackend {
         };
         let name = format!("embed_{}", type_suffix(table.ty).unwrap_or("f32"));
         let step = Self::ptr_of(&self.step_dev);
-        let args =
-            Args::new().ptr(wp).i64(rb as i64).ptr(step).ptr(self.buf(Buf::X)).i32(self.widths.d_model as i32).f32(scale.unwrap_or(1.0)).ptr(rp).i32(rid);
+        let pick = Self::ptr_of(&self.argmax_out) + PICK_OFFSET;
+        let args = Args::new()
+            .ptr(wp)
+            .i64(rb as i64)
+            .ptr(step)
+            .ptr(self.buf(Buf::X))
+            .i32(self.widths.d_model as i32)
+            .f32(scale.unwrap_or(1.0))
+            .ptr(rp)
+            .i32(rid)
+            .ptr(pick);
         self.push(&name, [n as u32, 1, 1], 256, args);
     }
 
@@ -1646,7 +1702,14 @@ impl Backend for CudaBackend {
         if !self.ahead_on || self.picks.len() >= 2 || self.argmax_host.is_none() {
             return false;
         }
+        // The LM head still to be sent keeps its own pick (the step block goes with it);
+        // otherwise a device copy does.
+        let keep = self.pick_kernel && !self.pending.is_empty();
+        if keep {
+            self.step[3] |= STEP_KEEP_PICK;
+        }
         self.flush();
+        self.step[3] &= !STEP_KEEP_PICK;
         if !self.ok() {
             return false;
         }
@@ -1659,7 +1722,7 @@ impl Backend for CudaBackend {
         // pick is kept on the device too (for a pass that takes it as its token: a later LM
         // head of another request may rewrite `argmax_out` first).
         let r = unsafe {
-            check(api, "cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(out + PICK_OFFSET, out, 4, stream))
+            (if keep { Ok(()) } else { check(api, "cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(out + PICK_OFFSET, out, 4, stream)) })
                 .and_then(|_| check(api, "cuMemcpyDtoHAsync", (api.memcpy_dtoh_async)(dst, out, 4, stream)))
                 .and_then(|_| check(api, "cuEventRecord", (api.event_record)(ev, stream)))
         };
@@ -1694,6 +1757,9 @@ impl Backend for CudaBackend {
         self.picks.clear();
         self.embed_pick = false;
         self.pass_pick = false;
+        if let Some(f) = self.step.get_mut(3) {
+            *f = 0;
+        }
     }
 
     fn embed_last_pick(&mut self, on: bool) {
