@@ -223,15 +223,14 @@ pub unsafe fn scores_heads_dispatch<T: KvElem>(
         let hd = qs[0].len();
         let q: [*const f32; H] = std::array::from_fn(|h| qs[h].as_ptr());
         let o: [*mut f32; H] = std::array::from_fn(|h| outs[h].as_mut_ptr());
-        let pf = v.map(|p| (p.v.as_ptr(), p.offs, p.width));
         // With value rows to prefetch (decode: the cache comes from DRAM), one key row at a
         // time: a single sequential stream, which the hardware prefetchers follow (the 512-bit
         // kernel's four rows at once ran 1.4–1.8× slower on a cold cache, the value rows'
         // prefetches added); else, with AVX-512, four rows at a time.
-        if wide && pf.is_none() {
+        if wide && v.is_none() {
             scores_heads512::<T, H>(q, hd, k.as_ptr(), offs, scale, o)
         } else {
-            scores_heads256::<T, H>(q, hd, k.as_ptr(), offs, scale, o, pf)
+            scores_heads256::<T, H>(q, hd, k.as_ptr(), offs, scale, o, v)
         }
     }
     match qs.len() {
@@ -242,8 +241,8 @@ pub unsafe fn scores_heads_dispatch<T: KvElem>(
     }
 }
 
-/// Prefetches, while the key rows are scored, the value rows `(base, row offsets, elements per
-/// row)` lists, spread evenly over the `n` key rows (no division per row), so the value sums
+/// Prefetches, while the key rows are scored, the value rows a [`Prefetch`] lists, spread evenly
+/// over the `n` key rows (no division per row), so the value sums
 /// that follow find them in the caches rather than in DRAM: the token's weight stream evicts
 /// the KV cache every token, and a value pass reads each row in 16–64-byte slices, one slice
 /// per row per pass, which the hardware prefetchers do not follow.
@@ -260,9 +259,9 @@ struct Share<'a, T> {
 }
 
 impl<'a, T> Share<'a, T> {
-    fn new(pf: Option<(*const T, &'a [usize], usize)>, n: usize) -> Option<Self> {
-        let (pv, offs, width) = pf?;
-        (n > 0).then(|| Share { pv, offs, bytes: width * std::mem::size_of::<T>(), per: offs.len() / n, extra: offs.len() % n, n, acc: 0, next: 0 })
+    fn new(pf: Option<Prefetch<'a, T>>, n: usize) -> Option<Self> {
+        let Prefetch { v, offs, width } = pf?;
+        (n > 0).then(|| Share { pv: v.as_ptr(), offs, bytes: width * std::mem::size_of::<T>(), per: offs.len() / n, extra: offs.len() % n, n, acc: 0, next: 0 })
     }
 
     /// The next key row's share.
@@ -347,7 +346,7 @@ unsafe fn scores_heads256<T: KvElem, const H: usize>(
     offs: &[usize],
     scale: f32,
     out: [*mut f32; H],
-    pf: Option<(*const T, &[usize], usize)>,
+    pf: Option<Prefetch<T>>,
 ) {
     let mut share = Share::new(pf, offs.len());
     for (j, &off) in offs.iter().enumerate() {
@@ -451,13 +450,6 @@ unsafe fn heads_columns512<T: KvElem, const H: usize, const R: usize>(
     }
     for (j, &off) in offs.iter().enumerate() {
         let row = pv.add(off + c);
-        // Four rows ahead (the cache rows come from DRAM, see `scores_heads512`).
-        if let Some(&ahead) = offs.get(j + 4) {
-            let p = pv.add(ahead + c) as *const i8;
-            for b in (0..16 * R * std::mem::size_of::<T>()).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(b));
-            }
-        }
         let mut x = [_mm512_setzero_ps(); R];
         for (r, xr) in x.iter_mut().enumerate() {
             *xr = T::load16(row.add(16 * r));
