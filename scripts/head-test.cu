@@ -4,24 +4,7 @@
 // and the pick must be the lowest row of the largest logit (rows copied from the best one, below
 // and above it, make ties). Needs no model and no Rust: `scripts/head-test.sh` builds it; run
 // the binary on the GPU machine: `head-test [rows cols]`.
-#include "../crates/ruvllm-core/src/backend/cuda/kernels.cu"
-
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <random>
-#include <vector>
-
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "cuda-test.h"
 
 template <int NC, int RPL, int LD>
 __global__ void __launch_bounds__(256) head2_var(HEAD2_ARGS) {
@@ -29,35 +12,6 @@ __global__ void __launch_bounds__(256) head2_var(HEAD2_ARGS) {
 }
 
 static std::mt19937_64 rng(12345);
-
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-template <class F>
-static float time_us(F f) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int i = 0; i < 5; i++) f();
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    std::vector<float> v;
-    for (int k = 0; k < 7; k++) {
-        CK(cudaEventRecord(a));
-        for (int i = 0; i < 40; i++) f();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        v.push_back(ms * 1000.f / 40.f);
-    }
-    CK(cudaGetLastError());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    return median(v);
-}
 
 struct Dev {
     u8* W;
@@ -165,16 +119,16 @@ static bool run_case(int rows, int cols, bool timing, int sms) {
     if (timing) {
         const double mb = (double)rows * rb / 1e6;
         for (int grid : {1024, 2048, 4096}) {
-            const float t = time_us([&] { launch(d, head_q8_0r, grid); });
-            printf("  head_q8_0r   grid %5d: %7.2f us  %6.0f GB/s\n", grid, t, mb / t * 1e-3 * 1e6 / 1e3);
+            const float t = time_us([&] { launch(d, head_q8_0r, grid); }, 40);
+            printf("  head_q8_0r   grid %5d: %7.2f us  %5.2f TB/s\n", grid, t, mb / t);
         }
         for (auto& v : vs) {
             int occ = 0;
             CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v.f, 256, 0));
             for (int k : {1, 2, 3, 4, 6, 8, 16}) {
                 const int grid = k * sms;
-                const float t = time_us([&] { launch(d, v.f, grid); });
-                printf("  %-12s grid %5d (%d/SM, occ %d): %7.2f us  %6.0f GB/s\n", v.name, grid, k, occ, t, mb / t * 1e-3 * 1e6 / 1e3);
+                const float t = time_us([&] { launch(d, v.f, grid); }, 40);
+                printf("  %-12s grid %5d (%d/SM, occ %d): %7.2f us  %5.2f TB/s\n", v.name, grid, k, occ, t, mb / t);
             }
         }
     }

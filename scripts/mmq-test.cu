@@ -9,16 +9,9 @@
 //   `mmq-test check`: errors only, at 1-17, 31-33, 40, 63-65, 100, 129 and 512 tokens, on the
 //   random activations and on Gemma-like ones: a few channels hundreds of times the rest, rows
 //   of very different sizes)
-#include "../crates/ruvllm-core/src/backend/cuda/kernels.cu"
+#include "cuda-test.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <random>
 #include <string>
-#include <vector>
 
 // Other instances of the MMQ body, for comparison: without the one-stage-ahead loads, and with
 // two warp groups splitting each stage.
@@ -36,15 +29,6 @@ static void launch_var(int ty, dim3 g, Mmv3 a, const int8_t* Xq, const float* Xd
         case 4: mmq_var<T_Q6_K, BN, PIPE, KS><<<g, 128 * KS>>>(a, Xq, Xd, Xm, cols, n); break;
     }
 }
-
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
 
 static std::mt19937_64 rng(12345);
 static float urand(float a, float b) { return std::uniform_real_distribution<float>(a, b)(rng); }
@@ -192,36 +176,6 @@ static Weight make_weight(Ty t, int rows, int cols) {
     CK(cudaMalloc(&w.dev, all.size()));
     CK(cudaMemcpy(w.dev, all.data(), all.size(), cudaMemcpyHostToDevice));
     return w;
-}
-
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-// Mean microseconds per call of `f` (50 calls between events), median of 7.
-template <class F>
-static float time_us(F f) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int i = 0; i < 5; i++) f();
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    std::vector<float> v;
-    for (int rep = 0; rep < 7; rep++) {
-        CK(cudaEventRecord(a));
-        for (int i = 0; i < 50; i++) f();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        v.push_back(ms * 1000.f / 50.f);
-    }
-    CK(cudaGetLastError());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    return median(v);
 }
 
 static int blocks_of(long long count, int per) { return (int)std::max<long long>(1, (count + per - 1) / per); }
@@ -453,10 +407,10 @@ static bool run(int n, bool quick, int dist, bool timing) {
             for (auto& w : ws) CK(cudaFree(w.dev));
             continue;
         }
-        const float t_act = time_us(act_old), t_old = time_us(gemm_old), t_actmq = time_us(act_mq);
-        const float t_mma = has_mma ? time_us(gemm_mma) : NAN;
-        const float t32 = time_us([&] { mmq(32); }), t64 = time_us([&] { mmq(64); }), tnp = time_us([&] { mmq(0); });
-        const float tks64 = time_us([&] { mmq(1); }), tks32 = time_us([&] { mmq(2); });
+        const float t_act = time_us(act_old, 50), t_old = time_us(gemm_old, 50), t_actmq = time_us(act_mq, 50);
+        const float t_mma = has_mma ? time_us(gemm_mma, 50) : NAN;
+        const float t32 = time_us([&] { mmq(32); }, 50), t64 = time_us([&] { mmq(64); }, 50), tnp = time_us([&] { mmq(0); }, 50);
+        const float tks64 = time_us([&] { mmq(1); }, 50), tks32 = time_us([&] { mmq(2); }, 50);
         std::string rs;
         for (int r : c.rows) rs += (rs.empty() ? "" : "+") + std::to_string(r);
         rs += "x" + std::to_string(cols);

@@ -1,13 +1,4 @@
 #!/usr/bin/env bash
 # Builds scripts/mmq-test.cu (the many-token product kernels' check and timing at Gemma 3 270M's
-# prefill shapes) for sm_90 with CUDA 13's nvcc (.cuda/ or PATH), statically linked to the CUDA
-# runtime, so the binary runs on the GPU machine as it is: `mmq-test [n_tokens]`.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-root=$(git rev-parse --path-format=absolute --git-common-dir)/..
-lib=
-for d in "${CUDA_ROOT:-}" .cuda/cu13 "$root/.cuda/cu13"; do [ -n "$d" ] && [ -x "$d/bin/nvcc" ] && export PATH="$d/bin:$PATH" && lib="-L$(readlink -f "$d")/lib" && break; done
-out=${1:-target/mmq-test}
-mkdir -p "$(dirname "$out")"
-nvcc $lib -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -o "$out" scripts/mmq-test.cu
-echo "built $out"
+# prefill shapes; see scripts/cuda-test.sh): run the binary on the GPU machine: `mmq-test [n_tokens]`.
+exec "$(dirname "$0")/cuda-test.sh" mmq-test "$@"

@@ -640,21 +640,11 @@ __device__ __forceinline__ void mmvg1s_body(const u8* __restrict__ Wg, const u8*
 __device__ __forceinline__ void better(float& bv, int& bi, float v, int i);
 __device__ __forceinline__ void block_best(float& bv, int& bi);
 
-extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restrict__ W, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ Y, float cap,
-                                                              float* pv, int* pi, unsigned int* counter, int* out, const float* __restrict__ nw, float eps, const int* step, int mb) {
-    __shared__ __align__(16) int8_t xq[HEAD_MAX_COLS];
-    __shared__ float xd[HEAD_MAX_COLS / 32];
-    __shared__ bool last;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int tiles = (rows + HEAD_TILE - 1) / HEAD_TILE;
-    if (blockIdx.x < tiles) {
-        const long long r0 = (long long)blockIdx.x * HEAD_TILE;
-        const long long bytes = (long long)min(HEAD_TILE, rows - (int)r0) * rb;
-        for (long long o = (long long)threadIdx.x * 128; o < bytes; o += 256 * 128) prefetch_l2(W + r0 * rb + o);
-    }
-    PDL_ENTRY();
-    // With `nw`: X is the residual stream and the head's row (the step's first head row) is
-    // RMS-normed here first, as `norm_rows` does it (the same sums in the same order).
+// The one-token LM heads' input staging: the norm (when nw; the head's row is the step's first
+// head row, normed as `norm_rows` does it, the same sums in the same order) and Q8_0 rounding into
+// shared memory.
+__device__ __forceinline__ void head_stage_x(const float* __restrict__ X, int cols, const float* __restrict__ nw, float eps, const int* step, int mb, int8_t* xq, float* xd) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const float* xr = X;
     float rs = 1.f;
     if (nw) {
@@ -665,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restric
         rs = rsqrtf(block_sum(ss, red) / (float)cols + eps);
     }
     const int chunks = (cols + 255) / 256;
-    for (int c = warp; c < chunks; c += 8) {
+    for (int c = warp; c < chunks; c += warps) {
         const int j = c * 256 + lane * 8;
         const bool in = j < cols;
         float x[8];
@@ -679,6 +669,59 @@ extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restric
         }
     }
     __syncthreads();
+}
+
+// The blocks' best rows into pv/pi; the last block to finish writes the pick to out[0].
+__device__ __forceinline__ void head_pick(float bv, int bi, float* pv, int* pi, unsigned int* counter, int* out, const int* step) {
+    __shared__ bool last;
+    block_best(bv, bi);
+    if (threadIdx.x == 0) {
+        pv[blockIdx.x] = bv;
+        pi[blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float cv = -INFINITY;
+    int ci = 0x7fffffff;
+    // Four loads in flight per thread (the grid may have thousands of blocks).
+    for (int b0 = threadIdx.x; b0 < (int)gridDim.x; b0 += blockDim.x * 4) {
+        float vv[4];
+        int ii[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int b = b0 + k * blockDim.x;
+            vv[k] = b < (int)gridDim.x ? __ldcg(pv + b) : -INFINITY;
+            ii[k] = b < (int)gridDim.x ? __ldcg(pi + b) : 0x7fffffff;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) better(cv, ci, vv[k], ii[k]);
+    }
+    block_best(cv, ci);
+    if (threadIdx.x == 0) {
+        out[0] = ci == 0x7fffffff ? 0 : ci;
+        if (step[3] & STEP_KEEP_PICK) out[2] = out[0];
+        *counter = 0;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restrict__ W, long long rb, int rows, const float* __restrict__ X, int cols, float* __restrict__ Y, float cap,
+                                                              float* pv, int* pi, unsigned int* counter, int* out, const float* __restrict__ nw, float eps, const int* step, int mb) {
+    __shared__ __align__(16) int8_t xq[HEAD_MAX_COLS];
+    __shared__ float xd[HEAD_MAX_COLS / 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tiles = (rows + HEAD_TILE - 1) / HEAD_TILE;
+    if (blockIdx.x < tiles) {
+        const long long r0 = (long long)blockIdx.x * HEAD_TILE;
+        const long long bytes = (long long)min(HEAD_TILE, rows - (int)r0) * rb;
+        for (long long o = (long long)threadIdx.x * 128; o < bytes; o += 256 * 128) prefetch_l2(W + r0 * rb + o);
+    }
+    PDL_ENTRY();
+    // With `nw`: X is the residual stream, normed here first.
+    head_stage_x(X, cols, nw, eps, step, mb, xq, xd);
+    const int chunks = (cols + 255) / 256;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -729,36 +772,7 @@ extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restric
             }
         }
     }
-    block_best(bv, bi);
-    if (threadIdx.x == 0) {
-        pv[blockIdx.x] = bv;
-        pi[blockIdx.x] = bi;
-        __threadfence();
-        last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    float cv = -INFINITY;
-    int ci = 0x7fffffff;
-    for (int b0 = threadIdx.x; b0 < (int)gridDim.x; b0 += 256 * 4) {
-        float vv[4];
-        int ii[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int b = b0 + k * 256;
-            vv[k] = b < (int)gridDim.x ? __ldcg(pv + b) : -INFINITY;
-            ii[k] = b < (int)gridDim.x ? __ldcg(pi + b) : 0x7fffffff;
-        }
-#pragma unroll
-        for (int k = 0; k < 4; k++) better(cv, ci, vv[k], ii[k]);
-    }
-    block_best(cv, ci);
-    if (threadIdx.x == 0) {
-        out[0] = ci == 0x7fffffff ? 0 : ci;
-        if (step[3] & STEP_KEEP_PICK) out[2] = out[0];
-        *counter = 0;
-    }
+    head_pick(bv, bi, pv, pi, counter, out, step);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -771,59 +785,6 @@ extern "C" __global__ void __launch_bounds__(256) head_q8_0r(const u8* __restric
 // sum for 32-block g (the same chain of multiply-adds), and the butterfly over the eight lanes
 // pairs g with g^1, g^2, g^4 in the old order. A warp takes 4·RPL consecutive rows (each lane
 // RPL of them, every load in flight together); the grid is persistent, sized to the GPU.
-
-// Norm (when nw) and Q8_0 rounding of the head's input into shared memory, as `head_q8_0r`.
-__device__ __forceinline__ void head_stage_x(const float* __restrict__ X, int cols, const float* __restrict__ nw, float eps, const int* step, int mb, int8_t* xq, float* xd) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const float* xr = X;
-    float rs = 1.f;
-    if (nw) {
-        __shared__ float red[32];
-        xr = X + (size_t)step[4 + mb] * cols;
-        float ss = 0.f;
-        for (int j = threadIdx.x; j < cols; j += blockDim.x) ss += xr[j] * xr[j];
-        rs = rsqrtf(block_sum(ss, red) / (float)cols + eps);
-    }
-    const int chunks = (cols + 255) / 256;
-    for (int c = warp; c < chunks; c += warps) {
-        const int j = c * 256 + lane * 8;
-        const bool in = j < cols;
-        float x[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) x[i] = in ? (nw ? xr[j + i] * rs * nw[j + i] : xr[j + i]) : 0.f;
-        float d, id;
-        q8_0_scale(x, d, id);
-        if (in) {
-            *(uint2*)(xq + j) = q8_0_pack(x, id);
-            if ((lane & 3) == 0) xd[j >> 5] = d;
-        }
-    }
-    __syncthreads();
-}
-
-// The blocks' best rows into pv/pi; the last block to finish writes the pick to out[0].
-__device__ __forceinline__ void head_pick(float bv, int bi, float* pv, int* pi, unsigned int* counter, int* out, const int* step) {
-    __shared__ bool last;
-    block_best(bv, bi);
-    if (threadIdx.x == 0) {
-        pv[blockIdx.x] = bv;
-        pi[blockIdx.x] = bi;
-        __threadfence();
-        last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    float cv = -INFINITY;
-    int ci = 0x7fffffff;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) better(cv, ci, __ldcg(pv + b), __ldcg(pi + b));
-    block_best(cv, ci);
-    if (threadIdx.x == 0) {
-        out[0] = ci == 0x7fffffff ? 0 : ci;
-        if (step[3] & STEP_KEEP_PICK) out[2] = out[0];
-        *counter = 0;
-    }
-}
 
 __device__ __forceinline__ uint4 ld_stream16(const u8* p) {
     uint4 v;
