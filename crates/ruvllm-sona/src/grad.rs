@@ -120,12 +120,33 @@ impl LoraParams {
 }
 
 /// What one training sequence asks: `tokens`, and for some positions `i` a weight on
-/// `-ln p(tokens[i + 1] | tokens[..=i])`.
-#[derive(Debug, Clone)]
+/// `-ln p(tokens[i + 1] | tokens[..=i])`; for a masked-diffusion model (see
+/// [`Frozen::set_diffusion`]) `tokens` is the input with masked positions, every position sees
+/// all the others, and the targets are `labels[i + 1]`, the tokens before masking.
+#[derive(Debug, Clone, Default)]
 pub struct Example {
     pub tokens: Vec<u32>,
     /// `(i, weight)`, `i + 1 < tokens.len()`.
     pub targets: Vec<(usize, f32)>,
+    /// The tokens the targets predict when they differ from `tokens` (masked inputs); `None`:
+    /// `tokens`.
+    pub labels: Option<Vec<u32>>,
+}
+
+impl Example {
+    /// The token target `(i, _)` predicts.
+    pub fn label(&self, i: usize) -> u32 {
+        self.labels.as_ref().unwrap_or(&self.tokens)[i + 1]
+    }
+}
+
+/// What makes the frozen model a masked-diffusion LM: the mask token, whose input embedding is
+/// `mask_embd` (as `token_embd` stores rows, before the embedding scale), and attention that
+/// sees every position (within a sliding window, back from the query).
+#[derive(Debug, Clone)]
+pub struct DiffusionInput {
+    pub mask_token: u32,
+    pub mask_embd: Option<Vec<f32>>,
 }
 
 /// The frozen model and the transposed weights its backward pass multiplies by.
@@ -138,9 +159,12 @@ pub struct Frozen {
     head_t: Option<QWeight>,
     /// Called between blocks and head chunks: where background training steps aside.
     pause: Option<Pause>,
-    /// A frozen adapter applied on top of the base weights in every pass (the federation's
-    /// global adapter): it shapes the activations and `dx`, and gets no gradient.
-    extra: Option<Arc<LoraParams>>,
+    /// Frozen adapters applied on top of the base weights in every pass (the federation's
+    /// global adapter; a diffusion model's conversion adapter): they shape the activations and
+    /// `dx`, and get no gradient.
+    extra: Vec<Arc<LoraParams>>,
+    /// Set for a masked-diffusion model: bidirectional attention and the mask embedding.
+    diffusion: Option<DiffusionInput>,
 }
 
 /// See [`Frozen::set_pause`].
@@ -288,9 +312,13 @@ fn add_into(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// Whether `j` is visible from query `i` under the causal mask and an optional sliding window.
-fn visible(i: usize, j: usize, window: Option<usize>) -> bool {
-    j <= i && window.is_none_or(|w| i - j < w)
+/// Whether `j` is visible from query `i` under the causal (or, `bidir`, the bidirectional) mask
+/// and an optional sliding window looking back from `i` (as `AttentionMask::visible`).
+fn visible(i: usize, j: usize, window: Option<usize>, bidir: bool) -> bool {
+    if j > i {
+        return bidir;
+    }
+    window.is_none_or(|w| i - j < w)
 }
 
 /// `y += scale·B·(A·x)` for `params`' slot of (`l`, `p`), factors read from `w`; returns `A·x`
@@ -318,12 +346,22 @@ impl Frozen {
     /// The model, with `threads` kernel threads for training. Transposed weights are built on
     /// first use of [`Frozen::loss_and_grad`] with layers below the last (or with the LM head).
     pub fn new(model: Arc<Transformer>, threads: usize) -> Self {
-        Frozen { model, pool: ThreadPool::new(threads.max(1)), wt: Vec::new(), head_t: None, pause: None, extra: None }
+        Frozen { model, pool: ThreadPool::new(threads.max(1)), wt: Vec::new(), head_t: None, pause: None, extra: Vec::new(), diffusion: None }
     }
 
     /// Sets the frozen adapter every pass applies on top of the base weights (`None`: none).
     pub fn set_extra(&mut self, extra: Option<Arc<LoraParams>>) {
+        self.extra = extra.into_iter().collect();
+    }
+
+    /// Sets the frozen adapters every pass applies on top of the base weights, in order.
+    pub fn set_extras(&mut self, extra: Vec<Arc<LoraParams>>) {
         self.extra = extra;
+    }
+
+    /// Makes the model a masked-diffusion LM (`None`: the causal LM): see [`DiffusionInput`].
+    pub fn set_diffusion(&mut self, d: Option<DiffusionInput>) {
+        self.diffusion = d;
     }
 
     /// `f` is called between blocks (forward and backward) and LM-head chunks: it may wait, for
@@ -371,7 +409,7 @@ impl Frozen {
                 add_into(row, b);
             }
         }
-        if let Some(e) = &self.extra {
+        for e in &self.extra {
             lora_forward(e, &e.w, l, p, x, t, y);
         }
         let Some((params, w)) = lora else { return Vec::new() };
@@ -422,7 +460,7 @@ impl Frozen {
         let mut tmp = vec![0.0f32; t * d_in];
         matmul(&self.pool, &self.wt[l][proj_index(p)], dy, t, &mut tmp);
         add_into(&mut dx[..t * d_in], &tmp);
-        if let Some(e) = &self.extra {
+        for e in &self.extra {
             if let Some(s) = e.slot(l, p) {
                 // dx += scale·Aᵀ·(Bᵀ·dy) of the frozen adapter.
                 let r = e.rank;
@@ -460,7 +498,8 @@ impl Frozen {
         }
     }
 
-    /// The forward pass of `tokens` at positions `0..t` with the causal mask; returns the final
+    /// The forward pass of `tokens` at positions `0..t` with the causal mask (bidirectional for
+    /// a diffusion model, its mask token embedded as the mask embedding); returns the final
     /// residual stream (`t × d`) and, when `keep`, every block's activations from `from_layer` on.
     pub(crate) fn forward(&self, tokens: &[u32], lora: Option<(&LoraParams, &[f32])>, keep_from: usize) -> (Vec<f32>, Vec<Option<LayerAct>>) {
         let m = &self.model;
@@ -469,8 +508,13 @@ impl Frozen {
         let (hd, nh, nkv) = (c.head_dim, c.n_head, c.n_kv_head);
         let (qd, kvd) = (nh * hd, nkv * hd);
         let mut x = vec![0.0f32; t * d];
+        let mask = self.diffusion.as_ref().and_then(|df| Some((df.mask_token, df.mask_embd.as_deref().filter(|r| r.len() == d)?)));
+        let bidir = self.diffusion.is_some();
         for (i, &tok) in tokens.iter().enumerate() {
-            m.embed.dequantize_row(tok as usize, &mut x[i * d..(i + 1) * d]);
+            match mask {
+                Some((id, row)) if id == tok => x[i * d..(i + 1) * d].copy_from_slice(row),
+                _ => m.embed.dequantize_row(tok as usize, &mut x[i * d..(i + 1) * d]),
+            }
             if let Some(s) = c.embed_scale {
                 x[i * d..(i + 1) * d].iter_mut().for_each(|v| *v *= s);
             }
@@ -509,7 +553,7 @@ impl Frozen {
                     let row = &mut p[(h * t + i) * t..(h * t + i + 1) * t];
                     let mut max = f32::NEG_INFINITY;
                     for j in 0..t {
-                        if visible(i, j, window) {
+                        if visible(i, j, window, bidir) {
                             let kj = &k[j * kvd + g * hd..j * kvd + (g + 1) * hd];
                             row[j] = c.attn_scale * dot(qi, kj);
                             max = max.max(row[j]);
@@ -517,7 +561,7 @@ impl Frozen {
                     }
                     let mut sum = 0.0;
                     for (j, r) in row.iter_mut().enumerate() {
-                        *r = if visible(i, j, window) { (*r - max).exp() } else { 0.0 };
+                        *r = if visible(i, j, window, bidir) { (*r - max).exp() } else { 0.0 };
                         sum += *r;
                     }
                     let out = &mut attn[i * qd + h * hd..i * qd + (h + 1) * hd];
@@ -580,7 +624,7 @@ impl Frozen {
             let v = self.model.cfg.vocab_size;
             for (k, &(i, wt)) in chunk.iter().enumerate() {
                 let row = &logits[k * v..(k + 1) * v];
-                total.0 += wt as f64 * nll(row, ex.tokens[i + 1]);
+                total.0 += wt as f64 * nll(row, ex.label(i));
                 total.1 += wt as f64;
             }
         }
@@ -606,7 +650,7 @@ impl Frozen {
             let (mut logits, h) = self.head(&x, &rows);
             for (k, &(i, wt)) in chunk.iter().enumerate() {
                 let row = &mut logits[k * v..(k + 1) * v];
-                let target = ex.tokens[i + 1] as usize;
+                let target = ex.label(i) as usize;
                 total.0 += wt as f64 * nll(row, target as u32);
                 total.1 += wt as f64;
                 // d nll / d z = softmax − onehot (through the soft-cap's tanh when there is one).

@@ -341,7 +341,7 @@ fn example_of(t: &Trajectory, gate: f32, max_seq: usize) -> std::result::Result<
     let first = tokens.len() - 1;
     tokens.extend_from_slice(&answer);
     let targets = (first..tokens.len() - 1).map(|i| (i, weight)).collect();
-    Ok(Example { tokens, targets })
+    Ok(Example { tokens, targets, labels: None })
 }
 
 /// Folds `micro` into `base` (ΔW_base + ΔW_micro, truncated back to the base rank by subspace
@@ -950,7 +950,7 @@ impl Learner {
             .map(|mut s| {
                 s.truncate(self.opts.max_seq);
                 let targets = (0..s.len() - 1).map(|i| (i, 1.0)).collect();
-                Example { tokens: s, targets }
+                Example { tokens: s, targets, labels: None }
             })
             .collect())
     }

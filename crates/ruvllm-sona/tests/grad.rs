@@ -10,7 +10,7 @@ use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::GgufFile;
 use ruvllm_core::models::{Transformer, TransformerConfig, WeightLoader};
 use ruvllm_core::nn::Proj;
-use ruvllm_sona::grad::{Example, Frozen, LoraParams, Rng};
+use ruvllm_sona::grad::{DiffusionInput, Example, Frozen, LoraParams, Rng};
 
 pub fn tiny_model(dir: &std::path::Path, act: Activation) -> Arc<Transformer> {
     let (n_layer, d, nh, nkv, hd, ff, vocab) = (2usize, 64usize, 2usize, 1usize, 32usize, 96usize, 128usize);
@@ -92,7 +92,7 @@ fn frozen_adapter(model: &Transformer, seed: u64) -> LoraParams {
     e
 }
 
-fn check(act: Activation, extra: bool) {
+fn check(act: Activation, extra: bool, diffusion: bool) {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path(), act);
     let targets: Vec<(usize, Proj)> = (0..2).flat_map(|l| Proj::ALL.map(|p| (l, p))).collect();
@@ -105,12 +105,35 @@ fn check(act: Activation, extra: bool) {
         }
     }
     let tokens: Vec<u32> = (0..10).map(|i| (i * 37 + 5) % 128).collect();
-    let ex = Example { tokens: tokens.clone(), targets: (2..9).map(|i| (i, 0.5 + i as f32 * 0.1)).collect() };
+    let mut ex = Example { tokens: tokens.clone(), targets: (2..9).map(|i| (i, 0.5 + i as f32 * 0.1)).collect(), labels: None };
     let mut frozen = Frozen::new(model.clone(), 1);
+    let mut frozen_diffusion = None;
+    if diffusion {
+        // A masked-diffusion model: positions 3, 5, 6 and 9 masked (token 127, its own
+        // embedding row), every position sees every other (within the local layer's window
+        // back), the targets before each masked position predict its token (the AR shift).
+        let mask_embd: Vec<f32> = (0..64).map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.05).collect();
+        let plain = frozen.loss(&ex, None).0;
+        frozen_diffusion = Some(DiffusionInput { mask_token: 127, mask_embd: Some(mask_embd) });
+        frozen.set_diffusion(frozen_diffusion.clone());
+        let mut input = tokens.clone();
+        for i in [3, 5, 6, 9] {
+            input[i] = 127;
+        }
+        ex = Example { tokens: input, targets: [2, 4, 5, 8].map(|i| (i, 1.0 / 0.4)).to_vec(), labels: Some(tokens.clone()) };
+        // Later positions are seen: changing the last token changes the first target's loss.
+        let mut later = ex.clone();
+        later.tokens[8] = 1;
+        let first = Example { targets: vec![(2, 1.0)], ..ex.clone() };
+        let first_later = Example { targets: vec![(2, 1.0)], ..later };
+        assert!((frozen.loss(&first, None).0 - frozen.loss(&first_later, None).0).abs() > 1e-4, "attention is not bidirectional");
+        assert!((frozen.loss(&ex, None).0 - plain).abs() > 1e-3);
+    }
     if extra {
         // The federation's global adapter: frozen, applied in every pass, no gradient.
         let e = Arc::new(frozen_adapter(&model, 9));
-        let plain = Frozen::new(model.clone(), 1);
+        let mut plain = Frozen::new(model.clone(), 1);
+        plain.set_diffusion(frozen_diffusion.clone());
         frozen.set_extra(Some(e.clone()));
         // Applied: the loss moves, and equals the plain model's with the adapter as `params`.
         let untrained = LoraParams::new(&model, &targets, 3, 6.0, 1);
@@ -144,23 +167,30 @@ fn check(act: Activation, extra: bool) {
         }
     }
     assert_eq!(checked, 28);
-    eprintln!("{act:?} (frozen extra adapter: {extra}): worst relative error {worst:.2e}");
+    eprintln!("{act:?} (frozen extra adapter: {extra}, diffusion: {diffusion}): worst relative error {worst:.2e}");
 }
 
 #[test]
 fn gradients_match_finite_differences_gelu() {
-    check(Activation::GeluTanh, false);
+    check(Activation::GeluTanh, false, false);
 }
 
 #[test]
 fn gradients_match_finite_differences_silu() {
-    check(Activation::Silu, false);
+    check(Activation::Silu, false, false);
 }
 
 /// With the federation's global adapter frozen under the trained one (forward and `dx` paths).
 #[test]
 fn gradients_match_finite_differences_under_a_frozen_adapter() {
-    check(Activation::GeluTanh, true);
+    check(Activation::GeluTanh, true, false);
+}
+
+/// A masked-diffusion model (bidirectional attention, the mask embedding, labels apart from the
+/// input) under its conversion adapter.
+#[test]
+fn gradients_match_finite_differences_for_a_diffusion_model() {
+    check(Activation::GeluTanh, true, true);
 }
 
 /// The MicroLoRA step's gradient equals the full backward pass's when its candidate set is the
@@ -183,7 +213,7 @@ fn micro_gradient_matches_full_backward_with_all_candidates() {
     let mut g_micro = vec![0.0f32; micro.len()];
     let (l1, w1) = ruvllm_sona::micro::loss_and_grad(&fr, &micro, &cap, &mut g_micro);
     let mut g_full = vec![0.0f32; micro.len()];
-    let (l2, w2) = fr.loss_and_grad(&Example { tokens, targets }, &micro, &mut g_full);
+    let (l2, w2) = fr.loss_and_grad(&Example { tokens, targets, labels: None }, &micro, &mut g_full);
     assert!((l1 - l2).abs() < 1e-3 * l2.abs() && (w1 - w2).abs() < 1e-9, "{l1} vs {l2}");
     let norm = g_full.iter().map(|x| x * x).sum::<f32>().sqrt();
     let diff = g_micro.iter().zip(&g_full).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt();

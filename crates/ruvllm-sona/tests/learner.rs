@@ -95,7 +95,7 @@ fn feedback_instant_consolidate_export_restart() {
     let fr = ruvllm_sona::grad::Frozen::new(e.model(), 1);
     let toks = e.tokenize(&full, true).unwrap();
     let n = toks.len();
-    let ex = ruvllm_sona::grad::Example { tokens: toks, targets: (n - 1 - tail..n - 1).map(|i| (i, 1.0)).collect() };
+    let ex = ruvllm_sona::grad::Example { tokens: toks, targets: (n - 1 - tail..n - 1).map(|i| (i, 1.0)).collect(), labels: None };
     let (ls, w) = fr.loss(&ex, Some(&base));
     let truth = ls / w;
     let gained = before - after;
