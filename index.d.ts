@@ -244,9 +244,11 @@ export declare class LLM {
   /**
    * Runs the learning that is pending now (a BaseLoRA round over the trajectories not trained
    * yet, the EWC++ Fisher update), consolidates (the EWC anchor moves to the result, which is
-   * also stored in the adapter bank), saves, and resolves with the round's report.
+   * also stored in the adapter bank), saves, and resolves with the round's report. On a
+   * diffusion model (TALoRA): every timestep bucket's BaseLoRA trained with the
+   * masked-diffusion loss, each bucket's loss on the new trajectories before and after.
    */
-  consolidate(): Promise<LearningRound>
+  consolidate(): Promise<LearningRound | TaloraRound>
   /**
    * Federation of the learned BaseLoRA with other nodes: `llm.federation.join({ peers, tier })`.
    * Needs `learning: { dir, federate: true }` at load (else `join` rejects with
@@ -254,7 +256,7 @@ export declare class LLM {
    */
   get federation(): Federation
   /** Counts, last losses and timings of the learning loops; `null` without `learning`. */
-  learningStats(): LearningStats | null
+  learningStats(): LearningStats | TaloraStats | null
   /**
    * Writes the learned adapter (BaseLoRA and MicroLoRA summed) as a standard LoRA GGUF that
    * llama.cpp (and `loadAdapter`) can load. Rejects with `ERR_LEARNING_OFF`, `ERR_INVALID_ARG`
@@ -562,6 +564,12 @@ export interface ElboOptions {
  */
 export declare function embed(texts: string[]): Promise<Float32Array[]>
 
+/** One timestep bucket's weights in `FederationRound.buckets`. */
+export interface FederationBucket {
+  bucket: number
+  weights: Array<number>
+}
+
 /**
  * A node identity for `nodeKey`: a fresh Ed25519 secret (or the one given) and its public
  * node id, each as 64 hex digits. Throws `ERR_INVALID_ARG` for a malformed `secret`.
@@ -618,8 +626,10 @@ export interface FederationRound {
   applied: boolean
   /** The aggregation used (`stack`, `svd:8`, `factors`), null when nothing was applied. */
   method?: string
-  /** The nodes' normalised weights, in node-id order. */
+  /** The nodes' normalised weights, in node-id order (of the first aggregate). */
   weights: Array<number>
+  /** A diffusion model's TALoRA: each timestep bucket's aggregate weights (`bucket`, `weights`). */
+  buckets: Array<FederationBucket>
   /** Largest relative distance from the exact mean over the targets: of the aggregation (`svd`, `factors`) or of the `globalRank` cap (0: exact). */
   truncationError: number
   /** Public aggregates withheld for too few nodes. */
@@ -1179,6 +1189,46 @@ export interface ServerOptions {
   chatTemplate?: string
   /** Stop strings added to every chat request (e.g. the turn markers of `chatTemplate`). */
   stop?: string | string[]
+}
+
+/**
+ * A diffusion model's learning round (`llm.consolidate()` with TALoRA): every timestep bucket
+ * trained on the trajectories not trained yet.
+ */
+export interface TaloraRound {
+  trajectories: number
+  steps: number
+  /** Masked tokens trained on. */
+  tokens: number
+  seconds: number
+  /**
+   * Per bucket: mean loss per masked token of the round's sequences (masks drawn apart from
+   * training's) before and after the round; their difference is the improvement a
+   * `weighting: 'timestep'` federation round weights this node's bucket by.
+   */
+  lossBefore: Array<number>
+  lossAfter: Array<number>
+}
+
+/** `llm.learningStats()` of a diffusion model (TALoRA). */
+export interface TaloraStats {
+  dir: string
+  /** `'talora'`. */
+  kind: string
+  trajectories: number
+  good: number
+  pending: number
+  /**
+   * rounds, steps, tokens, trained, federated, federatedRounds, bucketTrained (per bucket),
+   * improvement (per bucket, since the last federated round).
+   */
+  counters: Record<string, any>
+  lastRound?: TaloraRound
+  baseRank: number
+  /** The buckets' mask-ratio ranges `[tMin, tMax)`. */
+  buckets: Array<Array<number>>
+  /** Per bucket, the federation's global adapter's rank (null before a federated round). */
+  globalRank: Array<number | undefined | null>
 }
 
 /** Speed of a finished request. */

@@ -26,6 +26,13 @@
 //           timestep buckets, so this is the non-diffusion case): not in the defaults
 //   public  tier 'public' (≥ 5 nodes), one round from chunk 0: clipped and noised to ε = 1,
 //           δ = 1e-5, released with at least 5 contributors (k-anonymity)
+//   timestep, quality  exact with DAF's TimestepAligned (clients weighted by their measured loss
+//           improvement, per bucket) or QualityWeighted weighting (not in the defaults)
+// --diffusion: the same on the masked-diffusion model (gemma-3-270m-diffusion): each node learns
+// TALoRA (one BaseLoRA per range of mask ratios, trained with the masked-diffusion loss on its
+// feedback) and the rounds aggregate each timestep bucket on its own; held-out NLL is the
+// diffusion ELBO per token (16 mask ratios, the same seed for every arm). Default phases there:
+// local, exact (FedAvg weighting), timestep, quality, daf (hybrid), fedavg (factor averaging).
 // After the exact arm's last round node 0 turns adversarial (a re-encrypted replay of its
 // round-1 update, a tampered copy, a forged update and garbage); the others' rejections are
 // counted. Then the dropout phase (unless --no-dropout): from chunk 0, round 1: the last node
@@ -33,7 +40,7 @@
 // published; the others finish both rounds (the first on its round timeout).
 //
 //   npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16]
-//       [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]
+//       [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--diffusion] [--quick] [--json]
 // --quick: 3 nodes, 2 examples per round, 2 rounds, 6 held-out passages, phases local,exact,fedavg.
 // --json: the summary as one JSON object on the last line of stdout.
 import { cpSync, mkdtempSync, rmSync } from 'node:fs'
@@ -44,7 +51,7 @@ import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { spawn } from 'node:child_process'
 import { createInterface } from 'node:readline'
-import { domainData, nll } from './sona-data.mjs'
+import { domainData, nll as arNll } from './sona-data.mjs'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = join(here, '..')
@@ -65,13 +72,14 @@ const { values } = parseArgs({
     'server-lr': { type: 'string', default: '1' },
     'timeout-ms': { type: 'string', default: '300000' },
     quick: { type: 'boolean' },
+    diffusion: { type: 'boolean' },
     json: { type: 'boolean' },
     child: { type: 'string' },
     resume: { type: 'string' },
     help: { type: 'boolean' },
   },
 })
-const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--quick] [--json]'
+const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--diffusion] [--quick] [--json]'
 if (values.help) {
   console.log(USAGE)
   process.exit(0)
@@ -81,8 +89,9 @@ const N = Number(values.nodes ?? (quick ? 3 : 8))
 const perRound = Number(values.examples ?? (quick ? 2 : 4))
 const R = Number(values.rounds ?? (quick ? 2 : 3))
 const nHeld = Number(values.heldout ?? (quick ? 6 : 16))
-const phases = (values.phases ?? (quick ? 'local,exact,fedavg' : `local,exact,fedavg${N >= 5 ? ',public' : ''}`)).split(',')
-const dropout = !values['no-dropout'] && N >= 3
+const diffusion = Boolean(values.diffusion)
+const phases = (values.phases ?? (diffusion ? (quick ? 'local,exact,timestep' : 'local,exact,timestep,quality,daf,fedavg') : quick ? 'local,exact,fedavg' : `local,exact,fedavg${N >= 5 ? ',public' : ''}`)).split(',')
+const dropout = !values['no-dropout'] && N >= 3 && !diffusion
 for (const [k, v, min] of [['nodes', N, 1], ['examples', perRound, 1], ['rounds', R, 1], ['heldout', nHeld, 1], ['global-rank', Number(values['global-rank']), 1]]) {
   if (!Number.isInteger(v) || v < min) {
     console.error(`bench federation: --${k} must be an integer ≥ ${min}\n${USAGE}`)
@@ -102,18 +111,35 @@ const PHASES = {
   svd: { tier: 'group', key: GROUP_KEY, method: 'svd', weighting: 'fedavg' },
   fedavg: { tier: 'group', key: GROUP_KEY, method: 'fedavg', weighting: 'fedavg' },
   daf: { tier: 'group', key: GROUP_KEY, method: 'exact', weighting: 'hybrid' },
+  timestep: { tier: 'group', key: GROUP_KEY, method: 'exact', weighting: 'timestep' },
+  quality: { tier: 'group', key: GROUP_KEY, method: 'exact', weighting: 'quality' },
   public: { tier: 'public', method: 'exact', weighting: 'fedavg', epsilon: 1, delta: 1e-5, rounds: 1, kAnonymity: 5 },
   dropout: { tier: 'group', key: GROUP_KEY, method: 'exact', weighting: 'fedavg', roundTimeoutMs: 20000 },
 }
 // Rounds per arm: the public arm spends its whole ε = 1 budget on one release.
 const roundsOf = (phase) => (phase === 'public' ? 1 : phase === 'dropout' ? 2 : R)
-for (const p of phases) if (!PHASES[p] || p === 'dropout') throw new Error(`unknown phase ${p}; known: local, exact, svd, fedavg, daf, public`)
+for (const p of phases) if (!PHASES[p] || p === 'dropout') throw new Error(`unknown phase ${p}; known: local, exact, svd, fedavg, daf, timestep, quality, public`)
 
 // ---- a node process --------------------------------------------------------------------------
 async function child(index) {
   const { LLM, models } = require(addonPath)
-  const model = values.model || process.env.RUVLLM_TEST_MODEL || models.path('gemma-3-270m')
+  const model = diffusion ? 'gemma-3-270m-diffusion' : values.model || process.env.RUVLLM_TEST_MODEL || models.path('gemma-3-270m')
   const { examples, heldDomain } = domainData(N * R * perRound, nHeld)
+  // The diffusion model's held-out NLL: its ELBO per token (an upper bound), the same ratios
+  // and masks for every node and arm.
+  const nll = diffusion
+    ? async (llm, texts, _skip, adapters) => {
+        let sum = 0
+        let n = 0
+        for (const t of texts) {
+          const s = await llm.score(t, { elbo: { samples: 16, seed: 7 }, ...(adapters ? { adapters } : {}) })
+          const k = llm.tokenize(t).length - 1
+          sum += Math.log(s.perplexity) * k
+          n += k
+        }
+        return sum / n
+      }
+    : arNll
   // This node's slice, chunk r of it learned before round r.
   const chunk = (r) => examples.slice((index * R + r) * perRound, (index * R + r + 1) * perRound)
   // A node process resumed for a later arm (--resume: the first process's directory) starts
@@ -366,7 +392,7 @@ const drop = results.dropout && results.dropout.rounds.map((r) => {
 const perRoundRows = arms.concat(results.local ? ['local'] : []).map((p) => `| ${p} | ${results[p].nll.map((r) => f(mean(r))).join(' | ')} |`)
 console.log(
   [
-    `${cpu}; ${N} node processes, 1 engine thread each; ${R} rounds × ${perRound} feedback examples per node (${R * perRound} in all, every arm), ${nHeld} held-out passages; global rank ${values['global-rank']}, server learning rate ${serverLr}`,
+    `${cpu}; ${diffusion ? 'gemma-3-270m-diffusion (TALoRA, 3 timestep buckets; NLL = ELBO per token)' : 'autoregressive model (SONA BaseLoRA)'}; ${N} node processes, 1 engine thread each; ${R} rounds × ${perRound} feedback examples per node (${R * perRound} in all, every arm), ${nHeld} held-out passages; global rank ${values['global-rank']}, server learning rate ${serverLr}`,
     '',
     `| node | base | after chunk 0 | local only | ${arms.map((p) => `federated: ${p}`).join(' | ')} |`,
     `|---|---|---|---|${arms.map(() => '---|').join('')}`,
@@ -377,6 +403,12 @@ console.log(
     ...perRoundRows,
     '',
     ...arms.map((p) => `${p}: beats local-only on ${beats(p, local)}/${N} nodes${p !== 'fedavg' && results.fedavg && p !== 'public' ? `, beats fedavg on ${beats(p, last('fedavg'))}/${N}` : ''}; bytes sent per node per round ${f(bytes(p), 0)}; relative distance from the exact mean per round ${errs(p).map((e) => f(e, 4)).join(', ')}${p === 'public' ? `; epsilon ${f(epsilon)}, withheld ${results.public.rounds[0].reports[0].withheld}` : ''}`),
+    ...arms
+      .filter((p) => ['timestep', 'quality', 'daf'].includes(p) && results.exact)
+      .map((p) => {
+        const w = results[p].rounds.at(-1).reports.find(Boolean)?.buckets ?? []
+        return `${p} vs FedAvg weighting (exact): mean ${f(mean(last(p)) - mean(last('exact')), 4)} nats, better on ${beats(p, last('exact'))}/${N} nodes; last round's weights per bucket ${w.map((b) => `[${b.weights.map((x) => x.toFixed(2)).join(' ')}]`).join(' ')}`
+      }),
     privateBytes !== null ? `private (local arm): bytes on the wire over ${R} rounds × ${N} nodes: ${privateBytes}` : '',
     attack ? `adversary (node 0, after the exact arm's last round): ${attack.sent} bad envelopes published, ${attack.rejected} rejections at ${attack.receivedBy}/${N - 1} honest nodes (${JSON.stringify(attack.reasons)}), ${attack.accepted} accepted` : '',
     ...(drop ?? []).map((d) => `dropout: node ${d.killed} killed ${d.when} publishing; ${d.finished} nodes finished the round${d.errors.length ? ` (${d.errors.length} failed: ${d.errors.join(', ')})` : ''} (${d.applied} applied, ${d.contributors} contributors, timed out: ${d.timedOut}, ${d.adapters} distinct adapters)`),
@@ -401,6 +433,7 @@ if (values.json) {
       privateBytesOnWire: privateBytes,
       epsilon,
       rounds: R,
+      diffusion,
       examplesPerRound: perRound,
       globalRank: Number(values['global-rank']),
       serverLr,

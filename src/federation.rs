@@ -18,7 +18,7 @@ use ruvllm_daf::privacy::{DpConfig, Keys, Tenant};
 use ruvllm_daf::update::{public_key, Tier};
 use ruvllm_daf::weighting::RoundPolicy;
 use ruvllm_daf::{FederationConfig, Node};
-use ruvllm_sona::Learner;
+use ruvllm_sona::federate::FederatedLearner;
 
 use crate::error::{guard, sync_call, CodedError, Res};
 use crate::options::{self, FederationArgs, Val};
@@ -62,19 +62,19 @@ fn hex(b: &[u8]) -> String {
 /// `llm.federation`: joins the model's learned adapter to a federation.
 #[napi]
 pub struct Federation {
-  learner: Option<Arc<Learner>>,
+  learner: Option<Arc<dyn FederatedLearner>>,
 }
 
 impl Federation {
-  pub(crate) fn new(learner: Option<Arc<Learner>>) -> Self {
+  pub(crate) fn new(learner: Option<Arc<dyn FederatedLearner>>) -> Self {
     Federation { learner }
   }
 }
 
 /// The config a join starts with: the learner's adapter spec (consent checked there) and the
 /// options.
-fn config(learner: &Learner, a: FederationArgs) -> Res<FederationConfig> {
-  let (spec, rank) = learner.federation_spec(a.tier)?;
+fn config(learner: &dyn FederatedLearner, a: FederationArgs) -> Res<FederationConfig> {
+  let (specs, rank) = learner.fed_specs(a.tier)?;
   let method = ruvllm_sona::federate::method(&a.method, rank)?;
   let identity = a.node_key.unwrap_or_else(ruvllm_daf::update::generate_identity);
   let mut keys = Keys::default();
@@ -103,7 +103,7 @@ fn config(learner: &Learner, a: FederationArgs) -> Res<FederationConfig> {
   Ok(FederationConfig {
     federate: true,
     identity,
-    adapters: vec![spec],
+    adapters: specs,
     keys,
     dp,
     policy: RoundPolicy { weighting: a.weighting, method, k_anonymity: a.k_anonymity.unwrap_or(RoundPolicy::default().k_anonymity) },
@@ -144,7 +144,7 @@ impl Federation {
       let learner =
         learner.ok_or_else(|| CodedError::new("ERR_FEDERATION_CONSENT", "federation needs learning: load the model with learning: { dir, federate: true }"))?;
       let (tier, global_rank, server_lr) = (args.tier, args.global_rank, args.server_lr);
-      let cfg = config(&learner, args)?;
+      let cfg = config(learner.as_ref(), args)?;
       Ok(async move {
         let node = Node::join(cfg).await?;
         Ok((node, learner, tier, global_rank, server_lr))
@@ -174,7 +174,7 @@ struct Inner {
   node: Mutex<Option<Arc<Node>>>,
   /// The stats at `stop`.
   last: Mutex<Option<Stats>>,
-  learner: Arc<Learner>,
+  learner: Arc<dyn FederatedLearner>,
   tier: Tier,
   /// The cap on the global adapter's components per projection.
   global_rank: usize,
@@ -258,18 +258,19 @@ impl FederationNode {
       let node = inner.node()?;
       Ok(async move {
         let (learner, tier) = (inner.learner.clone(), inner.tier);
-        let update = blocking(move || Ok(learner.federated_update(tier, round)?)).await?;
-        let report = node.round(round, vec![update]).await?;
-        let agg = report.output.aggregates.iter().find(|a| a.adapter == ruvllm_sona::federate::ADAPTER_ID).cloned();
-        let (applied, adapter_digest, method, weights, truncation) = match agg {
-          Some(agg) => {
-            let learner = inner.learner.clone();
-            let (method, weights, agg_error) = (agg.method.to_string(), agg.weights.clone(), agg.max_truncation_error());
-            let (cap, lr) = (inner.global_rank, inner.server_lr);
-            let (digest, cap_error) = blocking(move || Ok(learner.apply_federated(&agg, cap, lr)?)).await?;
-            (true, digest, Some(method), weights, agg_error.max(cap_error))
-          }
-          None => (false, inner.learner.adapter_digest(), None, Vec::new(), 0.0),
+        let updates = blocking(move || Ok(learner.fed_updates(tier, round)?)).await?;
+        let report = node.round(round, updates).await?;
+        let aggs = report.output.aggregates.clone();
+        // The first aggregate's method and weights (a TALoRA adapter has one per bucket: all
+        // are listed under `buckets`).
+        let first = aggs.first().map(|a| (a.method.to_string(), a.weights.clone(), aggs.iter().map(|a| a.max_truncation_error()).fold(0.0, f64::max)));
+        let buckets: Vec<serde_json::Value> = aggs.iter().filter(|a| a.bucket.is_some()).map(|a| json!({ "bucket": a.bucket, "weights": a.weights })).collect();
+        let learner = inner.learner.clone();
+        let (cap, lr) = (inner.global_rank, inner.server_lr);
+        let applied = blocking(move || Ok(learner.fed_apply(&aggs, cap, lr)?)).await?;
+        let (applied, adapter_digest, method, weights, truncation) = match (applied, first) {
+          (Some((digest, cap_error)), Some((method, weights, agg_error))) => (true, digest, Some(method), weights, agg_error.max(cap_error)),
+          _ => (false, inner.learner.fed_digest(), None, Vec::new(), 0.0),
         };
         let stats = node.stats();
         let bytes = stats.per_round.iter().find(|r| r.round == round).cloned().unwrap_or_default();
@@ -281,6 +282,7 @@ impl FederationNode {
           "applied": applied,
           "method": method,
           "weights": weights,
+          "buckets": buckets,
           "truncationError": truncation,
           "withheld": report.output.withheld.len(),
           "digest": hex(&report.output.digest()),

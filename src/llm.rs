@@ -12,7 +12,8 @@ use napi_derive::napi;
 use ruvllm_core::engine::{Engine, GenerateParams, ModelInfo as CoreModelInfo, Prompt, ScoreRequest};
 use ruvllm_core::nn::AdapterSet;
 
-use ruvllm_sona::Learner;
+use ruvllm_sona::federate::FederatedLearner;
+use ruvllm_sona::{Learner, TaLearner};
 
 use crate::adapter::{self, Adapter};
 use crate::error::{guard, sync_call, CodedError, Res};
@@ -32,6 +33,14 @@ pub struct Llm {
   default_seed: Option<u64>,
   /// SONA, when loaded with `learning: { dir }`.
   learner: Option<Arc<Learner>>,
+  /// TALoRA learning, when a diffusion model is loaded with `learning: { dir }`.
+  talora: Option<Arc<TaLearner>>,
+}
+
+/// The learner of a loaded model.
+enum Learners {
+  Sona(Arc<Learner>),
+  Talora(Arc<TaLearner>),
 }
 
 /// What the user's `onToken` returned: a value, or a promise to wait for.
@@ -124,21 +133,24 @@ impl Llm {
         let default_seed = opts.seed;
         let engine = Arc::new(Engine::load(&path, opts)?);
         let info = engine.info().clone();
-        let learner = match learning {
-          Some(o) if info.diffusion => {
-            engine.close();
-            return Err(CodedError::invalid_type(format!("learning is for autoregressive models; '{}' decodes by diffusion", o.dir.display())));
-          }
-          Some(o) => match Learner::open(engine.clone(), o) {
-            Ok(l) => Some(l),
+        let (learner, talora) = match learning {
+          Some(o) if info.diffusion => match TaLearner::open(engine.clone(), o) {
+            Ok(l) => (None, Some(l)),
             Err(e) => {
               engine.close();
               return Err(e.into());
             }
           },
-          None => None,
+          Some(o) => match Learner::open(engine.clone(), o) {
+            Ok(l) => (Some(l), None),
+            Err(e) => {
+              engine.close();
+              return Err(e.into());
+            }
+          },
+          None => (None, None),
         };
-        Ok(Llm { engine, info, default_seed, learner })
+        Ok(Llm { engine, info, default_seed, learner, talora })
       },
       |_, llm| Ok(llm),
     )
@@ -352,7 +364,7 @@ impl Llm {
   #[napi(ts_args_type = "completionId: string, feedback: { quality: number, correction?: string }", ts_return_type = "Promise<LearningFeedback>")]
   pub fn feedback<'env>(&self, env: &'env Env, completion_id: Unknown, feedback: Unknown) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
     let parsed = guard(|| {
-      let learner = self.learner()?;
+      let learner = self.learners()?;
       let id = options::text_arg(Some(Val::new(env, &completion_id)), "completionId")?;
       let (quality, correction) = options::feedback_options(Some(Val::new(env, &feedback)))?;
       Ok((learner, id, quality, correction))
@@ -361,8 +373,10 @@ impl Llm {
       env,
       parsed,
       |(learner, id, quality, correction)| {
-        let rx = learner.feedback(&id, quality, correction.as_deref())?;
-        let out = rx.recv().map_err(|_| CodedError::closed())??;
+        let out = match learner {
+          Learners::Sona(l) => l.feedback(&id, quality, correction.as_deref())?.recv().map_err(|_| CodedError::closed())??,
+          Learners::Talora(l) => l.feedback(&id, quality, correction.as_deref())?,
+        };
         Ok(serde_json::to_value(out)?)
       },
       |_, v| Ok(v),
@@ -371,11 +385,23 @@ impl Llm {
 
   /// Runs the learning that is pending now (a BaseLoRA round over the trajectories not trained
   /// yet, the EWC++ Fisher update), consolidates (the EWC anchor moves to the result, which is
-  /// also stored in the adapter bank), saves, and resolves with the round's report.
-  #[napi(ts_return_type = "Promise<LearningRound>")]
+  /// also stored in the adapter bank), saves, and resolves with the round's report. On a
+  /// diffusion model (TALoRA): every timestep bucket's BaseLoRA trained with the
+  /// masked-diffusion loss, each bucket's loss on the new trajectories before and after.
+  #[napi(ts_return_type = "Promise<LearningRound | TaloraRound>")]
   pub fn consolidate<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, serde_json::Value>> {
-    let parsed = guard(|| self.learner());
-    spawn(env, parsed, |l| Ok(serde_json::to_value(l.consolidate()?)?), |_, v| Ok(v))
+    let parsed = guard(|| self.learners());
+    spawn(
+      env,
+      parsed,
+      |l| {
+        Ok(match l {
+          Learners::Sona(l) => serde_json::to_value(l.consolidate()?)?,
+          Learners::Talora(l) => serde_json::to_value(l.consolidate()?)?,
+        })
+      },
+      |_, v| Ok(v),
+    )
   }
 
   /// Federation of the learned BaseLoRA with other nodes: `llm.federation.join({ peers, tier })`.
@@ -383,17 +409,23 @@ impl Llm {
   /// `ERR_FEDERATION_CONSENT`).
   #[napi(getter)]
   pub fn federation(&self) -> crate::federation::Federation {
-    crate::federation::Federation::new(self.learner.clone())
+    let learner: Option<Arc<dyn FederatedLearner>> = match (&self.learner, &self.talora) {
+      (Some(l), _) => Some(l.clone()),
+      (None, Some(t)) => Some(t.clone()),
+      (None, None) => None,
+    };
+    crate::federation::Federation::new(learner)
   }
 
   /// Counts, last losses and timings of the learning loops; `null` without `learning`.
-  #[napi(catch_unwind, ts_return_type = "LearningStats | null")]
+  #[napi(catch_unwind, ts_return_type = "LearningStats | TaloraStats | null")]
   pub fn learning_stats(&self, env: &Env) -> napi::Result<serde_json::Value> {
     sync_call(env, || {
       self.check_open()?;
-      Ok(match &self.learner {
-        Some(l) => serde_json::to_value(l.stats())?,
-        None => serde_json::Value::Null,
+      Ok(match (&self.learner, &self.talora) {
+        (Some(l), _) => serde_json::to_value(l.stats())?,
+        (None, Some(t)) => serde_json::to_value(t.stats())?,
+        (None, None) => serde_json::Value::Null,
       })
     })
   }
@@ -416,11 +448,15 @@ impl Llm {
     self.engine.stop();
     let engine = self.engine.clone();
     let learner = self.learner.clone();
+    let talora = self.talora.clone();
     spawn(
       env,
       Ok(()),
       move |()| {
         if let Some(l) = learner {
+          l.close();
+        }
+        if let Some(l) = talora {
           l.close();
         }
         engine.close();
@@ -434,7 +470,22 @@ impl Llm {
 impl Llm {
   fn learner(&self) -> Res<Arc<Learner>> {
     self.check_open()?;
+    if self.talora.is_some() {
+      return Err(CodedError::invalid_type(
+        "a diffusion model learns one adapter per range of mask ratios (TALoRA): exportAdapter takes an autoregressive model's learning",
+      ));
+    }
     self.learner.clone().ok_or_else(|| CodedError::new("ERR_LEARNING_OFF", "learning is off: load the model with { learning: { dir } }"))
+  }
+
+  /// SONA's learner or, for a diffusion model, the TALoRA learner.
+  fn learners(&self) -> Res<Learners> {
+    self.check_open()?;
+    match (&self.learner, &self.talora) {
+      (Some(l), _) => Ok(Learners::Sona(l.clone())),
+      (None, Some(t)) => Ok(Learners::Talora(t.clone())),
+      (None, None) => Err(CodedError::new("ERR_LEARNING_OFF", "learning is off: load the model with { learning: { dir } }")),
+    }
   }
 
   /// The engine and model facts, for `Embedder.fromModel`.

@@ -167,6 +167,42 @@ pub struct LearningStats {
   pub ewc: bool,
 }
 
+/// A diffusion model's learning round (`llm.consolidate()` with TALoRA): every timestep bucket
+/// trained on the trajectories not trained yet.
+#[napi(object, object_to_js = false)]
+pub struct TaloraRound {
+  pub trajectories: u32,
+  pub steps: u32,
+  /// Masked tokens trained on.
+  pub tokens: u32,
+  pub seconds: f64,
+  /// Per bucket: mean loss per masked token of the round's sequences (masks drawn apart from
+  /// training's) before and after the round; their difference is the improvement a
+  /// `weighting: 'timestep'` federation round weights this node's bucket by.
+  pub loss_before: Vec<f64>,
+  pub loss_after: Vec<f64>,
+}
+
+/// `llm.learningStats()` of a diffusion model (TALoRA).
+#[napi(object, object_to_js = false)]
+pub struct TaloraStats {
+  pub dir: String,
+  /// `'talora'`.
+  pub kind: String,
+  pub trajectories: u32,
+  pub good: u32,
+  pub pending: u32,
+  /// rounds, steps, tokens, trained, federated, federatedRounds, bucketTrained (per bucket),
+  /// improvement (per bucket, since the last federated round).
+  pub counters: std::collections::HashMap<String, serde_json::Value>,
+  pub last_round: Option<TaloraRound>,
+  pub base_rank: u32,
+  /// The buckets' mask-ratio ranges `[tMin, tMax)`.
+  pub buckets: Vec<Vec<f64>>,
+  /// Per bucket, the federation's global adapter's rank (null before a federated round).
+  pub global_rank: Vec<Option<u32>>,
+}
+
 /// `LLM.load(path, { diffusion })`: the base GGUF becomes a masked-diffusion LM.
 #[napi(object, object_to_js = false)]
 pub struct DiffusionLoadOptions {
@@ -702,8 +738,10 @@ pub struct FederationRound {
   pub applied: bool,
   /// The aggregation used (`stack`, `svd:8`, `factors`), null when nothing was applied.
   pub method: Option<String>,
-  /// The nodes' normalised weights, in node-id order.
+  /// The nodes' normalised weights, in node-id order (of the first aggregate).
   pub weights: Vec<f64>,
+  /// A diffusion model's TALoRA: each timestep bucket's aggregate weights (`bucket`, `weights`).
+  pub buckets: Vec<FederationBucket>,
   /// Largest relative distance from the exact mean over the targets: of the aggregation (`svd`, `factors`) or of the `globalRank` cap (0: exact).
   pub truncation_error: f64,
   /// Public aggregates withheld for too few nodes.
@@ -715,6 +753,13 @@ pub struct FederationRound {
   /// Envelope bytes this node sent and received for the round.
   pub bytes_sent: f64,
   pub bytes_received: f64,
+}
+
+/// One timestep bucket's weights in `FederationRound.buckets`.
+#[napi(object, object_to_js = false)]
+pub struct FederationBucket {
+  pub bucket: u32,
+  pub weights: Vec<f64>,
 }
 
 /// One round's bytes in `FederationStats.perRound`.

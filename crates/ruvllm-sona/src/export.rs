@@ -92,3 +92,31 @@ pub fn write_gguf(parts: &[&LoraParams], arch: &str, path: &Path) -> Result<()> 
     }
     w.write(path).map_err(|e| Error::io(path, e))
 }
+
+/// A runtime adapter's factors (widened from half precision) as frozen [`LoraParams`] with its
+/// `base_scale`, every projection at the adapter's largest rank (smaller ones padded with
+/// zero components): how training applies, for instance, a diffusion model's conversion
+/// adapter under the adapter it learns.
+pub fn from_adapter(a: &LoraAdapter, n_layer: usize) -> LoraParams {
+    let rank = a.rank.max(1);
+    let mut slots = Vec::new();
+    let mut w = Vec::new();
+    for layer in 0..n_layer {
+        for p in ruvllm_core::nn::Proj::ALL {
+            let Some(pair) = a.pair(layer, p) else { continue };
+            let (d_in, d_out) = (pair.d_in, pair.d_out);
+            let off = w.len();
+            slots.push(Slot { layer, proj: p, d_in, d_out, a: off, b: off + rank * d_in });
+            w.resize(off + rank * (d_in + d_out), 0.0);
+            for j in 0..pair.rank {
+                for i in 0..d_in {
+                    w[off + j * d_in + i] = pair.a[j * d_in + i].to_f32();
+                }
+                for o in 0..d_out {
+                    w[off + rank * d_in + o * rank + j] = pair.bt[j * d_out + o].to_f32();
+                }
+            }
+        }
+    }
+    LoraParams::from_parts(n_layer, rank, a.base_scale, slots, w)
+}

@@ -35,8 +35,29 @@ pub fn flat_slots(p: &LoraParams) -> Vec<FlatSlot> {
 
 /// What a node expects of the adapter's updates: the same targets and shapes as its own.
 pub fn adapter_spec(p: &LoraParams, tier: Tier) -> AdapterSpec {
+    adapter_spec_as(p, ADAPTER_ID, None, tier)
+}
+
+/// [`adapter_spec`] for adapter `id` with `buckets` timestep buckets (TALoRA).
+pub fn adapter_spec_as(p: &LoraParams, id: &str, buckets: Option<u16>, tier: Tier) -> AdapterSpec {
     let targets: Vec<(u32, &str, usize, usize)> = p.slots.iter().map(|s| (s.layer as u32, s.proj.gguf_name(), s.d_in, s.d_out)).collect();
-    AdapterSpec::new(ADAPTER_ID, tier, None, &targets)
+    AdapterSpec::new(id, tier, buckets, &targets)
+}
+
+/// What the federation glue needs of a learner: its adapters' specs, this round's updates,
+/// and applying a round's aggregates. SONA's [`crate::Learner`] federates one adapter, the
+/// TALoRA learner ([`crate::talora::TaLearner`]) one per timestep bucket.
+pub trait FederatedLearner: Send + Sync {
+    /// The specs of the adapters it federates at `tier` and their trained rank; refused without
+    /// consent.
+    fn fed_specs(&self, tier: Tier) -> Result<(Vec<AdapterSpec>, usize)>;
+    /// Its unsigned updates for `round`.
+    fn fed_updates(&self, tier: Tier, round: u64) -> Result<Vec<Update>>;
+    /// Applies the aggregates of its adapters among `aggs` (see [`accumulate`]); `None` when
+    /// none is there. Returns the adapters' digest and the largest truncation error.
+    fn fed_apply(&self, aggs: &[Aggregate], cap: usize, server_lr: f64) -> Result<Option<(String, f64)>>;
+    /// The digest of what it serves (nodes that applied the same rounds agree).
+    fn fed_digest(&self) -> String;
 }
 
 /// How many examples an update learned from and how good they were (the weights' inputs).
@@ -52,10 +73,15 @@ pub struct Provenance {
 /// `p` as an unsigned update for `round` (the federation sets tier and round from the
 /// adapter's spec when it signs).
 pub fn to_update(p: &LoraParams, tier: Tier, round: u64, prov: Provenance) -> Result<Update> {
+    to_update_as(p, (ADAPTER_ID, None), tier, round, prov)
+}
+
+/// [`to_update`] for adapter `id`'s timestep bucket `bucket` (TALoRA).
+pub fn to_update_as(p: &LoraParams, (id, bucket): (&str, Option<u16>), tier: Tier, round: u64, prov: Provenance) -> Result<Update> {
     let targets = from_flat(p.rank, &flat_slots(p), &p.w)?;
     Ok(Update {
-        adapter: ADAPTER_ID.into(),
-        bucket: None,
+        adapter: id.into(),
+        bucket,
         targets,
         scale: p.scale,
         samples: prov.samples,
@@ -93,6 +119,18 @@ pub fn accumulate(
     if agg.adapter != ADAPTER_ID || agg.bucket.is_some() {
         return Err(Error::InvalidArg(format!("aggregate of adapter '{}' is not SONA's BaseLoRA ('{ADAPTER_ID}')", agg.adapter)));
     }
+    accumulate_any(frozen, local, agg, cap, seed, server)
+}
+
+/// [`accumulate`] without checking which adapter (or bucket) the aggregate is of.
+pub(crate) fn accumulate_any(
+    frozen: Option<&LoraParams>,
+    local: &LoraParams,
+    agg: &Aggregate,
+    cap: usize,
+    seed: u64,
+    server: (Option<&LoraParams>, f64),
+) -> Result<(LoraParams, Option<LoraParams>, f64)> {
     let (start, lr) = server;
     if !(lr.is_finite() && lr > 0.0) {
         return Err(Error::InvalidArg(format!("server learning rate must be a finite number > 0, got {lr}")));

@@ -275,7 +275,7 @@ struct Control {
 }
 
 /// A completion `feedback` can refer to: (id, prompt ids, output ids).
-type Remembered = (String, Vec<u32>, Vec<u32>);
+pub(crate) type Remembered = (String, Vec<u32>, Vec<u32>);
 
 /// The learner of one loaded model.
 pub struct Learner {
@@ -294,13 +294,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Lowers the calling thread's CPU priority (Linux: nice 19) so the engine's decode wins
 /// whenever both want a core.
-fn lower_priority() {
+pub(crate) fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: gettid has no preconditions; setpriority on our own thread id only changes its
     // nice value.
@@ -321,7 +321,7 @@ fn percentile(v: &VecDeque<f64>, q: f64) -> f64 {
 
 /// What of a trajectory trains, and with what weight: the correction, or the answer when its
 /// quality reaches the gate; else why nothing does.
-fn trained_answer(t: &Trajectory, gate: f32) -> std::result::Result<(&[u32], f32), &'static str> {
+pub(crate) fn trained_answer(t: &Trajectory, gate: f32) -> std::result::Result<(&[u32], f32), &'static str> {
     match &t.correction {
         Some(c) if !c.is_empty() => Ok((c, 1.0f32.max(t.quality))),
         Some(_) => Err("the correction is empty"),
@@ -332,7 +332,7 @@ fn trained_answer(t: &Trajectory, gate: f32) -> std::result::Result<(&[u32], f32
 }
 
 /// What a trajectory trains on: (tokens, targets), or why it does not.
-fn example_of(t: &Trajectory, gate: f32, max_seq: usize) -> std::result::Result<Example, &'static str> {
+pub(crate) fn example_of(t: &Trajectory, gate: f32, max_seq: usize) -> std::result::Result<Example, &'static str> {
     let (answer, weight) = trained_answer(t, gate)?;
     let answer: Vec<u32> = answer.iter().copied().take(max_seq - 1).collect();
     let keep = (max_seq - answer.len()).min(t.prompt.len()).max(1);
@@ -472,6 +472,9 @@ impl Learner {
         let cfg = model.cfg.clone();
         let shape = |p: Proj| Some(p.shape(&cfg));
         let state_path = dir.join("state.json");
+        if dir.join(crate::talora::STATE_FILE).exists() {
+            return Err(Error::corrupt(&state_path, "this directory holds a diffusion model's TALoRA learning; give this model its own dir".into()));
+        }
         let (next_id, counters) = match store::read_optional(&state_path)? {
             Some(b) => {
                 let s: StateFile = serde_json::from_slice(&b).map_err(|e| Error::corrupt(&state_path, e.to_string()))?;
@@ -1257,6 +1260,28 @@ fn instant_loop(learner: std::sync::Weak<Learner>, rx: Receiver<InstantJob>) {
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.instant(&fr, job.traj)))
             .unwrap_or_else(|_| Err(Error::Internal("the instant update panicked".into())));
         let _ = job.reply.send(out);
+    }
+}
+
+impl crate::federate::FederatedLearner for Learner {
+    fn fed_specs(&self, tier: ruvllm_daf::update::Tier) -> Result<(Vec<ruvllm_daf::validate::AdapterSpec>, usize)> {
+        let (spec, rank) = self.federation_spec(tier)?;
+        Ok((vec![spec], rank))
+    }
+
+    fn fed_updates(&self, tier: ruvllm_daf::update::Tier, round: u64) -> Result<Vec<ruvllm_daf::update::Update>> {
+        Ok(vec![self.federated_update(tier, round)?])
+    }
+
+    fn fed_apply(&self, aggs: &[ruvllm_daf::aggregate::Aggregate], cap: usize, server_lr: f64) -> Result<Option<(String, f64)>> {
+        match aggs.iter().find(|a| a.adapter == crate::federate::ADAPTER_ID && a.bucket.is_none()) {
+            Some(agg) => Ok(Some(self.apply_federated(agg, cap, server_lr)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn fed_digest(&self) -> String {
+        self.adapter_digest()
     }
 }
 

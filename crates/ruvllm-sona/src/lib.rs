@@ -6,6 +6,7 @@
 //! - [`micro`]: the instant step (last block, truncated softmax).
 //! - [`learner`]: the threads, trajectories, rounds, Fisher, bank, persistence.
 //! - [`store`], [`bank`], [`export`]: files, retrieval, adapters for the runtime and llama.cpp.
+//! - [`talora`]: learning for a masked-diffusion model, one adapter per range of mask ratios.
 
 pub mod adam;
 pub mod bank;
@@ -16,7 +17,9 @@ pub mod grad;
 pub mod learner;
 pub mod micro;
 pub mod store;
+pub mod talora;
 
 pub use error::{Error, Result};
 pub use learner::{offline_export, offline_status, FeedbackOutcome, InstantReport, Learner, LearningOptions, LearningStats, RoundReport};
 pub use store::reset;
+pub use talora::TaLearner;

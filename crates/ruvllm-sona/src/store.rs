@@ -234,7 +234,20 @@ pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
 /// Removes everything the learner writes in `dir` (not the directory, nor other files).
 pub fn reset(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
-    for name in ["state.json", "micro.bin", "base.bin", "fisher.bin", "trajectories.jsonl", "general.json", "bank.json"] {
+    let talora = (0..crate::talora::BUCKETS.len()).flat_map(crate::talora::bucket_files).map(|n| n.to_string());
+    let names = [
+        "state.json",
+        "micro.bin",
+        "base.bin",
+        "fisher.bin",
+        "trajectories.jsonl",
+        "general.json",
+        "bank.json",
+        "global.bin",
+        "round-start.bin",
+        crate::talora::STATE_FILE,
+    ];
+    for name in names.iter().map(|s| s.to_string()).chain(talora) {
         let p = dir.join(name);
         if p.exists() {
             fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;

@@ -354,6 +354,8 @@ pub struct Engine {
     /// The cancel flags of submitted requests that may still be queued or running, for `stop`
     /// to set.
     in_flight: Mutex<Vec<Weak<AtomicBool>>>,
+    /// The diffusion model the worker decodes with (shared: a learner sets its learned ranges).
+    diffusion: Option<Arc<DiffusionModel>>,
 }
 
 /// The model and everything the worker thread owns.
@@ -552,6 +554,7 @@ impl Engine {
         let worker_closing = closing.clone();
         let busy = Arc::new(AtomicBool::new(false));
         let worker_busy = busy.clone();
+        let worker_diffusion = diffusion.clone();
         let handle = std::thread::Builder::new()
             .name("ruvllm-engine".into())
             .spawn(move || {
@@ -565,7 +568,7 @@ impl Engine {
                     hooks: worker_hooks,
                     auto_used: None,
                     auto_pending: false,
-                    diffusion,
+                    diffusion: worker_diffusion,
                     closing: worker_closing,
                     busy: worker_busy,
                     parallel,
@@ -587,6 +590,7 @@ impl Engine {
             closing,
             busy,
             in_flight: Mutex::new(Vec::new()),
+            diffusion,
         })
     }
 
@@ -631,6 +635,11 @@ impl Engine {
     /// The model's weights, read-only (a learner computes gradients through them).
     pub fn model(&self) -> Arc<Transformer> {
         self.model.clone()
+    }
+
+    /// The diffusion model (conversion adapters, learned ranges), when it decodes by diffusion.
+    pub fn diffusion_model(&self) -> Option<Arc<DiffusionModel>> {
+        self.diffusion.clone()
     }
 
     /// The model's shape.

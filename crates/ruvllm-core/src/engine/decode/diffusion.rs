@@ -83,12 +83,23 @@ impl DiffusionParams {
 }
 
 /// A masked-diffusion model: the base model with its conversion adapters, one per range of mask
-/// ratios (one adapter for all of `[0, 1]` without TALoRA).
+/// ratios (one adapter for all of `[0, 1]` without TALoRA), and what was learned on top of them
+/// (SONA's TALoRA: adapters per range of mask ratios, [`DiffusionModel::set_learned`]).
 #[derive(Debug, Clone)]
 pub struct DiffusionModel {
     pub mask_token: u32,
     pub shift: bool,
     /// Sorted by `t_min`; together they cover `[0, 1]`.
+    pub adapters: Vec<Arc<LoraAdapter>>,
+    learned: Arc<std::sync::RwLock<Vec<LearnedRange>>>,
+}
+
+/// Learned adapters applied, after the conversion adapter, at mask ratios in `[t_min, t_max)`
+/// (`t_max` = 1 includes 1).
+#[derive(Debug, Clone)]
+pub struct LearnedRange {
+    pub t_min: f32,
+    pub t_max: f32,
     pub adapters: Vec<Arc<LoraAdapter>>,
 }
 
@@ -119,7 +130,23 @@ impl DiffusionModel {
             return Err(Error::InvalidArg(format!("the diffusion adapters cover mask ratios up to {end}, not 1")));
         }
         let adapters = ranges.into_iter().map(|(_, a)| a).collect();
-        Ok(DiffusionModel { mask_token, shift, adapters })
+        Ok(DiffusionModel { mask_token, shift, adapters, learned: Default::default() })
+    }
+
+    /// Makes `ranges` the learned adapters (from the next step on; empty: none).
+    pub fn set_learned(&self, ranges: Vec<LearnedRange>) {
+        *self.learned.write().unwrap_or_else(|e| e.into_inner()) = ranges;
+    }
+
+    /// What the forward pass applies at mask ratio `ratio`: the conversion adapter for it, then
+    /// the learned adapters of the range holding it.
+    pub fn adapter_set(&self, ratio: f32) -> AdapterSet {
+        let mut set = vec![(self.adapter_for(ratio).clone(), 1.0)];
+        let learned = self.learned.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = learned.iter().find(|r| ratio >= r.t_min && (ratio < r.t_max || (r.t_max >= 1.0 && ratio >= 1.0))) {
+            set.extend(r.adapters.iter().map(|a| (a.clone(), 1.0)));
+        }
+        AdapterSet::new(set)
     }
 
     /// The adapter trained for mask ratio `ratio`.
@@ -200,7 +227,7 @@ impl DecodeStrategy for Diffusion<'_> {
         // The prompt, all of it or (with the shift) all but its last token, which every step of
         // the first block evaluates again as the position that predicts the first answer token.
         ctx.cache.tokens.clear();
-        ctx.cache.adapters = AdapterSet::new(vec![(dm.adapter_for(1.0).clone(), 1.0)]);
+        ctx.cache.adapters = dm.adapter_set(1.0);
         let t_prefill = Instant::now();
         let prefix = n_prompt - shift;
         for (i, chunk) in ids[..prefix].chunks(batch).enumerate() {
@@ -266,9 +293,9 @@ impl DecodeStrategy for Diffusion<'_> {
                 }
                 block_input(&mut input, &answer, s, e);
                 let ratio = n_open as f32 / (e - s) as f32;
-                let adapter = dm.adapter_for(ratio);
-                if ctx.cache.adapters.entries().first().is_none_or(|(a, _)| !Arc::ptr_eq(a, adapter)) {
-                    ctx.cache.adapters = AdapterSet::new(vec![(adapter.clone(), 1.0)]);
+                let set = dm.adapter_set(ratio);
+                if !ctx.cache.adapters.same_as(&set) {
+                    ctx.cache.adapters = set;
                 }
                 cands.clear();
                 let mask_id = dm.mask_token as usize;
@@ -466,7 +493,7 @@ pub fn elbo(ctx: &mut DecodeContext<'_>, dm: &DiffusionModel, ids: &[u32], p: El
             rows.push(i - shift);
             targets.push(ids[i]);
         }
-        ctx.cache.adapters = AdapterSet::new(vec![(dm.adapter_for(t as f32).clone(), 1.0)]);
+        ctx.cache.adapters = dm.adapter_set(t as f32);
         let mut ce = 0.0f64;
         ctx.model.forward_rows(&input, 0, AttentionMask::Bidirectional, ctx.cache, ctx.backend, &rows, &mut |r, logits| {
             ce -= log_softmax_at(logits, targets[r] as usize).0;

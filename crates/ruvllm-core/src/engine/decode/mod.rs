@@ -22,7 +22,9 @@ use crate::tokenizer::Tokenizer;
 use crate::Result;
 
 pub use autoregressive::ArSequence;
-pub use diffusion::{elbo, Diffusion, DiffusionModel, DiffusionParams, DiffusionStats, DiffusionStep, ElboParams, Remasking, Schedule, MASK_GLYPH};
+pub use diffusion::{
+    elbo, Diffusion, DiffusionModel, DiffusionParams, DiffusionStats, DiffusionStep, ElboParams, LearnedRange, Remasking, Schedule, MASK_GLYPH,
+};
 
 /// What a strategy works with: the worker's model, cache and backend.
 pub struct DecodeContext<'a> {
