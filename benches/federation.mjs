@@ -31,8 +31,10 @@
 // --diffusion: the same on the masked-diffusion model (gemma-3-270m-diffusion): each node learns
 // TALoRA (one BaseLoRA per range of mask ratios, trained with the masked-diffusion loss on its
 // feedback) and the rounds aggregate each timestep bucket on its own; held-out NLL is the
-// diffusion ELBO per token (16 mask ratios, the same seed for every arm). Default phases there:
-// local, exact (FedAvg weighting), timestep, quality, daf (hybrid), fedavg (factor averaging).
+// diffusion ELBO per token (--elbo-samples mask ratios, default 8, the same seed for every node
+// and arm), measured after each arm's last round only (--measure-every-round: after each).
+// Default phases there: local, exact (FedAvg weighting), timestep, daf (hybrid). QualityWeighted
+// ('quality') equals FedAvg here: every feedback example has quality 1.
 // After the exact arm's last round node 0 turns adversarial (a re-encrypted replay of its
 // round-1 update, a tampered copy, a forged update and garbage); the others' rejections are
 // counted. Then the dropout phase (unless --no-dropout): from chunk 0, round 1: the last node
@@ -40,7 +42,8 @@
 // published; the others finish both rounds (the first on its round timeout).
 //
 //   npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16]
-//       [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--diffusion] [--quick] [--json]
+//       [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>]
+//       [--diffusion [--elbo-samples 8] [--measure-every-round]] [--quick] [--json]
 // --quick: 3 nodes, 2 examples per round, 2 rounds, 6 held-out passages, phases local,exact,fedavg.
 // --json: the summary as one JSON object on the last line of stdout.
 import { cpSync, mkdtempSync, rmSync } from 'node:fs'
@@ -73,13 +76,15 @@ const { values } = parseArgs({
     'timeout-ms': { type: 'string', default: '300000' },
     quick: { type: 'boolean' },
     diffusion: { type: 'boolean' },
+    'elbo-samples': { type: 'string', default: '8' },
+    'measure-every-round': { type: 'boolean' },
     json: { type: 'boolean' },
     child: { type: 'string' },
     resume: { type: 'string' },
     help: { type: 'boolean' },
   },
 })
-const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--diffusion] [--quick] [--json]'
+const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--diffusion [--elbo-samples 8] [--measure-every-round]] [--quick] [--json]'
 if (values.help) {
   console.log(USAGE)
   process.exit(0)
@@ -90,7 +95,7 @@ const perRound = Number(values.examples ?? (quick ? 2 : 4))
 const R = Number(values.rounds ?? (quick ? 2 : 3))
 const nHeld = Number(values.heldout ?? (quick ? 6 : 16))
 const diffusion = Boolean(values.diffusion)
-const phases = (values.phases ?? (diffusion ? (quick ? 'local,exact,timestep' : 'local,exact,timestep,quality,daf,fedavg') : quick ? 'local,exact,fedavg' : `local,exact,fedavg${N >= 5 ? ',public' : ''}`)).split(',')
+const phases = (values.phases ?? (diffusion ? (quick ? 'local,exact,timestep' : 'local,exact,timestep,daf') : quick ? 'local,exact,fedavg' : `local,exact,fedavg${N >= 5 ? ',public' : ''}`)).split(',')
 const dropout = !values['no-dropout'] && N >= 3 && !diffusion
 for (const [k, v, min] of [['nodes', N, 1], ['examples', perRound, 1], ['rounds', R, 1], ['heldout', nHeld, 1], ['global-rank', Number(values['global-rank']), 1]]) {
   if (!Number.isInteger(v) || v < min) {
@@ -132,7 +137,7 @@ async function child(index) {
         let sum = 0
         let n = 0
         for (const t of texts) {
-          const s = await llm.score(t, { elbo: { samples: 16, seed: 7 }, ...(adapters ? { adapters } : {}) })
+          const s = await llm.score(t, { elbo: { samples: Number(values['elbo-samples']), seed: 7 }, ...(adapters ? { adapters } : {}) })
           const k = llm.tokenize(t).length - 1
           sum += Math.log(s.perplexity) * k
           n += k
@@ -343,6 +348,12 @@ async function arm(phase, { attack = false, kill = [], respawn = false } = {}) {
       await new Promise((res) => setTimeout(res, 3000))
     }
     const live2 = procs.filter((p) => p.alive)
+    if (diffusion && !values['measure-every-round'] && r < roundsOf(phase) - 1) {
+      // The ELBO is costly: measured after the arm's last round only.
+      out.nll.push(procs.map(() => null))
+      log(`${phase} round ${r + 1}: ${reports[0]?.report?.contributors} contributors, ${secs()} s`)
+      continue
+    }
     const measured = await all(live2, { cmd: 'measure' }, 'measured')
     const byId2 = new Map(measured.map((m, i) => [live2[i].id, m]))
     out.nll.push(procs.map((p) => byId2.get(p.id)?.nll ?? null))
@@ -378,8 +389,9 @@ const attack = results.exact?.attackSent !== undefined ? (() => {
     rejected: honest.reduce((a, s) => a + s.rejectedTotal, 0),
     receivedBy: honest.filter((s) => s.rejectedTotal > 0).length,
     reasons: honest[0]?.rejected ?? {},
-    // Each honest node accepts N updates per round (its own too); anything more came from the attack.
-    accepted: honest.reduce((a, s) => a + s.accepted, 0) - honest.length * N * R,
+    // Each honest node accepts N updates per round and bucket (its own too); anything more
+    // came from the attack.
+    accepted: honest.reduce((a, s) => a + s.accepted, 0) - honest.length * N * R * (diffusion ? 3 : 1),
   }
 })() : null
 const privateBytes = results.local ? results.local.rounds.reduce((a, r) => a + r.reports.reduce((b, x) => b + (x?.bytesSent ?? 0), 0), 0) : null
@@ -389,7 +401,7 @@ const drop = results.dropout && results.dropout.rounds.map((r) => {
   const errors = r.reports.filter((x) => x?.error).map((x) => x.error.code)
   return { killed: r.victim.id, when: r.victim.when, finished: rep.length, errors, applied: rep.filter((x) => x.applied).length, contributors: rep[0]?.contributors, timedOut: rep.some((x) => x.timedOut), adapters: new Set(rep.map((x) => x.adapterDigest)).size }
 })
-const perRoundRows = arms.concat(results.local ? ['local'] : []).map((p) => `| ${p} | ${results[p].nll.map((r) => f(mean(r))).join(' | ')} |`)
+const perRoundRows = arms.concat(results.local ? ['local'] : []).map((p) => `| ${p} | ${results[p].nll.map((r) => (r.some((x) => x === null) ? '–' : f(mean(r)))).join(' | ')} |`)
 console.log(
   [
     `${cpu}; ${diffusion ? 'gemma-3-270m-diffusion (TALoRA, 3 timestep buckets; NLL = ELBO per token)' : 'autoregressive model (SONA BaseLoRA)'}; ${N} node processes, 1 engine thread each; ${R} rounds × ${perRound} feedback examples per node (${R * perRound} in all, every arm), ${nHeld} held-out passages; global rank ${values['global-rank']}, server learning rate ${serverLr}`,
@@ -438,7 +450,7 @@ if (values.json) {
       globalRank: Number(values['global-rank']),
       serverLr,
       bytesPerRound: main ? bytes(main) : 0,
-      perRound: Object.fromEntries(Object.entries(results).filter(([p]) => p !== 'dropout').map(([p, r]) => [p, r.nll.map(mean)])),
+      perRound: Object.fromEntries(Object.entries(results).filter(([p]) => p !== 'dropout').map(([p, r]) => [p, r.nll.map((x) => (x.some((v) => v === null) ? null : mean(x)))])),
       distanceFromExact: Object.fromEntries(arms.map((p) => [p, errs(p)])),
       dropout: drop ?? null,
       seconds: Number(secs()),

@@ -251,7 +251,21 @@ impl TaLearner {
         let next_id = next_id.max(trajectories.iter().map(|t| t.id + 1).max().unwrap_or(1));
         counters.trained = counters.trained.min(trajectories.len());
         counters.federated = counters.federated.min(counters.trained);
-        let conversion = BUCKETS.iter().map(|&(lo, hi)| Arc::new(crate::export::from_adapter(dm.adapter_for((lo + hi) / 2.0), cfg.n_layer))).collect();
+        // One copy per distinct conversion adapter (one for all buckets without TALoRA).
+        let mut conversion: Vec<Arc<LoraParams>> = Vec::with_capacity(BUCKETS.len());
+        let mut seen: Vec<(&Arc<LoraAdapter>, Arc<LoraParams>)> = Vec::new();
+        for &(lo, hi) in &BUCKETS {
+            let a = dm.adapter_for((lo + hi) / 2.0);
+            let p = match seen.iter().find(|(s, _)| Arc::ptr_eq(s, a)) {
+                Some((_, p)) => p.clone(),
+                None => {
+                    let p = Arc::new(crate::export::from_adapter(a, cfg.n_layer));
+                    seen.push((a, p.clone()));
+                    p
+                }
+            };
+            conversion.push(p);
+        }
         let info = dm.adapter_for(1.0).diffusion.clone();
         let input = DiffusionInput { mask_token: dm.mask_token, mask_embd: info.and_then(|d| d.mask_embd) };
         let learner = Arc::new(TaLearner {
