@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { LLM, ROOT, modelPath, rejectsWithCode, type LLMType } from './helpers.js'
+import { LLM, ROOT, addon, modelPath, rejectsWithCode, type LLMType } from './helpers.js'
 
 const ADAPTER = join(ROOT, 'crates/ruvllm-models/data/diffusion/gemma-3-270m-diffusion/lora.gguf')
 const PROMPT = 'Pronunciations:\nabandon: AH0 B AE1 N D AH0 N\nability: AH0 B IH1 L AH0 T IY0\n'
@@ -59,6 +59,12 @@ describe('TALoRA learning on a diffusion model', () => {
     const after = await elbo(nodes[0], text)
     expect(after).toBeLessThan(before)
     expect(readdirSync(join(dir, 'node-0')).sort()).toEqual(expect.arrayContaining(['talora.json', 'talora-b0.bin', 'talora-b2.bin', 'trajectories.jsonl']))
+    // What `ruvllm learn status` shows without the model.
+    const st = addon.learning.status(join(dir, 'node-0')) as any
+    expect(st.kind).toBe('talora')
+    expect(st.model.blocks).toBe(18)
+    expect(st.counters.rounds).toBe(1)
+    expect(st.trajectories).toBe(1)
     // One adapter per bucket: exporting one SONA adapter is refused.
     await rejectsWithCode(nodes[0].exportAdapter(join(dir, 'x.gguf')), 'ERR_INVALID_ARG')
     expect(existsSync(join(dir, 'x.gguf'))).toBe(false)

@@ -1211,16 +1211,30 @@ pub fn offline_status(dir: &Path) -> Result<serde_json::Value> {
         Some(b) => Some(serde_json::from_slice(&b).map_err(|e| Error::corrupt(&state_path, e.to_string()))?),
         None => None,
     };
+    // A diffusion model's TALoRA directory keeps its state in talora.json.
+    let ta_path = dir.join(crate::talora::STATE_FILE);
+    let talora: Option<serde_json::Value> = match store::read_optional(&ta_path)? {
+        Some(b) => Some(serde_json::from_slice(&b).map_err(|e| Error::corrupt(&ta_path, e.to_string()))?),
+        None => None,
+    };
     let trajectories = store::read_trajectories(dir)?;
     let bank = Bank::open(dir)?;
     let size = |name: &str| std::fs::metadata(dir.join(name)).map(|m| m.len()).ok();
+    let model = match (&state, &talora) {
+        (Some(s), _) => Some(serde_json::json!({ "architecture": s.architecture, "blocks": s.n_layer, "dModel": s.d_model, "vocabSize": s.vocab_size })),
+        (None, Some(t)) => {
+            Some(serde_json::json!({ "architecture": t["architecture"], "blocks": t["n_layer"], "dModel": t["d_model"], "vocabSize": t["vocab_size"] }))
+        }
+        (None, None) => None,
+    };
     Ok(serde_json::json!({
         "dir": dir.display().to_string(),
-        "exists": state.is_some() || !trajectories.is_empty(),
-        "model": state.as_ref().map(|s| serde_json::json!({ "architecture": s.architecture, "blocks": s.n_layer, "dModel": s.d_model, "vocabSize": s.vocab_size })),
+        "kind": if talora.is_some() { "talora" } else { "sona" },
+        "exists": state.is_some() || talora.is_some() || !trajectories.is_empty(),
+        "model": model,
         "trajectories": trajectories.len(),
         "corrections": trajectories.iter().filter(|t| t.correction.is_some()).count(),
-        "counters": state.as_ref().map(|s| serde_json::to_value(&s.counters).unwrap_or_default()),
+        "counters": state.as_ref().map(|s| serde_json::to_value(&s.counters).unwrap_or_default()).or_else(|| talora.as_ref().map(|t| t["counters"].clone())),
         "bankSize": bank.len(),
         "files": { "global": size("global.bin"), "base": size("base.bin"), "micro": size("micro.bin"), "fisher": size("fisher.bin"), "trajectories": size("trajectories.jsonl") },
     }))
