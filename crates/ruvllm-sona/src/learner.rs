@@ -319,6 +319,54 @@ fn percentile(v: &VecDeque<f64>, q: f64) -> f64 {
     s[((s.len() - 1) as f64 * q).round() as usize]
 }
 
+/// Keeps `c` in `recent` for `feedback` to find by id (the last 4,096).
+pub(crate) fn remember_in(recent: &Mutex<VecDeque<Remembered>>, c: &Completion) {
+    let mut r = lock(recent);
+    if r.len() >= 4096 {
+        r.pop_front();
+    }
+    r.push_back((c.id.clone(), c.prompt_ids.clone(), c.tokens.clone()));
+}
+
+/// Prompt ids, output ids and the correction's ids of a feedback.
+pub(crate) type FeedbackInput = (Vec<u32>, Vec<u32>, Option<Vec<u32>>);
+
+/// What feedback on completion `id` trains on, checked: its prompt and output ids (from
+/// `recent`) and the correction's ids.
+pub(crate) fn feedback_input(recent: &Mutex<VecDeque<Remembered>>, engine: &Engine, id: &str, quality: f32, correction: Option<&str>) -> Result<FeedbackInput> {
+    if !(quality.is_finite() && (0.0..=1.0).contains(&quality)) {
+        return Err(Error::InvalidArg(format!("quality must be a number in [0, 1], got {quality}")));
+    }
+    let found = lock(recent).iter().rev().find(|(cid, _, _)| cid == id).cloned();
+    let Some((_, prompt, output)) = found else {
+        return Err(Error::InvalidArg(format!("no completion '{id}' is known to this model (feedback takes the id of a completion it made)")));
+    };
+    let correction = match correction {
+        Some(text) => {
+            let ids = engine.tokenize(text, false)?;
+            if ids.is_empty() {
+                return Err(Error::InvalidArg("correction is empty".into()));
+            }
+            Some(ids)
+        }
+        None => None,
+    };
+    Ok((prompt, output, correction))
+}
+
+/// A training pause that steps aside while `engine` serves a request (checked between blocks,
+/// projections and LM-head chunks; at most 1 s at a time, so training still moves under
+/// constant load).
+pub(crate) fn pause_while_busy(engine: &Arc<Engine>) -> crate::grad::Pause {
+    let engine = Arc::downgrade(engine);
+    Arc::new(move || {
+        let start = Instant::now();
+        while engine.upgrade().is_some_and(|e| e.busy()) && start.elapsed().as_millis() < 1000 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    })
+}
+
 /// What of a trajectory trains, and with what weight: the correction, or the answer when its
 /// quality reaches the gate; else why nothing does.
 pub(crate) fn trained_answer(t: &Trajectory, gate: f32) -> std::result::Result<(&[u32], f32), &'static str> {
@@ -630,37 +678,13 @@ impl Learner {
 
     /// Remembers a completion so `feedback` can find it by id (the last 4,096 are kept).
     pub fn remember(&self, c: &Completion) {
-        let mut r = lock(&self.recent);
-        if r.len() >= 4096 {
-            r.pop_front();
-        }
-        r.push_back((c.id.clone(), c.prompt_ids.clone(), c.tokens.clone()));
+        remember_in(&self.recent, c)
     }
 
     /// Records feedback on completion `id` and queues the instant update; the receiver gets
     /// its outcome. Never waits for training.
     pub fn feedback(&self, id: &str, quality: f32, correction: Option<&str>) -> Result<Receiver<Result<FeedbackOutcome>>> {
-        if !(quality.is_finite() && (0.0..=1.0).contains(&quality)) {
-            return Err(Error::InvalidArg(format!("quality must be a number in [0, 1], got {quality}")));
-        }
-        let (prompt, output) = {
-            let r = lock(&self.recent);
-            let found = r.iter().rev().find(|(cid, _, _)| cid == id).cloned();
-            let Some((_, p, o)) = found else {
-                return Err(Error::InvalidArg(format!("no completion '{id}' is known to this model (feedback takes the id of a completion it made)")));
-            };
-            (p, o)
-        };
-        let correction = match correction {
-            Some(text) => {
-                let ids = self.engine.tokenize(text, false)?;
-                if ids.is_empty() {
-                    return Err(Error::InvalidArg("correction is empty".into()));
-                }
-                Some(ids)
-            }
-            None => None,
-        };
+        let (prompt, output, correction) = feedback_input(&self.recent, &self.engine, id, quality, correction)?;
         let traj = {
             let mut st = lock(&self.state);
             let t = Trajectory { id: st.next_id, completion_id: id.to_string(), time: now_ms(), prompt, output, quality, correction };
@@ -1306,13 +1330,7 @@ fn background_loop(learner: std::sync::Weak<Learner>) {
     // Step aside while the engine serves a request (between blocks, projections and LM-head
     // chunks; at most 1 s at a time, so training still moves under constant load).
     if let Some(l) = learner.upgrade() {
-        let engine = Arc::downgrade(&l.engine);
-        fr.set_pause(Some(Arc::new(move || {
-            let start = Instant::now();
-            while engine.upgrade().is_some_and(|e| e.busy()) && start.elapsed().as_millis() < 1000 {
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
-        })));
+        fr.set_pause(Some(pause_while_busy(&l.engine)));
     }
     loop {
         let replies = {

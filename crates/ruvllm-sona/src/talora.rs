@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use crate::adam::Adam;
 use crate::federate::{FederatedLearner, Provenance};
 use crate::grad::{DiffusionInput, Example, Frozen, LoraParams, Rng};
-use crate::learner::{example_of, now_ms, trained_answer, FeedbackOutcome, LearningOptions, Remembered};
+use crate::learner::{example_of, feedback_input, now_ms, pause_while_busy, remember_in, trained_answer, FeedbackOutcome, LearningOptions, Remembered};
 use crate::store::{self, Trajectory};
 use crate::{Error, Result};
 
@@ -330,11 +330,7 @@ impl TaLearner {
 
     /// Remembers a completion so `feedback` can find it by id (the last 4,096 are kept).
     pub fn remember(&self, c: &Completion) {
-        let mut r = lock(&self.recent);
-        if r.len() >= 4096 {
-            r.pop_front();
-        }
-        r.push_back((c.id.clone(), c.prompt_ids.clone(), c.tokens.clone()));
+        remember_in(&self.recent, c)
     }
 
     /// Records feedback on completion `id` (trained on at the next `consolidate`).
@@ -342,26 +338,7 @@ impl TaLearner {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::Closed);
         }
-        if !(quality.is_finite() && (0.0..=1.0).contains(&quality)) {
-            return Err(Error::InvalidArg(format!("quality must be a number in [0, 1], got {quality}")));
-        }
-        let (prompt, output) = {
-            let r = lock(&self.recent);
-            let Some((_, p, o)) = r.iter().rev().find(|(cid, _, _)| cid == id).cloned() else {
-                return Err(Error::InvalidArg(format!("no completion '{id}' is known to this model (feedback takes the id of a completion it made)")));
-            };
-            (p, o)
-        };
-        let correction = match correction {
-            Some(text) => {
-                let ids = self.engine.tokenize(text, false)?;
-                if ids.is_empty() {
-                    return Err(Error::InvalidArg("correction is empty".into()));
-                }
-                Some(ids)
-            }
-            None => None,
-        };
+        let (prompt, output, correction) = feedback_input(&self.recent, &self.engine, id, quality, correction)?;
         let mut st = lock(&self.state);
         let t = Trajectory { id: st.next_id, completion_id: id.to_string(), time: now_ms(), prompt, output, quality, correction };
         store::append_trajectory(&self.opts.dir, &t)?;
@@ -377,14 +354,7 @@ impl TaLearner {
         slot.get_or_insert_with(|| {
             let mut fr = Frozen::new(self.engine.model(), self.engine.info().threads.max(1));
             fr.set_diffusion(Some(self.input.clone()));
-            let engine = Arc::downgrade(&self.engine);
-            // Step aside while the engine serves a request (at most 1 s at a time).
-            fr.set_pause(Some(Arc::new(move || {
-                let start = Instant::now();
-                while engine.upgrade().is_some_and(|e| e.busy()) && start.elapsed().as_millis() < 1000 {
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-            })));
+            fr.set_pause(Some(pause_while_busy(&self.engine)));
             fr
         })
     }
