@@ -56,6 +56,7 @@ describe('federation', () => {
     await rejectsWithCode(join_({ peers: [], tier: 'group', key: GROUP_KEY, method: 'stack' }), 'ERR_INVALID_ARG')
     await rejectsWithCode(join_({ peers: [], tier: 'group', key: GROUP_KEY, weighting: 'loudest' }), 'ERR_INVALID_ARG')
     await rejectsWithCode(join_({ peers: [], tier: 'group', key: GROUP_KEY, expectedNodes: 0 }), 'ERR_INVALID_ARG')
+    await rejectsWithCode(join_({ peers: [], tier: 'group', key: GROUP_KEY, keepRounds: 0 }), 'ERR_INVALID_ARG')
     await rejectsWithCode(join_({ peers: [], tier: 'group', key: GROUP_KEY, bogus: 1 }), 'ERR_INVALID_ARG')
     await rejectsWithCode(join_({ peers: [], tier: 'tenant', key: GROUP_KEY, members: [] }), 'ERR_INVALID_ARG')
     await rejectsWithCode(join_({ peers: ['not a multiaddr'], tier: 'group', key: GROUP_KEY }), 'ERR_INVALID_ARG')

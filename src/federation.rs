@@ -109,6 +109,7 @@ fn config(learner: &dyn FederatedLearner, a: FederationArgs) -> Res<FederationCo
     policy: RoundPolicy { weighting: a.weighting, method, k_anonymity: a.k_anonymity.unwrap_or(RoundPolicy::default().k_anonymity) },
     expected_nodes: a.expected_nodes.unwrap_or(a.peers.len() + 1),
     round_timeout: a.round_timeout_ms.map(Duration::from_millis).unwrap_or(base.round_timeout),
+    keep_rounds: a.keep_rounds.unwrap_or(base.keep_rounds),
     listen: a.listen.unwrap_or(base.listen),
     peers: a.peers,
     topic: a.topic.unwrap_or(base.topic),
@@ -125,7 +126,8 @@ impl Federation {
   /// `public`: clipped and noised to `epsilon`/`delta` over `rounds`, released with at least
   /// `kAnonymity` nodes), `key` (64 hex digits), `nodeKey` (this node's Ed25519 secret, 64 hex
   /// digits; default a fresh one), `expectedNodes` (default peers + 1), `roundTimeoutMs`
-  /// (default 10000), `method` (`exact`: the exact weighted mean of the nodes' BaseLoRAs, FLoRA
+  /// (default 10000), `keepRounds` (rounds whose updates this node holds to serve peers'
+  /// catch-up, default 4), `method` (`exact`: the exact weighted mean of the nodes' BaseLoRAs, FLoRA
   /// stacking; `svd`: that mean re-factorised to the BaseLoRA's rank; `fedavg`: factor
   /// averaging, inexact), `globalRank` (most components per projection the federated adapters
   /// keep, BaseLoRA included, 1..=256, default 64; beyond it a truncated SVD, its error

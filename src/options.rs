@@ -892,6 +892,7 @@ const FEDERATION_KEYS: &[&str] = &[
   "members",
   "expectedNodes",
   "roundTimeoutMs",
+  "keepRounds",
   "method",
   "globalRank",
   "serverLr",
@@ -914,6 +915,8 @@ pub struct FederationArgs {
   pub members: Vec<[u8; 32]>,
   pub expected_nodes: Option<usize>,
   pub round_timeout_ms: Option<u64>,
+  /// Rounds whose updates the node holds for peers' catch-up (default 4).
+  pub keep_rounds: Option<usize>,
   /// `fedavg`, `exact` or `svd` (checked here; resolved against the adapter's rank at join).
   pub method: String,
   /// Most components per projection the global adapter keeps (default 64).
@@ -989,6 +992,7 @@ pub fn federation_options(v: Option<Val>) -> Res<FederationArgs> {
     members,
     expected_nodes: int_in(bag, "expectedNodes", 1.0, 10_000.0)?.map(|n| n as usize),
     round_timeout_ms: int_in(bag, "roundTimeoutMs", 1.0, 86_400_000.0)?.map(|n| n as u64),
+    keep_rounds: int_in(bag, "keepRounds", 1.0, 1_000_000.0)?.map(|n| n as usize),
     method,
     global_rank: int_in(bag, "globalRank", 1.0, 256.0)?.map(|n| n as usize).unwrap_or(64),
     server_lr: num(bag, "serverLr", "a number in (0, 10]", |x| x > 0.0 && x <= 10.0)?.unwrap_or(1.0),

@@ -45,6 +45,11 @@ pub struct FederationConfig {
     pub peers: Vec<String>,
     /// The gossip topic; nodes federate only with nodes on the same topic.
     pub topic: String,
+    /// How many rounds' envelopes a node holds to serve peers' catch-up (the newest ones; at
+    /// least 1). Older rounds keep their counts, not their bytes: a node offline for longer
+    /// cannot catch them up from this node. Each round holds every contributor's updates
+    /// (with 8 nodes and a three-bucket TALoRA adapter, ~180 MB).
+    pub keep_rounds: usize,
 }
 
 impl Default for FederationConfig {
@@ -62,6 +67,7 @@ impl Default for FederationConfig {
             listen: "/ip4/127.0.0.1/tcp/0".into(),
             peers: Vec::new(),
             topic: "ruvllm-daf/updates/1".into(),
+            keep_rounds: 4,
         }
     }
 }
@@ -109,13 +115,21 @@ pub struct Stats {
     pub peers: usize,
 }
 
+type UpdateKey = ([u8; 32], String, Option<u16>);
+
+/// What a node holds of one round. Accepted updates are kept as their envelopes only (the
+/// bytes catch-up serves, opened again when the round is aggregated), not also decoded: a
+/// round of 8 nodes' three-bucket TALoRA updates is ~180 MB either way.
 #[derive(Debug, Default)]
 struct RoundState {
-    /// Accepted updates by (node, adapter, bucket).
-    updates: BTreeMap<([u8; 32], String, Option<u16>), Update>,
-    /// The envelopes of those updates (what catch-up serves).
+    /// Accepted updates by (node, adapter, bucket): the index of each one's envelope.
+    updates: BTreeMap<UpdateKey, usize>,
+    /// The envelopes of those updates; emptied once the round is older than `keep_rounds`
+    /// (`pruned`: later envelopes of it are refused).
     envelopes: Vec<Vec<u8>>,
-    output: Option<RoundOutput>,
+    pruned: bool,
+    /// Aggregates and withheld groups of the last aggregation.
+    output: Option<(usize, usize)>,
     bytes_sent: u64,
     bytes_received: u64,
 }
@@ -123,6 +137,11 @@ struct RoundState {
 impl RoundState {
     fn contributors(&self) -> usize {
         self.updates.keys().map(|k| k.0).collect::<BTreeSet<_>>().len()
+    }
+
+    fn hold(&mut self, u: &Update, env: Vec<u8>) {
+        self.updates.insert((u.node, u.adapter.clone(), u.bucket), self.envelopes.len());
+        self.envelopes.push(env);
     }
 }
 
@@ -153,6 +172,9 @@ impl Federation {
         }
         if cfg.expected_nodes == 0 {
             return Err(Error::Config("expected_nodes must be at least 1".into()));
+        }
+        if cfg.keep_rounds == 0 {
+            return Err(Error::Config("keep_rounds must be at least 1".into()));
         }
         let key = SigningKey::from_bytes(&cfg.identity);
         let public_streams: u64 = cfg.adapters.iter().filter(|a| a.tier == Tier::Public).map(|a| a.buckets.map_or(1, u64::from)).sum();
@@ -196,6 +218,9 @@ impl Federation {
     /// updates are counted and dropped here: they have no wire form. Public ones are clipped
     /// and noised first (and refused once the privacy budget is spent).
     pub fn prepare(&mut self, round: u64, local: Vec<Update>) -> Result<Vec<Vec<u8>>> {
+        if self.rounds.get(&round).is_some_and(|s| s.pruned) {
+            return Err(Error::Round { round, msg: format!("too old: this node keeps the last {} rounds", self.cfg.keep_rounds) });
+        }
         let mut out = Vec::new();
         for mut u in local {
             let tier = self
@@ -229,8 +254,7 @@ impl Federation {
             self.held.insert(Sha256::digest(&env).into());
             let st = self.rounds.entry(round).or_default();
             st.bytes_sent += env.len() as u64;
-            st.updates.insert((u.node, u.adapter.clone(), u.bucket), u);
-            st.envelopes.push(env.clone());
+            st.hold(&u, env.clone());
             out.push(env);
         }
         Ok(out)
@@ -248,8 +272,9 @@ impl Federation {
         let old = self
             .rounds
             .get(&from)
-            .and_then(|st| st.updates.iter().find(|(k, _)| k.0 == me).map(|(_, u)| u.clone()))
-            .ok_or_else(|| Error::Round { round: from, msg: "this node published no update in that round".into() })?;
+            .and_then(|st| st.updates.iter().find(|(k, _)| k.0 == me).and_then(|(_, &i)| st.envelopes.get(i)))
+            .ok_or_else(|| Error::Round { round: from, msg: "this node holds no update of its own from that round".into() })?;
+        let old = self.open_checked(old).map_err(|e| Error::Round { round: from, msg: format!("its own update does not open: {}", e.name()) })?;
         if !matches!(old.tier, Tier::Group | Tier::Tenant) {
             return Err(Error::Config(format!("attacks are made for the group and tenant tiers, not {}", old.tier.name())));
         }
@@ -282,7 +307,8 @@ impl Federation {
             self.duplicates += 1;
             return Err(Reject::Replayed);
         }
-        let r = self.open_checked(bytes);
+        let pruned = header.is_some_and(|h| self.rounds.get(&h.round).is_some_and(|s| s.pruned));
+        let r = if pruned { Err(Reject::Replayed) } else { self.open_checked(bytes) };
         let u = match r {
             Ok(u) => self.validator.accept(u, source)?,
             Err(e) => {
@@ -291,9 +317,7 @@ impl Federation {
             }
         };
         self.held.insert(digest);
-        let st = self.rounds.entry(u.round).or_default();
-        st.updates.insert((u.node, u.adapter.clone(), u.bucket), u);
-        st.envelopes.push(bytes.to_vec());
+        self.rounds.entry(u.round).or_default().hold(&u, bytes.to_vec());
         Ok(())
     }
 
@@ -334,19 +358,28 @@ impl Federation {
         self.contributors(round) >= self.cfg.expected_nodes
     }
 
-    /// Aggregates `round` from the updates held now (again if more arrived since).
+    /// Aggregates `round` from the updates held now (again if more arrived since), then lets
+    /// go of the envelopes of rounds more than `keep_rounds` older than the newest.
     pub fn aggregate(&mut self, round: u64) -> Result<RoundOutput> {
         let policy = self.cfg.policy;
-        let st = self.rounds.entry(round).or_default();
-        let updates: Vec<Update> = st.updates.values().cloned().collect();
+        let st = self.rounds.get(&round);
+        if st.is_some_and(|s| s.pruned) {
+            return Err(Error::Round { round, msg: format!("its updates are no longer held (a node keeps the last {} rounds)", self.cfg.keep_rounds) });
+        }
+        let mut updates = Vec::new();
+        // (`updates` index `envelopes`: both are kept until the round is pruned.)
+        for (_, &i) in st.map(|s| s.updates.iter()).into_iter().flatten() {
+            let env = &self.rounds[&round].envelopes[i];
+            updates.push(self.open_checked(env).map_err(|e| Error::Round { round, msg: format!("a held update does not open: {}", e.name()) })?);
+        }
         let out = aggregate_round(&updates, &policy)?;
-        st.output = Some(out.clone());
+        self.rounds.entry(round).or_default().output = Some((out.aggregates.len(), out.withheld.len()));
+        let newest = self.rounds.keys().next_back().copied().unwrap_or(round);
+        for (_, s) in self.rounds.range_mut(..newest.saturating_add(1).saturating_sub(self.cfg.keep_rounds as u64)) {
+            s.envelopes = Vec::new();
+            s.pruned = true;
+        }
         Ok(out)
-    }
-
-    /// The last aggregate computed for `round`.
-    pub fn output(&self, round: u64) -> Option<&RoundOutput> {
-        self.rounds.get(&round).and_then(|s| s.output.as_ref())
     }
 
     /// Rounds before `upto`, from the first this node holds, with fewer contributors than
@@ -381,8 +414,8 @@ impl Federation {
                 contributors: s.contributors(),
                 bytes_sent: s.bytes_sent,
                 bytes_received: s.bytes_received,
-                aggregates: s.output.as_ref().map_or(0, |o| o.aggregates.len()),
-                withheld: s.output.as_ref().map_or(0, |o| o.withheld.len()),
+                aggregates: s.output.map_or(0, |o| o.0),
+                withheld: s.output.map_or(0, |o| o.1),
             })
             .collect();
         Stats {
@@ -506,6 +539,41 @@ pub(crate) mod tests {
         assert!(matches!(Federation::new(c), Err(Error::Key(_))));
         let c = config(9, 2);
         assert!(matches!(Federation::new(c), Err(Error::Key(_))), "node 9 is not a tenant member");
+    }
+
+    #[test]
+    fn only_the_last_keep_rounds_rounds_are_held() {
+        let n = 2;
+        let mut feds: Vec<Federation> = (1..=n as u8).map(|i| Federation::new(FederationConfig { keep_rounds: 2, ..config(i, n) }).expect("config")).collect();
+        assert!(Federation::new(FederationConfig { keep_rounds: 0, ..config(1, n) }).is_err());
+        let mut late = Vec::new();
+        for round in 1..=3u64 {
+            let wire: Vec<Vec<Vec<u8>>> = feds.iter_mut().enumerate().map(|(i, f)| f.prepare(round, local(i as u8 + 1, round)).expect("prepares")).collect();
+            // Node 2's round-1 update reaches node 1 only after round 3.
+            for e in &wire[1] {
+                if round == 1 {
+                    late.push(e.clone());
+                } else {
+                    feds[0].receive(e, Source::Live).expect("accepted");
+                }
+            }
+            let before = feds[0].aggregate(round).expect("aggregates");
+            assert_eq!(before, feds[0].aggregate(round).expect("again"), "re-aggregating from the held envelopes is idempotent");
+        }
+        // Rounds 2 and 3 are held; round 1 only as counts.
+        assert_eq!(feds[0].serve(1, &[]), Vec::<Vec<u8>>::new());
+        assert_eq!(feds[0].serve(3, &[]).len(), 2 * 5);
+        assert!(matches!(feds[0].aggregate(1), Err(Error::Round { round: 1, .. })));
+        assert!(matches!(feds[0].prepare(1, local(1, 1)), Err(Error::Round { round: 1, .. })));
+        assert_eq!(feds[0].stats().per_round[0].contributors, 1);
+        assert_eq!(feds[0].stats().per_round[2].contributors, 2);
+        for e in &late {
+            assert_eq!(feds[0].receive(e, Source::Live), Err(Reject::Replayed), "an update of a round no longer held");
+        }
+        assert_eq!(feds[0].contributors(1), 1);
+        // Node 2 kept its own round-1 envelopes: an attack built from them still works there.
+        assert!(feds[1].attack_envelopes(2, 4).is_ok());
+        assert!(feds[0].attack_envelopes(1, 4).is_err(), "round 1's bytes are gone at node 1");
     }
 
     #[test]
