@@ -94,7 +94,7 @@ export declare class Federation {
    * `kAnonymity` nodes), `key` (64 hex digits), `nodeKey` (this node's Ed25519 secret, 64 hex
    * digits; default a fresh one), `expectedNodes` (default peers + 1), `roundTimeoutMs`
    * (default 10000), `keepRounds` (rounds whose updates this node holds to serve peers'
-   * catch-up, default 4), `method` (`exact`: the exact weighted mean of the nodes' BaseLoRAs, FLoRA
+   * catch-up, default 2), `method` (`exact`: the exact weighted mean of the nodes' BaseLoRAs, FLoRA
    * stacking; `svd`: that mean re-factorised to the BaseLoRA's rank; `fedavg`: factor
    * averaging, inexact), `globalRank` (most components per projection the federated adapters
    * keep, BaseLoRA included, 1..=256, default 64; beyond it a truncated SVD, its error
@@ -595,7 +595,7 @@ export interface FederationOptions {
   expectedNodes?: number
   /** How long a round waits for them before it aggregates what came. Default 10000. */
   roundTimeoutMs?: number
-  /** How many rounds' updates this node holds to serve the catch-up of peers that missed them (the newest; default 4). A round of 8 nodes' TALoRA updates is ~180 MB. */
+  /** How many rounds' updates this node holds to serve the catch-up of peers that missed them (the newest; default 2). A round of 8 nodes' TALoRA updates is ~180 MB. */
   keepRounds?: number
   /** How a round combines the nodes' BaseLoRAs (each trained on top of the same global adapter): `exact` (default): their exact weighted mean (FLoRA stacking), added to the global adapter, whose strongest components then become every node's BaseLoRA; `svd`: that mean re-factorised to the BaseLoRA's rank first; `fedavg`: the mean of the factors (inexact). */
   method?: 'exact' | 'svd' | 'fedavg'

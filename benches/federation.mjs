@@ -310,11 +310,14 @@ async function arm(phase, { attack = false, kill = [], respawn = false } = {}) {
   }
   const live = procs.filter((p) => p.alive)
   const addrs = []
+  const nodeIds = []
   for (const proc of live) {
     proc.send({ cmd: 'join', phase, peers: phase === 'local' ? [] : [...addrs], expected: phase === 'local' ? 1 : live.length })
-    addrs.push((await expect(proc, 'joined')).address)
+    const j = await expect(proc, 'joined')
+    addrs.push(j.address)
+    nodeIds[proc.id] = j.nodeId
   }
-  const out = { rounds: [], nll: [], learnMs: [] }
+  const out = { rounds: [], nll: [], learnMs: [], nodeIds }
   for (let r = 0; r < roundsOf(phase); r++) {
     const ps = procs.filter((p) => p.alive)
     if (r > 0 && phase !== 'dropout') out.learnMs.push((await all(ps, { cmd: 'learn', chunk: r }, 'learned')).map((m) => m.learnMs))
@@ -401,6 +404,35 @@ const drop = results.dropout && results.dropout.rounds.map((r) => {
   const errors = r.reports.filter((x) => x?.error).map((x) => x.error.code)
   return { killed: r.victim.id, when: r.victim.when, finished: rep.length, errors, applied: rep.filter((x) => x.applied).length, contributors: rep[0]?.contributors, timedOut: rep.some((x) => x.timedOut), adapters: new Set(rep.map((x) => x.adapterDigest)).size }
 })
+// Which node each aggregate weight belongs to: a group's updates are ordered by node id.
+const weightsByNode = (phase) => {
+  const ids = results[phase].nodeIds
+  const order = learned.map((_, i) => i).sort((a, b) => (ids[a] < ids[b] ? -1 : ids[a] > ids[b] ? 1 : 0))
+  const sum = learned.map(() => 0)
+  let n = 0
+  for (const r of results[phase].rounds) {
+    for (const b of r.reports.find(Boolean)?.buckets ?? []) {
+      if (b.weights.length !== N) continue
+      b.weights.forEach((w, k) => (sum[order[k]] += w))
+      n++
+    }
+  }
+  return sum.map((x) => x / Math.max(n, 1))
+}
+const localGain = () => learned.map((l, i) => l.nll0 - last('local')[i])
+const ranks = (xs) => {
+  const idx = xs.map((_, i) => i).sort((a, b) => xs[a] - xs[b])
+  const r = []
+  idx.forEach((i, k) => (r[i] = k))
+  return r
+}
+const spearman = (xs, ys) => {
+  const [a, b] = [ranks(xs), ranks(ys)]
+  const [ma, mb] = [mean(a), mean(b)]
+  const cov = mean(a.map((x, i) => (x - ma) * (b[i] - mb)))
+  const sd = (v, m) => Math.sqrt(mean(v.map((x) => (x - m) ** 2)))
+  return cov / (sd(a, ma) * sd(b, mb))
+}
 const perRoundRows = arms.concat(results.local ? ['local'] : []).map((p) => `| ${p} | ${results[p].nll.map((r) => (r.some((x) => x === null) ? '–' : f(mean(r)))).join(' | ')} |`)
 console.log(
   [
@@ -415,6 +447,10 @@ console.log(
     ...perRoundRows,
     '',
     ...arms.map((p) => `${p}: beats local-only on ${beats(p, local)}/${N} nodes${p !== 'fedavg' && results.fedavg && p !== 'public' ? `, beats fedavg on ${beats(p, last('fedavg'))}/${N}` : ''}; bytes sent per node per round ${f(bytes(p), 0)}; relative distance from the exact mean per round ${errs(p).map((e) => f(e, 4)).join(', ')}${p === 'public' ? `; epsilon ${f(epsilon)}, withheld ${results.public.rounds[0].reports[0].withheld}` : ''}`),
+    ...arms.filter((p) => ['timestep', 'daf'].includes(p) && results.local).map((p) => {
+      const w = weightsByNode(p)
+      return `${p}: each node's mean weight over rounds and buckets ${w.map((x) => x.toFixed(2)).join(' ')}; its gain learning alone (after chunk 0 minus local only) ${localGain().map((x) => x.toFixed(3)).join(' ')}; rank correlation ${f(spearman(w, localGain()), 2)}`
+    }),
     ...arms
       .filter((p) => ['timestep', 'quality', 'daf'].includes(p) && results.exact)
       .map((p) => {
@@ -452,6 +488,7 @@ if (values.json) {
       bytesPerRound: main ? bytes(main) : 0,
       perRound: Object.fromEntries(Object.entries(results).filter(([p]) => p !== 'dropout').map(([p, r]) => [p, r.nll.map((x) => (x.some((v) => v === null) ? null : mean(x)))])),
       distanceFromExact: Object.fromEntries(arms.map((p) => [p, errs(p)])),
+      meanWeights: results.local ? Object.fromEntries(arms.filter((p) => ['timestep', 'daf'].includes(p)).map((p) => [p, weightsByNode(p)])) : null,
       dropout: drop ?? null,
       seconds: Number(secs()),
     }),

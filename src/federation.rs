@@ -34,6 +34,23 @@ fn runtime() -> Res<&'static tokio::runtime::Runtime> {
 
 /// Runs `fut` on the federation runtime (a panic there becomes `ERR_INTERNAL`); the promise
 /// settles on the JS thread with `map(value)`. An `Err` in `fut` rejects without running.
+/// A round moves messages of tens of MB (8 nodes' TALoRA updates: 8 × 23 MB, and gossip's
+/// copies of them per peer). glibc raises its mmap threshold to the size of each large block
+/// freed (up to 32 MB), after which such blocks come from the heap and its fragments stay
+/// resident: 8 node processes on one machine grew by ~0.5 GB a round. A fixed 4 MB threshold
+/// keeps blocks that large in their own mappings, returned when freed (the per-token 1 MB
+/// logits stay on the heap). Set once, when the first node joins.
+fn large_blocks_mapped() {
+  #[cfg(all(target_os = "linux", target_env = "gnu"))]
+  {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: mallopt only changes the allocator's tuning; any value is safe.
+    ONCE.call_once(|| unsafe {
+      libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+    });
+  }
+}
+
 fn on_network<'env, T, V, F>(env: &'env Env, fut: Res<F>, map: impl FnOnce(T) -> Res<V> + 'static) -> napi::Result<PromiseRaw<'env, V>>
 where
   F: Future<Output = Res<T>> + Send + 'static,
@@ -127,7 +144,7 @@ impl Federation {
   /// `kAnonymity` nodes), `key` (64 hex digits), `nodeKey` (this node's Ed25519 secret, 64 hex
   /// digits; default a fresh one), `expectedNodes` (default peers + 1), `roundTimeoutMs`
   /// (default 10000), `keepRounds` (rounds whose updates this node holds to serve peers'
-  /// catch-up, default 4), `method` (`exact`: the exact weighted mean of the nodes' BaseLoRAs, FLoRA
+  /// catch-up, default 2), `method` (`exact`: the exact weighted mean of the nodes' BaseLoRAs, FLoRA
   /// stacking; `svd`: that mean re-factorised to the BaseLoRA's rank; `fedavg`: factor
   /// averaging, inexact), `globalRank` (most components per projection the federated adapters
   /// keep, BaseLoRA included, 1..=256, default 64; beyond it a truncated SVD, its error
@@ -147,6 +164,7 @@ impl Federation {
         learner.ok_or_else(|| CodedError::new("ERR_FEDERATION_CONSENT", "federation needs learning: load the model with learning: { dir, federate: true }"))?;
       let (tier, global_rank, server_lr) = (args.tier, args.global_rank, args.server_lr);
       let cfg = config(learner.as_ref(), args)?;
+      large_blocks_mapped();
       Ok(async move {
         let node = Node::join(cfg).await?;
         Ok((node, learner, tier, global_rank, server_lr))
@@ -262,7 +280,9 @@ impl FederationNode {
         let (learner, tier) = (inner.learner.clone(), inner.tier);
         let updates = blocking(move || Ok(learner.fed_updates(tier, round)?)).await?;
         let report = node.round(round, updates).await?;
-        let aggs = report.output.aggregates.clone();
+        let (digest, withheld) = (hex(&report.output.digest()), report.output.withheld.len());
+        let (contributors, published, timed_out) = (report.contributors, report.published, report.timed_out);
+        let aggs = report.output.aggregates;
         // The first aggregate's method and weights (a TALoRA adapter has one per bucket: all
         // are listed under `buckets`).
         let first = aggs.first().map(|a| (a.method.to_string(), a.weights.clone(), aggs.iter().map(|a| a.max_truncation_error()).fold(0.0, f64::max)));
@@ -278,16 +298,16 @@ impl FederationNode {
         let bytes = stats.per_round.iter().find(|r| r.round == round).cloned().unwrap_or_default();
         Ok(json!({
           "round": round,
-          "published": report.published,
-          "contributors": report.contributors,
-          "timedOut": report.timed_out,
+          "published": published,
+          "contributors": contributors,
+          "timedOut": timed_out,
           "applied": applied,
           "method": method,
           "weights": weights,
           "buckets": buckets,
           "truncationError": truncation,
-          "withheld": report.output.withheld.len(),
-          "digest": hex(&report.output.digest()),
+          "withheld": withheld,
+          "digest": digest,
           "adapterDigest": adapter_digest,
           "bytesSent": bytes.bytes_sent,
           "bytesReceived": bytes.bytes_received,

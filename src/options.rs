@@ -915,7 +915,7 @@ pub struct FederationArgs {
   pub members: Vec<[u8; 32]>,
   pub expected_nodes: Option<usize>,
   pub round_timeout_ms: Option<u64>,
-  /// Rounds whose updates the node holds for peers' catch-up (default 4).
+  /// Rounds whose updates the node holds for peers' catch-up (default 2).
   pub keep_rounds: Option<usize>,
   /// `fedavg`, `exact` or `svd` (checked here; resolved against the adapter's rank at join).
   pub method: String,

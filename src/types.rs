@@ -703,7 +703,7 @@ pub struct FederationOptions {
   pub expected_nodes: Option<u32>,
   /// How long a round waits for them before it aggregates what came. Default 10000.
   pub round_timeout_ms: Option<u32>,
-  /// How many rounds' updates this node holds to serve the catch-up of peers that missed them (the newest; default 4). A round of 8 nodes' TALoRA updates is ~180 MB.
+  /// How many rounds' updates this node holds to serve the catch-up of peers that missed them (the newest; default 2). A round of 8 nodes' TALoRA updates is ~180 MB.
   pub keep_rounds: Option<u32>,
   /// How a round combines the nodes' BaseLoRAs (each trained on top of the same global adapter): `exact` (default): their exact weighted mean (FLoRA stacking), added to the global adapter, whose strongest components then become every node's BaseLoRA; `svd`: that mean re-factorised to the BaseLoRA's rank first; `fedavg`: the mean of the factors (inexact).
   #[napi(ts_type = "'exact' | 'svd' | 'fedavg'")]

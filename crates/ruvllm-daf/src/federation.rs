@@ -46,7 +46,7 @@ pub struct FederationConfig {
     /// The gossip topic; nodes federate only with nodes on the same topic.
     pub topic: String,
     /// How many rounds' envelopes a node holds to serve peers' catch-up (the newest ones; at
-    /// least 1). Older rounds keep their counts, not their bytes: a node offline for longer
+    /// least 1; default 2: the round just run and the one before). Older rounds keep their counts, not their bytes: a node offline for longer
     /// cannot catch them up from this node. Each round holds every contributor's updates
     /// (with 8 nodes and a three-bucket TALoRA adapter, ~180 MB).
     pub keep_rounds: usize,
@@ -67,7 +67,7 @@ impl Default for FederationConfig {
             listen: "/ip4/127.0.0.1/tcp/0".into(),
             peers: Vec::new(),
             topic: "ruvllm-daf/updates/1".into(),
-            keep_rounds: 4,
+            keep_rounds: 2,
         }
     }
 }

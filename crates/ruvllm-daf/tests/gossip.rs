@@ -16,7 +16,8 @@ use ruvllm_daf::validate::AdapterSpec;
 const N: usize = 4;
 
 fn config(i: usize, peers: Vec<String>) -> FederationConfig {
-    demo::config(i, N, peers, Duration::from_secs(5))
+    // Every round stays held: the tests re-aggregate round 1 after round 3.
+    FederationConfig { keep_rounds: 8, ..demo::config(i, N, peers, Duration::from_secs(5)) }
 }
 
 fn local(i: usize, round: u64) -> Vec<Update> {
