@@ -36,7 +36,7 @@
 // Default phases there: local, exact (FedAvg weighting), timestep, daf (hybrid). QualityWeighted
 // ('quality') equals FedAvg here: every feedback example has quality 1.
 // After the exact arm's last round node 0 turns adversarial (a re-encrypted replay of its
-// round-1 update, a tampered copy, a forged update and garbage); the others' rejections are
+// update of round R - 1, a tampered copy, a forged update and garbage); the others' rejections are
 // counted. Then the dropout phase (unless --no-dropout): from chunk 0, round 1: the last node
 // is killed before it publishes; round 2: the next-to-last is killed right after it has
 // published; the others finish both rounds (the first on its round timeout).
@@ -226,7 +226,8 @@ async function child(index) {
           send({ type: 'round', error: { code: e.code, message: e.message } })
         }
       } else if (cmd.cmd === 'attack') {
-        send({ type: 'attacked', sent: await node.attack(1) })
+        // Its update of the round before the last: a node holds the last 2 rounds (keepRounds).
+        send({ type: 'attacked', sent: await node.attack(Math.max(1, R - 1)) })
       } else if (cmd.cmd === 'measure') {
         send({ type: 'measured', nll: await nll(llm, heldDomain, true), stats: node.stats(), rssMb: process.memoryUsage().rss / 2 ** 20 })
       } else if (cmd.cmd === 'stop') {
