@@ -54,7 +54,10 @@ fn say(line: String) {
 }
 
 async fn run(a: Args) -> Result<()> {
-    let mut node = Node::join(demo::config(a.index, a.nodes, a.peers.clone(), a.timeout)).await?;
+    // Every round stays held: the node re-aggregates all of them after catching up, and
+    // serves them to a peer that catches up.
+    let cfg = ruvllm_daf::FederationConfig { keep_rounds: a.rounds.max(1) as usize, ..demo::config(a.index, a.nodes, a.peers.clone(), a.timeout) };
+    let mut node = Node::join(cfg).await?;
     say(format!("LISTEN {}", node.listen_addr()));
     node.wait_for_peers(a.nodes - 1, Duration::from_secs(60)).await?;
     for round in 1..=a.rounds {
