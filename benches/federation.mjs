@@ -449,8 +449,8 @@ console.log(
     '',
     ...arms.map((p) => `${p}: beats local-only on ${beats(p, local)}/${N} nodes${p !== 'fedavg' && results.fedavg && p !== 'public' ? `, beats fedavg on ${beats(p, last('fedavg'))}/${N}` : ''}; bytes sent per node per round ${f(bytes(p), 0)}; relative distance from the exact mean per round ${errs(p).map((e) => f(e, 4)).join(', ')}${p === 'public' ? `; epsilon ${f(epsilon)}, withheld ${results.public.rounds[0].reports[0].withheld}` : ''}`),
     ...arms.filter((p) => ['timestep', 'daf'].includes(p) && results.local).map((p) => {
-      const w = weightsByNode(p)
-      return `${p}: each node's mean weight over rounds and buckets ${w.map((x) => x.toFixed(2)).join(' ')}; its gain learning alone (after chunk 0 minus local only) ${localGain().map((x) => x.toFixed(3)).join(' ')}; rank correlation ${f(spearman(w, localGain()), 2)}`
+      const [w, gain] = [weightsByNode(p), localGain()]
+      return `${p}: each node's mean weight over rounds and buckets ${w.map((x) => x.toFixed(2)).join(' ')}; its gain learning alone (after chunk 0 minus local only) ${gain.map((x) => x.toFixed(3)).join(' ')}; rank correlation ${f(spearman(w, gain), 2)}`
     }),
     ...arms
       .filter((p) => ['timestep', 'quality', 'daf'].includes(p) && results.exact)

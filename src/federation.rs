@@ -32,8 +32,6 @@ fn runtime() -> Res<&'static tokio::runtime::Runtime> {
   .map_err(|e| CodedError::internal(format!("federation runtime: {e}")))
 }
 
-/// Runs `fut` on the federation runtime (a panic there becomes `ERR_INTERNAL`); the promise
-/// settles on the JS thread with `map(value)`. An `Err` in `fut` rejects without running.
 /// A round moves messages of tens of MB (8 nodes' TALoRA updates: 8 × 23 MB, and gossip's
 /// copies of them per peer). glibc raises its mmap threshold to the size of each large block
 /// freed (up to 32 MB), after which such blocks come from the heap and its fragments stay
@@ -51,6 +49,8 @@ fn large_blocks_mapped() {
   }
 }
 
+/// Runs `fut` on the federation runtime (a panic there becomes `ERR_INTERNAL`); the promise
+/// settles on the JS thread with `map(value)`. An `Err` in `fut` rejects without running.
 fn on_network<'env, T, V, F>(env: &'env Env, fut: Res<F>, map: impl FnOnce(T) -> Res<V> + 'static) -> napi::Result<PromiseRaw<'env, V>>
 where
   F: Future<Output = Res<T>> + Send + 'static,
@@ -280,8 +280,7 @@ impl FederationNode {
         let (learner, tier) = (inner.learner.clone(), inner.tier);
         let updates = blocking(move || Ok(learner.fed_updates(tier, round)?)).await?;
         let report = node.round(round, updates).await?;
-        let (digest, withheld) = (hex(&report.output.digest()), report.output.withheld.len());
-        let (contributors, published, timed_out) = (report.contributors, report.published, report.timed_out);
+        let digest = hex(&report.output.digest());
         let aggs = report.output.aggregates;
         // The first aggregate's method and weights (a TALoRA adapter has one per bucket: all
         // are listed under `buckets`).
@@ -298,15 +297,15 @@ impl FederationNode {
         let bytes = stats.per_round.iter().find(|r| r.round == round).cloned().unwrap_or_default();
         Ok(json!({
           "round": round,
-          "published": published,
-          "contributors": contributors,
-          "timedOut": timed_out,
+          "published": report.published,
+          "contributors": report.contributors,
+          "timedOut": report.timed_out,
           "applied": applied,
           "method": method,
           "weights": weights,
           "buckets": buckets,
           "truncationError": truncation,
-          "withheld": withheld,
+          "withheld": report.output.withheld.len(),
           "digest": digest,
           "adapterDigest": adapter_digest,
           "bytesSent": bytes.bytes_sent,

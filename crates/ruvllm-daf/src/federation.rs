@@ -46,8 +46,8 @@ pub struct FederationConfig {
     /// The gossip topic; nodes federate only with nodes on the same topic.
     pub topic: String,
     /// How many rounds' envelopes a node holds to serve peers' catch-up (the newest ones; at
-    /// least 1; default 2: the round just run and the one before). Older rounds keep their counts, not their bytes: a node offline for longer
-    /// cannot catch them up from this node. Each round holds every contributor's updates
+    /// least 1; default 2: the round just run and the one before). Older rounds keep their
+    /// counts, not their bytes: a node offline for longer cannot catch them up from this node. Each round holds every contributor's updates
     /// (with 8 nodes and a three-bucket TALoRA adapter, ~180 MB).
     pub keep_rounds: usize,
 }
@@ -362,15 +362,16 @@ impl Federation {
     /// go of the envelopes of rounds more than `keep_rounds` older than the newest.
     pub fn aggregate(&mut self, round: u64) -> Result<RoundOutput> {
         let policy = self.cfg.policy;
-        let st = self.rounds.get(&round);
-        if st.is_some_and(|s| s.pruned) {
-            return Err(Error::Round { round, msg: format!("its updates are no longer held (a node keeps the last {} rounds)", self.cfg.keep_rounds) });
-        }
         let mut updates = Vec::new();
-        // (`updates` index `envelopes`: both are kept until the round is pruned.)
-        for (_, &i) in st.map(|s| s.updates.iter()).into_iter().flatten() {
-            let env = &self.rounds[&round].envelopes[i];
-            updates.push(self.open_checked(env).map_err(|e| Error::Round { round, msg: format!("a held update does not open: {}", e.name()) })?);
+        if let Some(st) = self.rounds.get(&round) {
+            if st.pruned {
+                return Err(Error::Round { round, msg: format!("its updates are no longer held (a node keeps the last {} rounds)", self.cfg.keep_rounds) });
+            }
+            // `updates` index `envelopes`: both are kept until the round is pruned.
+            for &i in st.updates.values() {
+                updates
+                    .push(self.open_checked(&st.envelopes[i]).map_err(|e| Error::Round { round, msg: format!("a held update does not open: {}", e.name()) })?);
+            }
         }
         let out = aggregate_round(&updates, &policy)?;
         self.rounds.entry(round).or_default().output = Some((out.aggregates.len(), out.withheld.len()));
