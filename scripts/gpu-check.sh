@@ -7,8 +7,10 @@
 #   gpu-check.sh put DIR   adds DIR's pieces to $WORK: model.part* are appended to the model,
 #                          llama.tar.xz starts llama.cpp's CUDA build in the background (the
 #                          anchor), node.xz / gpu_check.xz / ruvllm.node.xz are unpacked
-#   gpu-check.sh check     correctness against the CPU path (examples/gpu_check.rs) and the
-#                          JavaScript API on the GPU (benches/gpu.mjs)
+#   gpu-check.sh check     correctness against the CPU path (examples/gpu_check.rs), the same
+#                          criteria for the CPU path against itself with one weight vector
+#                          perturbed by a few ulps (`--perturb`: the check's noise floor), and
+#                          the JavaScript API on the GPU (benches/gpu.mjs)
 #   gpu-check.sh bench     speed: ours and llama-bench alternately in fresh processes (3 rounds),
 #                          peak device memory and load time of each; prints the table last.
 #                          ALTS="VAR=value ..." adds one arm per setting to every round (A/B)
@@ -52,8 +54,14 @@ check)
   sha256sum "$WORK/model.gguf"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   cp "$WORK/ruvllm.linux-x64-gnu.node" ./ruvllm.linux-x64-gnu.node
-  "$WORK/gpu_check" "$WORK/model.gguf" --diffusion crates/ruvllm-models/data/diffusion/gemma-3-270m-diffusion/lora.gguf ${TEXT:+--text "$TEXT"}
+  D=crates/ruvllm-models/data/diffusion/gemma-3-270m-diffusion/lora.gguf
+  rc=0
+  "$WORK/gpu_check" "$WORK/model.gguf" --diffusion "$D" ${TEXT:+--text "$TEXT"} || rc=$?
+  # The check's noise floor, same criteria: the CPU path against itself with one weight vector
+  # moved by 2^-22 (one to four ulps), here and 2^-22 the other way.
+  for eps in 2.4e-7 -2.4e-7; do "$WORK/gpu_check" "$WORK/model.gguf" --perturb $eps --diffusion "$D" ${TEXT:+--text "$TEXT"}; done
   "$WORK/node" benches/gpu.mjs "$WORK/model.gguf"
+  exit $rc
   ;;
 bench)
   tail -2 "$WORK/llama.cpp/build.log"

@@ -12,6 +12,9 @@
 //! 4. With `--diffusion`: the diffusion decoder's tokens on 2 prompts equal on both.
 //! 5. Speed on the GPU: prefill of 512 tokens (wall time of a one-token request) and 128 greedy
 //!    tokens after a short prompt, medians of 5 runs; diffusion tokens/s with `--diffusion`.
+//!
+//! With `--perturb EPS` (no GPU needed): sections 1-4 for the CPU path against itself on a copy
+//! of the model with `blk.0.attn_norm.weight` scaled by (1 + EPS): the criteria's noise floor.
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
@@ -62,7 +65,7 @@ fn score(e: &Engine, prompt: Prompt, adapters: Option<AdapterSet>) -> Score {
 }
 
 /// Compares greedy continuations; at a divergence, prints both candidates' CPU log-probs.
-fn compare(label: &str, cpu: &Engine, prompt: &str, a: &[u32], b: &[u32], adapters: Option<AdapterSet>) -> bool {
+fn compare(label: &str, cpu: &Engine, b_name: &str, prompt: &str, a: &[u32], b: &[u32], adapters: Option<AdapterSet>) -> bool {
     let Some(i) = (0..a.len().min(b.len())).find(|&i| a[i] != b[i]) else {
         let same = a.len() == b.len();
         println!("  {label}: {} tokens {}", a.len(), if same { "equal" } else { "equal prefix, different lengths" });
@@ -80,7 +83,7 @@ fn compare(label: &str, cpu: &Engine, prompt: &str, a: &[u32], b: &[u32], adapte
     let gap = (lp_a - lp_b).abs();
     let tie = gap < 0.1;
     println!(
-        "  {label}: part at token {i}: CPU {} (logp {lp_a:.4}) vs GPU {} (logp {lp_b:.4}), gap {gap:.4} nat: {}",
+        "  {label}: part at token {i}: CPU {} (logp {lp_a:.4}) vs {b_name} {} (logp {lp_b:.4}), gap {gap:.4} nat: {}",
         a[i],
         b[i],
         if tie { "near-tie" } else { "MISMATCH" }
@@ -182,7 +185,7 @@ fn main() {
         let mut equal = 0;
         for (k, p) in PROMPTS.iter().enumerate() {
             equal += usize::from(ta[k] == tb[k]);
-            compare(&format!("prompt {k}"), &cpu, p, &ta[k], &tb[k], None);
+            compare(&format!("prompt {k}"), &cpu, "B", p, &ta[k], &tb[k], None);
         }
         println!("  identical: {equal}/{}", PROMPTS.len());
         return;
@@ -212,109 +215,32 @@ fn main() {
         return;
     }
 
+    if let Some(eps) = opt("--perturb") {
+        // The check's noise floor: the CPU path against itself with one f32 weight vector
+        // (block 0's attention norm) scaled by (1 + EPS), e.g. 2.4e-7 = 2^-22, a change of one to
+        // four ulps per element; sections 1-4 as against the GPU, on any machine.
+        let eps: f32 = eps.to_str().and_then(|v| v.parse().ok()).expect("--perturb EPS: a number");
+        let perturbed = perturbed_copy(&model, "blk.0.attn_norm.weight", eps);
+        let (a, _) = load(&model, GpuMode::Off, None);
+        let (b, _) = load(&perturbed, GpuMode::Off, None);
+        println!("CPU backend: {}; B: the same path, blk.0.attn_norm.weight x (1 + {eps:e})", a.info().backend);
+        let pair = |d: &PathBuf| (load(&model, GpuMode::Off, Some(d)).0, load(&perturbed, GpuMode::Off, Some(d)).0);
+        let ok = correctness(&args, a, &b, "perturbed", diffusion.as_ref().map(|d| move || pair(d)));
+        let _ = std::fs::remove_file(&perturbed);
+        println!("{}", if ok { "PERTURBED CHECK: PASS" } else { "PERTURBED CHECK: FAIL" });
+        return;
+    }
+
     let (gpu, gpu_load) = load(&model, GpuMode::Cuda, None);
     println!("GPU backend: {} (load {gpu_load:.2} s)", gpu.info().backend);
     let mut ok = true;
     if !flag("--speed-only") {
         let (cpu, cpu_load) = load(&model, GpuMode::Off, None);
         println!("CPU backend: {} (load {cpu_load:.2} s)", cpu.info().backend);
-
-        // `--prompts 1,4`: only those prompts (in that order).
-        let picked: Vec<usize> = match args.iter().position(|a| a == "--prompts").and_then(|i| args.get(i + 1)) {
-            Some(list) => list.split(',').map(|k| k.trim().parse().expect("--prompts: indices")).collect(),
-            None => (0..PROMPTS.len()).collect(),
-        };
-        println!("1. greedy, 32 tokens x {} prompts", picked.len());
-        let mut equal = 0;
-        for &k in &picked {
-            let p = PROMPTS[k];
-            let a = cpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("cpu generate");
-            let b = gpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("gpu generate");
-            let same = a.tokens == b.tokens;
-            equal += usize::from(same);
-            ok &= compare(&format!("prompt {k}"), &cpu, p, &a.tokens, &b.tokens, None);
-            if flag("--trace") {
-                // The prompt and the CPU's tokens scored by both backends in one request each.
-                let mut ids = cpu.tokenize(p, true).expect("tokenize");
-                ids.extend_from_slice(&a.tokens);
-                let (sa, sb) = (score(&cpu, Prompt::Tokens(ids.clone()), None), score(&gpu, Prompt::Tokens(ids.clone()), None));
-                let d: Vec<f64> = sa.logprobs.iter().zip(&sb.logprobs).map(|(x, y)| (x - y).abs()).collect();
-                let (imax, max) = d.iter().enumerate().fold((0, 0.0), |m, (i, &v)| if v > m.1 { (i, v) } else { m });
-                let first = d.iter().position(|&v| v > 0.05);
-                println!(
-                    "    scored ({} tokens, {} of prompt): max |dlogp| {max:.4} at {}, mean {:.5}, first > 0.05 at {first:?}",
-                    ids.len(),
-                    ids.len() - a.tokens.len(),
-                    imax + 1,
-                    d.iter().sum::<f64>() / d.len() as f64
-                );
-            }
-        }
-        println!("  identical: {equal}/{}", picked.len());
+        let pair = |d: &PathBuf| (load(&model, GpuMode::Off, Some(d)).0, load(&model, GpuMode::Cuda, Some(d)).0);
+        ok = correctness(&args, cpu, &gpu, "GPU", diffusion.as_ref().map(|d| move || pair(d)));
         if flag("--greedy-only") {
             return;
-        }
-
-        println!("2. per-token log-probabilities, 512 tokens");
-        let ids = check_ids(&cpu, opt("--text"));
-        let (sa, sb) = (score(&cpu, Prompt::Tokens(ids.clone()), None), score(&gpu, Prompt::Tokens(ids.clone()), None));
-        let diffs: Vec<f64> = sa.logprobs.iter().zip(&sb.logprobs).map(|(x, y)| (x - y).abs()).collect();
-        let max = diffs.iter().cloned().fold(0.0, f64::max);
-        let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
-        let top_same = sa.top_tokens.iter().zip(&sb.top_tokens).filter(|(x, y)| x == y).count();
-        println!(
-            "  {} tokens: max |dlogp| {max:.4} nat, mean {mean:.5}; ppl CPU {:.3} GPU {:.3}; top-1 equal {top_same}/{}",
-            diffs.len(),
-            sa.perplexity,
-            sb.perplexity,
-            diffs.len()
-        );
-        let mut worst: Vec<usize> = (0..diffs.len()).collect();
-        worst.sort_by(|&x, &y| diffs[y].total_cmp(&diffs[x]));
-        for &i in worst.iter().take(5) {
-            println!(
-                "    token {} (id {}): CPU {:.4} GPU {:.4} (|d| {:.4}); top-1 CPU {} GPU {}",
-                i + 1,
-                ids[i + 1],
-                sa.logprobs[i],
-                sb.logprobs[i],
-                diffs[i],
-                sa.top_tokens[i],
-                sb.top_tokens[i]
-            );
-        }
-        ok &= max < 0.05 && diffs.len() == ids.len() - 1;
-
-        println!("3. random rank-8 LoRA on every projection, 3 prompts");
-        let set = random_adapter(&cpu, 7);
-        for (k, p) in PROMPTS.iter().take(3).enumerate() {
-            let a = cpu.generate_blocking_with(Prompt::Text(p.to_string()), greedy(32), Some(set.clone())).expect("cpu lora");
-            let b = gpu.generate_blocking_with(Prompt::Text(p.to_string()), greedy(32), Some(set.clone())).expect("gpu lora");
-            let base = cpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("cpu");
-            println!("  (the adapter changes the CPU's output: {})", base.tokens != a.tokens);
-            ok &= compare(&format!("lora prompt {k}"), &cpu, p, &a.tokens, &b.tokens, Some(set.clone()));
-        }
-        drop(cpu);
-
-        if let Some(d) = &diffusion {
-            println!("4. diffusion decoder, 2 prompts");
-            let (dc, _) = load(&model, GpuMode::Off, Some(d));
-            let (dg, _) = load(&model, GpuMode::Cuda, Some(d));
-            for (k, p) in ["The capital of France is", "Water boils at"].iter().enumerate() {
-                let params = GenerateParams {
-                    max_tokens: 32,
-                    sampling: SamplingParams::greedy(),
-                    stop: vec![],
-                    chat_template: None,
-                    diffusion: None,
-                    ..Default::default()
-                };
-                let a = dc.generate_blocking(Prompt::Text(p.to_string()), params.clone()).expect("cpu diffusion");
-                let b = dg.generate_blocking(Prompt::Text(p.to_string()), params).expect("gpu diffusion");
-                let same = a.tokens == b.tokens;
-                println!("  diffusion prompt {k}: {} ({:?} / {:?})", if same { "equal" } else { "DIFFERENT" }, a.text, b.text);
-                ok &= same;
-            }
         }
     }
 
@@ -350,4 +276,122 @@ fn main() {
     if !ok {
         std::process::exit(1);
     }
+}
+
+/// Sections 1-4 of the check: engine `b` (named `b_name`: the GPU, or the perturbed CPU path)
+/// against the CPU engine `cpu`; `diffusion` loads the pair with the diffusion adapter.
+fn correctness(args: &[String], cpu: Engine, gpu: &Engine, b_name: &str, diffusion: Option<impl Fn() -> (Engine, Engine)>) -> bool {
+    let opt = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    let flag = |k: &str| args.iter().any(|a| a == k);
+    let mut ok = true;
+
+    // `--prompts 1,4`: only those prompts (in that order).
+    let picked: Vec<usize> = match args.iter().position(|a| a == "--prompts").and_then(|i| args.get(i + 1)) {
+        Some(list) => list.split(',').map(|k| k.trim().parse().expect("--prompts: indices")).collect(),
+        None => (0..PROMPTS.len()).collect(),
+    };
+    println!("1. greedy, 32 tokens x {} prompts", picked.len());
+    let mut equal = 0;
+    for &k in &picked {
+        let p = PROMPTS[k];
+        let a = cpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("cpu generate");
+        let b = gpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("gpu generate");
+        let same = a.tokens == b.tokens;
+        equal += usize::from(same);
+        ok &= compare(&format!("prompt {k}"), &cpu, b_name, p, &a.tokens, &b.tokens, None);
+        if flag("--trace") {
+            // The prompt and the CPU's tokens scored by both backends in one request each.
+            let mut ids = cpu.tokenize(p, true).expect("tokenize");
+            ids.extend_from_slice(&a.tokens);
+            let (sa, sb) = (score(&cpu, Prompt::Tokens(ids.clone()), None), score(gpu, Prompt::Tokens(ids.clone()), None));
+            let d: Vec<f64> = sa.logprobs.iter().zip(&sb.logprobs).map(|(x, y)| (x - y).abs()).collect();
+            let (imax, max) = d.iter().enumerate().fold((0, 0.0), |m, (i, &v)| if v > m.1 { (i, v) } else { m });
+            let first = d.iter().position(|&v| v > 0.05);
+            println!(
+                "    scored ({} tokens, {} of prompt): max |dlogp| {max:.4} at {}, mean {:.5}, first > 0.05 at {first:?}",
+                ids.len(),
+                ids.len() - a.tokens.len(),
+                imax + 1,
+                d.iter().sum::<f64>() / d.len() as f64
+            );
+        }
+    }
+    println!("  identical: {equal}/{}", picked.len());
+    if flag("--greedy-only") {
+        return equal == picked.len();
+    }
+
+    println!("2. per-token log-probabilities, 512 tokens");
+    let ids = check_ids(&cpu, opt("--text"));
+    let (sa, sb) = (score(&cpu, Prompt::Tokens(ids.clone()), None), score(gpu, Prompt::Tokens(ids.clone()), None));
+    let diffs: Vec<f64> = sa.logprobs.iter().zip(&sb.logprobs).map(|(x, y)| (x - y).abs()).collect();
+    let max = diffs.iter().cloned().fold(0.0, f64::max);
+    let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
+    let top_same = sa.top_tokens.iter().zip(&sb.top_tokens).filter(|(x, y)| x == y).count();
+    println!(
+        "  {} tokens: max |dlogp| {max:.4} nat, mean {mean:.5}; ppl CPU {:.3} {b_name} {:.3}; top-1 equal {top_same}/{}",
+        diffs.len(),
+        sa.perplexity,
+        sb.perplexity,
+        diffs.len()
+    );
+    let mut worst: Vec<usize> = (0..diffs.len()).collect();
+    worst.sort_by(|&x, &y| diffs[y].total_cmp(&diffs[x]));
+    for &i in worst.iter().take(5) {
+        println!(
+            "    token {} (id {}): CPU {:.4} {b_name} {:.4} (|d| {:.4}); top-1 CPU {} {b_name} {}",
+            i + 1,
+            ids[i + 1],
+            sa.logprobs[i],
+            sb.logprobs[i],
+            diffs[i],
+            sa.top_tokens[i],
+            sb.top_tokens[i]
+        );
+    }
+    ok &= max < 0.05 && diffs.len() == ids.len() - 1;
+
+    println!("3. random rank-8 LoRA on every projection, 3 prompts");
+    let set = random_adapter(&cpu, 7);
+    for (k, p) in PROMPTS.iter().take(3).enumerate() {
+        let a = cpu.generate_blocking_with(Prompt::Text(p.to_string()), greedy(32), Some(set.clone())).expect("cpu lora");
+        let b = gpu.generate_blocking_with(Prompt::Text(p.to_string()), greedy(32), Some(set.clone())).expect("gpu lora");
+        let base = cpu.generate_blocking(Prompt::Text(p.to_string()), greedy(32)).expect("cpu");
+        println!("  (the adapter changes the CPU's output: {})", base.tokens != a.tokens);
+        ok &= compare(&format!("lora prompt {k}"), &cpu, b_name, p, &a.tokens, &b.tokens, Some(set.clone()));
+    }
+    drop(cpu);
+
+    if let Some(d) = &diffusion {
+        println!("4. diffusion decoder, 2 prompts");
+        let (dc, dg) = d();
+        for (k, p) in ["The capital of France is", "Water boils at"].iter().enumerate() {
+            let params =
+                GenerateParams { max_tokens: 32, sampling: SamplingParams::greedy(), stop: vec![], chat_template: None, diffusion: None, ..Default::default() };
+            let a = dc.generate_blocking(Prompt::Text(p.to_string()), params.clone()).expect("cpu diffusion");
+            let b = dg.generate_blocking(Prompt::Text(p.to_string()), params).expect("gpu diffusion");
+            let same = a.tokens == b.tokens;
+            println!("  diffusion prompt {k}: {} ({:?} / {:?})", if same { "equal" } else { "DIFFERENT" }, a.text, b.text);
+            ok &= same;
+        }
+    }
+
+    ok
+}
+
+/// A copy of the GGUF at `path` with the f32 tensor `name` multiplied by (1 + eps), in the
+/// system's temporary directory.
+fn perturbed_copy(path: &Path, name: &str, eps: f32) -> PathBuf {
+    let g = ruvllm_core::gguf::GgufFile::open(path).expect("open gguf");
+    let t = g.tensor(name).unwrap_or_else(|| panic!("no tensor {name}"));
+    assert_eq!(t.dtype, ruvllm_core::gguf::GgmlType::F32, "{name} is not f32");
+    let at = (g.data_offset + t.offset) as usize;
+    let mut bytes = std::fs::read(path).expect("read gguf");
+    for c in bytes[at..at + t.size as usize].chunks_exact_mut(4) {
+        let v = f32::from_le_bytes(c.try_into().unwrap()) * (1.0 + eps);
+        c.copy_from_slice(&v.to_le_bytes());
+    }
+    let out = std::env::temp_dir().join(format!("ruvllm-perturbed-{}.gguf", std::process::id()));
+    std::fs::write(&out, bytes).expect("write perturbed gguf");
+    out
 }
