@@ -382,7 +382,9 @@ const f = (x, d = 3) => (Number.isFinite(x) ? x.toFixed(d) : '–')
 const cpu = cpus()[0]?.model ?? 'unknown CPU'
 const last = (phase) => results[phase]?.nll.at(-1)
 const arms = phases.filter((p) => p !== 'local')
+// Without a local arm the arms are compared with the state they all start from (chunk 0 learned).
 const local = results.local ? last('local') : learned.map((l) => l.nll0)
+const localName = results.local ? 'local-only' : 'the chunk-0 state (no local arm run)'
 const beats = (phase, other) => learned.filter((_, i) => last(phase)[i] < other[i]).length
 const bytes = (phase) => mean(results[phase].rounds.flatMap((r) => r.reports.filter(Boolean).map((x) => x.bytesSent)))
 const errs = (phase) => results[phase].rounds.map((r) => Math.max(...r.reports.filter(Boolean).map((x) => x.truncationError)))
@@ -441,13 +443,13 @@ console.log(
     '',
     `| node | base | after chunk 0 | local only | ${arms.map((p) => `federated: ${p}`).join(' | ')} |`,
     `|---|---|---|---|${arms.map(() => '---|').join('')}`,
-    ...learned.map((l, i) => `| ${i} | ${f(l.nllBase)} | ${f(l.nll0)} | ${f(local[i])} | ${arms.map((p) => f(last(p)[i])).join(' | ')} |`),
-    `| mean | ${f(mean(learned.map((l) => l.nllBase)))} | ${f(mean(learned.map((l) => l.nll0)))} | ${f(mean(local))} | ${arms.map((p) => f(mean(last(p)))).join(' | ')} |`,
+    ...learned.map((l, i) => `| ${i} | ${f(l.nllBase)} | ${f(l.nll0)} | ${results.local ? f(local[i]) : '–'} | ${arms.map((p) => f(last(p)[i])).join(' | ')} |`),
+    `| mean | ${f(mean(learned.map((l) => l.nllBase)))} | ${f(mean(learned.map((l) => l.nll0)))} | ${results.local ? f(mean(local)) : '–'} | ${arms.map((p) => f(mean(last(p)))).join(' | ')} |`,
     '',
     `mean held-out NLL after each round: | arm | ${Array.from({ length: R }, (_, r) => `round ${r + 1}`).join(' | ')} |`,
     ...perRoundRows,
     '',
-    ...arms.map((p) => `${p}: beats local-only on ${beats(p, local)}/${N} nodes${p !== 'fedavg' && results.fedavg && p !== 'public' ? `, beats fedavg on ${beats(p, last('fedavg'))}/${N}` : ''}; bytes sent per node per round ${f(bytes(p), 0)}; relative distance from the exact mean per round ${errs(p).map((e) => f(e, 4)).join(', ')}${p === 'public' ? `; epsilon ${f(epsilon)}, withheld ${results.public.rounds[0].reports[0].withheld}` : ''}`),
+    ...arms.map((p) => `${p}: beats ${localName} on ${beats(p, local)}/${N} nodes${p !== 'fedavg' && results.fedavg && p !== 'public' ? `, beats fedavg on ${beats(p, last('fedavg'))}/${N}` : ''}; bytes sent per node per round ${f(bytes(p), 0)}; relative distance from the exact mean per round ${errs(p).map((e) => f(e, 4)).join(', ')}${p === 'public' ? `; epsilon ${f(epsilon)}, withheld ${results.public.rounds[0].reports[0].withheld}` : ''}`),
     ...arms.filter((p) => ['timestep', 'daf'].includes(p) && results.local).map((p) => {
       const [w, gain] = [weightsByNode(p), localGain()]
       return `${p}: each node's mean weight over rounds and buckets ${w.map((x) => x.toFixed(2)).join(' ')}; its gain learning alone (after chunk 0 minus local only) ${gain.map((x) => x.toFixed(3)).join(' ')}; rank correlation ${f(spearman(w, gain), 2)}`
@@ -472,7 +474,7 @@ if (values.json) {
         id: i,
         nllBase: l.nllBase,
         nllChunk0: l.nll0,
-        nllLocal: local[i],
+        nllLocal: results.local ? local[i] : null,
         nllFederated: main ? last(main)[i] : null,
         ...Object.fromEntries(arms.map((p) => [`nll_${p}`, last(p)[i]])),
       })),
