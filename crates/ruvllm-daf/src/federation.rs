@@ -47,8 +47,9 @@ pub struct FederationConfig {
     pub topic: String,
     /// How many rounds' envelopes a node holds to serve peers' catch-up (the newest ones; at
     /// least 1; default 2: the round just run and the one before). Older rounds keep their
-    /// counts, not their bytes: a node offline for longer cannot catch them up from this node. Each round holds every contributor's updates
-    /// (with 8 nodes and a three-bucket TALoRA adapter, ~180 MB).
+    /// counts, not their bytes: a node offline for longer cannot catch them up from this node.
+    /// Each round holds every contributor's updates (with 8 nodes and a three-bucket TALoRA
+    /// adapter, ~180 MB).
     pub keep_rounds: usize,
 }
 

@@ -131,13 +131,23 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The value after flag `k` on the command line.
+fn arg_value(args: &[String], k: &str) -> Option<PathBuf> {
+    args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).map(PathBuf::from)
+}
+
+/// Whether flag `k` is on the command line.
+fn arg_flag(args: &[String], k: &str) -> bool {
+    args.iter().any(|a| a == k)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let model = PathBuf::from(
         args.get(1).expect("usage: gpu_check MODEL.gguf [--diffusion A.gguf] [--text FILE] [--speed-only] [--load-only] [--dump-scores OUT.json [--cpu]] [--prompts 1,4] [--greedy-only] [--trace] [--no-prefix-cache] [--sweep] [--dump-greedy OUT.json [--cpu]] [--compare-greedy A.json B.json]"),
     );
-    let opt = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).map(PathBuf::from);
-    let flag = |k: &str| args.iter().any(|a| a == k);
+    let opt = |k: &str| arg_value(&args, k);
+    let flag = |k: &str| arg_flag(&args, k);
     let diffusion = opt("--diffusion");
 
     if flag("--load-only") {
@@ -219,14 +229,23 @@ fn main() {
         // The check's noise floor: the CPU path against itself with one f32 weight vector
         // (block 0's attention norm) scaled by (1 + EPS), e.g. 2.4e-7 = 2^-22, a change of one to
         // four ulps per element; sections 1-4 as against the GPU, on any machine.
-        let eps: f32 = eps.to_str().and_then(|v| v.parse().ok()).expect("--perturb EPS: a number");
-        let perturbed = perturbed_copy(&model, "blk.0.attn_norm.weight", eps);
+        let Some(eps) = eps.to_str().and_then(|v| v.parse::<f32>().ok()).filter(|e| e.is_finite()) else {
+            eprintln!("gpu_check: --perturb EPS needs a finite number, got {eps:?}");
+            std::process::exit(2);
+        };
+        // Removed when this block ends (or a check panics).
+        let perturbed = match perturbed_copy(&model, "blk.0.attn_norm.weight", eps) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("gpu_check: --perturb: {e}");
+                std::process::exit(2);
+            }
+        };
         let (a, _) = load(&model, GpuMode::Off, None);
-        let (b, _) = load(&perturbed, GpuMode::Off, None);
+        let (b, _) = load(&perturbed.0, GpuMode::Off, None);
         println!("CPU backend: {}; B: the same path, blk.0.attn_norm.weight x (1 + {eps:e})", a.info().backend);
-        let pair = |d: &PathBuf| (load(&model, GpuMode::Off, Some(d)).0, load(&perturbed, GpuMode::Off, Some(d)).0);
+        let pair = |d: &PathBuf| (load(&model, GpuMode::Off, Some(d)).0, load(&perturbed.0, GpuMode::Off, Some(d)).0);
         let ok = correctness(&args, a, &b, "perturbed", diffusion.as_ref().map(|d| move || pair(d)));
-        let _ = std::fs::remove_file(&perturbed);
         println!("{}", if ok { "PERTURBED CHECK: PASS" } else { "PERTURBED CHECK: FAIL" });
         return;
     }
@@ -281,13 +300,12 @@ fn main() {
 /// Sections 1-4 of the check: engine `b` (named `b_name`: the GPU, or the perturbed CPU path)
 /// against the CPU engine `cpu`; `diffusion` loads the pair with the diffusion adapter.
 fn correctness(args: &[String], cpu: Engine, gpu: &Engine, b_name: &str, diffusion: Option<impl Fn() -> (Engine, Engine)>) -> bool {
-    let opt = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).map(PathBuf::from);
-    let flag = |k: &str| args.iter().any(|a| a == k);
+    let flag = |k: &str| arg_flag(args, k);
     let mut ok = true;
 
     // `--prompts 1,4`: only those prompts (in that order).
-    let picked: Vec<usize> = match args.iter().position(|a| a == "--prompts").and_then(|i| args.get(i + 1)) {
-        Some(list) => list.split(',').map(|k| k.trim().parse().expect("--prompts: indices")).collect(),
+    let picked: Vec<usize> = match arg_value(args, "--prompts") {
+        Some(list) => list.to_string_lossy().split(',').map(|k| k.trim().parse().expect("--prompts: indices")).collect(),
         None => (0..PROMPTS.len()).collect(),
     };
     println!("1. greedy, 32 tokens x {} prompts", picked.len());
@@ -318,11 +336,11 @@ fn correctness(args: &[String], cpu: Engine, gpu: &Engine, b_name: &str, diffusi
     }
     println!("  identical: {equal}/{}", picked.len());
     if flag("--greedy-only") {
-        return equal == picked.len();
+        return ok;
     }
 
     println!("2. per-token log-probabilities, 512 tokens");
-    let ids = check_ids(&cpu, opt("--text"));
+    let ids = check_ids(&cpu, arg_value(args, "--text"));
     let (sa, sb) = (score(&cpu, Prompt::Tokens(ids.clone()), None), score(gpu, Prompt::Tokens(ids.clone()), None));
     let diffs: Vec<f64> = sa.logprobs.iter().zip(&sb.logprobs).map(|(x, y)| (x - y).abs()).collect();
     let max = diffs.iter().cloned().fold(0.0, f64::max);
@@ -379,19 +397,31 @@ fn correctness(args: &[String], cpu: Engine, gpu: &Engine, b_name: &str, diffusi
     ok
 }
 
+/// A file removed when dropped (also when a check panics).
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A copy of the GGUF at `path` with the f32 tensor `name` multiplied by (1 + eps), in the
 /// system's temporary directory.
-fn perturbed_copy(path: &Path, name: &str, eps: f32) -> PathBuf {
-    let g = ruvllm_core::gguf::GgufFile::open(path).expect("open gguf");
-    let t = g.tensor(name).unwrap_or_else(|| panic!("no tensor {name}"));
-    assert_eq!(t.dtype, ruvllm_core::gguf::GgmlType::F32, "{name} is not f32");
+fn perturbed_copy(path: &Path, name: &str, eps: f32) -> Result<TempFile, String> {
+    let g = ruvllm_core::gguf::GgufFile::open(path).map_err(|e| format!("{}: [{}] {e}", path.display(), e.code()))?;
+    let t = g.tensor(name).ok_or_else(|| format!("{} has no tensor {name}", path.display()))?;
+    if t.dtype != ruvllm_core::gguf::GgmlType::F32 {
+        return Err(format!("{name} is {:?}, not f32", t.dtype));
+    }
+    let mut bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let at = (g.data_offset + t.offset) as usize;
-    let mut bytes = std::fs::read(path).expect("read gguf");
-    for c in bytes[at..at + t.size as usize].chunks_exact_mut(4) {
-        let v = f32::from_le_bytes(c.try_into().unwrap()) * (1.0 + eps);
+    let data = bytes.get_mut(at..at + t.size as usize).ok_or_else(|| format!("{name} lies outside {}", path.display()))?;
+    for c in data.chunks_exact_mut(4) {
+        let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * (1.0 + eps);
         c.copy_from_slice(&v.to_le_bytes());
     }
-    let out = std::env::temp_dir().join(format!("ruvllm-perturbed-{}.gguf", std::process::id()));
-    std::fs::write(&out, bytes).expect("write perturbed gguf");
-    out
+    let out = TempFile(std::env::temp_dir().join(format!("ruvllm-perturbed-{}.gguf", std::process::id())));
+    std::fs::write(&out.0, bytes).map_err(|e| format!("{}: {e}", out.0.display()))?;
+    Ok(out)
 }
