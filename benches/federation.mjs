@@ -42,8 +42,9 @@
 // published; the others finish both rounds (the first on its round timeout).
 //
 //   npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16]
-//       [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>]
+//       [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs N] [--model <gguf>]
 //       [--diffusion [--elbo-samples 8] [--measure-every-round]] [--quick] [--json]
+// --epochs: passes over each chunk when a node consolidates (default: the learner's own, 2).
 // --quick: 3 nodes, 2 examples per round, 2 rounds, 6 held-out passages, phases local,exact,fedavg.
 // --json: the summary as one JSON object on the last line of stdout.
 import { cpSync, mkdtempSync, rmSync } from 'node:fs'
@@ -70,7 +71,7 @@ const { values } = parseArgs({
     heldout: { type: 'string' },
     phases: { type: 'string' },
     'no-dropout': { type: 'boolean' },
-    epochs: { type: 'string', default: '1' },
+    epochs: { type: 'string' },
     'global-rank': { type: 'string', default: '64' },
     'server-lr': { type: 'string', default: '1' },
     'timeout-ms': { type: 'string', default: '300000' },
@@ -84,7 +85,7 @@ const { values } = parseArgs({
     help: { type: 'boolean' },
   },
 })
-const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs 1] [--model <gguf>] [--diffusion [--elbo-samples 8] [--measure-every-round]] [--quick] [--json]'
+const USAGE = 'npx ruvllm bench federation [--nodes 8] [--examples 4] [--rounds 3] [--heldout 16] [--phases local,exact,fedavg,public] [--global-rank 64] [--server-lr 1] [--no-dropout] [--epochs N] [--model <gguf>] [--diffusion [--elbo-samples 8] [--measure-every-round]] [--quick] [--json]'
 if (values.help) {
   console.log(USAGE)
   process.exit(0)
@@ -97,7 +98,10 @@ const nHeld = Number(values.heldout ?? (quick ? 6 : 16))
 const diffusion = Boolean(values.diffusion)
 const phases = (values.phases ?? (diffusion ? (quick ? 'local,exact,timestep' : 'local,exact,timestep,daf') : quick ? 'local,exact,fedavg' : `local,exact,fedavg${N >= 5 ? ',public' : ''}`)).split(',')
 const dropout = !values['no-dropout'] && N >= 3 && !diffusion
-for (const [k, v, min] of [['nodes', N, 1], ['examples', perRound, 1], ['rounds', R, 1], ['heldout', nHeld, 1], ['global-rank', Number(values['global-rank']), 1]]) {
+// Passes over each chunk per consolidate(); unset: the learner's default (2).
+const epochs = values.epochs === undefined ? undefined : Number(values.epochs)
+const epochsText = epochs === undefined ? "the learner's default epochs (2)" : `${epochs} epoch${epochs === 1 ? '' : 's'} per chunk`
+for (const [k, v, min] of [['nodes', N, 1], ['examples', perRound, 1], ['rounds', R, 1], ['heldout', nHeld, 1], ['global-rank', Number(values['global-rank']), 1], ...(epochs === undefined ? [] : [['epochs', epochs, 1]])]) {
   if (!Number.isInteger(v) || v < min) {
     console.error(`bench federation: --${k} must be an integer ≥ ${min}\n${USAGE}`)
     process.exit(2)
@@ -153,7 +157,7 @@ async function child(index) {
   const dir = join(base, 'learned')
   const start = join(base, 'chunk0')
   const send = (m) => process.stdout.write(JSON.stringify(m) + '\n')
-  const load = () => LLM.load(model, { threads: 1, contextSize: 512, learning: { dir, background: false, epochs: Number(values.epochs), federate: true } })
+  const load = () => LLM.load(model, { threads: 1, contextSize: 512, learning: { dir, background: false, ...(epochs ? { epochs } : {}), federate: true } })
   const learn = async (r) => {
     const t = performance.now()
     for (const ex of chunk(r)) {
@@ -293,7 +297,7 @@ const expect = async (proc, type) => {
 const all = (ps, cmd, type) => Promise.all(ps.map((p) => (p.send(cmd), expect(p, type))))
 const log = (s) => process.stderr.write(`bench federation: ${s}\n`)
 
-log(`${N} nodes, ${R} rounds of ${perRound} feedback examples per node, ${nHeld} held-out passages; phases ${phases.join(', ')}${dropout ? ', dropout' : ''}; global rank ${values['global-rank']}, server learning rate ${serverLr}`)
+log(`${N} nodes, ${R} rounds of ${perRound} feedback examples per node, ${nHeld} held-out passages; ${epochsText}; phases ${phases.join(', ')}${dropout ? ', dropout' : ''}; global rank ${values['global-rank']}, server learning rate ${serverLr}`)
 const learned = await Promise.all(procs.map((p) => expect(p, 'learned')))
 log(`chunk 0 learned in ${secs()} s`)
 
@@ -436,10 +440,32 @@ const spearman = (xs, ys) => {
   const sd = (v, m) => Math.sqrt(mean(v.map((x) => (x - m) ** 2)))
   return cov / (sd(a, ma) * sd(b, mb))
 }
+// An arm's mean held-out NLL after each round (null where a round was not measured). Round 1
+// learns nothing new (chunk 0 was learned before it): it is where federation first applies.
+const roundMeans = (p) => results[p].nll.map((r) => (r.some((x) => x === null) ? null : mean(r)))
+// Rounds to converge: the first round that lowered the arm's mean held-out NLL by less than 1 %
+// of the round before's (null: every round lowered it by more; undefined: not every round was
+// measured).
+const CONVERGED = 0.01
+const roundsToConverge = (p) => {
+  const m = roundMeans(p)
+  if (m.includes(null)) return undefined
+  const i = m.findIndex((x, i) => i > 0 && m[i - 1] - x < CONVERGED * m[i - 1])
+  return i < 0 ? null : i + 1
+}
+// The first round after which the arm's mean is at or below local-only's after its last round.
+const roundsToLocal = (p) => {
+  const m = roundMeans(p)
+  if (m.includes(null)) return undefined
+  const i = m.findIndex((x) => x <= mean(local))
+  return i < 0 ? null : i + 1
+}
+const roundsText = (n) => (n === undefined ? '– (not measured every round)' : (n ?? `not within ${R}`))
+const convArms = (results.local ? ['local'] : []).concat(arms.filter((p) => p !== 'public'))
 const perRoundRows = arms.concat(results.local ? ['local'] : []).map((p) => `| ${p} | ${results[p].nll.map((r) => (r.some((x) => x === null) ? '–' : f(mean(r)))).join(' | ')} |`)
 console.log(
   [
-    `${cpu}; ${diffusion ? 'gemma-3-270m-diffusion (TALoRA, 3 timestep buckets; NLL = ELBO per token)' : 'autoregressive model (SONA BaseLoRA)'}; ${N} node processes, 1 engine thread each; ${R} rounds × ${perRound} feedback examples per node (${R * perRound} in all, every arm), ${nHeld} held-out passages; global rank ${values['global-rank']}, server learning rate ${serverLr}`,
+    `${cpu}; ${diffusion ? 'gemma-3-270m-diffusion (TALoRA, 3 timestep buckets; NLL = ELBO per token)' : 'autoregressive model (SONA BaseLoRA)'}; ${N} node processes, 1 engine thread each; ${R} rounds × ${perRound} feedback examples per node (${R * perRound} in all, every arm), ${nHeld} held-out passages; ${epochsText}; global rank ${values['global-rank']}, server learning rate ${serverLr}`,
     '',
     `| node | base | after chunk 0 | local only | ${arms.map((p) => `federated: ${p}`).join(' | ')} |`,
     `|---|---|---|---|${arms.map(() => '---|').join('')}`,
@@ -460,6 +486,7 @@ console.log(
         const w = results[p].rounds.at(-1).reports.find(Boolean)?.buckets ?? []
         return `${p} vs FedAvg weighting (exact): mean ${f(mean(last(p)) - mean(last('exact')), 4)} nats, better on ${beats(p, last('exact'))}/${N} nodes; last round's weights per bucket ${w.map((b) => `[${b.weights.map((x) => x.toFixed(2)).join(' ')}]`).join(' ')}`
       }),
+    `rounds to converge (the first round lowering the mean held-out NLL by < 1 %): ${convArms.map((p) => `${p} ${roundsText(roundsToConverge(p))}`).join(', ')}${results.local ? `; rounds to reach local-only's mean after round ${R}: ${convArms.filter((p) => p !== 'local').map((p) => `${p} ${roundsText(roundsToLocal(p))}`).join(', ')}` : ''}`,
     privateBytes !== null ? `private (local arm): bytes on the wire over ${R} rounds × ${N} nodes: ${privateBytes}` : '',
     attack ? `adversary (node 0, after the exact arm's last round): ${attack.sent} bad envelopes published, ${attack.rejected} rejections at ${attack.receivedBy}/${N - 1} honest nodes (${JSON.stringify(attack.reasons)}), ${attack.accepted} accepted` : '',
     ...(drop ?? []).map((d) => `dropout: node ${d.killed} killed ${d.when} publishing; ${d.finished} nodes finished the round${d.errors.length ? ` (${d.errors.length} failed: ${d.errors.join(', ')})` : ''} (${d.applied} applied, ${d.contributors} contributors, timed out: ${d.timedOut}, ${d.adapters} distinct adapters)`),
@@ -488,8 +515,11 @@ if (values.json) {
       examplesPerRound: perRound,
       globalRank: Number(values['global-rank']),
       serverLr,
+      epochs: epochs ?? null,
       bytesPerRound: main ? bytes(main) : 0,
       perRound: Object.fromEntries(Object.entries(results).filter(([p]) => p !== 'dropout').map(([p, r]) => [p, r.nll.map((x) => (x.some((v) => v === null) ? null : mean(x)))])),
+      roundsToConverge: Object.fromEntries(convArms.map((p) => [p, roundsToConverge(p) ?? null])),
+      roundsToLocal: results.local ? Object.fromEntries(convArms.filter((p) => p !== 'local').map((p) => [p, roundsToLocal(p) ?? null])) : null,
       distanceFromExact: Object.fromEntries(arms.map((p) => [p, errs(p)])),
       meanWeights: results.local ? Object.fromEntries(arms.filter((p) => ['timestep', 'daf'].includes(p)).map((p) => [p, weightsByNode(p)])) : null,
       dropout: drop ?? null,
