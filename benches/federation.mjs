@@ -157,7 +157,7 @@ async function child(index) {
   const dir = join(base, 'learned')
   const start = join(base, 'chunk0')
   const send = (m) => process.stdout.write(JSON.stringify(m) + '\n')
-  const load = () => LLM.load(model, { threads: 1, contextSize: 512, learning: { dir, background: false, ...(epochs ? { epochs } : {}), federate: true } })
+  const load = () => LLM.load(model, { threads: 1, contextSize: 512, learning: { dir, background: false, ...(epochs === undefined ? {} : { epochs }), federate: true } })
   const learn = async (r) => {
     const t = performance.now()
     for (const ex of chunk(r)) {
@@ -455,14 +455,14 @@ const roundsToConverge = (p) => {
 }
 // The first round after which the arm's mean is at or below local-only's after its last round.
 const roundsToLocal = (p) => {
-  const m = roundMeans(p)
+  const [m, target] = [roundMeans(p), mean(local)]
   if (m.includes(null)) return undefined
-  const i = m.findIndex((x) => x <= mean(local))
+  const i = m.findIndex((x) => x <= target)
   return i < 0 ? null : i + 1
 }
 const roundsText = (n) => (n === undefined ? '– (not measured every round)' : (n ?? `not within ${R}`))
 const convArms = (results.local ? ['local'] : []).concat(arms.filter((p) => p !== 'public'))
-const perRoundRows = arms.concat(results.local ? ['local'] : []).map((p) => `| ${p} | ${results[p].nll.map((r) => (r.some((x) => x === null) ? '–' : f(mean(r)))).join(' | ')} |`)
+const perRoundRows = arms.concat(results.local ? ['local'] : []).map((p) => `| ${p} | ${roundMeans(p).map((x) => (x === null ? '–' : f(x))).join(' | ')} |`)
 console.log(
   [
     `${cpu}; ${diffusion ? 'gemma-3-270m-diffusion (TALoRA, 3 timestep buckets; NLL = ELBO per token)' : 'autoregressive model (SONA BaseLoRA)'}; ${N} node processes, 1 engine thread each; ${R} rounds × ${perRound} feedback examples per node (${R * perRound} in all, every arm), ${nHeld} held-out passages; ${epochsText}; global rank ${values['global-rank']}, server learning rate ${serverLr}`,
@@ -517,7 +517,7 @@ if (values.json) {
       serverLr,
       epochs: epochs ?? null,
       bytesPerRound: main ? bytes(main) : 0,
-      perRound: Object.fromEntries(Object.entries(results).filter(([p]) => p !== 'dropout').map(([p, r]) => [p, r.nll.map((x) => (x.some((v) => v === null) ? null : mean(x)))])),
+      perRound: Object.fromEntries(Object.keys(results).filter((p) => p !== 'dropout').map((p) => [p, roundMeans(p)])),
       roundsToConverge: Object.fromEntries(convArms.map((p) => [p, roundsToConverge(p) ?? null])),
       roundsToLocal: results.local ? Object.fromEntries(convArms.filter((p) => p !== 'local').map((p) => [p, roundsToLocal(p) ?? null])) : null,
       distanceFromExact: Object.fromEntries(arms.map((p) => [p, errs(p)])),

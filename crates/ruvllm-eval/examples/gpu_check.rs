@@ -305,7 +305,14 @@ fn correctness(args: &[String], cpu: Engine, gpu: &Engine, b_name: &str, diffusi
 
     // `--prompts 1,4`: only those prompts (in that order).
     let picked: Vec<usize> = match arg_value(args, "--prompts") {
-        Some(list) => list.to_string_lossy().split(',').map(|k| k.trim().parse().expect("--prompts: indices")).collect(),
+        Some(list) => {
+            let parsed: Option<Vec<usize>> = list.to_string_lossy().split(',').map(|k| k.trim().parse().ok().filter(|&k: &usize| k < PROMPTS.len())).collect();
+            let Some(picked) = parsed else {
+                eprintln!("gpu_check: --prompts needs comma-separated indices below {}, got {list:?}", PROMPTS.len());
+                std::process::exit(2);
+            };
+            picked
+        }
         None => (0..PROMPTS.len()).collect(),
     };
     println!("1. greedy, 32 tokens x {} prompts", picked.len());
