@@ -2,11 +2,14 @@
 // gpu: 'cuda' and gpu: false, greedy 32 tokens on three prompts on both (where the two part,
 // the position is printed: examples/gpu_check.rs shows such partings are near-ties), streaming
 // from the GPU, and decode speed as the API reports it. Fails when the GPU gives no text.
+// With RUVLLM_CUDA_EXACT=1 RUVLLM_FORCE_SCALAR=1 (the CUDA reference mode against the CPU's
+// scalar path, `scripts/gpu-check.sh exact`) every greedy prompt and a sampled text must be equal.
 // Usage: node benches/gpu.mjs MODEL.gguf
 import { createRequire } from 'node:module'
 const require = createRequire(import.meta.url)
 const { LLM } = require('../index.js')
 
+const exact = process.env.RUVLLM_CUDA_EXACT === '1'
 const model = process.argv[2]
 if (!model) throw new Error('usage: node benches/gpu.mjs MODEL.gguf')
 const gpu = await LLM.load(model, { gpu: 'cuda', contextSize: 2048 })
@@ -39,6 +42,12 @@ console.log(`js: streamed ${JSON.stringify(streamed)}`)
 const withCpu = await decodeSpeed()
 const sampled = await gpu.generate('Once upon a time', { maxTokens: 64, temperature: 0.8, seed: 1 })
 console.log(`js: sampled (temperature 0.8) ${sampled.timings.decodeTokensPerSecond.toFixed(0)} tok/s`)
+if (exact) {
+  const onCpu = await cpu.generate('Once upon a time', { maxTokens: 64, temperature: 0.8, seed: 1 })
+  const sampledEq = onCpu.text === sampled.text
+  console.log(`js: reference mode: greedy equal ${same}/${prompts.length}, sampled text ${sampledEq ? 'equal' : 'DIFFERENT'} ${JSON.stringify(sampled.text)}`)
+  if (same !== prompts.length || !sampledEq) throw new Error('the reference mode parted from the CPU path')
+}
 console.log(`js: decode ${alone.toFixed(0)} tok/s with the GPU model alone, ${withCpu.toFixed(0)} with a CPU model loaded too (median of 4, 128 tokens); equal ${same}/${prompts.length}`)
 await gpu.close?.()
 await cpu.close?.()

@@ -11,6 +11,10 @@
 #                          criteria for the CPU path against itself with one weight vector
 #                          perturbed by a few ulps (`--perturb`: the check's noise floor), and
 #                          the JavaScript API on the GPU (benches/gpu.mjs)
+#   gpu-check.sh exact     the reference mode (RUVLLM_CUDA_EXACT=1) against the CPU's scalar path
+#                          (RUVLLM_FORCE_SCALAR=1): every operation on random inputs
+#                          (examples/gpu_exact_ops.rs, no model needed), then the check's
+#                          criteria on the model (gpu_check), where both must be bit-identical
 #   gpu-check.sh bench     speed: ours and llama-bench alternately in fresh processes (3 rounds),
 #                          peak device memory and load time of each; prints the table last.
 #                          ALTS="VAR=value ..." adds one arm per setting to every round (A/B)
@@ -42,7 +46,7 @@ put)
         tar xJf "$dir/$f" -C "$WORK"
         (cd "$WORK/llama.cpp" && setsid nohup bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && cmake --build build --target llama-bench -j16 >> build.log 2>&1; echo done $? >> build.log' > /dev/null 2>&1 &) ;;
       node.xz) xz -dc "$dir/$f" > "$WORK/node" && chmod +x "$WORK/node" ;;
-      gpu_check*.xz) xz -dc "$dir/$f" > "$WORK/${f%.xz}" && chmod +x "$WORK/${f%.xz}" ;;
+      gpu_*.xz) xz -dc "$dir/$f" > "$WORK/${f%.xz}" && chmod +x "$WORK/${f%.xz}" ;;
       ruvllm.node.xz) xz -dc "$dir/$f" > "$WORK/ruvllm.linux-x64-gnu.node" ;;
       *.txt) cp "$dir/$f" "$WORK/$f" ;;
       *) echo "unknown piece $f" >&2; exit 1 ;;
@@ -61,6 +65,22 @@ check)
   # moved by 2^-22 (one to four ulps), here and 2^-22 the other way.
   for eps in 2.4e-7 -2.4e-7; do "$WORK/gpu_check" "$WORK/model.gguf" --perturb $eps --diffusion "$D" ${TEXT:+--text "$TEXT"}; done
   "$WORK/node" benches/gpu.mjs "$WORK/model.gguf"
+  exit $rc
+  ;;
+exact)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  export RUVLLM_CUDA_EXACT=1 RUVLLM_FORCE_SCALAR=1
+  rc=0
+  "$WORK/gpu_exact_ops" || rc=$?
+  if [ -s "$WORK/model.gguf" ]; then
+    sha256sum "$WORK/model.gguf"
+    D=crates/ruvllm-models/data/diffusion/gemma-3-270m-diffusion/lora.gguf
+    "$WORK/gpu_check" "$WORK/model.gguf" --diffusion "$D" ${TEXT:+--text "$TEXT"} || rc=$?
+    if [ -x "$WORK/node" ]; then
+      cp "$WORK/ruvllm.linux-x64-gnu.node" ./ruvllm.linux-x64-gnu.node
+      "$WORK/node" benches/gpu.mjs "$WORK/model.gguf" || rc=$?
+    fi
+  fi
   exit $rc
   ;;
 bench)

@@ -2,8 +2,8 @@
 # Makes the pieces scripts/gpu-check.sh puts together on the GPU machine, in .gpu/cNN folders of
 # at most ~37 MB (a device command carries 64 MiB with the checkout): llama.cpp's source (from
 # PyPI's llama-cpp-python sdist) with the first model bytes, the model in parts, then node, the
-# gpu_check example and the addon (built with `npm run build` and
-# `cargo build --release -p ruvllm-eval --example gpu_check` first).
+# gpu_check example (and gpu_exact_ops, where built) and the addon (built with `npm run build`
+# and `cargo build --release -p ruvllm-eval --example gpu_check --example gpu_exact_ops` first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:?usage: gpu-pack.sh MODEL.gguf LLAMA_TAR_XZ}
@@ -21,6 +21,7 @@ d=$(printf ".gpu/c%02d" $i); mkdir -p $d
 [ -f .gpu/node.xz ] || xz -9 -T2 -c "$(readlink -f "$(command -v node)")" > .gpu/node.xz
 cp .gpu/node.xz $d/node.xz
 xz -6 -c target/release/examples/gpu_check > $d/gpu_check.xz
+[ -f target/release/examples/gpu_exact_ops ] && xz -6 -c target/release/examples/gpu_exact_ops > $d/gpu_exact_ops.xz
 xz -6 -c ruvllm.linux-x64-gnu.node > $d/ruvllm.node.xz
 # The natural text the log-probability comparison can use (`benches/text.mjs` fetches it).
 [ -f "$HOME/.cache/ruvllm-bench/hamlet.txt" ] && cp "$HOME/.cache/ruvllm-bench/hamlet.txt" $d/hamlet.txt

@@ -372,7 +372,7 @@ fn exp_nonpositive(x: f32) -> f32 {
 }
 
 /// Index of the largest logit (the first on ties), ignoring NaN; 0 when there is none.
-pub(crate) fn argmax(logits: &[f32]) -> u32 {
+pub fn argmax(logits: &[f32]) -> u32 {
     // The largest non-NaN logit, 16 lanes at a time (a NaN never compares greater, so it is
     // skipped), then its first position: 262,144 logits in ~14 µs instead of ~180 µs.
     let mut lanes = [f32::NEG_INFINITY; 16];

@@ -245,7 +245,8 @@ fn calibration(conf: &[f32], ok: &[bool]) -> Calibration {
     Calibration { buckets, ece, mean_confidence: conf.iter().map(|&c| c as f64).sum::<f64>() / n, brier }
 }
 
-struct Rng(u64);
+/// A small xorshift generator (deterministic inputs for benches and checks).
+pub struct Rng(pub u64);
 impl Rng {
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
@@ -253,7 +254,8 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0
     }
-    fn unif(&mut self) -> f32 {
+    /// Uniform in (0, 1).
+    pub fn unif(&mut self) -> f32 {
         ((self.next() >> 40) as f32 + 0.5) / (1u64 << 24) as f32
     }
     fn gauss(&mut self) -> f32 {

@@ -210,13 +210,7 @@ pub trait Backend {
     /// `next` is given, `Xn = RMSNorm(X, next)` (the next block's input norm). A GPU runs it as
     /// one kernel.
     fn residual_norm(&mut self, post: Option<&[f32]>, next: Option<&[f32]>, eps: f32, n: usize) {
-        if let Some(w) = post {
-            self.rms_norm(Buf::Proj, Buf::Proj, w, eps, n);
-        }
-        self.add(Buf::X, Buf::Proj, n);
-        if let Some(w) = next {
-            self.rms_norm(Buf::X, Buf::Xn, w, eps, n);
-        }
+        residual_steps(self, post, next, eps, n);
     }
     /// Between the Q/K/V products and attention: the per-head norms of `Q` and `K` (when
     /// given), RoPE of both at positions `pos0..`, and the store of `K` and `V` in `cache`. A
@@ -233,15 +227,7 @@ pub trait Backend {
         pos0: usize,
         n: usize,
     ) {
-        if let Some(w) = q_norm {
-            self.rms_norm(Buf::Q, Buf::Q, w, eps, n);
-        }
-        if let Some(w) = k_norm {
-            self.rms_norm(Buf::K, Buf::K, w, eps, n);
-        }
-        self.rope(rope, Buf::Q, head_dim, pos0, n);
-        self.rope(rope, Buf::K, head_dim, pos0, n);
-        self.store_kv(cache, pos0, n);
+        qk_rope_store_steps(self, QkNorms { q: q_norm, k: k_norm, eps }, rope, head_dim, cache, pos0, n);
     }
 
     /// Whether [`segment_attention`](Backend::segment_attention) takes rows other than from
@@ -317,4 +303,36 @@ pub trait Backend {
     fn status(&mut self) -> crate::Result<()> {
         Ok(())
     }
+}
+
+/// [`Backend::residual_norm`] as its separate operations (the default; a GPU's reference mode).
+pub(crate) fn residual_steps<B: Backend + ?Sized>(b: &mut B, post: Option<&[f32]>, next: Option<&[f32]>, eps: f32, n: usize) {
+    if let Some(w) = post {
+        b.rms_norm(Buf::Proj, Buf::Proj, w, eps, n);
+    }
+    b.add(Buf::X, Buf::Proj, n);
+    if let Some(w) = next {
+        b.rms_norm(Buf::X, Buf::Xn, w, eps, n);
+    }
+}
+
+/// [`Backend::qk_rope_store`] as its separate operations (the default; a GPU's reference mode).
+pub(crate) fn qk_rope_store_steps<B: Backend + ?Sized>(
+    b: &mut B,
+    norms: QkNorms,
+    rope: &RopeTable,
+    head_dim: usize,
+    cache: &mut LayerCache,
+    pos0: usize,
+    n: usize,
+) {
+    if let Some(w) = norms.q {
+        b.rms_norm(Buf::Q, Buf::Q, w, norms.eps, n);
+    }
+    if let Some(w) = norms.k {
+        b.rms_norm(Buf::K, Buf::K, w, norms.eps, n);
+    }
+    b.rope(rope, Buf::Q, head_dim, pos0, n);
+    b.rope(rope, Buf::K, head_dim, pos0, n);
+    b.store_kv(cache, pos0, n);
 }

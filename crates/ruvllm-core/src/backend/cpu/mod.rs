@@ -78,6 +78,18 @@ impl CpuBackend {
         &self.pool
     }
 
+    /// Overwrites the first rows of buffer `b` with `data` (op-level tests across backends).
+    #[doc(hidden)]
+    pub fn write_buf(&mut self, b: Buf, data: &[f32]) {
+        self.bufs[b.index()][..data.len()].copy_from_slice(data);
+    }
+
+    /// The first `n` rows of buffer `b` (op-level tests across backends).
+    #[doc(hidden)]
+    pub fn read_buf(&mut self, b: Buf, n: usize) -> Vec<f32> {
+        self.rows(b, n).to_vec()
+    }
+
     /// The first `n` rows of `b`.
     fn rows(&self, b: Buf, n: usize) -> &[f32] {
         &self.bufs[b.index()][..n * self.widths.of(b)]

@@ -2114,3 +2114,6 @@ extern "C" __global__ void argmax2(const float* pv, const int* pi, int parts, in
         if (step[3] & STEP_KEEP_PICK) out[2] = out[0];
     }
 }
+
+// The reference mode's kernels (RUVLLM_CUDA_EXACT=1).
+#include "reference.cu"

@@ -456,6 +456,13 @@ pub struct CudaBackend {
     /// `RUVLLM_CUDA_CARVEOUT=<percent>`: one shared-memory carveout for every kernel (so the
     /// multiprocessors need not reconfigure L1 between kernels of different needs).
     carveout: Option<i32>,
+    /// `RUVLLM_CUDA_EXACT=1`: the reference mode (`reference.cu`): every operation as the CPU's
+    /// scalar reference path does it, in its order, so the logits equal the CPU's
+    /// (`RUVLLM_FORCE_SCALAR=1`, or the portable kernels) bit for bit. No fusion, graphs, MMQ or
+    /// PDL; one thread per output element: a correctness tool, many times slower.
+    exact: bool,
+    /// The reference attention's score rows (n × heads × span), grown on use.
+    ref_scores: Option<DevMem>,
     error: Option<Error>,
 }
 
@@ -480,14 +487,15 @@ impl CudaBackend {
                 .map_err(|e| unavailable(format!("cannot load ruvllm's GPU kernels on {desc}: {e}")))?;
             check(api, "cuStreamCreate", (api.stream_create)(&mut stream, driver::STREAM_NON_BLOCKING)).map_err(|e| gpu_error(&e))?;
         }
-        let graphs_on = env_on("RUVLLM_CUDA_GRAPHS");
+        let exact = std::env::var("RUVLLM_CUDA_EXACT").is_ok_and(|v| v == "1");
+        let graphs_on = env_on("RUVLLM_CUDA_GRAPHS") && !exact;
         // On unless `RUVLLM_CUDA_PDL=0`: with each kernel letting its dependents start only once
         // it has passed its own wait (see kernels.cu), an H200 decode step takes ~740 against
         // ~818 us of device time and prefill is unchanged. (Letting them start first made decode
         // slower and prefill 1.7x as long: chains of early-started kernels held the
         // multiprocessors while they waited.)
         let pdl_env = std::env::var("RUVLLM_CUDA_PDL").unwrap_or_default();
-        let pdl = dev.major >= 9 && api.launch_kernel_ex.is_some() && pdl_env != "0";
+        let pdl = dev.major >= 9 && api.launch_kernel_ex.is_some() && pdl_env != "0" && !exact;
         let pdl_decode_only = pdl_env == "decode";
         let mut evs = [std::ptr::null_mut(); 4];
         for e in evs.iter_mut() {
@@ -528,11 +536,11 @@ impl CudaBackend {
             pass_pick: false,
             pick_kernel: env_on("RUVLLM_CUDA_PICK_KERNEL"),
             ahead_on: env_on("RUVLLM_CUDA_AHEAD"),
-            mma: std::env::var("RUVLLM_CUDA_MMA").is_ok_and(|v| v == "1"),
-            mmq: env_on("RUVLLM_CUDA_MMQ"),
+            mma: std::env::var("RUVLLM_CUDA_MMA").is_ok_and(|v| v == "1") && !exact,
+            mmq: env_on("RUVLLM_CUDA_MMQ") && !exact,
             mmq_types: std::env::var("RUVLLM_CUDA_MMQ_TYPES").ok(),
             prefill_splits: std::env::var("RUVLLM_CUDA_PREFILL_SPLITS").ok().and_then(|v| v.parse().ok()).filter(|c| (1..=32).contains(c)),
-            fuse_head: env_on("RUVLLM_CUDA_FUSE_HEAD"),
+            fuse_head: env_on("RUVLLM_CUDA_FUSE_HEAD") && !exact,
             head_blocks: env_count("RUVLLM_CUDA_HEAD_BLOCKS", 1..=HEAD_BLOCKS_MAX, HEAD_BLOCKS),
             head2_blocks: env_on("RUVLLM_CUDA_HEAD2").then(|| {
                 let sms = usize::try_from(dev.sm_count).unwrap_or(0).max(1);
@@ -564,13 +572,54 @@ impl CudaBackend {
             head_counter: None,
             timing,
             pending_res: None,
-            fuse_res: std::env::var("RUVLLM_CUDA_FUSE").map(|v| v != "0" && v != "qk").unwrap_or(true),
-            fuse_qk: std::env::var("RUVLLM_CUDA_FUSE").is_ok_and(|v| v == "qk" || v == "all"),
+            fuse_res: std::env::var("RUVLLM_CUDA_FUSE").map(|v| v != "0" && v != "qk").unwrap_or(true) && !exact,
+            fuse_qk: std::env::var("RUVLLM_CUDA_FUSE").is_ok_and(|v| v == "qk" || v == "all") && !exact,
             x_alt: false,
             x2: None,
             carveout: std::env::var("RUVLLM_CUDA_CARVEOUT").ok().and_then(|v| v.parse().ok()),
+            exact,
+            ref_scores: None,
             error: None,
         })
+    }
+
+    /// Overwrites the first rows of buffer `b` with `data`, after the work sent so far (op-level
+    /// tests across backends).
+    #[doc(hidden)]
+    pub fn write_buf(&mut self, b: Buf, data: &[f32]) {
+        self.flush();
+        self.sync();
+        let p = self.buf(b);
+        // SAFETY: reinterpreting f32s as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
+        if p != 0 && data.len() <= self.max_batch * self.widths.of(b) {
+            self.upload(p, bytes);
+        }
+    }
+
+    /// The first `n` rows of buffer `b` once the work sent so far is done (op-level tests across
+    /// backends); empty after a failure.
+    #[doc(hidden)]
+    pub fn read_buf(&mut self, b: Buf, n: usize) -> Vec<f32> {
+        self.flush();
+        self.sync();
+        let len = (n * self.widths.of(b)).min(self.max_batch * self.widths.of(b));
+        let mut out = vec![0f32; len];
+        let src = self.buf(b);
+        if self.ok() && src != 0 {
+            self.current();
+            // SAFETY: a copy of `len` floats into our vector, waited for below.
+            let r = unsafe { (self.api.memcpy_dtoh_async)(out.as_mut_ptr() as *mut c_void, src, len * 4, self.stream) };
+            if let Err(e) = check(self.api, "cuMemcpyDtoH", r) {
+                self.fail(gpu_error(&e));
+            }
+            self.sync();
+        }
+        if self.ok() {
+            out
+        } else {
+            Vec::new()
+        }
     }
 
     /// The widest input of a product (the activation buffer holds `max_batch` of them).
@@ -991,6 +1040,13 @@ impl CudaBackend {
     fn products(&mut self, ws: &[&QWeight], src: Buf, dsts: &[Buf], n: usize) {
         let cols = ws[0].cols;
         let x = self.buf(src);
+        if self.exact {
+            for (w, &d) in ws.iter().zip(dsts) {
+                let y = self.buf(d);
+                self.ref_product(w, x, y, n);
+            }
+            return;
+        }
         let mut up = Vec::with_capacity(ws.len());
         for w in ws {
             match self.weight(w) {
@@ -1152,6 +1208,9 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn attention_launch(&mut self, cache: &LayerCache, shape: AttnShape, mask: AttentionMask, window: Option<usize>, pos0: usize, n: usize, fuse: [u64; 8]) {
         self.begin_pass(pos0, n);
+        if self.exact {
+            return self.ref_attention(cache, shape, mask, window, pos0, n);
+        }
         let Some(d) = self.device_rows(cache) else { return };
         let g = shape.n_head / shape.n_kv_head.max(1);
         if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || g > 8 || g == 0 {
@@ -1225,6 +1284,87 @@ impl CudaBackend {
         self.push(name, [splits as u32, shape.n_kv_head as u32, n as u32], 256, args.words(&fuse));
     }
 
+    /// Reference mode: `y = W·x` for `n` rows as the CPU's scalar path computes it
+    /// (`reference.cu`): the activations quantized as `matmul` does for the weight's type
+    /// (Q8_0 blocks, or Q8_K for the K-quants) into the activation buffer, then one thread per
+    /// (row, token) with the scalar dot product's sums in order.
+    fn ref_product(&mut self, w: &QWeight, x: CUdeviceptr, y: CUdeviceptr, n: usize) {
+        let (rows, cols) = (w.rows, w.cols);
+        // Kernel suffix, and how the activations are quantized: (block elements, block bytes,
+        // kernel); none for the float formats.
+        let q8 = Some((32, 36, "ref_act_q8"));
+        let q8k = Some((256, 292, "ref_act_q8k"));
+        let (suffix, quant) = match w.ty {
+            GgmlType::Q8_0 => ("q8_0r", q8),
+            GgmlType::Q4_0 => ("q4_0", q8),
+            GgmlType::Q5_0 => ("q5_0", q8),
+            GgmlType::Q4_K => ("q4_k", q8k),
+            GgmlType::Q6_K => ("q6_k", q8k),
+            GgmlType::F32 => ("f32", None),
+            GgmlType::F16 => ("f16", None),
+            other => {
+                let msg =
+                    format!("the CUDA reference mode (RUVLLM_CUDA_EXACT) does not run {} weights (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, F32, F16 only)", other.name());
+                self.fail(Error::Gpu { code: "ERR_GPU", msg });
+                return;
+            }
+        };
+        let Some((wp, rb)) = self.weight(w) else { return };
+        let act = Self::ptr_of(&self.act_buf);
+        let mut stride = 0;
+        if let Some((block, block_bytes, kernel)) = quant {
+            let blocks = n * cols / block;
+            self.push(kernel, [Self::blocks(blocks, 128), 1, 1], 128, Args::new().ptr(x).ptr(act).i32(blocks as i32));
+            stride = cols / block * block_bytes;
+        }
+        let args = Args::new().ptr(wp).i64(rb as i64).i32(rows as i32).ptr(act).i64(stride as i64).ptr(x).i32(cols as i32).ptr(y);
+        self.push(&format!("ref_mv_{suffix}"), [Self::blocks(rows, 128), n as u32, 1], 128, args);
+    }
+
+    /// Reference mode: attention as the CPU's scalar path computes it (`reference.cu`): the
+    /// scores of every visible position, each row's softmax, the value sums in position order.
+    fn ref_attention(&mut self, cache: &LayerCache, shape: AttnShape, mask: AttentionMask, window: Option<usize>, pos0: usize, n: usize) {
+        let Some(d) = self.device_rows(cache) else { return };
+        let (kp, vp, f16) = (d.k, d.v, u64::from(d.elem == 2));
+        if shape.n_kv_head == 0 || !shape.n_head.is_multiple_of(shape.n_kv_head) {
+            self.fail(Error::Gpu { code: "ERR_GPU", msg: format!("attention shape {shape:?}: query heads are not a multiple of the KV heads") });
+            return;
+        }
+        // No query sees more than the stored positions.
+        let stride = pos0 + n;
+        let need = n * shape.n_head * stride * 4;
+        if self.ref_scores.as_ref().is_none_or(|p| p.bytes < need) {
+            self.flush();
+            self.sync();
+            self.clear_graphs();
+            self.ref_scores = self.alloc(need);
+        }
+        let (mk, block) = match mask {
+            AttentionMask::Causal => (0u64, 1u64),
+            AttentionMask::Bidirectional => (1, 1),
+            AttentionMask::BlockCausal { block } => (2, block.max(1) as u64),
+        };
+        let pair = |a: u64, b: u64| (a & 0xffff_ffff) | (b << 32);
+        // `RefAtt` in reference.cu: five pointers, eleven ints and the scale.
+        let words = [
+            self.buf(Buf::Q),
+            kp,
+            vp,
+            Self::ptr_of(&self.ref_scores),
+            self.buf(Buf::Attn),
+            pair(f16, cache.capacity as u64),
+            pair(shape.n_head as u64, shape.n_kv_head as u64),
+            pair(shape.head_dim as u64, mk),
+            pair(block, window.unwrap_or(0) as u64),
+            pair(pos0 as u64, n as u64),
+            pair(stride as u64, u64::from(shape.scale.to_bits())),
+        ];
+        let (heads, hd) = (shape.n_head as u32, shape.head_dim);
+        self.push("ref_att_scores", [Self::blocks(stride, 128), heads, n as u32], 128, Args::new().words(&words));
+        self.push("ref_att_softmax", [Self::blocks(shape.n_head, 32), n as u32, 1], 32, Args::new().words(&words));
+        self.push("ref_att_values", [Self::blocks(hd, 128), heads, n as u32], 128, Args::new().words(&words));
+    }
+
     /// The LM head's kernels: norm of the step's head rows, product, soft-cap, argmax of row 0.
     fn head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) {
         let (d, v, m) = (self.widths.d_model, self.widths.vocab_size, rows.len());
@@ -1245,6 +1385,13 @@ impl CudaBackend {
         let (x, xn) = (self.buf(Buf::X), self.buf(Buf::Xn));
         let w = self.vector(norm);
         let step = Self::ptr_of(&self.step_dev);
+        if self.exact {
+            self.push("ref_norm_rows", [Self::blocks(m, 32), 1, 1], 32, Args::new().ptr(x).ptr(xn).ptr(w).i32(d as i32).f32(eps).ptr(step).i32(mb as i32));
+            let logits = Self::ptr_of(&self.logits_dev);
+            self.ref_product(output, xn, logits, m);
+            self.head_tail(logits, softcap, m);
+            return;
+        }
         let fused = m == 1 && output.ty == GgmlType::Q8_0 && d <= HEAD_MAX_COLS && d.is_multiple_of(32);
         if !(fused && self.fuse_head) {
             self.push("norm_rows", [m as u32, 1, 1], 256, Args::new().ptr(x).ptr(xn).ptr(w).i32(d as i32).f32(eps).ptr(step).i32(mb as i32));
@@ -1295,6 +1442,13 @@ impl CudaBackend {
         } else {
             self.gemm((wp, rb), output.ty, v, d, xn, logits, v, m, &mut None);
         }
+        self.head_tail(logits, softcap, m);
+    }
+
+    /// The LM head's soft-cap and the greedy pick of its first row.
+    fn head_tail(&mut self, logits: CUdeviceptr, softcap: Option<f32>, m: usize) {
+        let v = self.widths.vocab_size;
+        let step = Self::ptr_of(&self.step_dev);
         if let Some(cap) = softcap {
             self.push("softcap", [Self::blocks(m * v, 256), 1, 1], 256, Args::new().ptr(logits).i32((m * v) as i32).f32(cap));
         }
@@ -1364,7 +1518,7 @@ impl Drop for CudaBackend {
 
 impl Backend for CudaBackend {
     fn describe(&self) -> String {
-        format!("cuda ({})", self.device)
+        format!("cuda ({}{})", self.device, if self.exact { ", exact reference mode" } else { "" })
     }
 
     fn threads(&self) -> usize {
@@ -1462,6 +1616,10 @@ impl Backend for CudaBackend {
         let chunks = n * self.widths.of(src) / w.len();
         let wp = self.vector(w);
         let args = Args::new().ptr(self.buf(src)).ptr(self.buf(dst)).ptr(wp).i32(w.len() as i32).f32(eps).i32(chunks as i32);
+        if self.exact {
+            self.push("ref_rms_norm", [Self::blocks(chunks, 64), 1, 1], 64, args);
+            return;
+        }
         self.push("rms_norm", [chunks as u32, 1, 1], 256, args);
     }
 
@@ -1512,14 +1670,15 @@ impl Backend for CudaBackend {
                 (a.ptr, b.ptr)
             };
             let y = self.buf(dsts[k]);
+            let (name_a, name_b, per_block) = if self.exact { ("ref_lr_a", "ref_lr_b", 256) } else { ("low_rank_a", "low_rank_b", 8) };
             self.push(
-                "low_rank_a",
-                [Self::blocks(f.rank * n, 8), 1, 1],
+                name_a,
+                [Self::blocks(f.rank * n, per_block), 1, 1],
                 256,
                 Args::new().ptr(ap).ptr(x).ptr(tmp).i32(f.rank as i32).i32(f.d_in as i32).i32(n as i32),
             );
             self.push(
-                "low_rank_b",
+                name_b,
                 [Self::blocks(f.d_out * n, 256), 1, 1],
                 256,
                 Args::new().ptr(bp).ptr(tmp).ptr(y).i32(f.rank as i32).i32(f.d_out as i32).f32(scale).i32(n as i32),
@@ -1532,6 +1691,22 @@ impl Backend for CudaBackend {
         let (c, s) = table.cos_sin();
         let (cp, sp) = (self.vector(c), self.vector(s));
         let style = i32::from(table.style == RopeStyle::Neox);
+        if self.exact {
+            let width = self.widths.of(buf);
+            let pairs = n * (width / head_dim.max(1)) * (table.rot_dim / 2);
+            let args = Args::new()
+                .ptr(self.buf(buf))
+                .ptr(cp)
+                .ptr(sp)
+                .i32(width as i32)
+                .i32(head_dim as i32)
+                .i32(table.rot_dim as i32)
+                .i32(style)
+                .i32(pos0 as i32)
+                .i32(n as i32);
+            self.push("ref_rope", [Self::blocks(pairs, 128), 1, 1], 128, args);
+            return;
+        }
         let step = Self::ptr_of(&self.step_dev);
         let args =
             Args::new().ptr(self.buf(buf)).ptr(cp).ptr(sp).i32(self.widths.of(buf) as i32).i32(head_dim as i32).i32(table.rot_dim as i32).i32(style).ptr(step);
@@ -1598,10 +1773,19 @@ impl Backend for CudaBackend {
     fn gated_activation(&mut self, act: Activation, n: usize) {
         let count = n * self.widths.ff_dim;
         let a = i32::from(act == Activation::Silu);
-        self.push("gated", [Self::blocks(count, 256), 1, 1], 256, Args::new().ptr(self.buf(Buf::Gate)).ptr(self.buf(Buf::Up)).i32(count as i32).i32(a));
+        self.push(
+            if self.exact { "ref_gated" } else { "gated" },
+            [Self::blocks(count, 256), 1, 1],
+            256,
+            Args::new().ptr(self.buf(Buf::Gate)).ptr(self.buf(Buf::Up)).i32(count as i32).i32(a),
+        );
     }
 
     fn residual_norm(&mut self, post: Option<&[f32]>, next: Option<&[f32]>, eps: f32, n: usize) {
+        if self.exact {
+            // The CPU's order: the post-norm in place, the add, the next block's norm.
+            return super::residual_steps(self, post, next, eps, n);
+        }
         self.settle();
         let pp = post.map_or(0, |w| self.vector(w));
         let np = next.map_or(0, |w| self.vector(w));
@@ -1614,7 +1798,7 @@ impl Backend for CudaBackend {
     }
 
     fn matmul_gated(&mut self, gate: &QWeight, up: &QWeight, act: Activation, n: usize) -> bool {
-        if n > MMV_MAX || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
+        if self.exact || n > MMV_MAX || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
             return false;
         }
         let (Some((gp, rb)), Some((upp, _))) = (self.weight(gate), self.weight(up)) else { return true };
@@ -1644,6 +1828,10 @@ impl Backend for CudaBackend {
         n: usize,
     ) {
         self.begin_pass(pos0, n);
+        if self.exact {
+            // The CPU's order: the per-head norms, RoPE of Q then K, the store.
+            return super::qk_rope_store_steps(self, QkNorms { q: q_norm, k: k_norm, eps }, rope, head_dim, cache, pos0, n);
+        }
         let Some(d) = self.device_rows(cache) else { return };
         let (kp, vp, f16) = (d.k, d.v, i32::from(d.elem == 2));
         let qn = q_norm.map_or(0, |w| self.vector(w));
