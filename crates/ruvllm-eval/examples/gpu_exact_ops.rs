@@ -211,6 +211,23 @@ fn main() {
     if pick_g.is_some_and(|g| g != pick_c) {
         p.failed.push("greedy pick".into());
     }
+    // Embedding tables of every type the reference mode takes (K-quant rows need a width that is
+    // a multiple of 256: a 512-wide model).
+    println!("embeddings by table type (d_model 512)");
+    let w512 = BufWidths { d_model: 512, ..widths };
+    p.both(|b| b.reserve(w512, max_batch));
+    // All alive at once: the GPU keeps uploads by the bytes' address, which a freed table's
+    // successor could reuse (a model's weights live as long as the model).
+    let tables: Vec<QWeight> = [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::F32, GgmlType::Q8_0]
+        .into_iter()
+        .map(|ty| weight(&mut rng, ty, 300, 512))
+        .collect();
+    for t in &tables {
+        p.both(|b| b.prepare_weight(t));
+        let toks: Vec<u32> = vec![0, 299, 17, 150];
+        p.both(|b| b.embed(t, &toks, Some(22.627_417), None));
+        p.check(&format!("embed ({})", t.ty.name()), Buf::X, toks.len());
+    }
     if fast {
         let differ = p.failed.len();
         println!("CONTROL (fast kernels): {differ} of {} comparisons differ from the scalar CPU path", p.checks + 1);

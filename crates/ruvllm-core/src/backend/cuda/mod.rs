@@ -1599,6 +1599,21 @@ impl Backend for CudaBackend {
         let name = format!("embed_{}", type_suffix(table.ty).unwrap_or("f32"));
         let step = Self::ptr_of(&self.step_dev);
         let pick = Self::ptr_of(&self.argmax_out) + PICK_OFFSET;
+        if self.exact {
+            // The CPU's `dequantize` then `· scale`, element by element.
+            let Some(suffix) = type_suffix(table.ty).filter(|s| matches!(*s, "q8_0r" | "q4_0" | "q5_0" | "q4_k" | "q6_k" | "f16" | "f32")) else {
+                let msg = format!(
+                    "the CUDA reference mode (RUVLLM_CUDA_EXACT) does not run {} embeddings (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, F32, F16 only)",
+                    table.ty.name()
+                );
+                self.fail(Error::Gpu { code: "ERR_GPU", msg });
+                return;
+            };
+            let d = self.widths.d_model;
+            let args = Args::new().ptr(wp).i64(rb as i64).ptr(step).ptr(self.buf(Buf::X)).i32(d as i32).f32(scale.unwrap_or(1.0)).ptr(rp).i32(rid).ptr(pick);
+            self.push(&format!("ref_embed_{suffix}"), [Self::blocks(d, 128), n as u32, 1], 128, args);
+            return;
+        }
         let args = Args::new()
             .ptr(wp)
             .i64(rb as i64)

@@ -436,3 +436,80 @@ extern "C" __global__ void ref_att_values(RefAtt a) {
     }
     a.out[(size_t)t * a.n_head * hd + (size_t)h * hd + e] = acc;
 }
+
+// quant.rs `dequantize`, element j of a row: the embedding gather.
+template <int T>
+__device__ float ref_dq(const u8* row, int j);
+template <>
+__device__ float ref_dq<T_Q8_0R>(const u8* row, int j) {
+    const u8* c = row + (size_t)(j >> 8) * 272;
+    const int e = j & 255;
+    return RM((float)(int8_t)c[16 + e], ref_f16_at(c + 2 * (e >> 5)));
+}
+template <>
+__device__ float ref_dq<T_Q4_0>(const u8* row, int j) {
+    const u8* b = row + (size_t)(j / 32) * 18;
+    const int e = j % 32;
+    const int q = e < 16 ? (b[2 + e] & 0x0F) : (b[2 + e - 16] >> 4);
+    return RM((float)(q - 8), ref_f16_at(b));
+}
+template <>
+__device__ float ref_dq<T_Q5_0>(const u8* row, int j) {
+    const u8* b = row + (size_t)(j / 32) * 22;
+    const int e = j % 32;
+    const uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | ((uint32_t)b[5] << 24);
+    const int q = e < 16 ? ((b[6 + e] & 0x0F) | (((qh >> e) << 4) & 0x10)) : ((b[6 + e - 16] >> 4) | ((qh >> (e - 16 + 12)) & 0x10));
+    return RM((float)(q - 16), ref_f16_at(b));
+}
+template <>
+__device__ float ref_dq<T_Q4_K>(const u8* row, int j) {
+    const u8* b = row + (size_t)(j / 256) * 144;
+    const int e = j % 256, k = e / 64, l = e % 32, hi = (e % 64) >= 32;
+    int sc, m;
+    ref_scale_min_k4(2 * k + hi, b + 4, sc, m);
+    const float d1 = RM(ref_f16_at(b), (float)sc), m1 = RM(ref_f16_at(b + 2), (float)m);
+    const u8 q = b[16 + 32 * k + l];
+    return RS(RM(d1, (float)(hi ? q >> 4 : q & 0xF)), m1);
+}
+template <>
+__device__ float ref_dq<T_Q6_K>(const u8* row, int j) {
+    const u8* b = row + (size_t)(j / 256) * 210;
+    const int e = j % 256, n = e / 128, r = e % 128, part = r / 32, l = r % 32;
+    const u8* ql = b + 64 * n;
+    const u8 h = b[128 + 32 * n + l];
+    int q;
+    switch (part) {
+        case 0: q = (ql[l] & 0xF) | ((h & 3) << 4); break;
+        case 1: q = (ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4); break;
+        case 2: q = (ql[l] >> 4) | (((h >> 4) & 3) << 4); break;
+        default: q = (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4); break;
+    }
+    return RM(RM(ref_f16_at(b + 208), (float)(int8_t)b[192 + e / 16]), (float)(q - 32));
+}
+template <>
+__device__ float ref_dq<T_F16>(const u8* row, int j) { return ref_f16_at(row + 2 * j); }
+template <>
+__device__ float ref_dq<T_F32>(const u8* row, int j) { return ref_wf<T_F32>(row, j); }
+
+// X[t] = scale · table[token t] (a replaced row: scale · replace), one thread per element; the
+// token as `embed_body` takes it.
+template <int T>
+__device__ __forceinline__ void ref_embed_body(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id, const int* pick) {
+    PDL_ENTRY();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (j >= d) return;
+    const int tok = t == 0 && (step[3] & STEP_TOKEN_PICK) ? pick[0] : step[4 + t];
+    const float v = replace && tok == replace_id ? replace[j] : ref_dq<T>(table + (size_t)tok * rb, j);
+    X[(size_t)t * d + j] = RM(v, scale);
+}
+#define REF_EMBED(T, name)                                                                                                                       \
+    extern "C" __global__ void ref_embed_##name(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id, const int* pick) { \
+        ref_embed_body<T>(table, rb, step, X, d, scale, replace, replace_id, pick);                                                                \
+    }
+REF_EMBED(T_Q8_0R, q8_0r)
+REF_EMBED(T_Q4_0, q4_0)
+REF_EMBED(T_Q5_0, q5_0)
+REF_EMBED(T_Q4_K, q4_k)
+REF_EMBED(T_Q6_K, q6_k)
+REF_EMBED(T_F16, f16)
+REF_EMBED(T_F32, f32)
