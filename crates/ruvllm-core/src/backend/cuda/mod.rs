@@ -1290,25 +1290,10 @@ impl CudaBackend {
     /// (row, token) with the scalar dot product's sums in order.
     fn ref_product(&mut self, w: &QWeight, x: CUdeviceptr, y: CUdeviceptr, n: usize) {
         let (rows, cols) = (w.rows, w.cols);
-        // Kernel suffix, and how the activations are quantized: (block elements, block bytes,
-        // kernel); none for the float formats.
-        let q8 = Some((32, 36, "ref_act_q8"));
-        let q8k = Some((256, 292, "ref_act_q8k"));
-        let (suffix, quant) = match w.ty {
-            GgmlType::Q8_0 => ("q8_0r", q8),
-            GgmlType::Q4_0 => ("q4_0", q8),
-            GgmlType::Q5_0 => ("q5_0", q8),
-            GgmlType::Q4_K => ("q4_k", q8k),
-            GgmlType::Q6_K => ("q6_k", q8k),
-            GgmlType::F32 => ("f32", None),
-            GgmlType::F16 => ("f16", None),
-            other => {
-                let msg =
-                    format!("the CUDA reference mode (RUVLLM_CUDA_EXACT) does not run {} weights (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, F32, F16 only)", other.name());
-                self.fail(Error::Gpu { code: "ERR_GPU", msg });
-                return;
-            }
-        };
+        let Some(suffix) = self.ref_suffix(w.ty, "weights") else { return };
+        // How `matmul` rounds the activations (as `act_kernel` says): (block elements, block
+        // bytes, kernel); none for the float formats.
+        let quant = act_kernel(w.ty).map(|k| if k == "act_q8_k" { (256, 292, "ref_act_q8k") } else { (32, 36, "ref_act_q8") });
         let Some((wp, rb)) = self.weight(w) else { return };
         let act = Self::ptr_of(&self.act_buf);
         let mut stride = 0;
@@ -1319,6 +1304,17 @@ impl CudaBackend {
         }
         let args = Args::new().ptr(wp).i64(rb as i64).i32(rows as i32).ptr(act).i64(stride as i64).ptr(x).i32(cols as i32).ptr(y);
         self.push(&format!("ref_mv_{suffix}"), [Self::blocks(rows, 128), n as u32, 1], 128, args);
+    }
+
+    /// The reference mode's kernel suffix for a weight or embedding-table type (`what`), or
+    /// `None` with the coded error for a type it does not run.
+    fn ref_suffix(&mut self, ty: GgmlType, what: &str) -> Option<&'static str> {
+        if matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::F32 | GgmlType::F16) {
+            return type_suffix(ty);
+        }
+        let msg = format!("the CUDA reference mode (RUVLLM_CUDA_EXACT) does not run {} {what} (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, F32, F16 only)", ty.name());
+        self.fail(Error::Gpu { code: "ERR_GPU", msg });
+        None
     }
 
     /// Reference mode: attention as the CPU's scalar path computes it (`reference.cu`): the
@@ -1601,14 +1597,7 @@ impl Backend for CudaBackend {
         let pick = Self::ptr_of(&self.argmax_out) + PICK_OFFSET;
         if self.exact {
             // The CPU's `dequantize` then `· scale`, element by element.
-            let Some(suffix) = type_suffix(table.ty).filter(|s| matches!(*s, "q8_0r" | "q4_0" | "q5_0" | "q4_k" | "q6_k" | "f16" | "f32")) else {
-                let msg = format!(
-                    "the CUDA reference mode (RUVLLM_CUDA_EXACT) does not run {} embeddings (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, F32, F16 only)",
-                    table.ty.name()
-                );
-                self.fail(Error::Gpu { code: "ERR_GPU", msg });
-                return;
-            };
+            let Some(suffix) = self.ref_suffix(table.ty, "embeddings") else { return };
             let d = self.widths.d_model;
             let args = Args::new().ptr(wp).i64(rb as i64).ptr(step).ptr(self.buf(Buf::X)).i32(d as i32).f32(scale.unwrap_or(1.0)).ptr(rp).i32(rid).ptr(pick);
             self.push(&format!("ref_embed_{suffix}"), [Self::blocks(d, 128), n as u32, 1], 128, args);

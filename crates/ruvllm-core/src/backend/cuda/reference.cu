@@ -154,59 +154,33 @@ extern "C" __global__ void ref_act_q8k(const float* X, RefQ8K* out, int blocks) 
     y->d = RD(1.0f, iscale);
 }
 
-// dot.rs's scalar dot products of one weight row with one activation row.
+// The quant layouts, decoded once for both the dot products and the embedding's dequantize.
+// 32-element blocks: block b's f16 scale and the signed quant of its element e.
 template <int T>
-__device__ float ref_dot(const u8* w, const void* act, const float* x, int cols);
-
+struct Ref32;
 template <>
-__device__ float ref_dot<T_Q8_0R>(const u8* w, const void* act, const float*, int cols) {
-    const RefQ8* a = (const RefQ8*)act;
-    float sumf = 0.0f;
-    for (int b = 0; b < cols / 32; b++) {
-        const u8* c = w + (size_t)(b >> 3) * 272;
-        const float dw = ref_f16_at(c + 2 * (b & 7));
-        const int8_t* q = (const int8_t*)(c + 16 + (b & 7) * 32);
-        int sumi = 0;
-        for (int j = 0; j < 32; j++) sumi += (int)q[j] * (int)a[b].qs[j];
-        sumf = RA(sumf, RM((float)sumi, RM(dw, a[b].d)));
+struct Ref32<T_Q8_0R> {  // as uploaded: per 256 columns, eight f16 scales then 256 quants
+    static __device__ __forceinline__ float d(const u8* row, int b) { return ref_f16_at(row + (size_t)(b >> 3) * 272 + 2 * (b & 7)); }
+    static __device__ __forceinline__ int q(const u8* row, int b, int e) { return (int8_t)row[(size_t)(b >> 3) * 272 + 16 + (b & 7) * 32 + e]; }
+};
+template <>
+struct Ref32<T_Q4_0> {
+    static __device__ __forceinline__ float d(const u8* row, int b) { return ref_f16_at(row + (size_t)b * 18); }
+    static __device__ __forceinline__ int q(const u8* row, int b, int e) {
+        const u8* qs = row + (size_t)b * 18 + 2;
+        return (e < 16 ? (qs[e] & 0x0F) : (qs[e - 16] >> 4)) - 8;
     }
-    return sumf;
-}
-
+};
 template <>
-__device__ float ref_dot<T_Q4_0>(const u8* w, const void* act, const float*, int cols) {
-    const RefQ8* a = (const RefQ8*)act;
-    float sumf = 0.0f;
-    for (int b = 0; b < cols / 32; b++) {
-        const u8* blk = w + (size_t)b * 18;
-        const u8* qs = blk + 2;
-        int sumi = 0;
-        for (int j = 0; j < 16; j++) sumi += ((qs[j] & 0x0F) - 8) * a[b].qs[j] + ((qs[j] >> 4) - 8) * a[b].qs[j + 16];
-        sumf = RA(sumf, RM((float)sumi, RM(ref_f16_at(blk), a[b].d)));
-    }
-    return sumf;
-}
-
-template <>
-__device__ float ref_dot<T_Q5_0>(const u8* w, const void* act, const float*, int cols) {
-    const RefQ8* a = (const RefQ8*)act;
-    float sumf = 0.0f;
-    for (int b = 0; b < cols / 32; b++) {
-        const u8* blk = w + (size_t)b * 22;
+struct Ref32<T_Q5_0> {
+    static __device__ __forceinline__ float d(const u8* row, int b) { return ref_f16_at(row + (size_t)b * 22); }
+    static __device__ __forceinline__ int q(const u8* row, int b, int e) {
+        const u8* blk = row + (size_t)b * 22;
         const uint32_t qh = blk[2] | (blk[3] << 8) | (blk[4] << 16) | ((uint32_t)blk[5] << 24);
-        const u8* qs = blk + 6;
-        int sumi = 0;
-        for (int j = 0; j < 16; j++) {
-            const int xh0 = ((qh >> j) << 4) & 0x10;
-            const int xh1 = (qh >> (j + 12)) & 0x10;
-            const int x0 = ((qs[j] & 0x0F) | xh0) - 16;
-            const int x1 = ((qs[j] >> 4) | xh1) - 16;
-            sumi += x0 * a[b].qs[j] + x1 * a[b].qs[j + 16];
-        }
-        sumf = RA(sumf, RM((float)sumi, RM(ref_f16_at(blk), a[b].d)));
+        const int lo = e < 16 ? (blk[6 + e] & 0x0F) : (blk[6 + e - 16] >> 4);
+        return (lo | (((qh >> e) << 4) & 0x10)) - 16;
     }
-    return sumf;
-}
+};
 
 // quant.rs `get_scale_min_k4`.
 __device__ __forceinline__ void ref_scale_min_k4(int j, const u8* q, int& sc, int& m) {
@@ -217,6 +191,36 @@ __device__ __forceinline__ void ref_scale_min_k4(int j, const u8* q, int& sc, in
         sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+// Q4_K super-block `blk`: element e's 4-bit quant and its sub-block (the scale/min index).
+__device__ __forceinline__ int ref_q4k(const u8* blk, int e, int& sub) {
+    const int k = e / 64, hi = (e % 64) >= 32;
+    sub = 2 * k + hi;
+    const u8 q = blk[16 + 32 * k + e % 32];
+    return hi ? q >> 4 : q & 0xF;
+}
+// Q6_K super-block `blk`: element e's signed quant (quant.rs `q6_k_quants` − 32); its scale is
+// the i8 at 192 + e / 16.
+__device__ __forceinline__ int ref_q6k(const u8* blk, int e) {
+    const int n = e / 128, part = e % 128 / 32, l = e % 32;
+    const u8* ql = blk + 64 * n;
+    const u8 h = blk[128 + 32 * n + l];
+    const int lo = part & 1 ? ql[l + 32] : ql[l];
+    return ((part < 2 ? lo & 0xF : lo >> 4) | (((h >> (2 * part)) & 3) << 4)) - 32;
+}
+
+// dot.rs's scalar dot products of one weight row with one activation row. The integer block
+// sums are exact whatever order the elements come in; the float steps are dot.rs's.
+template <int T>
+__device__ float ref_dot(const u8* w, const void* act, const float* x, int cols) {
+    const RefQ8* a = (const RefQ8*)act;
+    float sumf = 0.0f;
+    for (int b = 0; b < cols / 32; b++) {
+        int sumi = 0;
+        for (int e = 0; e < 32; e++) sumi += Ref32<T>::q(w, b, e) * (int)a[b].qs[e];
+        sumf = RA(sumf, RM((float)sumi, RM(Ref32<T>::d(w, b), a[b].d)));
+    }
+    return sumf;
 }
 
 template <>
@@ -232,15 +236,11 @@ __device__ float ref_dot<T_Q4_K>(const u8* w, const void* act, const float*, int
             ref_scale_min_k4(j, blk + 4, sc[j], m);
             msum += m * ((int)y.bsums[2 * j] + (int)y.bsums[2 * j + 1]);
         }
-        const u8* qs = blk + 16;
         int isum = 0;
-        for (int k = 0; k < 4; k++) {
-            int s0 = 0, s1 = 0;
-            for (int l = 0; l < 32; l++) {
-                s0 += (qs[32 * k + l] & 0xF) * y.qs[64 * k + l];
-                s1 += (qs[32 * k + l] >> 4) * y.qs[64 * k + 32 + l];
-            }
-            isum += sc[2 * k] * s0 + sc[2 * k + 1] * s1;
+        for (int e = 0; e < 256; e++) {
+            int sub;
+            const int q = ref_q4k(blk, e, sub);
+            isum += sc[sub] * q * y.qs[e];
         }
         sumf = RA(sumf, RS(RM(RM(ref_f16_at(blk), y.d), (float)isum), RM(RM(ref_f16_at(blk + 2), y.d), (float)msum)));
     }
@@ -253,28 +253,9 @@ __device__ float ref_dot<T_Q6_K>(const u8* w, const void* act, const float*, int
     float sumf = 0.0f;
     for (int b = 0; b < cols / 256; b++) {
         const u8* blk = w + (size_t)b * 210;
-        const RefQ8K& y = a[b];
         int isum = 0;
-        for (int n = 0; n < 2; n++) {
-            const u8* ql = blk + 64 * n;
-            const u8* qh = blk + 128 + 32 * n;
-            const int8_t* sc = (const int8_t*)(blk + 192 + 8 * n);
-            const int8_t* yq = y.qs + 128 * n;
-            int s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int l = 0; l < 32; l++) {
-                const int is = l / 16;
-                const int q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
-                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                s[is] += q1 * yq[l];
-                s[is + 2] += q2 * yq[l + 32];
-                s[is + 4] += q3 * yq[l + 64];
-                s[is + 6] += q4 * yq[l + 96];
-            }
-            for (int g = 0; g < 8; g++) isum += (int)sc[g] * s[g];
-        }
-        sumf = RA(sumf, RM(RM(ref_f16_at(blk + 208), y.d), (float)isum));
+        for (int e = 0; e < 256; e++) isum += (int)(int8_t)blk[192 + e / 16] * ref_q6k(blk, e) * a[b].qs[e];
+        sumf = RA(sumf, RM(RM(ref_f16_at(blk + 208), a[b].d), (float)isum));
     }
     return sumf;
 }
@@ -439,52 +420,21 @@ extern "C" __global__ void ref_att_values(RefAtt a) {
 
 // quant.rs `dequantize`, element j of a row: the embedding gather.
 template <int T>
-__device__ float ref_dq(const u8* row, int j);
-template <>
-__device__ float ref_dq<T_Q8_0R>(const u8* row, int j) {
-    const u8* c = row + (size_t)(j >> 8) * 272;
-    const int e = j & 255;
-    return RM((float)(int8_t)c[16 + e], ref_f16_at(c + 2 * (e >> 5)));
-}
-template <>
-__device__ float ref_dq<T_Q4_0>(const u8* row, int j) {
-    const u8* b = row + (size_t)(j / 32) * 18;
-    const int e = j % 32;
-    const int q = e < 16 ? (b[2 + e] & 0x0F) : (b[2 + e - 16] >> 4);
-    return RM((float)(q - 8), ref_f16_at(b));
-}
-template <>
-__device__ float ref_dq<T_Q5_0>(const u8* row, int j) {
-    const u8* b = row + (size_t)(j / 32) * 22;
-    const int e = j % 32;
-    const uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | ((uint32_t)b[5] << 24);
-    const int q = e < 16 ? ((b[6 + e] & 0x0F) | (((qh >> e) << 4) & 0x10)) : ((b[6 + e - 16] >> 4) | ((qh >> (e - 16 + 12)) & 0x10));
-    return RM((float)(q - 16), ref_f16_at(b));
+__device__ float ref_dq(const u8* row, int j) {
+    return RM((float)Ref32<T>::q(row, j / 32, j % 32), Ref32<T>::d(row, j / 32));
 }
 template <>
 __device__ float ref_dq<T_Q4_K>(const u8* row, int j) {
     const u8* b = row + (size_t)(j / 256) * 144;
-    const int e = j % 256, k = e / 64, l = e % 32, hi = (e % 64) >= 32;
-    int sc, m;
-    ref_scale_min_k4(2 * k + hi, b + 4, sc, m);
-    const float d1 = RM(ref_f16_at(b), (float)sc), m1 = RM(ref_f16_at(b + 2), (float)m);
-    const u8 q = b[16 + 32 * k + l];
-    return RS(RM(d1, (float)(hi ? q >> 4 : q & 0xF)), m1);
+    int sub, sc, m;
+    const int q = ref_q4k(b, j % 256, sub);
+    ref_scale_min_k4(sub, b + 4, sc, m);
+    return RS(RM(RM(ref_f16_at(b), (float)sc), (float)q), RM(ref_f16_at(b + 2), (float)m));
 }
 template <>
 __device__ float ref_dq<T_Q6_K>(const u8* row, int j) {
     const u8* b = row + (size_t)(j / 256) * 210;
-    const int e = j % 256, n = e / 128, r = e % 128, part = r / 32, l = r % 32;
-    const u8* ql = b + 64 * n;
-    const u8 h = b[128 + 32 * n + l];
-    int q;
-    switch (part) {
-        case 0: q = (ql[l] & 0xF) | ((h & 3) << 4); break;
-        case 1: q = (ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4); break;
-        case 2: q = (ql[l] >> 4) | (((h >> 4) & 3) << 4); break;
-        default: q = (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4); break;
-    }
-    return RM(RM(ref_f16_at(b + 208), (float)(int8_t)b[192 + e / 16]), (float)(q - 32));
+    return RM(RM(ref_f16_at(b + 208), (float)(int8_t)b[192 + j % 256 / 16]), (float)ref_q6k(b, j % 256));
 }
 template <>
 __device__ float ref_dq<T_F16>(const u8* row, int j) { return ref_f16_at(row + 2 * j); }
