@@ -460,11 +460,13 @@ fn fused_equals_separate() {
 /// A tile GEMM as `gemm::GemmFn` / `gemm::GemmKFn` over activations `A`.
 type TileFn<A> = unsafe fn(gemm::PackKind, &[u8], usize, &[A], usize, *mut f32, usize, usize);
 
-/// Packs `ty` weights of each shape, runs the SIMD tile GEMM and its scalar model over every
-/// tile for each token count, and checks them bit for bit against each other and, to float
-/// rounding, against the per-row scalar dot product.
+/// Packs `ty` weights of each shape (into the compact tile format if `compact`), runs the SIMD
+/// tile GEMM and its scalar model over every tile for each token count, and checks them bit for
+/// bit against each other and against the standard format's results, and, to float rounding,
+/// against the per-row scalar dot product.
 fn check_tile_gemm<A: Default + Clone>(
     ty: GgmlType,
+    compact: bool,
     shapes: &[(usize, usize)],
     block: usize,
     quantize_act: fn(&[f32], &mut [A]),
@@ -477,6 +479,13 @@ fn check_tile_gemm<A: Default + Clone>(
         let nb = cols / block;
         let p = gemm::Packed::new(&pool, ty, qw.bytes(), rows, nb).unwrap();
         assert_eq!(p.tiles(), rows.div_ceil(16));
+        let pc = compact.then(|| gemm::Packed::new_as(&pool, p.kind.compact(), ty, qw.bytes(), rows, nb, &|_, _| {}).unwrap());
+        if let Some(pc) = &pc {
+            assert!(pc.kind.is_compact(), "{} has no compact format", ty.name());
+            // The file's bytes per block and row (scales and quants), plus a 64-byte header per
+            // two blocks of a tile when a row has an odd block count.
+            assert_eq!(pc.tile_bytes(), 16 * nb * ty.type_size() + if nb % 2 == 1 { 32 } else { 0 });
+        }
         for n in [1usize, 4, 6, 7, 8, 13] {
             let mut rng = Rng::new(n as u64 + 100);
             let x = rng.vec(n * cols, 1.0);
@@ -497,6 +506,20 @@ fn check_tile_gemm<A: Default + Clone>(
                 }
             }
             assert_eq!(ys, yr, "{} {rows}x{cols} n={n}", ty.name());
+            if let Some(pc) = &pc {
+                // The compact tiles: the same bits as the standard ones, SIMD and model.
+                let (mut yc, mut ycr) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                for ti in 0..pc.tiles() {
+                    let (r0, nrows) = (ti * 16, (rows - ti * 16).min(16));
+                    // SAFETY: as above.
+                    unsafe {
+                        simd(pc.kind, pc.tile(ti), nb, &act, n, yc.as_mut_ptr().add(r0), rows, nrows);
+                        model(pc.kind, pc.tile(ti), nb, &act, n, ycr.as_mut_ptr().add(r0), rows, nrows);
+                    }
+                }
+                assert_eq!(yc, ys, "compact {} {rows}x{cols} n={n}", ty.name());
+                assert_eq!(ycr, ys, "compact model {} {rows}x{cols} n={n}", ty.name());
+            }
             for t in 0..n {
                 let mut y1 = vec![0f32; rows];
                 matmul_scalar(&pool, &qw, &x[t * cols..(t + 1) * cols], 1, &mut y1);
@@ -518,7 +541,7 @@ fn gemm_kernel_equals_scalar_model() {
         return;
     };
     for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0] {
-        check_tile_gemm::<BlockQ8>(ty, &[(16, 64), (37, 512), (5, 96)], 32, quantize_act_q8, g, gemm::gemm_ref);
+        check_tile_gemm::<BlockQ8>(ty, ty == GgmlType::Q8_0, &[(16, 64), (37, 512), (5, 96)], 32, quantize_act_q8, g, gemm::gemm_ref);
     }
 }
 
@@ -530,7 +553,7 @@ fn gemm_k_kernel_equals_scalar_model() {
         return;
     };
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-        check_tile_gemm::<BlockQ8K>(ty, &[(16, 256), (37, 512), (5, 768)], 256, quantize_act_q8k, g, gemm::gemm_k_ref);
+        check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768)], 256, quantize_act_q8k, g, gemm::gemm_k_ref);
     }
 }
 
@@ -541,8 +564,8 @@ fn avx2_gemm_kernels_equal_scalar_model() {
     // where the CPU has AVX2 and FMA, and with AVX-VNNI where it has that.
     use ruvllm_core::backend::cpu::arch::x86::avx2_gemm::{emulated, vnni};
     let cpu = ruvllm_core::runtime::cpu();
-    if !cpu.avx2_fma() {
-        eprintln!("no AVX2/FMA on this CPU; skipped");
+    if !(cpu.avx2_fma() && cpu.f16c) {
+        eprintln!("no AVX2/FMA/F16C on this CPU; skipped");
         return;
     }
     let mut sets: Vec<(&str, TileFn<BlockQ8>, TileFn<BlockQ8K>)> = vec![("emulated", emulated::gemm, emulated::gemm_k)];
@@ -554,10 +577,10 @@ fn avx2_gemm_kernels_equal_scalar_model() {
     for (name, g, gk) in sets {
         eprintln!("testing the {name} AVX2 tile GEMM");
         for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0] {
-            check_tile_gemm::<BlockQ8>(ty, &[(16, 64), (37, 512), (5, 96), (12, 160)], 32, quantize_act_q8, g, gemm::gemm_ref);
+            check_tile_gemm::<BlockQ8>(ty, ty == GgmlType::Q8_0, &[(16, 64), (37, 512), (5, 96), (12, 160)], 32, quantize_act_q8, g, gemm::gemm_ref);
         }
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-            check_tile_gemm::<BlockQ8K>(ty, &[(16, 256), (37, 512), (5, 768), (12, 256)], 256, quantize_act_q8k, gk, gemm::gemm_k_ref);
+            check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768), (12, 256)], 256, quantize_act_q8k, gk, gemm::gemm_k_ref);
         }
         // Q8_0 at the edge of `vpmaddubsw`'s i16 range: quants −128 and ±127 with activations
         // of ±127 of the same sign (pairs of 2·128·127).
@@ -591,6 +614,50 @@ fn avx2_gemm_kernels_equal_scalar_model() {
             }
             assert_eq!(ys, yr, "{name} extreme Q8_0 n={n}");
         }
+    }
+}
+
+#[test]
+fn head_tiles_give_identical_results() {
+    // An LM head packed compact (`prepare_head`: Q8_0 with f16 scales) gives the same bits as
+    // the standard tiles and as the weight packed on first use, for decode's one token and more.
+    if dispatch::gemm_kernel().is_none() {
+        eprintln!("no tile GEMM on this CPU; skipped");
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    for (rows, cols) in [(300usize, 640usize), (33, 96)] {
+        let (head, _) = weight(GgmlType::Q8_0, rows, cols, 5 + rows as u64);
+        let (std, _) = weight(GgmlType::Q8_0, rows, cols, 5 + rows as u64);
+        head.prepare_head(&pool);
+        std.prepare(&pool);
+        assert_eq!(head.packed(&pool).unwrap().kind, gemm::PackKind::Q8H);
+        assert_eq!(std.packed(&pool).unwrap().kind, gemm::PackKind::Q8);
+        for n in [1usize, 5, 9] {
+            let x = Rng::new(n as u64 + 7).vec(n * cols, 1.0);
+            let (mut yh, mut ys) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+            matmul(&pool, &head, &x, n, &mut yh);
+            matmul(&pool, &std, &x, n, &mut ys);
+            assert_eq!(yh, ys, "{rows}x{cols} n={n}");
+        }
+    }
+    // A quant of −128 (valid Q8_0, though ggml's quantizer never writes it) does not fit the
+    // compact tiles, whose AVX2 kernel negates quants: the head falls back to the standard ones.
+    let (rows, cols) = (40, 64);
+    let (w, _) = weight(GgmlType::Q8_0, rows, cols, 3);
+    let mut bytes = w.bytes().to_vec();
+    bytes[34 * 37 + 2 + 5] = 0x80;
+    assert!(gemm::Packed::new_as(&pool, gemm::PackKind::Q8H, GgmlType::Q8_0, &bytes, rows, cols / 32, &|_, _| {}).is_none());
+    let head = QWeight::new(GgmlType::Q8_0, rows, cols, WeightData::Owned(Arc::new(bytes.clone()))).unwrap();
+    let std = QWeight::new(GgmlType::Q8_0, rows, cols, WeightData::Owned(Arc::new(bytes))).unwrap();
+    head.prepare_head(&pool);
+    assert_eq!(head.packed(&pool).unwrap().kind, gemm::PackKind::Q8);
+    let x = Rng::new(1).vec(3 * cols, 1.0);
+    let (mut yh, mut ys) = (vec![0f32; 3 * rows], vec![0f32; 3 * rows]);
+    matmul(&pool, &head, &x, 3, &mut yh);
+    matmul_scalar(&pool, &std, &x, 3, &mut ys);
+    for (a, b) in yh.iter().zip(&ys) {
+        assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{a} vs {b}");
     }
 }
 

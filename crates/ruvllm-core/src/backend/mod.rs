@@ -163,6 +163,11 @@ pub trait Backend {
     fn threads(&self) -> usize;
     /// Prepares a weight for the products (the CPU packs tiles; a GPU would upload).
     fn prepare_weight(&mut self, w: &QWeight);
+    /// [`prepare_weight`](Backend::prepare_weight) for the LM head, which decode reads whole
+    /// for one token per pass (the CPU packs it in its compact tile format).
+    fn prepare_head(&mut self, w: &QWeight) {
+        self.prepare_weight(w)
+    }
     /// Sizes the activation buffers for up to `max_batch` tokens of these widths.
     fn reserve(&mut self, widths: BufWidths, max_batch: usize);
     /// The most tokens one pass may carry (0 before [`reserve`](Backend::reserve)).

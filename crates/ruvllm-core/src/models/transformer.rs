@@ -203,7 +203,7 @@ impl Transformer {
         for w in self.layer_weights() {
             be.prepare_weight(w);
         }
-        be.prepare_weight(&self.output);
+        be.prepare_head(&self.output);
         self.reserve(be, max_batch);
     }
 

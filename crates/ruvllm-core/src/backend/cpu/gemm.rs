@@ -18,6 +18,18 @@
 //! group's bits at 0x10 in every byte, for AVX2 as for AVX-512): packed Q5_0 takes 24 bytes per
 //! block and row (22 in the file), Q4_0 20 (18), Q8_0 36 (34).
 //!
+//! A weight decode streams whole for one token per pass, the LM head above all (for Gemma 3 it
+//! is 72 % of a token's bytes), is packed compact instead ([`PackKind::Q8H`], by
+//! `QWeight::prepare_head`): the scales stay f16 as in the file (widened exactly by
+//! `vcvtph2ps`, so the results are the same bits), two blocks' scales in one 64-byte header
+//! before the two blocks' quants, which keeps every quant vector 64-byte aligned: 34 bytes per
+//! block and row, what the file takes. The layer weights keep f32 scales: widening them in the
+//! prefill's compute-bound inner loop cost ~5 % of AVX-512 prefill speed when every tile was
+//! compact. Q8H keeps the quants signed, as the file has them, and only takes weights without
+//! the quant −128 (ggml's quantizer writes −127..=127): the AVX2 kernel without VNNI then
+//! computes `|a| · sign(q, a)` with one `vpsignb` per vector and no `vpabsb`/`vpxor` (−q never
+//! wraps), the VNNI kernels flip the sign bit on load to get `q + 128`.
+//!
 //! On CPUs without AVX-512 the AVX2 kernel (`arch::x86::avx2_gemm`) runs the same tiles as two
 //! 8-row halves (one 256-bit vector each), with AVX-VNNI's `vpdpbusd` or an exact emulation of it
 //! (`vpmaddubsw` and `vpmaddwd`, the Q8_0 quants used signed), and equals [`gemm_ref`] too.
@@ -48,6 +60,9 @@ pub enum PackKind {
     K4,
     /// Q6_K.
     K6,
+    /// Q8_0 with f16 scales in pair headers (see [`PackKind::tile_bytes`]) and signed quants
+    /// (never −128): the compact layout of an LM head.
+    Q8H,
 }
 
 impl PackKind {
@@ -62,11 +77,26 @@ impl PackKind {
         }
     }
 
+    /// The compact layout of this kind where it has one (Q8_0: [`Self::Q8H`]), else itself.
+    pub const fn compact(self) -> Self {
+        match self {
+            Self::Q8 => Self::Q8H,
+            k => k,
+        }
+    }
+
+    /// Whether the scales are f16 in pair headers (see [`Self::tile_bytes`]).
+    pub const fn is_compact(self) -> bool {
+        matches!(self, Self::Q8H)
+    }
+
     /// Bytes of one block (32 elements, or a 256-element super-block for the K-quants) of
-    /// one tile.
+    /// one tile; for the compact kinds, of its quants only (the scales are in the pair's
+    /// header).
     pub const fn block_bytes(self) -> usize {
         match self {
             Self::Q8 => 64 + 512,
+            Self::Q8H => 512,
             Self::Q5 => 64 + 256 + 64,
             Self::Q4 => 64 + 256,
             Self::K4 => K4_QS + 8 * 256,
@@ -74,10 +104,55 @@ impl PackKind {
         }
     }
 
+    /// Bytes of a tile of `nb` blocks. The compact kinds store blocks in pairs: a 64-byte
+    /// header (the 16 rows' f16 scales of block `2p`, then those of block `2p + 1`) and the two
+    /// blocks' quants; an odd last block has a header of its own.
+    pub const fn tile_bytes(self, nb: usize) -> usize {
+        if self.is_compact() {
+            64 * nb.div_ceil(2) + nb * self.block_bytes()
+        } else {
+            nb * self.block_bytes()
+        }
+    }
+
+    /// Offset in a tile of block `b`'s 16 row scales (f32, or f16 for the compact kinds); for
+    /// the K-quants, of its super-block.
+    #[inline(always)]
+    pub const fn scales_at(self, b: usize) -> usize {
+        if self.is_compact() {
+            (b / 2) * (64 + 2 * self.block_bytes()) + 32 * (b % 2)
+        } else {
+            b * self.block_bytes()
+        }
+    }
+
+    /// Offset in a tile of block `b`'s quants (64-byte aligned); for the K-quants, of its
+    /// super-block.
+    #[inline(always)]
+    pub const fn payload_at(self, b: usize) -> usize {
+        if self.is_compact() {
+            (b / 2) * (64 + 2 * self.block_bytes()) + 64 + (b % 2) * self.block_bytes()
+        } else if self.is_k() {
+            b * self.block_bytes()
+        } else {
+            b * self.block_bytes() + 64
+        }
+    }
+
+    /// Row `j`'s scale of block `b` in `tile` (32-block kinds).
+    fn scale(self, tile: &[u8], b: usize, j: usize) -> f32 {
+        let o = self.scales_at(b);
+        if self.is_compact() {
+            quant::f16_at(tile, o + 2 * j)
+        } else {
+            f32_at(tile, o + 4 * j)
+        }
+    }
+
     /// The offset added to the signed quants to make them unsigned.
     pub const fn zp(self) -> i32 {
         match self {
-            Self::Q8 => 128,
+            Self::Q8 | Self::Q8H => 128,
             Self::Q5 => 16,
             Self::Q4 => 8,
             Self::K4 => 0,
@@ -116,7 +191,7 @@ impl Packed {
     }
 
     pub fn tile_bytes(&self) -> usize {
-        self.nb * self.kind.block_bytes()
+        self.kind.tile_bytes(self.nb)
     }
 
     /// The bytes of tile `i`.
@@ -140,15 +215,22 @@ impl Packed {
     /// chunk's byte range of `data` once it is packed, so a caller can let a file's pages go
     /// while the packed copy grows (peak memory: the copy plus one chunk, not both whole).
     pub fn new_releasing(pool: &ThreadPool, ty: GgmlType, data: &[u8], rows: usize, nb: usize, done: &dyn Fn(usize, usize)) -> Option<Self> {
-        let kind = PackKind::for_type(ty)?;
+        Self::new_as(pool, PackKind::for_type(ty)?, ty, data, rows, nb, done)
+    }
+
+    /// [`Packed::new_releasing`] into the tile format `kind` (that of `ty` or its
+    /// [compact](PackKind::compact) one); `None` also if the weight does not fit `kind` (see
+    /// [`pack_tile`]).
+    pub fn new_as(pool: &ThreadPool, kind: PackKind, ty: GgmlType, data: &[u8], rows: usize, nb: usize, done: &dyn Fn(usize, usize)) -> Option<Self> {
         let rs = nb * ty.type_size();
         assert!(data.len() >= rows * rs, "Packed::new: {} bytes for {rows} rows of {rs}", data.len());
         let tiles = rows.div_ceil(TILE_ROWS);
-        let tb = nb * kind.block_bytes();
+        let tb = kind.tile_bytes(nb);
         let mut buf = HugeBuf::new(tiles * tb);
         let base = SharedMut(buf.as_mut_ptr());
         let chunk = ((8 << 20) / (TILE_ROWS * rs).max(1)).max(1);
         let mut t0 = 0;
+        let fits = std::sync::atomic::AtomicBool::new(true);
         while t0 < tiles {
             let t1 = (t0 + chunk).min(tiles);
             let n = t1 - t0;
@@ -158,9 +240,14 @@ impl Packed {
                     let (r0, r1) = (t * TILE_ROWS, ((t + 1) * TILE_ROWS).min(rows));
                     // SAFETY: tile `t` is written by exactly one task.
                     let out = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(t * tb), tb) };
-                    pack_tile(kind, ty, &data[r0 * rs..r1 * rs], r1 - r0, nb, out);
+                    if !pack_tile(kind, ty, &data[r0 * rs..r1 * rs], r1 - r0, nb, out) {
+                        fits.store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
             });
+            if !fits.load(std::sync::atomic::Ordering::Relaxed) {
+                return None;
+            }
             let (r0, r1) = (t0 * TILE_ROWS, (t1 * TILE_ROWS).min(rows));
             done(r0 * rs, (r1 - r0) * rs);
             t0 = t1;
@@ -170,7 +257,8 @@ impl Packed {
 }
 
 /// Writes `nrows ≤ 16` rows (`src`, `nb` blocks of `ty` each) as one tile into `out`
-/// (`nb × kind.block_bytes()` bytes); missing rows get zero scales.
+/// (`kind.tile_bytes(nb)` bytes); missing rows get zero scales. Returns false if the rows do
+/// not fit `kind` (a quant −128 for [`PackKind::Q8H`]; the tile is then not usable).
 ///
 /// K-quant super-blocks (row `r` of the tile is lane `r`; "lane word" = 4 bytes at `4r`):
 /// - Q4_K: `d` f32 lane words at 0, `dmin` at [`K4_DMIN`]; the 8 sub-block scales as bytes
@@ -181,10 +269,10 @@ impl Packed {
 ///   at `K6_PAIRS + 64p` (for the `−32` correction with the 16-element sums); the unsigned
 ///   6-bit quants (`q + 32`) as bytes, sub-block `j` (16 elements = 4 groups) at
 ///   `K6_QS + 256j`, group `g` at `+ 64g`, lane bytes `4r..4r+4`.
-pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usize, out: &mut [u8]) {
+pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usize, out: &mut [u8]) -> bool {
     let (ts, bb) = (ty.type_size(), kind.block_bytes());
-    assert!(nrows <= TILE_ROWS && out.len() >= nb * bb && src.len() >= nrows * nb * ts);
-    assert_eq!(PackKind::for_type(ty), Some(kind));
+    assert!(nrows <= TILE_ROWS && out.len() >= kind.tile_bytes(nb) && src.len() >= nrows * nb * ts);
+    assert_eq!(PackKind::for_type(ty).map(PackKind::compact), Some(kind.compact()), "pack_tile: {} weights into {kind:?} tiles", ty.name());
     if kind.is_k() {
         out[..nb * bb].fill(0);
         for b in 0..nb {
@@ -198,23 +286,39 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                 }
             }
         }
-        return;
+        return true;
     }
+    let mut fits = true;
     let rd = |p: &[u8], o: usize| u32::from_le_bytes([p[o], p[o + 1], p[o + 2], p[o + 3]]);
+    out[..kind.tile_bytes(nb)].fill(0);
     for b in 0..nb {
-        let ob = &mut out[b * bb..(b + 1) * bb];
-        let (scales, payload) = ob.split_at_mut(64);
-        payload.fill(0);
-        scales.fill(0);
+        let sc = kind.scales_at(b);
         for j in 0..nrows {
             let blk = &src[(j * nb + b) * ts..(j * nb + b + 1) * ts];
-            scales[4 * j..4 * j + 4].copy_from_slice(&quant::f16_at(blk, 0).to_le_bytes());
+            if kind.is_compact() {
+                // The file's f16 scale, as it is.
+                out[sc + 2 * j..sc + 2 * j + 2].copy_from_slice(&blk[..2]);
+            } else {
+                out[sc + 4 * j..sc + 4 * j + 4].copy_from_slice(&quant::f16_at(blk, 0).to_le_bytes());
+            }
+        }
+        // The block's quants (after its scales in the standard layout).
+        let qb = if kind.is_compact() { bb } else { bb - 64 };
+        let payload = &mut out[kind.payload_at(b)..kind.payload_at(b) + qb];
+        for j in 0..nrows {
+            let blk = &src[(j * nb + b) * ts..(j * nb + b + 1) * ts];
             let lane = 4 * j;
             match kind {
                 PackKind::Q8 => {
                     for g in 0..QK / 4 {
                         let w = rd(blk, 2 + 4 * g) ^ 0x8080_8080;
                         payload[g * 64 + lane..g * 64 + lane + 4].copy_from_slice(&w.to_le_bytes());
+                    }
+                }
+                PackKind::Q8H => {
+                    fits &= !blk[2..ts].contains(&0x80);
+                    for g in 0..QK / 4 {
+                        payload[g * 64 + lane..g * 64 + lane + 4].copy_from_slice(&blk[2 + 4 * g..6 + 4 * g]);
                     }
                 }
                 PackKind::Q5 | PackKind::Q4 => {
@@ -244,6 +348,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
             }
         }
     }
+    fits
 }
 
 fn put(out: &mut [u8], o: usize, bytes: &[u8]) {
@@ -287,18 +392,19 @@ fn pack_k6(blk: &[u8], r: usize, ob: &mut [u8]) {
 /// The unsigned quant of row `j`, element `e` of block `b` of a tile (the packed layout's
 /// definition, used by the scalar model).
 fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
-    let base = &tile[b * kind.block_bytes()..];
+    let base = &tile[kind.payload_at(b)..];
     match kind {
         // Sub-block e / 32, laid out as a Q4_0 tile block.
-        PackKind::K4 => return tile_u(PackKind::Q4, &base[K4_QS + 256 * (e / 32) - 64..], 0, j, e % 32),
+        PackKind::K4 => return tile_u(PackKind::Q4, &base[K4_QS + 256 * (e / 32) - PackKind::Q4.payload_at(0)..], 0, j, e % 32),
         PackKind::K6 => return base[K6_QS + 256 * (e / 16) + 64 * (e % 16 / 4) + 4 * j + e % 4] as i32,
         _ => {}
     }
-    let p = &base[64..];
+    let p = base;
     let (g, k) = (e / 4, e % 4);
     let lane = j * 4 + k;
     match kind {
         PackKind::Q8 => p[g * 64 + lane] as i32,
+        PackKind::Q8H => p[g * 64 + lane] as i8 as i32 + 128,
         PackKind::Q5 | PackKind::Q4 => {
             let lo = (p[(g / 2) * 64 + lane] >> (4 * (g % 2))) & 0x0F;
             let hi = if kind == PackKind::Q5 { (p[256 + lane] >> g) & 1 } else { 0 };
@@ -318,8 +424,7 @@ pub type GemmFn = unsafe fn(kind: PackKind, tile: &[u8], nb: usize, act: &[Block
 /// `y` must be valid for writes of `y[t·ystride + j]`, `t < ntok`, `j < nrows`.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
-    let bb = kind.block_bytes();
-    assert!(!kind.is_k() && tile.len() >= nb * bb && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+    assert!(!kind.is_k() && tile.len() >= kind.tile_bytes(nb) && act.len() >= ntok * nb && nrows <= TILE_ROWS);
     for t in 0..ntok {
         let mut acc = [0f32; TILE_ROWS];
         for (b, ab) in act[t * nb..(t + 1) * nb].iter().enumerate() {
@@ -328,9 +433,7 @@ pub unsafe fn gemm_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], 
                 for (e, &q) in ab.qs.iter().enumerate() {
                     s += tile_u(kind, tile, b, j, e) * q as i32;
                 }
-                let o = b * bb + 4 * j;
-                let d = f32::from_le_bytes([tile[o], tile[o + 1], tile[o + 2], tile[o + 3]]);
-                *acc = (d * ab.d).mul_add(s as f32, *acc);
+                *acc = (kind.scale(tile, b, j) * ab.d).mul_add(s as f32, *acc);
             }
         }
         for (j, v) in acc.iter().take(nrows).enumerate() {

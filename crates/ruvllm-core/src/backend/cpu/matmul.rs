@@ -117,19 +117,28 @@ impl QWeight {
         if gemm::PackKind::for_type(self.ty).is_none() || self.rows > gemm::PACK_MAX_ROWS {
             return None;
         }
-        self.pack(pool, false)
+        self.pack(pool, false, false)
     }
 
     /// Packs (once); with `release`, a file-mapped weight's pages are released chunk by chunk as
-    /// they are packed, so resident memory never holds the whole weight twice.
-    fn pack(&self, pool: &ThreadPool, release: bool) -> Option<&gemm::Packed> {
+    /// they are packed, so resident memory never holds the whole weight twice; with `compact`,
+    /// into the type's compact tile format where it has one ([`gemm::PackKind::compact`]).
+    fn pack(&self, pool: &ThreadPool, release: bool, compact: bool) -> Option<&gemm::Packed> {
         let nb = self.cols / self.ty.block_size();
         let done = |at: usize, len: usize| {
             if release {
                 self.release(at, len);
             }
         };
-        self.packed.get_or_init(|| gemm::Packed::new_releasing(pool, self.ty, self.bytes(), self.rows, nb, &done)).as_ref()
+        self.packed
+            .get_or_init(|| {
+                let kind = gemm::PackKind::for_type(self.ty)?;
+                // The compact format, unless the weight does not fit it (Q8_0 with a quant −128,
+                // which ggml's quantizer never writes): then the standard one.
+                let packed = compact.then(|| gemm::Packed::new_as(pool, kind.compact(), self.ty, self.bytes(), self.rows, nb, &done)).flatten();
+                packed.or_else(|| gemm::Packed::new_as(pool, kind, self.ty, self.bytes(), self.rows, nb, &done))
+            })
+            .as_ref()
     }
 
     /// Whether [`Self::prepare`] packs this weight: this CPU has the tile GEMM and the type a
@@ -141,7 +150,18 @@ impl QWeight {
     /// Packs the weight for the tile GEMM now (at model load; any size, the LM head included)
     /// where [`Self::packs`].
     pub fn prepare(&self, pool: &ThreadPool) {
-        if self.packs() && self.pack(pool, true).is_some() {
+        self.prepare_as(pool, false)
+    }
+
+    /// [`Self::prepare`] for an LM head: Q8_0 is packed into the compact tiles (f16 scales, the
+    /// file's 34 bytes per block and row instead of 36), which decode reads whole for every
+    /// token; the results are the same bits. Other types are packed as `prepare` packs them.
+    pub fn prepare_head(&self, pool: &ThreadPool) {
+        self.prepare_as(pool, true)
+    }
+
+    fn prepare_as(&self, pool: &ThreadPool, compact: bool) {
+        if self.packs() && self.pack(pool, true, compact).is_some() {
             // Every matmul with this weight now reads the packed copy: let the file's pages
             // leave memory (they are read back from the file if anything touches them). `pack`
             // released them already unless the weight had been packed on first use before.

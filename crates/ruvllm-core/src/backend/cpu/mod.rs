@@ -137,6 +137,10 @@ impl Backend for CpuBackend {
         w.prepare(&self.pool);
     }
 
+    fn prepare_head(&mut self, w: &QWeight) {
+        w.prepare_head(&self.pool);
+    }
+
     fn reserve(&mut self, widths: BufWidths, max_batch: usize) {
         self.widths = widths;
         self.max_batch = max_batch;

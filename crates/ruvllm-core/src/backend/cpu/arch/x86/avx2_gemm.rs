@@ -12,7 +12,10 @@
 //! - Q6_K quants (`q + 32`) are at most 63: pairs ≤ 16128, two groups per i16 sum;
 //! - Q8_0 (`u = q + 128` up to 255) would saturate, so its signed quants are used instead:
 //!   `vpmaddubsw(|q|, sign(a, q))` has pairs of at most 2·128·127 = 32512 (activations of
-//!   `quantize_act_q8` lie in −127..=127), and then the `−128·Σa` start is not needed.
+//!   `quantize_act_q8` lie in −127..=127), and then the `−128·Σa` start is not needed. The
+//!   compact Q8H tiles (an LM head) store `q` in −127..=127, so `vpmaddubsw(|a|, sign(q, a))`
+//!   is exact too (pairs ≤ 2·128·127 for any activation) and needs no `vpabsb` or `vpxor` per
+//!   weight vector: one `vpsignb`, where the standard tiles take three instructions.
 //!
 //! Q4_K sub-block scales are applied to the i16 sums with `vpmaddwd` (scale in both halves of
 //! each 32-bit lane), Q6_K's likewise; the products are the same integers as the model's.
@@ -24,7 +27,7 @@
 //! compiled into the kernels (with `#[inline]` and the features LLVM kept `weights` out of line,
 //! its eight vectors going through memory).
 //!
-//! Safety contract: the CPU supports AVX2 and FMA (and AVX-VNNI for the `vnni` functions).
+//! Safety contract: the CPU supports AVX2, FMA and F16C (and AVX-VNNI for the `vnni` functions).
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -67,9 +70,10 @@ macro_rules! tile_gemm {
             #[allow(clippy::too_many_arguments)]
             pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
                 let fns: [Tokens<BlockQ8>; 4] = match kind {
-                    PackKind::Q8 => [tokens::<Q8, 8, 1>, tokens::<Q8, 4, 1>, tokens::<Q8, 1, 1>, tokens::<Q8, 1, 2>],
-                    PackKind::Q5 => [tokens::<Q5, 8, 1>, tokens::<Q5, 4, 1>, tokens::<Q5, 1, 1>, tokens::<Q5, 1, 2>],
-                    PackKind::Q4 => [tokens::<Q4, 8, 1>, tokens::<Q4, 4, 1>, tokens::<Q4, 1, 1>, tokens::<Q4, 1, 2>],
+                    PackKind::Q8 => [tokens::<Q8, false, 8, 1>, tokens::<Q8, false, 4, 1>, tokens::<Q8, false, 1, 1>, tokens::<Q8, false, 1, 2>],
+                    PackKind::Q8H => [tokens::<Q8, true, 8, 1>, tokens::<Q8, true, 4, 1>, tokens::<Q8, true, 1, 1>, tokens::<Q8, true, 1, 2>],
+                    PackKind::Q5 => [tokens::<Q5, false, 8, 1>, tokens::<Q5, false, 4, 1>, tokens::<Q5, false, 1, 1>, tokens::<Q5, false, 1, 2>],
+                    PackKind::Q4 => [tokens::<Q4, false, 8, 1>, tokens::<Q4, false, 4, 1>, tokens::<Q4, false, 1, 1>, tokens::<Q4, false, 1, 2>],
                     PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
                 };
                 groups(fns, kind, tile, nb, act, ntok, y, ystride, nrows)
@@ -105,7 +109,7 @@ macro_rules! tile_gemm {
                 ystride: usize,
                 nrows: usize,
             ) {
-                assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+                assert!(tile.len() >= kind.tile_bytes(nb) && act.len() >= ntok * nb && nrows <= TILE_ROWS);
                 let [eight, four, one, one_both] = fns;
                 let (p, a) = (tile.as_ptr(), act.as_ptr());
                 // The groups of eight and four leave `ntok % 4` tokens.
@@ -186,9 +190,10 @@ macro_rules! tile_gemm {
             }
 
             /// The 32 bytes of half `h` of each of the eight group vectors of a 32-element block
-            /// (`p`: its quants, after the scales), as unsigned quants (Q8_0: the signed ones).
+            /// (`p`: its quants), as unsigned quants; Q8_0 without VNNI: the signed ones (`C`:
+            /// the compact Q8H tiles, which store them signed).
             #[inline(always)]
-            unsafe fn weights<const K: u8>(p: *const u8, h: usize) -> [__m256i; 8] {
+            unsafe fn weights<const K: u8, const C: bool>(p: *const u8, h: usize) -> [__m256i; 8] {
                 let o = 32 * h;
                 // No closures here: they would not be compiled with the caller's features.
                 if K == Q8 {
@@ -196,7 +201,9 @@ macro_rules! tile_gemm {
                     let flip = _mm256_set1_epi8(0x80u8 as i8);
                     for (g, w) in w.iter_mut().enumerate() {
                         *w = ld(p.add(o + 64 * g));
-                        if !VNNI {
+                        // Stored `q + 128` (standard) or `q` (compact): flip where the kernel
+                        // wants the other.
+                        if VNNI == C {
                             *w = _mm256_xor_si256(*w, flip);
                         }
                     }
@@ -231,9 +238,10 @@ macro_rules! tile_gemm {
                 w
             }
 
-            /// `T` consecutive tokens over all blocks of `H` halves of the tile from half `h0`.
+            /// `T` consecutive tokens over all blocks of `H` halves of the tile from half `h0`;
+            /// `C`: the compact layout (f16 scales in pair headers, `PackKind::Q8H`).
             #[target_feature(enable = $feat)]
-            unsafe fn tokens<const K: u8, const T: usize, const H: usize>(
+            unsafe fn tokens<const K: u8, const C: bool, const T: usize, const H: usize>(
                 tile: *const u8,
                 h0: usize,
                 nb: usize,
@@ -242,17 +250,20 @@ macro_rules! tile_gemm {
                 ystride: usize,
                 rows: usize,
             ) {
-                let bb = kind_of(K).block_bytes();
-                let zp = kind_of(K).zp();
+                let kind = if C { kind_of(K).compact() } else { kind_of(K) };
+                let zp = kind.zp();
                 let mut accs = [[_mm256_setzero_ps(); T]; H];
                 for b in 0..nb {
-                    let base = tile.add(b * bb);
+                    let (sc, base) = (tile.add(kind.scales_at(b)), tile.add(kind.payload_at(b)));
                     for (hh, acc) in accs.iter_mut().enumerate() {
                         let h = h0 + hh;
-                        let dv = _mm256_loadu_ps(base.add(32 * h) as *const f32);
-                        let w = weights::<K>(base.add(64), h);
-                        // Q8_0 without VNNI: |q| once per block, the signs per token.
-                        let aw = if K == Q8 && !VNNI { w.map(|v| _mm256_sign_epi8(v, v)) } else { w };
+                        // The half's eight row scales (f16 ones widened exactly).
+                        let dv =
+                            if C { _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i)) } else { _mm256_loadu_ps(sc.add(32 * h) as *const f32) };
+                        let w = weights::<K, C>(base, h);
+                        // Q8_0 without VNNI: |q| once per block, the signs per token (the compact
+                        // tiles, which have no −128, take |a| and sign(q, a) instead).
+                        let aw = if K == Q8 && !VNNI && !C { w.map(|v| _mm256_sign_epi8(v, v)) } else { w };
                         for (k, acc) in acc.iter_mut().enumerate() {
                             let ab = &*act.add(k * nb + b);
                             let q = ab.qs.as_ptr() as *const i32;
@@ -266,6 +277,14 @@ macro_rules! tile_gemm {
                                 o = dpbusd(o, w[5], x(5));
                                 e = dpbusd(e, w[6], x(6));
                                 o = dpbusd(o, w[7], x(7));
+                                _mm256_add_epi32(e, o)
+                            } else if K == Q8 && C {
+                                let p = |g: usize| {
+                                    let xg = x(g);
+                                    widen(mul16(_mm256_sign_epi8(xg, xg), _mm256_sign_epi8(w[g], xg)))
+                                };
+                                let e = _mm256_add_epi32(_mm256_add_epi32(p(0), p(2)), _mm256_add_epi32(p(4), p(6)));
+                                let o = _mm256_add_epi32(_mm256_add_epi32(p(1), p(3)), _mm256_add_epi32(p(5), p(7)));
                                 _mm256_add_epi32(e, o)
                             } else if K == Q8 {
                                 let p = |g: usize| widen(mul16(aw[g], _mm256_sign_epi8(x(g), w[g])));
@@ -346,7 +365,7 @@ macro_rules! tile_gemm {
                         let mut isum = [_mm256_setzero_si256(); T];
                         if K == K4 {
                             for j in 0..8 {
-                                let w = weights::<Q4>(base.add(gemm::K4_QS + 256 * j), h);
+                                let w = weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j), h);
                                 let sc = scales::<false>(base.add(gemm::K4_SC + 16 * j + 8 * h), !VNNI);
                                 for (k, isum) in isum.iter_mut().enumerate() {
                                     let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
@@ -411,5 +430,5 @@ macro_rules! tile_gemm {
     };
 }
 
-tile_gemm!(emulated, "avx2,fma", false);
-tile_gemm!(vnni, "avx2,fma,avxvnni", true);
+tile_gemm!(emulated, "avx2,fma,f16c", false);
+tile_gemm!(vnni, "avx2,fma,f16c,avxvnni", true);

@@ -19,9 +19,10 @@ const Q4: u8 = 2;
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
     let (eight, four, one): (Tokens<BlockQ8>, Tokens<BlockQ8>, Tokens<BlockQ8>) = match kind {
-        PackKind::Q8 => (tokens::<Q8, 8>, tokens::<Q8, 4>, tokens::<Q8, 1>),
-        PackKind::Q5 => (tokens::<Q5, 8>, tokens::<Q5, 4>, tokens::<Q5, 1>),
-        PackKind::Q4 => (tokens::<Q4, 8>, tokens::<Q4, 4>, tokens::<Q4, 1>),
+        PackKind::Q8 => (tokens::<Q8, false, 8>, tokens::<Q8, false, 4>, tokens::<Q8, false, 1>),
+        PackKind::Q8H => (tokens::<Q8, true, 8>, tokens::<Q8, true, 4>, tokens::<Q8, true, 1>),
+        PackKind::Q5 => (tokens::<Q5, false, 8>, tokens::<Q5, false, 4>, tokens::<Q5, false, 1>),
+        PackKind::Q4 => (tokens::<Q4, false, 8>, tokens::<Q4, false, 4>, tokens::<Q4, false, 1>),
         PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
     };
     groups(Some(eight), four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
@@ -49,7 +50,7 @@ unsafe fn groups<A>(
     ystride: usize,
     nrows: usize,
 ) {
-    assert!(tile.len() >= nb * kind.block_bytes() && act.len() >= ntok * nb && nrows <= TILE_ROWS);
+    assert!(tile.len() >= kind.tile_bytes(nb) && act.len() >= ntok * nb && nrows <= TILE_ROWS);
     let mask: __mmask16 = if nrows == TILE_ROWS { 0xFFFF } else { (1u16 << nrows) - 1 };
     let (p, a) = (tile.as_ptr(), act.as_ptr());
     let mut t = 0;
@@ -69,13 +70,15 @@ unsafe fn groups<A>(
     }
 }
 
-/// The eight unsigned group vectors of block `p` (its quants, after the scales).
+/// The eight unsigned group vectors of block `p` (its quants; `C`: compact Q8H tiles, whose
+/// signed quants get their sign bit flipped to make `q + 128`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 #[inline]
-unsafe fn weights<const K: u8>(p: *const u8) -> [__m512i; 8] {
+unsafe fn weights<const K: u8, const C: bool>(p: *const u8) -> [__m512i; 8] {
     let ld = |o: usize| _mm512_load_si512(p.add(o) as *const _);
     if K == Q8 {
-        return [ld(0), ld(64), ld(128), ld(192), ld(256), ld(320), ld(384), ld(448)];
+        let w = [ld(0), ld(64), ld(128), ld(192), ld(256), ld(320), ld(384), ld(448)];
+        return if C { w.map(|v| _mm512_xor_si512(v, _mm512_set1_epi8(0x80u8 as i8))) } else { w };
     }
     let m = _mm512_set1_epi8(0x0F);
     let mut w = [_mm512_setzero_si512(); 8];
@@ -96,25 +99,24 @@ unsafe fn weights<const K: u8>(p: *const u8) -> [__m512i; 8] {
     w
 }
 
-/// `T` consecutive tokens over all blocks of the tile. Each token's block sum runs in two
-/// chains of four `vpdpbusd` (even and odd groups), so four tokens keep eight chains in flight.
+/// `T` consecutive tokens over all blocks of the tile (`C`: the compact layout, f16 scales in
+/// pair headers). Each token's block sum runs in two chains of four `vpdpbusd` (even and odd
+/// groups), so four tokens keep eight chains in flight.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-unsafe fn tokens<const K: u8, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8, y: *mut f32, ystride: usize, mask: __mmask16) {
-    let bb = match K {
-        Q8 => PackKind::Q8.block_bytes(),
-        Q5 => PackKind::Q5.block_bytes(),
-        _ => PackKind::Q4.block_bytes(),
+unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8, y: *mut f32, ystride: usize, mask: __mmask16) {
+    let kind = match K {
+        Q8 if C => PackKind::Q8H,
+        Q8 => PackKind::Q8,
+        Q5 => PackKind::Q5,
+        _ => PackKind::Q4,
     };
-    let zp = match K {
-        Q8 => PackKind::Q8.zp(),
-        Q5 => PackKind::Q5.zp(),
-        _ => PackKind::Q4.zp(),
-    };
+    let zp = kind.zp();
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
-        let base = tile.add(b * bb);
-        let dv = _mm512_load_ps(base as *const f32);
-        let w = weights::<K>(base.add(64));
+        let sc = tile.add(kind.scales_at(b));
+        // The 16 rows' scales (f16 ones, 32-byte aligned in the pair's header, widened exactly).
+        let dv = if C { _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i)) } else { _mm512_load_ps(sc as *const f32) };
+        let w = weights::<K, C>(tile.add(kind.payload_at(b)));
         for (k, acc) in acc.iter_mut().enumerate() {
             let ab = &*act.add(k * nb + b);
             let q = ab.qs.as_ptr() as *const i32;
@@ -182,7 +184,7 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         let mut isum = [_mm512_setzero_si512(); T];
         if K == K4 {
             for j in 0..8 {
-                let w = weights::<Q4>(base.add(gemm::K4_QS + 256 * j));
+                let w = weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j));
                 let sc = _mm512_cvtepu8_epi32(_mm_load_si128(base.add(gemm::K4_SC + 16 * j) as *const __m128i));
                 for (k, isum) in isum.iter_mut().enumerate() {
                     let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
