@@ -148,9 +148,11 @@ console.log(
 )
 
 // The decode floor: the bytes a token reads over the streaming-read bandwidth of our own thread
-// pool (membw). Bandwidth on a shared machine drifts from minute to minute, so it is measured in
-// every round, next to the decode it is compared with, and the median round is the floor (the
-// best round is reported too).
+// pool (membw). Bandwidth on a shared machine drifts from minute to minute (2 threads read 32 or
+// 58 GB/s a minute apart), so it is measured in every round just before and just after our
+// decode, and each round's decode is compared with the mean of the two (the anchor measured side
+// by side); the median of those per-round ratios is reported, and also the ratio of the medians
+// and the best round's floor.
 const root = join(here, '..')
 execFileSync('cargo', ['build', '--quiet', '--release', '-p', 'ruvllm-eval', '--example', 'membw'], { cwd: root, stdio: 'inherit' })
 const membw = (threads) => JSON.parse(execFileSync(join(root, 'target', 'release', 'examples', 'membw'), [values.model, String(threads)], { encoding: 'utf8' }).trim().split('\n').pop())
@@ -160,14 +162,21 @@ for (const threads of values.threads.split(',').map(Number)) {
   for (const promptLen of values.prompts.split(',').map(Number)) {
     const runs = Object.fromEntries(runtimes.map((r) => [r, []]))
     const bw = []
+    const paired = []
+    const floorNow = (round) => {
+      bw.push(membw(threads))
+      process.stderr.write(`  floor t=${threads} round ${round + 1}: ${bw.at(-1).readGBps} GB/s → ${bw.at(-1).floorTokensPerSecond} tok/s\n`)
+      return bw.at(-1).floorTokensPerSecond
+    }
     for (let round = 0; round < Number(values.rounds); round++) {
       for (const r of runtimes) {
+        const before = r === 'ruvllm' ? floorNow(round) : NaN
         const res = runOne(r, threads, promptLen)
         runs[r].push(res)
         process.stderr.write(`  ${r} t=${threads} p=${promptLen} round ${round + 1}: prefill ${res.prefillTps.toFixed(1)} decode ${res.decodeTps.toFixed(1)} tok/s\n`)
+        if (r === 'ruvllm') paired.push(res.decodeTps / ((before + floorNow(round)) / 2))
       }
-      bw.push(membw(threads))
-      process.stderr.write(`  floor t=${threads} round ${round + 1}: ${bw.at(-1).readGBps} GB/s → ${bw.at(-1).floorTokensPerSecond} tok/s\n`)
+      if (!runtimes.includes('ruvllm')) floorNow(round)
     }
     const gbps = bw.map((b) => b.readGBps)
     const f = { ...bw[0], readGBps: median(gbps), bestGBps: Math.max(...gbps), roundsGBps: gbps }
@@ -194,10 +203,13 @@ for (const threads of values.threads.split(',').map(Number)) {
     }
     const ours = row.decodeTps.ruvllm
     console.log(
-      `\ndecode floor at ${threads} thread${threads > 1 ? 's' : ''}: streaming read ${f.readGBps.toFixed(1)} GB/s (median of the rounds: ${gbps.map((g) => g.toFixed(1)).join(', ')}), ` +
-        `${(f.bytesPerToken / 1e6).toFixed(1)} MB per token → ${f.floorTokensPerSecond.toFixed(1)} tok/s; ruvllm decode = ${((100 * ours) / f.floorTokensPerSecond).toFixed(0)} % of the floor ` +
-        `(${((100 * ours) / f.bestFloorTokensPerSecond).toFixed(0)} % of the best round's ${f.bestFloorTokensPerSecond.toFixed(1)} tok/s)`,
+      `\ndecode floor at ${threads} thread${threads > 1 ? 's' : ''}: streaming read ${f.readGBps.toFixed(1)} GB/s (median of the readings: ${gbps.map((g) => g.toFixed(1)).join(', ')}), ` +
+        `${(f.bytesPerToken / 1e6).toFixed(1)} MB per token → ${f.floorTokensPerSecond.toFixed(1)} tok/s; ruvllm decode = ` +
+        (paired.length ? `${(100 * median(paired)).toFixed(0)} % of the floor read just before and after it (median of the rounds: ${paired.map((x) => (100 * x).toFixed(0)).join(', ')} %); ` : '') +
+        `${((100 * ours) / f.floorTokensPerSecond).toFixed(0)} % as a ratio of the medians ` +
+        `(${((100 * ours) / f.bestFloorTokensPerSecond).toFixed(0)} % of the best reading's ${f.bestFloorTokensPerSecond.toFixed(1)} tok/s)`,
     )
+    f.pairedRatios = paired
     row.floor = f
     results.push(row)
   }
