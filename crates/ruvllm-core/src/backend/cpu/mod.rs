@@ -33,7 +33,7 @@ pub struct CpuBackend {
     pool: ThreadPool,
     widths: BufWidths,
     max_batch: usize,
-    bufs: [Vec<f32>; 9],
+    bufs: [LineBuf; 9],
     /// The last LM head's logits (grown to the most rows asked for at once).
     logits: Vec<f32>,
     logits_len: usize,
@@ -45,6 +45,42 @@ pub struct CpuBackend {
     ahead: bool,
     picks: std::collections::VecDeque<u32>,
     embed_pick: bool,
+}
+
+/// A zeroed f32 buffer that starts on a 64-byte cache line. The kernels split a buffer's rows
+/// and columns between threads at multiples of 16 floats, so no cache line is written by two
+/// threads (with `Vec`'s 16-byte alignment every split shared one: at 2 threads on separate dies
+/// decode attention's value sums, which update their columns of the output once per 16 key
+/// rows, ran twice as slow).
+#[derive(Default)]
+struct LineBuf(Vec<Line>, usize);
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+impl LineBuf {
+    /// `len` zeros.
+    fn reset(&mut self, len: usize) {
+        self.0.clear();
+        self.0.resize(len.div_ceil(16), Line([0.0; 16]));
+        self.1 = len;
+    }
+}
+
+impl std::ops::Deref for LineBuf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `Line` is 16 f32s with no padding; `self.1 ≤ 16 · self.0.len()`.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const f32, self.1) }
+    }
+}
+
+impl std::ops::DerefMut for LineBuf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `deref`, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut f32, self.1) }
+    }
 }
 
 /// Greedy picks queued by CPU backends under `RUVLLM_CPU_AHEAD=1` in this process (so a test
@@ -96,7 +132,7 @@ impl CpuBackend {
     }
 
     /// The first `n` rows of `src` to read and of each of `dsts` to write (`src` not among them).
-    fn split<'s>(bufs: &'s mut [Vec<f32>; 9], widths: BufWidths, src: Buf, dsts: &[Buf], n: usize, out: &mut [&'s mut [f32]; 4]) -> &'s [f32] {
+    fn split<'s>(bufs: &'s mut [LineBuf; 9], widths: BufWidths, src: Buf, dsts: &[Buf], n: usize, out: &mut [&'s mut [f32]; 4]) -> &'s [f32] {
         assert!(dsts.len() <= out.len() && !dsts.contains(&src), "backend: bad buffer set");
         let mut input: &[f32] = &[];
         for (b, v) in Buf::ALL.into_iter().zip(bufs.iter_mut()) {
@@ -145,8 +181,7 @@ impl Backend for CpuBackend {
         self.widths = widths;
         self.max_batch = max_batch;
         for (b, v) in Buf::ALL.into_iter().zip(self.bufs.iter_mut()) {
-            v.clear();
-            v.resize(max_batch * widths.of(b), 0.0);
+            v.reset(max_batch * widths.of(b));
         }
         self.logits.resize(widths.vocab_size, 0.0);
         self.logits_len = widths.vocab_size;
