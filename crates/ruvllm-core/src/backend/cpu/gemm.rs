@@ -18,9 +18,9 @@
 //! group's bits at 0x10 in every byte, for AVX2 as for AVX-512): packed Q5_0 takes 24 bytes per
 //! block and row (22 in the file), Q4_0 20 (18), Q8_0 36 (34).
 //!
-//! A weight decode streams whole for one token per pass, the LM head above all (for Gemma 3 it
-//! is 72 % of a token's bytes), is packed compact instead ([`PackKind::Q8H`], by
-//! `QWeight::prepare_head`): the scales stay f16 as in the file (widened exactly by
+//! The LM head, which decode streams whole for one token per pass (for Gemma 3, 72 % of a
+//! token's bytes), is packed compact instead ([`PackKind::Q8H`], by `QWeight::prepare_head`):
+//! the scales stay f16 as in the file (widened exactly by
 //! `vcvtph2ps`, so the results are the same bits), two blocks' scales in one 64-byte header
 //! before the two blocks' quants, which keeps every quant vector 64-byte aligned: 34 bytes per
 //! block and row, what the file takes. The layer weights keep f32 scales: widening them in the
