@@ -1521,13 +1521,18 @@ __device__ __forceinline__ void act_mq_body(const float* X, int8_t* Xq, float* X
 extern "C" __global__ void act_mq_q8_0(const float* X, int8_t* Xq, float* Xd, float* Xm, int cols, int n) { act_mq_body<1>(X, Xq, Xd, Xm, cols, n); }
 extern "C" __global__ void act_mq_q8_k(const float* X, int8_t* Xq, float* Xd, float* Xm, int cols, int n) { act_mq_body<2>(X, Xq, Xd, Xm, cols, n); }
 
+// The pass's token t: the step block's, or for t = 0 under STEP_TOKEN_PICK the kept pick.
+__device__ __forceinline__ int step_token(const int* step, const int* pick, int t) {
+    return t == 0 && (step[3] & STEP_TOKEN_PICK) ? pick[0] : step[4 + t];
+}
+
 // Embedding rows: X[t] = scale · table[tokens[t]], the token equal to `replace_id` taking
 // `replace` (when given) instead.
 template <int T>
 __device__ __forceinline__ void embed_body(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id, const int* pick) {
     PDL_ENTRY();
     const int t = blockIdx.x;
-    const int tok = t == 0 && (step[3] & STEP_TOKEN_PICK) ? pick[0] : step[4 + t];
+    const int tok = step_token(step, pick, t);
     float* out = X + (size_t)t * d;
     if (replace && tok == replace_id) {
         for (int j = threadIdx.x; j < d; j += blockDim.x) out[j] = replace[j] * scale;

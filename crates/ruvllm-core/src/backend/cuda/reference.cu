@@ -441,14 +441,13 @@ __device__ float ref_dq<T_F16>(const u8* row, int j) { return ref_f16_at(row + 2
 template <>
 __device__ float ref_dq<T_F32>(const u8* row, int j) { return ref_wf<T_F32>(row, j); }
 
-// X[t] = scale · table[token t] (a replaced row: scale · replace), one thread per element; the
-// token as `embed_body` takes it.
+// X[t] = scale · table[token t] (a replaced row: scale · replace), one thread per element.
 template <int T>
 __device__ __forceinline__ void ref_embed_body(const u8* table, long long rb, const int* step, float* X, int d, float scale, const float* replace, int replace_id, const int* pick) {
     PDL_ENTRY();
     const int j = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (j >= d) return;
-    const int tok = t == 0 && (step[3] & STEP_TOKEN_PICK) ? pick[0] : step[4 + t];
+    const int tok = step_token(step, pick, t);
     const float v = replace && tok == replace_id ? replace[j] : ref_dq<T>(table + (size_t)tok * rb, j);
     X[(size_t)t * d + j] = RM(v, scale);
 }

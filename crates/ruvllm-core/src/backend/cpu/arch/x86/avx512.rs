@@ -105,11 +105,11 @@ unsafe fn weights<const K: u8, const C: bool>(p: *const u8) -> [__m512i; 8] {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8, y: *mut f32, ystride: usize, mask: __mmask16) {
     let kind = match K {
-        Q8 if C => PackKind::Q8H,
         Q8 => PackKind::Q8,
         Q5 => PackKind::Q5,
         _ => PackKind::Q4,
     };
+    let kind = if C { kind.compact() } else { kind };
     let zp = kind.zp();
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
