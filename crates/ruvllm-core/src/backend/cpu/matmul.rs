@@ -7,6 +7,7 @@
 //! memory once and reused from L1.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::dispatch::kernels;
@@ -461,18 +462,9 @@ fn run_tiles(
         first.push(first[first.len() - 1] + p.tiles());
     }
     let tiles = first[ps.len()];
-    // Whole tiles per task; tokens, if split, in multiples of four (the kernel's token group).
-    // One token over a layer's weights (up to a few MB): one contiguous chunk per thread, so
-    // each thread's reads are one stream the hardware prefetchers follow from the start (four
-    // chunks per thread restarted the stream at every chunk: 2 threads, decode's layer weights
-    // 2.6-2.7 against 2.0-2.1 ms per token on AVX2, 2.2 against 1.8 on AVX-512,
-    // `examples/decode_bw`). The LM head (≥ 16 MiB) keeps four chunks per thread, which balance
-    // better over its 3+ ms.
     let bytes: usize = ps.iter().map(|p| p.tiles() * p.tile_bytes()).sum();
-    let per_thread = if n == 1 && bytes < 16 << 20 { 1 } else { 4 };
-    let sp = split(pool.threads(), tiles, n, 1, 1, 4, per_thread);
-    let task = |i: usize| {
-        let (i0, i1, t0, t1) = sp.task(i, tiles, n);
+    // Tiles `i0..i1` for tokens `t0..t1`.
+    let tile_range = |i0: usize, i1: usize, t0: usize, t1: usize| {
         let mut w = 0;
         for ti in i0..i1 {
             while ti >= first[w + 1] {
@@ -495,7 +487,88 @@ fn run_tiles(
             }
         }
     };
-    pool.for_each(sp.row_tasks * sp.tok_tasks, &task);
+    if n == 1 && pool.threads() > 1 && tiles > 1 {
+        // One token (decode): each thread streams one contiguous range, so its reads are one
+        // stream the hardware prefetchers follow from the start (four chunks per thread
+        // restarted the stream at every chunk: 2 threads, decode's layer weights 2.6-2.7
+        // against 2.0-2.1 ms per token on AVX2, 2.2 against 1.8 on AVX-512,
+        // `examples/decode_bw`), taken from the front in chunks; a thread done with its range takes chunks from the back of the others'. On a
+        // shared machine one core often runs 10-15 % slower than the other for seconds at a
+        // time, and with fixed halves the faster one waited for it at the end of every product
+        // (2 threads, AVX2: 0.3-1.4 ms per token on the layer products and 0.05-0.5 ms on the
+        // LM head).
+        let parts = pool.threads().min(tiles);
+        let chunk = (STEAL_CHUNK_BYTES * tiles / bytes.max(1)).max(1);
+        let claims: Vec<Claim> = (0..parts).map(|r| Claim::new(r * tiles / parts, (r + 1) * tiles / parts)).collect();
+        pool.for_each(parts, &|i| {
+            while let Some((a, b)) = claims[i].front(chunk) {
+                tile_range(a, b, 0, 1);
+            }
+            for j in (1..parts).map(|k| (i + k) % parts) {
+                while let Some((a, b)) = claims[j].back(chunk) {
+                    tile_range(a, b, 0, 1);
+                }
+            }
+        });
+        return;
+    }
+    // Whole tiles per task, four tasks per thread; tokens, if split, in multiples of four (the
+    // kernel's token group).
+    let sp = split(pool.threads(), tiles, n, 1, 1, 4, 4);
+    pool.for_each(sp.row_tasks * sp.tok_tasks, &|i| {
+        let (i0, i1, t0, t1) = sp.task(i, tiles, n);
+        tile_range(i0, i1, t0, t1);
+    });
+}
+
+/// Bytes of weight tiles per claim in a one-token product ([`Claim`]): a few microseconds of
+/// streaming, so the threads finish within that of each other.
+const STEAL_CHUNK_BYTES: usize = 32 << 10;
+
+/// A range of tiles (`front..back`) that its owner takes from the front, chunk by chunk, and
+/// the other threads, once done with their own, from the back: `front` in the low 32 bits,
+/// `back` in the high. Each on a cache line of its own, so the owner's claims stay in its cache
+/// until another thread comes. A claim only divides indices (the pool's end of job publishes
+/// the results), so relaxed ordering is enough.
+#[repr(align(128))]
+struct Claim(AtomicU64);
+
+impl Claim {
+    fn new(front: usize, back: usize) -> Self {
+        Claim(AtomicU64::new(((back as u64) << 32) | front as u64))
+    }
+
+    /// Takes up to `c` items from the front.
+    fn front(&self, c: usize) -> Option<(usize, usize)> {
+        self.take(|f, b| {
+            let e = (f + c).min(b);
+            ((f, e), (e, b))
+        })
+    }
+
+    /// Takes up to `c` items from the back.
+    fn back(&self, c: usize) -> Option<(usize, usize)> {
+        self.take(|f, b| {
+            let s = b.saturating_sub(c).max(f);
+            ((s, b), (f, s))
+        })
+    }
+
+    /// Applies `cut` (front, back) → (taken range, what is left) while the range is not empty.
+    fn take(&self, cut: impl Fn(usize, usize) -> ((usize, usize), (usize, usize))) -> Option<(usize, usize)> {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            let (f, b) = (cur as u32 as usize, (cur >> 32) as usize);
+            if f >= b {
+                return None;
+            }
+            let (taken, (nf, nb)) = cut(f, b);
+            match self.0.compare_exchange_weak(cur, ((nb as u64) << 32) | nf as u64, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(taken),
+                Err(x) => cur = x,
+            }
+        }
+    }
 }
 
 /// Splits rows (and, for few rows, tokens) into tasks and computes every `y[t][r]`.
@@ -578,5 +651,42 @@ unsafe fn tile_dots<A>(
             *yp.ptr().add(t * rows + r) = f(&tile[(r - tr) * rs..(r - tr + 1) * rs], at);
         }
         t += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Claim;
+
+    #[test]
+    fn claims_split_a_range_without_gaps_or_overlaps() {
+        let c = Claim::new(3, 20);
+        assert_eq!(c.front(4), Some((3, 7)));
+        assert_eq!(c.back(5), Some((15, 20)));
+        assert_eq!(c.back(100), Some((7, 15)));
+        assert_eq!(c.front(1), None);
+        assert_eq!(c.back(1), None);
+        assert_eq!(Claim::new(5, 5).front(1), None);
+        // Owners and thieves racing over four ranges: every index taken exactly once.
+        let n = 40_000;
+        let claims: Vec<Claim> = (0..4).map(|r| Claim::new(r * n / 4, (r + 1) * n / 4)).collect();
+        let taken: Vec<std::sync::atomic::AtomicU8> = (0..n).map(|_| Default::default()).collect();
+        std::thread::scope(|s| {
+            for i in 0..4 {
+                let (claims, taken) = (&claims, &taken);
+                s.spawn(move || {
+                    let mark = |(a, b): (usize, usize)| (a..b).for_each(|k| _ = taken[k].fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+                    while let Some(r) = claims[i].front(3 + i) {
+                        mark(r);
+                    }
+                    for j in (1..4).map(|k| (i + k) % 4) {
+                        while let Some(r) = claims[j].back(7) {
+                            mark(r);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(taken.iter().all(|t| t.load(std::sync::atomic::Ordering::Relaxed) == 1));
     }
 }
