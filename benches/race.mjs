@@ -151,8 +151,9 @@ console.log(
 // pool (membw). Bandwidth on a shared machine drifts from minute to minute (2 threads read 32 or
 // 58 GB/s a minute apart), so it is measured in every round just before and just after our
 // decode, and each round's decode is compared with the mean of the two (the anchor measured side
-// by side); the median of those per-round ratios is reported, and also the ratio of the medians
-// and the best round's floor.
+// by side); the median of those per-round ratios is reported, the same over the steady rounds
+// (both readings within 15 %: the level did not switch during the decode), and also the ratio of
+// the medians and the best round's floor.
 const root = join(here, '..')
 execFileSync('cargo', ['build', '--quiet', '--release', '-p', 'ruvllm-eval', '--example', 'membw'], { cwd: root, stdio: 'inherit' })
 const membw = (threads) => JSON.parse(execFileSync(join(root, 'target', 'release', 'examples', 'membw'), [values.model, String(threads)], { encoding: 'utf8' }).trim().split('\n').pop())
@@ -174,7 +175,10 @@ for (const threads of values.threads.split(',').map(Number)) {
         const res = runOne(r, threads, promptLen)
         runs[r].push(res)
         process.stderr.write(`  ${r} t=${threads} p=${promptLen} round ${round + 1}: prefill ${res.prefillTps.toFixed(1)} decode ${res.decodeTps.toFixed(1)} tok/s\n`)
-        if (r === 'ruvllm') paired.push(res.decodeTps / ((before + floorNow(round)) / 2))
+        if (r === 'ruvllm') {
+          const after = floorNow(round)
+          paired.push({ ratio: res.decodeTps / ((before + after) / 2), before, after, gbps: (bw.at(-2).readGBps + bw.at(-1).readGBps) / 2 })
+        }
       }
       if (!runtimes.includes('ruvllm')) floorNow(round)
     }
@@ -205,11 +209,23 @@ for (const threads of values.threads.split(',').map(Number)) {
     console.log(
       `\ndecode floor at ${threads} thread${threads > 1 ? 's' : ''}: streaming read ${f.readGBps.toFixed(1)} GB/s (median of the readings: ${gbps.map((g) => g.toFixed(1)).join(', ')}), ` +
         `${(f.bytesPerToken / 1e6).toFixed(1)} MB per token → ${f.floorTokensPerSecond.toFixed(1)} tok/s; ruvllm decode = ` +
-        (paired.length ? `${(100 * median(paired)).toFixed(0)} % of the floor read just before and after it (median of the rounds: ${paired.map((x) => (100 * x).toFixed(0)).join(', ')} %); ` : '') +
+        (paired.length ? `${(100 * median(paired.map((p) => p.ratio))).toFixed(0)} % of the floor read just before and after it (median of the rounds: ${paired.map((p) => (100 * p.ratio).toFixed(0)).join(', ')} %); ` : '') +
         `${((100 * ours) / f.floorTokensPerSecond).toFixed(0)} % as a ratio of the medians ` +
         `(${((100 * ours) / f.bestFloorTokensPerSecond).toFixed(0)} % of the best reading's ${f.bestFloorTokensPerSecond.toFixed(1)} tok/s)`,
     )
-    f.pairedRatios = paired
+    // Rounds whose two readings agree within 15 %: the machine's bandwidth did not switch
+    // during them, so their floor is the one the decode ran against. The others mix two levels.
+    const steady = paired.filter((p) => Math.max(p.before, p.after) <= 1.15 * Math.min(p.before, p.after))
+    if (paired.length) {
+      console.log(
+        `steady rounds (floor readings within 15 % of each other): ${steady.length} of ${paired.length}` +
+          (steady.length
+            ? `, ruvllm decode = ${(100 * median(steady.map((p) => p.ratio))).toFixed(0)} % of the floor (median; rounds: ${steady.map((p) => `${(100 * p.ratio).toFixed(0)} % at ${p.gbps.toFixed(1)} GB/s`).join(', ')})`
+            : ''),
+      )
+    }
+    f.pairedRatios = paired.map((p) => p.ratio)
+    f.steadyRounds = steady
     row.floor = f
     results.push(row)
   }
