@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use ruvllm_core::backend::cpu::gemm;
 use ruvllm_core::backend::cpu::matmul::{matmul_fused, matmul_scalar, WeightData};
-use ruvllm_core::backend::cpu::quant::{dequantize, quantize, quantize_act_q8, quantize_act_q8k, BlockQ8, BlockQ8K};
+use ruvllm_core::backend::cpu::quant::{
+    dequantize, quantize, quantize_act_q8, quantize_act_q8_generic, quantize_act_q8k, quantize_act_q8k_generic, BlockQ8, BlockQ8K,
+};
 use ruvllm_core::backend::cpu::{dispatch, matmul, GgmlType, QWeight};
 use ruvllm_core::runtime::ThreadPool;
 
@@ -994,5 +996,47 @@ fn throughput() {
         let (_, us) = bench_one(ty, rows, cols, 2, n);
         let gflops = 2.0 * (rows * cols * n) as f64 / (us * 1e3);
         println!("{:5} {rows:>6}x{cols:<5} n={n} threads=2: {gflops:6.1} GFLOP/s  {us:9.1} us/call", ty.name());
+    }
+}
+
+#[test]
+fn activation_quantizers_equal_the_scalar_definition() {
+    // The dispatched (AVX2 where present) quantizers against the plain-Rust definitions, bit for
+    // bit: random rows, exact ties (x.5 after scaling, equal magnitudes of both signs), all-zero
+    // blocks, tiny and huge magnitudes, NaN and infinities.
+    let mut rng = Rng::new(77);
+    let mut rows: Vec<Vec<f32>> = (0..20).map(|i| rng.vec(1024, [1e-3, 1.0, 40.0, 3e4][i % 4])).collect();
+    let mut ties = vec![0f32; 1024];
+    for (i, v) in ties.iter_mut().enumerate() {
+        // amax 127 in every block: the scaled values are the values, with many x.5 ties.
+        *v = [127.0, -127.0, 0.5, 1.5, -2.5, 3.5, 0.0, -0.0][i % 8] + (i / 8 % 5) as f32;
+    }
+    rows.push(ties);
+    rows.push(vec![0.0; 1024]);
+    let mut odd = rng.vec(1024, 1.0);
+    odd[3] = f32::NAN;
+    odd[300] = f32::INFINITY;
+    odd[600] = f32::NEG_INFINITY;
+    odd[900] = f32::NAN;
+    for v in &mut odd[512..768] {
+        *v *= 1e-38; // subnormal-range block
+    }
+    rows.push(odd);
+    for (ri, x) in rows.iter().enumerate() {
+        let (mut a, mut b) = (vec![BlockQ8::default(); 32], vec![BlockQ8::default(); 32]);
+        quantize_act_q8(x, &mut a);
+        quantize_act_q8_generic(x, &mut b);
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                p.qs == q.qs && p.qsum == q.qsum && p.d.to_bits() == q.d.to_bits() && p.s.to_bits() == q.s.to_bits(),
+                "q8 row {ri} block {i}: {p:?} vs {q:?}"
+            );
+        }
+        let (mut a, mut b) = (vec![BlockQ8K::default(); 4], vec![BlockQ8K::default(); 4]);
+        quantize_act_q8k(x, &mut a);
+        quantize_act_q8k_generic(x, &mut b);
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert!(p.qs == q.qs && p.bsums == q.bsums && p.d.to_bits() == q.d.to_bits(), "q8k row {ri} block {i}: {p:?} vs {q:?}");
+        }
     }
 }

@@ -771,6 +771,18 @@ impl Default for BlockQ8K {
 /// Quantizes `x` (a multiple of 32 long) into `out` (`x.len() / 32` blocks) as ggml's x86
 /// `quantize_row_q8_0`/`quantize_row_q8_1` do: `d = amax/127`, `q = round_half_even(x·127/amax)`.
 pub fn quantize_act_q8(x: &[f32], out: &mut [BlockQ8]) {
+    assert_eq!(x.len(), out.len() * QK, "quantize_act_q8: {} values for {} blocks", x.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if super::arch::x86::vec::avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; the lengths match (asserted).
+        return unsafe { super::arch::x86::vec::quantize_act_q8(x, out) };
+    }
+    quantize_act_q8_generic(x, out)
+}
+
+/// [`quantize_act_q8`] in plain Rust: the definition the SIMD version reproduces bit for bit.
+#[doc(hidden)]
+pub fn quantize_act_q8_generic(x: &[f32], out: &mut [BlockQ8]) {
     debug_assert_eq!(x.len(), out.len() * QK);
     for (xb, yb) in x.chunks_exact(QK).zip(out.iter_mut()) {
         let mut amax = 0f32;
@@ -793,6 +805,18 @@ pub fn quantize_act_q8(x: &[f32], out: &mut [BlockQ8]) {
 
 /// Quantizes `x` (a multiple of 256 long) into `out` as ggml's `quantize_row_q8_K_ref`.
 pub fn quantize_act_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    assert_eq!(x.len(), out.len() * QK_K, "quantize_act_q8k: {} values for {} blocks", x.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if super::arch::x86::vec::avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected; the lengths match (asserted).
+        return unsafe { super::arch::x86::vec::quantize_act_q8k(x, out) };
+    }
+    quantize_act_q8k_generic(x, out)
+}
+
+/// [`quantize_act_q8k`] in plain Rust: the definition the SIMD version reproduces bit for bit.
+#[doc(hidden)]
+pub fn quantize_act_q8k_generic(x: &[f32], out: &mut [BlockQ8K]) {
     debug_assert_eq!(x.len(), out.len() * QK_K);
     for (xb, yb) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let (mut max, mut amax) = (0f32, 0f32);

@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
 use crate::backend::cpu::attention::Prefetch;
+use crate::backend::cpu::quant::{round_f16, BlockQ8, BlockQ8K, QK, QK_K};
 use crate::backend::cpu::vec::{gelu_tanh_mul_generic, silu_mul_generic, softmax_generic, KvElem};
 
 /// AVX2, FMA and F16C present (every AVX2 CPU has F16C; the f16 KV cache loads need it),
@@ -526,5 +527,101 @@ pub unsafe fn axpy<T: KvElem>(out: &mut [f32], w: f32, v: &[T]) {
     while i < n {
         out[i] += w * v[i].to_f32();
         i += 1;
+    }
+}
+
+/// The largest `|v|` of `n` floats at `p` (a multiple of 8), NaNs ignored as `f32::max` ignores
+/// them (`vmaxps` returns its second operand when either is NaN); the maximum of a set does not
+/// depend on the order it is taken in, so this is the scalar loop's value.
+#[inline(always)]
+unsafe fn abs_max(p: *const f32, n: usize) -> f32 {
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_setzero_ps();
+    for i in (0..n).step_by(8) {
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(i))), m);
+    }
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)))
+}
+
+/// The low bytes of eight i32 lanes (`as i8`, wrapping) at `q`.
+#[inline(always)]
+unsafe fn store_i8x8(q: *mut i8, v: __m256i) {
+    let low = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    let b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, low), _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
+    _mm_storel_epi64(q as *mut __m128i, _mm256_castsi256_si128(b));
+}
+
+/// ggml's `nearest_int` (`quant::nearest_int`) on eight lanes, the same operations: the
+/// 1.5·2^23 addition, the mantissa bits, minus 2^22.
+#[inline(always)]
+unsafe fn nearest_int8(x: __m256) -> __m256i {
+    let v = _mm256_castps_si256(_mm256_add_ps(x, _mm256_set1_ps(12582912.0)));
+    _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x007f_ffff)), _mm256_set1_epi32(0x0040_0000))
+}
+
+/// The sum of the eight i32 lanes.
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
+}
+
+/// [`quantize_act_q8`](crate::backend::cpu::quant::quantize_act_q8) with AVX2, bit for bit:
+/// the same amax, `v · (127/amax)` products, `nearest_int` and wrapping `as i8`, for any input.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn quantize_act_q8(x: &[f32], out: &mut [BlockQ8]) {
+    assert_eq!(x.len(), out.len() * QK);
+    for (xb, yb) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let p = xb.as_ptr();
+        let amax = abs_max(p, QK);
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let mut sum = _mm256_setzero_si256();
+        for i in (0..QK).step_by(8) {
+            let q = nearest_int8(_mm256_mul_ps(_mm256_loadu_ps(p.add(i)), id));
+            sum = _mm256_add_epi32(sum, q);
+            store_i8x8(yb.qs.as_mut_ptr().add(i), q);
+        }
+        let sum = hsum_i32(sum);
+        yb.d = round_f16(d);
+        yb.s = round_f16(d * sum as f32);
+        yb.qsum = sum;
+    }
+}
+
+/// [`quantize_act_q8k`](crate::backend::cpu::quant::quantize_act_q8k) with AVX2, bit for bit:
+/// the value of the first element of largest magnitude, then the same products, `nearest_int`,
+/// clamp at 127, wrapping `as i8` and sums of the stored bytes in 16s, for any input.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn quantize_act_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    assert_eq!(x.len(), out.len() * QK_K);
+    for (xb, yb) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        let p = xb.as_ptr();
+        let amax = abs_max(p, QK_K);
+        if amax == 0.0 {
+            yb.d = 0.0;
+            yb.qs = [0; QK_K];
+            yb.bsums = [0; QK_K / 16];
+            continue;
+        }
+        // The scalar loop keeps the first element whose magnitude beats every earlier one.
+        let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+        let iscale = -127.0 / max;
+        let (is, top) = (_mm256_set1_ps(iscale), _mm256_set1_epi32(127));
+        for j in 0..QK_K / 16 {
+            let mut s = _mm256_setzero_si256();
+            for h in 0..2 {
+                let i = 16 * j + 8 * h;
+                let q = _mm256_min_epi32(nearest_int8(_mm256_mul_ps(is, _mm256_loadu_ps(p.add(i)))), top);
+                // The stored bytes' values (sign-extended low byte), as the scalar sums them.
+                s = _mm256_add_epi32(s, _mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(q)));
+                store_i8x8(yb.qs.as_mut_ptr().add(i), q);
+            }
+            yb.bsums[j] = hsum_i32(s) as i16;
+        }
+        yb.d = 1.0 / iscale;
     }
 }
