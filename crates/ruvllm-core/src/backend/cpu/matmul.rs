@@ -381,17 +381,21 @@ impl Split {
     }
 }
 
+/// Row chunks per thread in [`split`]: tasks are claimed as threads come free, so a slower
+/// thread takes fewer of them.
+const CHUNKS_PER_THREAD: usize = 4;
+
 /// Splits `rows` (and, for few row chunks, the `n` tokens) into tasks for the per-row kernels.
 fn split_rows(threads: usize, rows: usize, n: usize) -> Split {
     // Row chunks of a multiple of 4 rows, not tiny ones.
-    split(threads, rows, n, if n == 1 { 32 } else { ROW_TILE }, 4, 1, 4)
+    split(threads, rows, n, if n == 1 { 32 } else { ROW_TILE }, 4, 1)
 }
 
-/// Splits `units` (rows, or row tiles) into `per_thread` chunks per thread, each a multiple of
-/// `align` units and none under `min_units` where possible; when that leaves the pool short of
-/// tasks, splits the `n` tokens too, in multiples of `tok_align`.
-fn split(threads: usize, units: usize, n: usize, min_units: usize, align: usize, tok_align: usize, per_thread: usize) -> Split {
-    let row_tasks = if threads == 1 { 1 } else { (threads * per_thread).min(units.div_ceil(min_units)).max(1) };
+/// Splits `units` (rows, or row tiles) into [`CHUNKS_PER_THREAD`] chunks per thread, each a
+/// multiple of `align` units and none under `min_units` where possible; when that leaves the pool
+/// short of tasks, splits the `n` tokens too, in multiples of `tok_align`.
+fn split(threads: usize, units: usize, n: usize, min_units: usize, align: usize, tok_align: usize) -> Split {
+    let row_tasks = if threads == 1 { 1 } else { (threads * CHUNKS_PER_THREAD).min(units.div_ceil(min_units)).max(1) };
     let rows_per = units.div_ceil(row_tasks).next_multiple_of(align).min(units);
     let row_tasks = units.div_ceil(rows_per);
     // Few chunks but many tokens (and more than one thread): split tokens too.
@@ -492,11 +496,11 @@ fn run_tiles(
         // stream the hardware prefetchers follow from the start (four chunks per thread
         // restarted the stream at every chunk: 2 threads, decode's layer weights 2.6-2.7
         // against 2.0-2.1 ms per token on AVX2, 2.2 against 1.8 on AVX-512,
-        // `examples/decode_bw`), taken from the front in chunks; a thread done with its range takes chunks from the back of the others'. On a
-        // shared machine one core often runs 10-15 % slower than the other for seconds at a
-        // time, and with fixed halves the faster one waited for it at the end of every product
-        // (2 threads, AVX2: 0.3-1.4 ms per token on the layer products and 0.05-0.5 ms on the
-        // LM head).
+        // `examples/decode_bw`), taken from the front in chunks; a thread done with its range
+        // takes chunks from the back of the others'. On a shared machine one core often runs
+        // 10-15 % slower than the other for seconds at a time, and with fixed halves the faster
+        // one waited for it at the end of every product (2 threads, AVX2: 0.3-1.4 ms per token
+        // on the layer products and 0.05-0.5 ms on the LM head).
         let parts = pool.threads().min(tiles);
         let chunk = (STEAL_CHUNK_BYTES * tiles / bytes.max(1)).max(1);
         let claims: Vec<Claim> = (0..parts).map(|r| Claim::new(r * tiles / parts, (r + 1) * tiles / parts)).collect();
@@ -512,9 +516,8 @@ fn run_tiles(
         });
         return;
     }
-    // Whole tiles per task, four tasks per thread; tokens, if split, in multiples of four (the
-    // kernel's token group).
-    let sp = split(pool.threads(), tiles, n, 1, 1, 4, 4);
+    // Whole tiles per task; tokens, if split, in multiples of four (the kernel's token group).
+    let sp = split(pool.threads(), tiles, n, 1, 1, 4);
     pool.for_each(sp.row_tasks * sp.tok_tasks, &|i| {
         let (i0, i1, t0, t1) = sp.task(i, tiles, n);
         tile_range(i0, i1, t0, t1);
