@@ -113,6 +113,10 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
     let zp = kind.zp();
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
+        // One token: decode, where the tile streams from DRAM.
+        if T == 1 {
+            super::avx2_gemm::prefetch_ahead(tile, kind, b);
+        }
         let sc = tile.add(kind.scales_at(b));
         // The 16 rows' scales (f16 ones, 32-byte aligned in the pair's header, widened exactly).
         let dv = if C { _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i)) } else { _mm512_load_ps(sc as *const f32) };
@@ -156,13 +160,17 @@ pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], n
 /// `T` consecutive tokens over all super-blocks of a K-quant tile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8K, y: *mut f32, ystride: usize, mask: __mmask16) {
-    let bb = if K == K4 { PackKind::K4.block_bytes() } else { PackKind::K6.block_bytes() };
+    let kind = if K == K4 { PackKind::K4 } else { PackKind::K6 };
+    let bb = kind.block_bytes();
     let mut acc = [_mm512_setzero_ps(); T];
     let ld = |p: *const u8| _mm512_load_si512(p as *const _);
     for b in 0..nb {
+        if T == 1 {
+            super::avx2_gemm::prefetch_ahead(tile, kind, b);
+        }
         let base = tile.add(b * bb);
         // The scales and the min (or −32 offset) terms first, so the tile's bytes are read
-        // in ascending order: the hardware prefetcher then keeps up with the stream.
+        // in ascending order (one token: prefetched ahead as well, `prefetch_ahead`).
         let dv = _mm512_load_ps(base as *const f32);
         let dmin = if K == K4 { _mm512_load_ps(base.add(gemm::K4_DMIN) as *const f32) } else { _mm512_setzero_ps() };
         let mut mins = [_mm512_setzero_si512(); T];
