@@ -56,9 +56,9 @@ const fn kind_of(k: u8) -> PackKind {
 /// thread (an AMD EPYC with AVX-512 and AVX-VNNI, `examples/decode_bw`, both variants in
 /// alternating fresh processes) Q5_0 tiles went from ~30 to ~39 GB/s, Q4_K from 17 to 33 (with
 /// the halves read side by side, below) and Q6_K from 21 to 33. Prefetching 2 or 4 KiB ahead
-/// gained less, 16 and 32 KiB no more. Decode went 1.13–1.16× faster at 1 thread and
-/// 1.2–1.26× at 2 on the AVX2 paths, 1.04× and 1.16× with AVX-512 (`examples/forward`,
-/// 512-token prompt, 128 tokens, medians of 3).
+/// gained less, 16 and 32 KiB no more. Decode, old against new binary (`examples/forward`,
+/// 512-token prompt, 128 tokens, 4 alternating pairs, medians): AVX2 1.17× at 1 thread and 1.12×
+/// at 2, AVX2 + AVX-VNNI 1.18× and 1.09×, AVX-512 1.08× and 1.07×.
 pub(crate) const PREFETCH_AHEAD: usize = 8192;
 
 /// Prefetches into L1 the lines of the block [`PREFETCH_AHEAD`] bytes past block `b` of a
@@ -382,7 +382,8 @@ macro_rules! tile_gemm {
                     // both of its 32-byte halves together, in address order (a pass per half
                     // read the super-block's ~40–77 lines twice, and ran at half the DRAM rate of
                     // the Q5_0 kernel). Per half the integer sums run in the same order.
-                    // The scales and the min (or −32 offset) terms first, in ascending order.
+                    // The min (or −32 offset) terms first; the row scales (the first lines, in
+                    // L1 since the prefetch) when the sums are done.
                     let mut mins = [[_mm256_setzero_si256(); T]; H];
                     for (hh, mins) in mins.iter_mut().enumerate() {
                         let o = 32 * (h0 + hh);
