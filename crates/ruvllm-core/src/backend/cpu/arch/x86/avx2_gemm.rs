@@ -49,38 +49,6 @@ const fn kind_of(k: u8) -> PackKind {
     }
 }
 
-/// How far ahead of the block being multiplied the one-token (decode) tile kernels prefetch the
-/// tile: 8 KiB, the lines of the block that lies that far on, each block's as it starts.
-///
-/// The hardware prefetchers alone fell well short of the streaming rate here. With AVX2 on one
-/// thread (an AMD EPYC with AVX-512 and AVX-VNNI, `examples/decode_bw`, both variants in
-/// alternating fresh processes) Q5_0 tiles went from ~30 to ~39 GB/s, Q4_K from 17 to 33 (with
-/// the halves read side by side, below) and Q6_K from 21 to 33. Prefetching 2 or 4 KiB ahead
-/// gained less, 16 and 32 KiB no more. Decode, old against new binary (`examples/forward`,
-/// 512-token prompt, 128 tokens, 4 alternating pairs, medians): AVX2 1.17× at 1 thread and 1.12×
-/// at 2, AVX2 + AVX-VNNI 1.18× and 1.09×, AVX-512 1.08× and 1.07×.
-pub(crate) const PREFETCH_AHEAD: usize = 8192;
-
-/// Prefetches into L1 the lines of the block [`PREFETCH_AHEAD`] bytes past block `b` of a
-/// tile of `kind`, counted from where block `b` starts (its pair header first for the compact
-/// kinds, for an even `b`). Past the tile's end this reaches into the next tile (the next one a
-/// thread takes, as a rule) or past the weight's end: a prefetch never faults, and the address
-/// is only computed (`wrapping_add`), never dereferenced.
-#[inline(always)]
-pub(crate) unsafe fn prefetch_ahead(tile: *const u8, kind: PackKind, b: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    let (start, len) = if kind.is_compact() {
-        let header = if b.is_multiple_of(2) { 64 } else { 0 };
-        (kind.payload_at(b) - header, kind.block_bytes() + header)
-    } else {
-        (kind.scales_at(b), kind.block_bytes())
-    };
-    let p = tile.wrapping_add(start + PREFETCH_AHEAD);
-    for off in (0..len).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8);
-    }
-}
-
 macro_rules! tile_gemm {
     ($name:ident, $feat:literal, $vnni:expr) => {
         pub mod $name {
@@ -289,7 +257,7 @@ macro_rules! tile_gemm {
                     // One token (both halves in one pass): decode, where the tile streams
                     // from DRAM.
                     if H == 2 {
-                        super::prefetch_ahead(tile, kind, b);
+                        super::super::prefetch_ahead(tile, kind, b);
                     }
                     let (sc, base) = (tile.add(kind.scales_at(b)), tile.add(kind.payload_at(b)));
                     for (hh, acc) in accs.iter_mut().enumerate() {
@@ -371,11 +339,12 @@ macro_rules! tile_gemm {
                 ystride: usize,
                 rows: usize,
             ) {
-                let bb = kind_of(K).block_bytes();
+                let kind = kind_of(K);
+                let bb = kind.block_bytes();
                 let mut accs = [[_mm256_setzero_ps(); T]; H];
                 for b in 0..nb {
                     if H == 2 {
-                        super::prefetch_ahead(tile, kind_of(K), b);
+                        super::super::prefetch_ahead(tile, kind, b);
                     }
                     let base = tile.add(b * bb);
                     // The halves side by side: each 64-byte line of the super-block is read once,

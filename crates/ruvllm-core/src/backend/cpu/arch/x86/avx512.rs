@@ -115,7 +115,7 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
     for b in 0..nb {
         // One token: decode, where the tile streams from DRAM.
         if T == 1 {
-            super::avx2_gemm::prefetch_ahead(tile, kind, b);
+            super::prefetch_ahead(tile, kind, b);
         }
         let sc = tile.add(kind.scales_at(b));
         // The 16 rows' scales (f16 ones, 32-byte aligned in the pair's header, widened exactly).
@@ -166,7 +166,7 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
     let ld = |p: *const u8| _mm512_load_si512(p as *const _);
     for b in 0..nb {
         if T == 1 {
-            super::avx2_gemm::prefetch_ahead(tile, kind, b);
+            super::prefetch_ahead(tile, kind, b);
         }
         let base = tile.add(b * bb);
         // The scales and the min (or −32 offset) terms first, so the tile's bytes are read
