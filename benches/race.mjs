@@ -10,11 +10,14 @@
 // (benches/nlc-cpu-variant.mjs) and llama.cpp's AVX2-only build as its llama-bench. --path avxvnni
 // (CPUs with AVX-VNNI only) runs our AVX2 kernels with AVX-VNNI's `vpdpbusd` (RUVLLM_NO_AVX512=1),
 // what Alder Lake and later consumer chips get, against node-llama-cpp's alderlake library
-// (AVX2 + AVX-VNNI); its llama-bench only with --llama-bench PATH. llama-bench (llama.cpp's own benchmark,
-// no Node wrapper in the way) runs in the same alternation as a third runtime, so a per-token
-// overhead in node-llama-cpp cannot flatter us: `auto` uses the build `scripts/llama-server.sh
-// llama-bench` made (`LLAMA_CPU=avx2` for the AVX2-only one) and skips it with a note if there is
-// none; a path uses that binary. Its tg figure decodes from an empty context, ours after the prompt.
+// (AVX2 + AVX-VNNI) and llama.cpp built for AVX2 + AVX-VNNI as its llama-bench. llama-bench
+// (llama.cpp's own benchmark, no Node wrapper in the way) runs in the same alternation as a third
+// runtime, so a per-token overhead in node-llama-cpp cannot flatter us: `auto` uses the build
+// `scripts/llama-server.sh llama-bench` made (`LLAMA_CPU=avx2` or `avxvnni` for those paths) and
+// skips it with a note if there is none; a path uses that binary. Its tg figure decodes from an empty context, ours after the prompt,
+// so with llama-bench each round also runs ours from a one-token prompt (BOS, then --new tokens:
+// what tg<new> measures, the KV cache growing from empty), just before llama-bench, and the
+// decode-from-empty ratio is printed under the table.
 // Also measured in the same run: the decode floor (streaming-read bandwidth with our thread pool
 // and the bytes a token reads: crates/ruvllm-eval/examples/membw.rs, built with cargo) and the
 // perplexity of the first --ppl tokens of Hamlet (benches/text.mjs) from ruvllm (run-time
@@ -57,7 +60,7 @@ const paths = {
   avxvnni: {
     ours: { RUVLLM_NO_AVX512: '1' },
     nlc: 'alderlake',
-    llamaCpu: null,
+    llamaCpu: 'avxvnni',
     label: "the AVX2 path with AVX-VNNI (RUVLLM_NO_AVX512=1); node-llama-cpp: its AVX2 + AVX-VNNI build of llama.cpp (the alderlake CPU library, benches/nlc-cpu-variant.mjs)",
   },
 }
@@ -123,6 +126,8 @@ if (runtimes.includes('llamacpp') && !resolvable('node-llama-cpp')) {
 
 function runOne(runtime, threads, promptLen, what = values.new, env = runtime === 'ruvllm' ? oursEnv : process.env) {
   if (runtime === 'llama-bench') return runLlamaBench(threads, promptLen)
+  // Ours as llama-bench's tg measures: the prompt is BOS alone.
+  if (runtime === 'ruvllm-tg') return runOne('ruvllm', threads, 1, what, oursEnv)
   // On the AVX2 paths node-llama-cpp runs the path's build of llama.cpp, whatever this CPU has.
   const pre = runtime === 'llamacpp' && path.nlc ? ['--import', join(here, 'nlc-cpu-variant.mjs')] : []
   if (pre.length) env = { ...env, NLC_CPU_VARIANT: path.nlc }
@@ -184,7 +189,9 @@ const membw = (threads) => JSON.parse(execFileSync(join(root, 'target', 'release
 const results = []
 for (const threads of values.threads.split(',').map(Number)) {
   for (const promptLen of values.prompts.split(',').map(Number)) {
-    const runs = Object.fromEntries(runtimes.map((r) => [r, []]))
+    // With llama-bench and ours both running, ours from an empty context runs just before it.
+    const order = runtimes.flatMap((r) => (r === 'llama-bench' && runtimes.includes('ruvllm') ? ['ruvllm-tg', r] : [r]))
+    const runs = Object.fromEntries(order.map((r) => [r, []]))
     const bw = []
     const paired = []
     const floorNow = (round) => {
@@ -193,11 +200,12 @@ for (const threads of values.threads.split(',').map(Number)) {
       return bw.at(-1).floorTokensPerSecond
     }
     for (let round = 0; round < Number(values.rounds); round++) {
-      for (const r of runtimes) {
+      for (const r of order) {
         const before = r === 'ruvllm' ? floorNow(round) : NaN
         const res = runOne(r, threads, promptLen)
         runs[r].push(res)
-        process.stderr.write(`  ${r} t=${threads} p=${promptLen} round ${round + 1}: prefill ${res.prefillTps.toFixed(1)} decode ${res.decodeTps.toFixed(1)} tok/s\n`)
+        const p = r === 'ruvllm-tg' ? 1 : promptLen
+        process.stderr.write(`  ${r} t=${threads} p=${p} round ${round + 1}: prefill ${res.prefillTps.toFixed(1)} decode ${res.decodeTps.toFixed(1)} tok/s\n`)
         if (r === 'ruvllm') {
           const after = floorNow(round)
           paired.push({ ratio: res.decodeTps / ((before + after) / 2), before, after, gbps: (bw.at(-2).readGBps + bw.at(-1).readGBps) / 2 })
@@ -227,6 +235,17 @@ for (const threads of values.threads.split(',').map(Number)) {
       const [a, b] = [runs.ruvllm[0].tokens, runs.llamacpp[0].tokens]
       const at = a.findIndex((t, i) => t !== b[i])
       console.log(at < 0 ? `greedy tokens: the first ${a.length} are equal to llama.cpp's` : `greedy tokens: equal to llama.cpp's up to token ${at} of ${a.length} (a near-tie; see README, Tests)`)
+    }
+    if (runs['ruvllm-tg']) {
+      // Decode from an empty context on both sides: llama-bench's tg<new> and ours after BOS alone.
+      const tg = runs['ruvllm-tg'].map((x) => x.decodeTps)
+      const lb = runs['llama-bench'].map((x) => x.decodeTps)
+      const perRound = tg.map((t, i) => t / lb[i])
+      row.decodeFromEmpty = { ruvllm: median(tg), llamaBench: median(lb), ratio: median(tg) / median(lb), perRound }
+      console.log(
+        `\ndecode from an empty context (llama-bench's tg${values.new}; ours after BOS alone): ruvllm ${median(tg).toFixed(1)} / llama-bench ${median(lb).toFixed(1)} tok/s = ` +
+          `${(median(tg) / median(lb)).toFixed(2)} (per round: ${perRound.map((r) => r.toFixed(2)).join(', ')})`,
+      )
     }
     const ours = row.decodeTps.ruvllm
     console.log(

@@ -9,9 +9,11 @@
 # anchor, benches/kl.mjs), from the same configured tree; `llama-bench` builds llama.cpp's own
 # benchmark (the race's third runtime, benches/race.mjs).
 #
-#   LLAMA_CPU                 native (default: -march=native, every flag the host has) or avx2
+#   LLAMA_CPU                 native (default: -march=native, every flag the host has), avx2
 #                             (AVX2 + FMA + F16C + BMI2 only, no AVX-512 or AVX-VNNI: what a CPU
-#                             without AVX-512 runs; its own build directory, ...-avx2)
+#                             without AVX-512 runs; its own build directory, ...-avx2) or avxvnni
+#                             (the same plus AVX-VNNI: Alder Lake and later, Zen 5 without
+#                             AVX-512; build directory ...-avxvnni)
 #   LLAMA_NO_BUILD            1: print the binary's path if it is built, else exit 3 (builds nothing)
 #   LLAMA_CPP_PYTHON_VERSION  the sdist to build from (default 0.3.36)
 #   LLAMA_SRC_TARBALL         a tarball with llama.cpp/ at its top, used instead of the download
@@ -31,7 +33,11 @@ case "$CPU" in
     BUILD="$ROOT/build-$VERSION-avx2"
     CPU_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
       -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF) ;;
-  *) echo "llama-server.sh: LLAMA_CPU is native or avx2, not '$CPU'" >&2; exit 2 ;;
+  avxvnni)
+    BUILD="$ROOT/build-$VERSION-avxvnni"
+    CPU_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+      -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=ON) ;;
+  *) echo "llama-server.sh: LLAMA_CPU is native, avx2 or avxvnni, not '$CPU'" >&2; exit 2 ;;
 esac
 TARGET="${1:-llama-server}"
 case "$TARGET" in
@@ -58,7 +64,26 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
     top="$tmp/llama.cpp"
   else
     echo "== downloading the llama-cpp-python $VERSION sdist" >&2
-    "${PYTHON:-python3}" -m pip download --quiet --no-binary :all: --no-deps --dest "$tmp" "llama-cpp-python==$VERSION" >&2
+    # From PyPI's simple index (its JSON form, PEP 691), the sha256 it lists checked. Not `pip
+    # download --no-binary :all:`: to read an sdist's metadata, pip then builds the build
+    # requirements from source too (cmake among them: most of an hour on 2 cores).
+    "${PYTHON:-python3}" - "$VERSION" "$tmp" "${PIP_INDEX_URL:-https://pypi.org/simple}" >&2 <<'PY'
+import hashlib, json, os, sys, urllib.parse, urllib.request
+version, dest, index = sys.argv[1], sys.argv[2], sys.argv[3].rstrip('/')
+req = urllib.request.Request(f'{index}/llama-cpp-python/', headers={'Accept': 'application/vnd.pypi.simple.v1+json'})
+with urllib.request.urlopen(req, timeout=60) as r:
+    files = [f for f in json.load(r)['files'] if f['filename'].replace('-', '_') == f'llama_cpp_python_{version}.tar.gz']
+if not files:
+    sys.exit(f'llama-server.sh: {index} lists no sdist of llama-cpp-python {version}')
+f = files[0]
+path = os.path.join(dest, f['filename'])
+with urllib.request.urlopen(urllib.parse.urljoin(f'{index}/llama-cpp-python/', f['url']), timeout=600) as r, open(path, 'wb') as out:
+    while chunk := r.read(1 << 20):
+        out.write(chunk)
+got = hashlib.sha256(open(path, 'rb').read()).hexdigest()
+if got != f['hashes']['sha256']:
+    sys.exit(f"llama-server.sh: {f['filename']}: sha256 {got}, the index says {f['hashes']['sha256']}")
+PY
     # The sdist's file name spells the project with underscores or dashes depending on its age.
     sdist="$(ls "$tmp"/llama[-_]cpp[-_]python-"$VERSION".tar.gz)"
     tar -xzf "$sdist" -C "$tmp"

@@ -342,10 +342,10 @@ macro_rules! tile_gemm {
                 let kind = kind_of(K);
                 let bb = kind.block_bytes();
                 let mut accs = [[_mm256_setzero_ps(); T]; H];
+                // One token (both halves): the super-block 8 KiB ahead is prefetched a part per
+                // sub-block (`prefetch_ahead_part`).
+                let ahead = H == 2;
                 for b in 0..nb {
-                    if H == 2 {
-                        super::super::prefetch_ahead(tile, kind, b);
-                    }
                     let base = tile.add(b * bb);
                     // The halves side by side: each 64-byte line of the super-block is read once,
                     // both of its 32-byte halves together, in address order (a pass per half
@@ -377,6 +377,9 @@ macro_rules! tile_gemm {
                     let mut isum = [[_mm256_setzero_si256(); T]; H];
                     if K == K4 {
                         for j in 0..8 {
+                            if ahead {
+                                super::super::prefetch_ahead_part(tile, kind, b, j, 8);
+                            }
                             for (hh, isum) in isum.iter_mut().enumerate() {
                                 let h = h0 + hh;
                                 let w = weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j), h);
@@ -406,6 +409,9 @@ macro_rules! tile_gemm {
                         }
                     } else {
                         for j in 0..16 {
+                            if ahead {
+                                super::super::prefetch_ahead_part(tile, kind, b, j, 16);
+                            }
                             for (hh, isum) in isum.iter_mut().enumerate() {
                                 let h = h0 + hh;
                                 let wp = base.add(gemm::K6_QS + 256 * j + 32 * h);

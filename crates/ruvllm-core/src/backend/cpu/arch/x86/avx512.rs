@@ -165,12 +165,10 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
     let mut acc = [_mm512_setzero_ps(); T];
     let ld = |p: *const u8| _mm512_load_si512(p as *const _);
     for b in 0..nb {
-        if T == 1 {
-            super::prefetch_ahead(tile, kind, b);
-        }
         let base = tile.add(b * bb);
         // The scales and the min (or −32 offset) terms first, so the tile's bytes are read
-        // in ascending order (one token: prefetched ahead as well, `prefetch_ahead`).
+        // in ascending order (one token: the super-block 8 KiB ahead is prefetched a part per
+        // sub-block, `prefetch_ahead_part`).
         let dv = _mm512_load_ps(base as *const f32);
         let dmin = if K == K4 { _mm512_load_ps(base.add(gemm::K4_DMIN) as *const f32) } else { _mm512_setzero_ps() };
         let mut mins = [_mm512_setzero_si512(); T];
@@ -192,6 +190,9 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         let mut isum = [_mm512_setzero_si512(); T];
         if K == K4 {
             for j in 0..8 {
+                if T == 1 {
+                    super::prefetch_ahead_part(tile, kind, b, j, 8);
+                }
                 let w = weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j));
                 let sc = _mm512_cvtepu8_epi32(_mm_load_si128(base.add(gemm::K4_SC + 16 * j) as *const __m128i));
                 for (k, isum) in isum.iter_mut().enumerate() {
@@ -210,6 +211,9 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
             }
         } else {
             for j in 0..16 {
+                if T == 1 {
+                    super::prefetch_ahead_part(tile, kind, b, j, 16);
+                }
                 let wp = base.add(gemm::K6_QS + 256 * j);
                 let (w0, w1, w2, w3) = (ld(wp), ld(wp.add(64)), ld(wp.add(128)), ld(wp.add(192)));
                 let sc = _mm512_cvtepi8_epi32(_mm_load_si128(base.add(gemm::K6_SC + 16 * j) as *const __m128i));
