@@ -14,10 +14,10 @@
 // (llama.cpp's own benchmark, no Node wrapper in the way) runs in the same alternation as a third
 // runtime, so a per-token overhead in node-llama-cpp cannot flatter us: `auto` uses the build
 // `scripts/llama-server.sh llama-bench` made (`LLAMA_CPU=avx2` or `avxvnni` for those paths) and
-// skips it with a note if there is none; a path uses that binary. Its tg figure decodes from an empty context, ours after the prompt,
-// so with llama-bench each round also runs ours from a one-token prompt (BOS, then --new tokens:
-// what tg<new> measures, the KV cache growing from empty), just before llama-bench, and the
-// decode-from-empty ratio is printed under the table.
+// skips it with a note if there is none; a path uses that binary. Its tg figure decodes from an
+// empty context, ours after the prompt, so with llama-bench each round also runs ours from a
+// one-token prompt (BOS, then --new tokens: what tg<new> measures, the KV cache growing from
+// empty), just before llama-bench, and the decode-from-empty ratio is printed under the table.
 // Also measured in the same run: the decode floor (streaming-read bandwidth with our thread pool
 // and the bytes a token reads: crates/ruvllm-eval/examples/membw.rs, built with cargo) and the
 // perplexity of the first --ppl tokens of Hamlet (benches/text.mjs) from ruvllm (run-time

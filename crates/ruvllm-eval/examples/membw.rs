@@ -1,6 +1,7 @@
 //! The decode-speed floor of a model on this machine: streaming-read bandwidth measured with our
-//! own thread pool (the faster of a plain read and one with software prefetch), and the bytes a decoded token must read (every weight once; a tied embedding
-//! is read whole as the LM head, an untied one only gathers a row).
+//! own thread pool (the faster of a plain read and one with software prefetch), and the bytes a
+//! decoded token must read (every weight once; a tied embedding is read whole as the LM head, an
+//! untied one only gathers a row).
 //! `cargo run --release -p ruvllm-eval --example membw -- MODEL.gguf [threads]` prints one JSON line.
 use std::time::Instant;
 

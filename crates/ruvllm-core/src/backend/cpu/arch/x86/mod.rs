@@ -55,6 +55,7 @@ pub(crate) unsafe fn prefetch_ahead(tile: *const u8, kind: PackKind, b: usize) {
 #[inline(always)]
 pub(crate) unsafe fn prefetch_ahead_part(tile: *const u8, kind: PackKind, b: usize, part: usize, parts: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    debug_assert!(!kind.is_compact(), "prefetch_ahead_part: {kind:?} is a compact kind");
     let lines = kind.block_bytes().div_ceil(64);
     let p = tile.wrapping_add(kind.scales_at(b) + PREFETCH_AHEAD);
     for l in part * lines / parts..(part + 1) * lines / parts {
