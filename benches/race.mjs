@@ -127,7 +127,7 @@ if (runtimes.includes('llamacpp') && !resolvable('node-llama-cpp')) {
 function runOne(runtime, threads, promptLen, what = values.new, env = runtime === 'ruvllm' ? oursEnv : process.env) {
   if (runtime === 'llama-bench') return runLlamaBench(threads, promptLen)
   // Ours as llama-bench's tg measures: the prompt is BOS alone.
-  if (runtime === 'ruvllm-tg') return runOne('ruvllm', threads, 1, what, oursEnv)
+  if (runtime === 'ruvllm-tg') return runOne('ruvllm', threads, 1, what)
   // On the AVX2 paths node-llama-cpp runs the path's build of llama.cpp, whatever this CPU has.
   const pre = runtime === 'llamacpp' && path.nlc ? ['--import', join(here, 'nlc-cpu-variant.mjs')] : []
   if (pre.length) env = { ...env, NLC_CPU_VARIANT: path.nlc }
@@ -240,11 +240,12 @@ for (const threads of values.threads.split(',').map(Number)) {
       // Decode from an empty context on both sides: llama-bench's tg<new> and ours after BOS alone.
       const tg = runs['ruvllm-tg'].map((x) => x.decodeTps)
       const lb = runs['llama-bench'].map((x) => x.decodeTps)
-      const perRound = tg.map((t, i) => t / lb[i])
-      row.decodeFromEmpty = { ruvllm: median(tg), llamaBench: median(lb), ratio: median(tg) / median(lb), perRound }
+      const e = { ruvllm: median(tg), llamaBench: median(lb), perRound: tg.map((t, i) => t / lb[i]) }
+      e.ratio = e.ruvllm / e.llamaBench
+      row.decodeFromEmpty = e
       console.log(
-        `\ndecode from an empty context (llama-bench's tg${values.new}; ours after BOS alone): ruvllm ${median(tg).toFixed(1)} / llama-bench ${median(lb).toFixed(1)} tok/s = ` +
-          `${(median(tg) / median(lb)).toFixed(2)} (per round: ${perRound.map((r) => r.toFixed(2)).join(', ')})`,
+        `\ndecode from an empty context (llama-bench's tg${values.new}; ours after BOS alone): ruvllm ${e.ruvllm.toFixed(1)} / llama-bench ${e.llamaBench.toFixed(1)} tok/s = ` +
+          `${e.ratio.toFixed(2)} (per round: ${e.perRound.map((r) => r.toFixed(2)).join(', ')})`,
       )
     }
     const ours = row.decodeTps.ruvllm

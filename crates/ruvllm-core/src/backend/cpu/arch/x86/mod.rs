@@ -18,8 +18,8 @@ pub mod vnni;
 /// The hardware prefetchers alone fell well short of the streaming rate here. With AVX2 on one
 /// thread (an AMD EPYC with AVX-512 and AVX-VNNI, `examples/decode_bw`, both variants in
 /// alternating fresh processes) Q5_0 tiles went from ~30 to ~39 GB/s, Q4_K from 17 to 33 (with
-/// the halves read side by side in `avx2_gemm`'s K-quant kernel) and Q6_K from 21 to 33. Prefetching 2 or 4 KiB ahead
-/// gained less, 16 and 32 KiB no more. Decode, old against new binary (`examples/forward`,
+/// the halves read side by side in `avx2_gemm`'s K-quant kernel) and Q6_K from 21 to 33.
+/// Prefetching 2 or 4 KiB ahead gained less, 16 and 32 KiB no more. Decode, old against new binary (`examples/forward`,
 /// 512-token prompt, 128 tokens, 4 alternating pairs, medians): AVX2 1.17× at 1 thread and 1.12×
 /// at 2, AVX2 + AVX-VNNI 1.18× and 1.09×, AVX-512 1.08× and 1.07×.
 pub(crate) const PREFETCH_AHEAD: usize = 8192;
@@ -31,16 +31,20 @@ pub(crate) const PREFETCH_AHEAD: usize = 8192;
 /// is only computed (`wrapping_add`), never dereferenced.
 #[inline(always)]
 pub(crate) unsafe fn prefetch_ahead(tile: *const u8, kind: PackKind, b: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    let (start, len) = if kind.is_compact() {
+    if kind.is_compact() {
         let header = if b.is_multiple_of(2) { 64 } else { 0 };
-        (kind.payload_at(b) - header, kind.block_bytes() + header)
+        prefetch_lines(tile.wrapping_add(kind.payload_at(b) - header + PREFETCH_AHEAD), 0..(kind.block_bytes() + header).div_ceil(64));
     } else {
-        (kind.scales_at(b), kind.block_bytes())
-    };
-    let p = tile.wrapping_add(start + PREFETCH_AHEAD);
-    for off in (0..len).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8);
+        prefetch_ahead_part(tile, kind, b, 0, 1);
+    }
+}
+
+/// Prefetches lines `lines` (64 bytes each) from `p` into L1.
+#[inline(always)]
+unsafe fn prefetch_lines(p: *const u8, lines: std::ops::Range<usize>) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for l in lines {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
     }
 }
 
@@ -54,11 +58,7 @@ pub(crate) unsafe fn prefetch_ahead(tile: *const u8, kind: PackKind, b: usize) {
 /// prompt, 4 alternating pairs) 1.05× on AVX2, 1.03× with AVX-VNNI, 1.04× on AVX-512.
 #[inline(always)]
 pub(crate) unsafe fn prefetch_ahead_part(tile: *const u8, kind: PackKind, b: usize, part: usize, parts: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     debug_assert!(!kind.is_compact(), "prefetch_ahead_part: {kind:?} is a compact kind");
     let lines = kind.block_bytes().div_ceil(64);
-    let p = tile.wrapping_add(kind.scales_at(b) + PREFETCH_AHEAD);
-    for l in part * lines / parts..(part + 1) * lines / parts {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
-    }
+    prefetch_lines(tile.wrapping_add(kind.scales_at(b) + PREFETCH_AHEAD), part * lines / parts..(part + 1) * lines / parts);
 }
