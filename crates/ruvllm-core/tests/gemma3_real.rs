@@ -381,3 +381,46 @@ fn embed_pools_normalises_and_rejects_overlong_texts() {
     }
     assert_eq!(e.embed_blocking(&[texts[0]]).unwrap()[0], batch[0]);
 }
+
+#[test]
+fn greedy_screening_picks_what_the_full_lm_head_picks() {
+    // Greedy decoding's exact screening of the LM head (`Transformer::head_argmax`: every row
+    // scored from the top five bits of its Q8_0 quants, the few that can still win scored
+    // exactly) picks, at every step of free-running greedy decoding from real and from
+    // scrambled prompts, the token the full head's logits give; and it scores few rows.
+    use ruvllm_core::backend::cpu::{dispatch, matmul, CpuBackend};
+    use ruvllm_core::backend::Backend;
+    use ruvllm_core::gguf::GgufFile;
+    use ruvllm_core::models::{config_from_gguf, Segment, Transformer, WeightLoader};
+    use std::sync::atomic::Ordering;
+    if dispatch::screen_kernel().is_none() {
+        eprintln!("no screening kernel on this path; skipped");
+        return;
+    }
+    let file = GgufFile::open(model_path()).unwrap();
+    let cfg = config_from_gguf(&file).unwrap();
+    let v = cfg.vocab_size;
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 512).unwrap();
+    let mut be = CpuBackend::new(2);
+    model.prepare(&mut be, 64);
+    let scrambled: Vec<u32> = (0..24u32).map(|i| 2 + (i * 7919) % 20000).collect();
+    let prompts: Vec<&[u32]> = REFERENCE.iter().take(4).map(|r| r.1).chain([&scrambled[..]]).collect();
+    let (mut steps, mut scored) = (0u64, 0u64);
+    for prompt in prompts {
+        let mut cache = model.new_cache(&be, 512, 64);
+        model.forward(prompt, 0, &mut cache, &mut be).unwrap();
+        for pos in prompt.len()..prompt.len() + 24 {
+            let id = model.head_argmax(&mut be, 0).expect("screened on this path");
+            scored += matmul::SCREENED[0].load(Ordering::Relaxed);
+            model.head_deferred(&mut be, 0);
+            let full = ruvllm_core::sampling::argmax(&be.logits()[..v]);
+            assert_eq!(id, full, "prompt {prompt:?}, position {pos}");
+            steps += 1;
+            let mut segs = [Segment { tokens: &[id], pos0: pos, cache: &mut cache }];
+            model.forward_segments(&mut segs, AttentionMask::Causal, &mut be).unwrap();
+        }
+    }
+    let mean = scored as f64 / steps as f64;
+    eprintln!("greedy screening: {mean:.0} of {v} rows scored exactly per token ({steps} tokens)");
+    assert!(mean < 0.01 * v as f64, "screening left {mean:.0} rows per token");
+}

@@ -1040,3 +1040,91 @@ fn activation_quantizers_equal_the_scalar_definition() {
         }
     }
 }
+
+#[test]
+fn greedy_screening_picks_the_full_heads_argmax() {
+    // `matmul::head_argmax` (the LM head scored from its top five bits, candidates exactly)
+    // picks what `sampling::argmax` picks from the full product, and every row's exact product
+    // lies inside its screening bounds: Gaussian rows; rows equal to another (ties: the lower
+    // id wins); rows that differ from the best only in the low three bits of one quant (inside
+    // one screening interval); negative block scales; a last tile of fewer than 16 rows.
+    if dispatch::screen_kernel().is_none() {
+        eprintln!("no screening kernel on this path; skipped");
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    for (rows, cols, seed) in [(1000usize, 640usize, 1u64), (333, 256, 2), (4099, 128, 3)] {
+        let (w, _) = weight(GgmlType::Q8_0, rows, cols, seed);
+        let mut bytes = w.bytes().to_vec();
+        let rs = cols / 32 * 34;
+        let mut rng = Rng::new(seed + 100);
+        for k in 0..rows / 10 {
+            let (a, b) = ((rng.next_u64() as usize) % rows, (rng.next_u64() as usize) % rows);
+            match k % 3 {
+                // A copy of another row.
+                0 => bytes.copy_within(a * rs..(a + 1) * rs, b * rs),
+                // A copy with one quant's low bits changed.
+                1 => {
+                    bytes.copy_within(a * rs..(a + 1) * rs, b * rs);
+                    let at = b * rs + 2 + (rng.next_u64() as usize % 32);
+                    let q = bytes[at] as i8;
+                    bytes[at] = (if q < 120 { q + 1 } else { q - 1 }) as u8;
+                }
+                // A block's scale and quants negated (the same products).
+                _ => {
+                    let blk = b * rs + 34 * (rng.next_u64() as usize % (cols / 32));
+                    bytes[blk + 1] ^= 0x80;
+                    for q in &mut bytes[blk + 2..blk + 34] {
+                        *q = (*q as i8).wrapping_neg() as u8;
+                    }
+                }
+            }
+        }
+        // Every other aligned token's row also at a lower id: an exact tie for the best.
+        for t in (0..40usize).step_by(4) {
+            let r = (t * 37) % rows;
+            bytes.copy_within(r * rs..(r + 1) * rs, r / 2 * rs);
+        }
+        let head = QWeight::new(GgmlType::Q8_0, rows, cols, WeightData::Owned(Arc::new(bytes))).unwrap();
+        head.prepare_head(&pool);
+        let (mut scored, mut ties) = (0u64, 0usize);
+        for t in 0..40u64 {
+            let mut x = Rng::new(t * 7 + seed).vec(cols, 1.0);
+            // Half the tokens: the input aligned with one row, so one product stands out (as
+            // a confident model's logits do); the other half leaves many close.
+            if t % 2 == 0 {
+                let mut row = vec![0f32; cols];
+                head.dequantize_row((t as usize * 37) % rows, &mut row);
+                for (x, r) in x.iter_mut().zip(&row) {
+                    *x = 0.2 * *x + 20.0 * r;
+                }
+            }
+            let mut y = vec![0f32; rows];
+            matmul(&pool, &head, &x, 1, &mut y);
+            let want = ruvllm_core::sampling::argmax(&y);
+            ties += (y.iter().filter(|&&v| v == y[want as usize]).count() > 1) as usize;
+            let got = matmul::head_argmax(&pool, &head, &x).expect("the head is screened on this path");
+            scored += matmul::SCREENED[0].load(Ordering::Relaxed);
+            assert_eq!(got, want, "{rows}x{cols} token {t}: screening picked {got} ({}), the full head {want} ({})", y[got as usize], y[want as usize]);
+            let (lo, hi) = matmul::head_bounds(&pool, &head, &x).unwrap();
+            for (r, &v) in y.iter().enumerate() {
+                assert!(lo[r] <= v && v <= hi[r], "{rows}x{cols} token {t} row {r}: {v} outside [{}, {}]", lo[r], hi[r]);
+            }
+        }
+        eprintln!("{rows}x{cols}: {:.1} rows scored exactly per token, {ties} tied best", scored as f64 / 40.0);
+        assert!(ties >= 5, "{rows}x{cols}: only {ties} tokens with a tied best");
+    }
+    // Non-finite input: no screening (the caller computes the logits).
+    let (w, _) = weight(GgmlType::Q8_0, 64, 64, 9);
+    w.prepare_head(&pool);
+    let mut x = vec![0.5f32; 64];
+    x[3] = f32::NAN;
+    assert!(matmul::head_argmax(&pool, &w, &x).is_none());
+    // A standard (not compact) head, or another type: not screened.
+    let (w, _) = weight(GgmlType::Q8_0, 64, 64, 9);
+    w.prepare(&pool);
+    assert!(matmul::head_argmax(&pool, &w, &[0.5; 64]).is_none());
+    let (w, _) = weight(GgmlType::Q6_K, 64, 256, 9);
+    w.prepare_head(&pool);
+    assert!(matmul::head_argmax(&pool, &w, &[0.5; 256]).is_none());
+}

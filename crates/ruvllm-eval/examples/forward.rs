@@ -4,7 +4,8 @@ use std::time::Instant;
 
 use ruvllm_core::backend::{cpu::CpuBackend, Backend};
 use ruvllm_core::gguf::GgufFile;
-use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
+use ruvllm_core::models::{config_from_gguf, Segment, Transformer, WeightLoader};
+use ruvllm_core::nn::AttentionMask;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -32,11 +33,29 @@ fn main() {
         }
         let t = Instant::now();
         let n_dec = if std::env::var_os("PREFILL_ONLY").is_some() { 1 } else { std::env::var("DECODE_TOKENS").ok().and_then(|s| s.parse().ok()).unwrap_or(32) };
+        // GREEDY=1: greedy decoding as the engine runs it (the LM head's exact screening where
+        // the backend has it, `Transformer::head_argmax`), each pick the next token.
+        let greedy = std::env::var("GREEDY").is_ok_and(|v| v == "1");
+        let mut next = 100u32;
         for i in 0..n_dec {
-            model.forward(&[100 + i], prompt + i as usize, &mut cache, &mut be).unwrap();
+            if greedy {
+                let mut segs = [Segment { tokens: &[next], pos0: prompt + i as usize, cache: &mut cache }];
+                model.forward_segments(&mut segs, AttentionMask::Causal, &mut be).unwrap();
+                next = match model.head_argmax(&mut be, 0) {
+                    Some(id) => id,
+                    None => {
+                        model.head_deferred(&mut be, 0);
+                        ruvllm_core::sampling::argmax(&be.logits()[..model.cfg.vocab_size])
+                    }
+                };
+            } else {
+                model.forward(&[100 + i], prompt + i as usize, &mut cache, &mut be).unwrap();
+            }
         }
         let dec = t.elapsed().as_secs_f64() / n_dec as f64;
-        if r == 0 {
+        if r == 0 && greedy {
+            println!("last greedy pick {next}");
+        } else if r == 0 {
             let bits = be.logits().iter().fold(0u64, |h, v| h.wrapping_mul(0x100000001b3) ^ v.to_bits() as u64);
             println!("last decoded token's logits fingerprint {bits:016x}");
         }

@@ -275,6 +275,14 @@ pub trait Backend {
     fn lm_head_deferred(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) {
         self.lm_head(output, norm, eps, softcap, rows);
     }
+    /// The greedy token (the largest non-NaN logit, the lowest id on ties) of row `row` of the
+    /// last pass's hidden states, found without computing every logit where the backend can
+    /// (the CPU's exact screening of a Q8_0 head, `cpu::matmul::head_argmax`); `None`: run
+    /// [`lm_head_deferred`](Backend::lm_head_deferred) instead. [`logits`](Backend::logits) is
+    /// left unspecified.
+    fn lm_head_argmax(&mut self, _output: &QWeight, _norm: &[f32], _eps: f32, _softcap: Option<f32>, _row: usize) -> Option<u32> {
+        None
+    }
     /// The greedy token of the first row of the last LM head (the largest non-NaN logit, the
     /// lowest id on ties), where the backend finds it without handing over the logits; `None`:
     /// read [`logits`](Backend::logits) instead.

@@ -434,6 +434,11 @@ impl Worker {
         // logits); where the backend has none, the logits the same LM head left.
         if let [(i, row)] = rows[..] {
             if active[i].ar.plain_greedy() {
+                // Found from a few exactly scored rows of the LM head where the backend can.
+                if let Some(id) = model.head_argmax(be, row) {
+                    be.status()?;
+                    return self.take(&mut active[i], id);
+                }
                 model.head_deferred(be, row);
                 // Decoding alone: the pick stays on the device as the next pass's token, and
                 // that pass is sent before the host reads the pick.

@@ -415,6 +415,13 @@ impl Transformer {
         be.lm_head_deferred(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, &[row]);
     }
 
+    /// The greedy token of row `row` of the last pass, where the backend finds it without
+    /// computing every logit (`Backend::lm_head_argmax`); `None`: use
+    /// [`head_deferred`](Self::head_deferred).
+    pub fn head_argmax(&self, be: &mut dyn Backend, row: usize) -> Option<u32> {
+        be.lm_head_argmax(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, row)
+    }
+
     /// The logits of rows `rows` of the last pass's hidden states (final norm, LM head,
     /// soft-capping), `rows.len() × vocab` in the order of `rows`: one LM head product for the
     /// sequences of a [`Self::forward_segments`] pass.

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 #[cfg(target_arch = "x86_64")]
 use super::arch::x86;
 use super::dot::{Kernels, SCALAR};
-use super::gemm::{GemmFn, GemmKFn};
+use super::gemm::{GemmFn, GemmKFn, ScreenFn};
 
 /// The best kernels for this CPU, detected once.
 pub fn kernels() -> &'static Kernels {
@@ -104,4 +104,24 @@ pub fn gemm_kernel_k() -> Option<GemmKFn> {
     });
     #[allow(unreachable_code)]
     None
+}
+
+/// The greedy screening kernel of `matmul::head_argmax` where this CPU has the tile GEMM and
+/// AVX2 (with AVX-VNNI's `vpdpbusd` where present; an AVX-512 CPU runs the AVX2 one): `None`
+/// elsewhere, and under `RUVLLM_NO_SCREEN=1`, where greedy decoding computes every logit.
+pub fn screen_kernel() -> Option<ScreenFn> {
+    static SCREEN: OnceLock<Option<ScreenFn>> = OnceLock::new();
+    *SCREEN.get_or_init(|| {
+        if std::env::var("RUVLLM_NO_SCREEN").is_ok_and(|v| v == "1") || kernels().gemm.is_none() {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let cpu = crate::runtime::cpu();
+            if cpu.avx2_fma() && cpu.f16c {
+                return Some(if cpu.avxvnni { x86::avx2_gemm::vnni::screen } else { x86::avx2_gemm::emulated::screen });
+            }
+        }
+        None
+    })
 }

@@ -256,6 +256,63 @@ impl Packed {
     }
 }
 
+impl Packed {
+    /// The screening copy of a Q8_0 LM head (`data`: `rows` rows of `nb` blocks, the file's
+    /// layout) for exact greedy decoding (`matmul::head_argmax`): standard [`PackKind::Q5`] tiles
+    /// whose quants are the top five bits of each Q8_0 quant and whose scales are 8·|d|, so the
+    /// Q5_0 product of a row is the Q8_0 one without the low three bits of every quant.
+    ///
+    /// A block with a negative scale is stored negated (`q' = sign(d)·q`, `d' = |d|`: the same
+    /// products), so every screening scale is ≥ 0 and the low bits `q' − 8·(q' >> 3)` lie in
+    /// 0..=7 with a positive weight. `None` if a block has a quant −128 (the compact head's
+    /// tiles cannot hold it either) or a scale that is not finite.
+    pub fn screen_q8_0(pool: &ThreadPool, data: &[u8], rows: usize, nb: usize) -> Option<Self> {
+        let (rs, rs5) = (nb * 34, nb * 22);
+        assert!(data.len() >= rows * rs, "Packed::screen_q8_0: {} bytes for {rows} rows of {rs}", data.len());
+        let kind = PackKind::Q5;
+        let tiles = rows.div_ceil(TILE_ROWS);
+        let tb = kind.tile_bytes(nb);
+        let mut buf = HugeBuf::new(tiles * tb);
+        let base = SharedMut(buf.as_mut_ptr());
+        let fits = std::sync::atomic::AtomicBool::new(true);
+        let tasks = (pool.threads() * 4).min(tiles).max(1);
+        pool.for_each(tasks, &|i| {
+            let mut q5 = vec![0u8; TILE_ROWS * rs5];
+            for t in (i * tiles / tasks)..((i + 1) * tiles / tasks) {
+                let (r0, r1) = (t * TILE_ROWS, ((t + 1) * TILE_ROWS).min(rows));
+                for (src, dst) in data[r0 * rs..r1 * rs].chunks_exact(34).zip(q5.chunks_exact_mut(22)) {
+                    let d = quant::f16_at(src, 0);
+                    if !d.is_finite() || src[2..].contains(&0x80) {
+                        fits.store(false, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    }
+                    // 8·|d| is exact in f16 (a power-of-two multiple), short of overflow.
+                    let d8 = half::f16::from_f32(8.0 * d.abs());
+                    if d8.to_f32() != 8.0 * d.abs() {
+                        fits.store(false, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    }
+                    let h = d8.to_bits().to_le_bytes();
+                    dst[..2].copy_from_slice(&h);
+                    let mut qh = 0u32;
+                    dst[6..22].fill(0);
+                    for (e, &q) in src[2..34].iter().enumerate() {
+                        let q = if d.is_sign_negative() { -(q as i8 as i32) } else { q as i8 as i32 };
+                        let u = ((q >> 3) + 16) as u32;
+                        qh |= (u >> 4) << e;
+                        dst[6 + e % 16] |= ((u & 0x0F) as u8) << (4 * (e / 16));
+                    }
+                    dst[2..6].copy_from_slice(&qh.to_le_bytes());
+                }
+                // SAFETY: tile `t` is written by exactly one task.
+                let out = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(t * tb), tb) };
+                pack_tile(kind, GgmlType::Q5_0, &q5[..(r1 - r0) * rs5], r1 - r0, nb, out);
+            }
+        });
+        fits.load(std::sync::atomic::Ordering::Relaxed).then_some(Self { kind, rows, nb, buf })
+    }
+}
+
 /// Writes `nrows ≤ 16` rows (`src`, `nb` blocks of `ty` each) as one tile into `out`
 /// (`kind.tile_bytes(nb)` bytes); missing rows get zero scales. Returns false if the rows do
 /// not fit `kind` (a quant −128 for [`PackKind::Q8H`]; the tile is then not usable).
@@ -417,6 +474,11 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
 /// A tile GEMM: for tokens `0..ntok` (activation rows of `nb` blocks, consecutive in `act`)
 /// writes the first `nrows` outputs of each token to `y[t·ystride ..]`.
 pub type GemmFn = unsafe fn(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize);
+
+/// A greedy screening kernel (see `arch::x86::avx2_gemm::emulated::screen`): one token over
+/// one tile of a screening copy ([`Packed::screen_q8_0`]), writing `nrows` lower and upper
+/// bounds of the rows' exact products.
+pub type ScreenFn = unsafe fn(tile: &[u8], nb: usize, act: &[BlockQ8], c: &[[f32; 3]], e: f32, lower: *mut f32, upper: *mut f32, nrows: usize);
 
 /// Scalar model of the SIMD tile GEMM (same operations in the same order).
 ///

@@ -38,6 +38,9 @@ pub struct QWeight {
     pub data: WeightData,
     /// The prefill GEMM's packed copy, made on first use (shared by clones).
     packed: Arc<OnceLock<Option<gemm::Packed>>>,
+    /// An LM head's screening copy for exact greedy decoding ([`head_argmax`]), made on first
+    /// use (shared by clones).
+    screen: Arc<OnceLock<Option<gemm::Packed>>>,
 }
 
 impl QWeight {
@@ -69,7 +72,7 @@ impl QWeight {
         if len as u64 != need {
             return Err(format!("{} weight {rows}×{cols}: expected {need} bytes, got {len}", ty.name()));
         }
-        Ok(Self { ty, rows, cols, data, packed: Arc::default() })
+        Ok(Self { ty, rows, cols, data, packed: Arc::default(), screen: Arc::default() })
     }
 
     /// All the weight's bytes (`rows × row_size()`).
@@ -93,7 +96,7 @@ impl QWeight {
             buf[at..end].copy_from_slice(&src[at..end]);
             self.release(at, end - at);
         }
-        QWeight { data: WeightData::Huge(Arc::new(buf)), packed: Arc::default(), ..*self }
+        QWeight { data: WeightData::Huge(Arc::new(buf)), packed: Arc::default(), screen: Arc::default(), ..*self }
     }
 
     /// Bytes of one row.
@@ -287,6 +290,180 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
         }
         DotKernel::F32(f) => run(pool, data, rs, rows, n, x, cols, f, None, y),
     }
+}
+
+/// Rows of the LM head scored exactly by the last [`head_argmax`] in this process (the
+/// screening's candidates, counted by whole tiles), and the calls that screened: so tests and
+/// benchmarks can tell that screening ran and what it left.
+pub static SCREENED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// The greedy token of `w · x` for one token `x` (the largest non-NaN product, the lowest row
+/// on ties: what `sampling::argmax` picks from [`matmul`]'s output), found without computing
+/// every product, or `None` where this path has no screening (then compute the logits).
+///
+/// For a Q8_0 LM head packed compact ([`QWeight::prepare_head`]) on a CPU with the screening
+/// kernel (`dispatch::screen_kernel`), every row is first scored from a copy that keeps the top
+/// five bits of each quant ([`gemm::Packed::screen_q8_0`], made on the first call: 22 of the
+/// file's 34 bytes per block and row, plus the tiles' f32 scales: 24). The low three bits
+/// `l ∈ 0..=7` of a quant add `d·d_a·Σ l·a` to a row's block, which lies between
+/// `7·d·d_a·Σ_{a<0} a` and `7·d·d_a·Σ_{a>0} a`: the kernel sums both ends with the row's own
+/// block scales, giving each row an interval that holds its exact product, widened by a bound on
+/// the float rounding of both kernels (`γ_{nb+4}`, the standard bound for `nb` fused
+/// multiply-adds, times the products' magnitudes, twice over). Only the rows whose upper end
+/// reaches the greatest lower end can be the largest; their tiles are multiplied by the same
+/// tile kernel [`matmul`] runs, so their products are the same bits, and the pick among them is
+/// the pick among all rows. For Gemma 3 270M a token reads 126 MB of screening tiles and a few
+/// candidate tiles instead of the 178 MB head.
+pub fn head_argmax(pool: &ThreadPool, w: &QWeight, x: &[f32]) -> Option<u32> {
+    let (screen, g) = (super::dispatch::screen_kernel()?, tile_kernels(kernels())?.0);
+    if w.ty != GgmlType::Q8_0 || x.len() != w.cols || w.rows > u32::MAX as usize || !x.iter().all(|v| v.is_finite()) {
+        return None;
+    }
+    let head = w.packed.get()?.as_ref().filter(|p| p.kind == gemm::PackKind::Q8H)?;
+    let nb = w.cols / QK;
+    let sp = w
+        .screen
+        .get_or_init(|| {
+            let p = gemm::Packed::screen_q8_0(pool, w.bytes(), w.rows, nb);
+            // The compact tiles serve every other use: the file's pages may go again.
+            w.release(0, w.bytes().len());
+            p
+        })
+        .as_ref()?;
+    with_scratch(&SCRATCH_Q8, nb, |act| {
+        quant::quantize_act_q8(x, act);
+        let c = screen_consts(act);
+        let e = screen_margin(nb);
+        let tiles = sp.tiles();
+        let parts = pool.threads().min(tiles);
+        let chunk = (STEAL_CHUNK_BYTES / sp.tile_bytes().max(1)).max(1);
+        let claims: Vec<Claim> = (0..parts).map(|r| Claim::new(r * tiles / parts, (r + 1) * tiles / parts)).collect();
+        // Per task: the greatest lower bound it saw, and the rows whose upper bound reached
+        // the greatest lower bound seen so far (a superset of the final candidates).
+        let found: Vec<std::sync::Mutex<Found>> = (0..parts).map(|_| std::sync::Mutex::new((f32::NEG_INFINITY, Vec::new()))).collect();
+        let run = |i: usize, a: usize, b: usize| {
+            let mut f = found[i].lock().unwrap_or_else(|p| p.into_inner());
+            let (mut lo, mut hi) = ([0f32; gemm::TILE_ROWS], [0f32; gemm::TILE_ROWS]);
+            for t in a..b {
+                let (r0, nrows) = (t * gemm::TILE_ROWS, (sp.rows - t * gemm::TILE_ROWS).min(gemm::TILE_ROWS));
+                // SAFETY: `screen` is this CPU's screening kernel, which checks the lengths; the
+                // outputs hold 16 values.
+                unsafe { screen(sp.tile(t), nb, act, &c, e, lo.as_mut_ptr(), hi.as_mut_ptr(), nrows) };
+                for &l in &lo[..nrows] {
+                    f.0 = if l > f.0 { l } else { f.0 };
+                }
+                let best = f.0;
+                for (j, &u) in hi[..nrows].iter().enumerate() {
+                    if u >= best {
+                        f.1.push(((r0 + j) as u32, u));
+                    }
+                }
+            }
+        };
+        pool.for_each(parts, &|i| {
+            while let Some((a, b)) = claims[i].front(chunk) {
+                run(i, a, b);
+            }
+            for j in (1..parts).map(|k| (i + k) % parts) {
+                while let Some((a, b)) = claims[j].back(chunk) {
+                    run(i, a, b);
+                }
+            }
+        });
+        let found: Vec<Found> = found.into_iter().map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner())).collect();
+        let t = found.iter().fold(f32::NEG_INFINITY, |m, f| if f.0 > m { f.0 } else { m });
+        if !t.is_finite() {
+            return None;
+        }
+        // Branch and bound: the candidates by upper bound, highest first, each tile multiplied
+        // exactly once; once a candidate's upper bound is below the best exact product so far,
+        // neither it nor any later one can win or tie.
+        let mut cand: Vec<(u32, f32)> = found.iter().flat_map(|f| f.1.iter().copied().filter(|c| c.1 >= t)).collect();
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let (mut best, mut pick) = (f32::NEG_INFINITY, None::<u32>);
+        let mut done: Vec<(usize, [f32; gemm::TILE_ROWS])> = Vec::new();
+        let mut scored = 0;
+        for &(r, upper) in &cand {
+            if upper < best {
+                break;
+            }
+            let ti = r as usize / gemm::TILE_ROWS;
+            let at = match done.iter().position(|d| d.0 == ti) {
+                Some(at) => at,
+                None => {
+                    let mut out = [0f32; gemm::TILE_ROWS];
+                    let nrows = (head.rows - ti * gemm::TILE_ROWS).min(gemm::TILE_ROWS);
+                    // SAFETY: as in `run_tiles` (one token, 16 outputs).
+                    unsafe { g(head.kind, head.tile(ti), nb, act, 1, out.as_mut_ptr(), gemm::TILE_ROWS, nrows) };
+                    scored += nrows;
+                    done.push((ti, out));
+                    done.len() - 1
+                }
+            };
+            let v = done[at].1[r as usize % gemm::TILE_ROWS];
+            if v > best || (v == best && pick.is_some_and(|p| r < p)) {
+                (best, pick) = (v, Some(r));
+            }
+        }
+        SCREENED[0].store(scored as u64, Ordering::Relaxed);
+        SCREENED[1].fetch_add(1, Ordering::Relaxed);
+        pick.filter(|_| best.is_finite())
+    })
+}
+
+/// A screening task's greatest lower bound and its rows `(row, upper bound)` that reached the
+/// greatest lower bound seen before them.
+type Found = (f32, Vec<(u32, f32)>);
+
+/// Per block of the quantized activation: the low bits' least and greatest contribution over
+/// the screening scale's 8 (`7·Σ_{a<0} a / 8`, `7·Σ_{a>0} a / 8`) and `Σ|a| / 8`, exact in f32.
+fn screen_consts(act: &[BlockQ8]) -> Vec<[f32; 3]> {
+    act.iter()
+        .map(|ab| {
+            let (mut neg, mut pos) = (0i32, 0i32);
+            for &a in &ab.qs {
+                if a < 0 {
+                    neg += a as i32;
+                } else {
+                    pos += a as i32;
+                }
+            }
+            [7.0 * neg as f32 / 8.0, 7.0 * pos as f32 / 8.0, (pos - neg) as f32 / 8.0]
+        })
+        .collect()
+}
+
+/// The rounding margin per unit of the screening's magnitude sum `Σ_b p_b·Σ|a_b|` (`p_b` the
+/// block's scale product): the exact kernel's products (|q| ≤ 127), the screening's (|q >> 3| ≤
+/// 16, times 8) and the low-bit bounds (7) each carry at most `γ_{nb+4}` of their magnitudes,
+/// `(127 + 128 + 7)·γ`, doubled for the magnitude's own rounding and the last additions.
+fn screen_margin(nb: usize) -> f32 {
+    let nu = (nb + 4) as f64 * f64::powi(2.0, -24);
+    (2.0 * 262.0 * nu / (1.0 - nu)) as f32
+}
+
+/// The screening bounds of every row (lower, upper) for one token, as [`head_argmax`] computes
+/// them; `None` where it would not screen. For tests.
+#[doc(hidden)]
+pub fn head_bounds(pool: &ThreadPool, w: &QWeight, x: &[f32]) -> Option<(Vec<f32>, Vec<f32>)> {
+    let screen = super::dispatch::screen_kernel()?;
+    head_argmax(pool, w, x)?;
+    let sp = w.screen.get()?.as_ref()?;
+    let nb = w.cols / QK;
+    let mut act = vec![BlockQ8::default(); nb];
+    quant::quantize_act_q8(x, &mut act);
+    let c = screen_consts(&act);
+    let (mut lo, mut hi) = (vec![0f32; sp.tiles() * gemm::TILE_ROWS], vec![0f32; sp.tiles() * gemm::TILE_ROWS]);
+    for t in 0..sp.tiles() {
+        let nrows = (sp.rows - t * gemm::TILE_ROWS).min(gemm::TILE_ROWS);
+        // SAFETY: as in `head_argmax`.
+        unsafe {
+            screen(sp.tile(t), nb, &act, &c, screen_margin(nb), lo.as_mut_ptr().add(t * gemm::TILE_ROWS), hi.as_mut_ptr().add(t * gemm::TILE_ROWS), nrows)
+        };
+    }
+    lo.truncate(sp.rows);
+    hi.truncate(sp.rows);
+    Some((lo, hi))
 }
 
 /// Several products of the same input: `ys[i] = ws[i] · x` for `n` tokens (the query, key and

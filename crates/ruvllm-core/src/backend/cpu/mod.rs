@@ -351,6 +351,23 @@ impl Backend for CpuBackend {
         logits
     }
 
+    fn lm_head_argmax(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, row: usize) -> Option<u32> {
+        // Soft-capping is monotone, but in floats it can make near logits equal and so change
+        // which one a tie gives: left to the full head. Run-ahead decoding queues its picks from
+        // the logits.
+        if softcap.is_some() || self.ahead {
+            return None;
+        }
+        let d = self.widths.d_model;
+        let (x, xn) = self.pair(Buf::X, Buf::Xn, self.max_batch);
+        ops::rms_norm(&x[row * d..(row + 1) * d], norm, eps, &mut xn[..d]);
+        let xn = &self.bufs[Buf::Xn.index()][..d];
+        let id = matmul::head_argmax(&self.pool, output, xn)?;
+        // The logits are unspecified now: make sure nothing reads stale ones as this token's.
+        self.logits_len = 0;
+        Some(id)
+    }
+
     fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32] {
         self.rms_norm(Buf::X, Buf::Xn, norm, eps, n);
         self.rows(Buf::Xn, n)

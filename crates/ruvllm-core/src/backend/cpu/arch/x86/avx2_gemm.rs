@@ -238,6 +238,74 @@ macro_rules! tile_gemm {
                 w
             }
 
+            /// Group `g`'s four activation bytes of `ab` in every lane.
+            #[inline(always)]
+            unsafe fn xg(ab: &BlockQ8, g: usize) -> __m256i {
+                _mm256_set1_epi32((ab.qs.as_ptr() as *const i32).add(g).read_unaligned())
+            }
+
+            /// Group `g`'s products for the compact Q8H tiles without VNNI: `|a| · sign(q, a)`.
+            #[inline(always)]
+            unsafe fn q8h_group(w: &[__m256i; 8], ab: &BlockQ8, g: usize) -> __m256i {
+                let x = xg(ab, g);
+                widen(mul16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w[g], x)))
+            }
+
+            /// Group `g`'s products for the standard Q8_0 tiles without VNNI: `|q| · sign(a, q)`.
+            #[inline(always)]
+            unsafe fn q8_group(w: &[__m256i; 8], aw: &[__m256i; 8], ab: &BlockQ8, g: usize) -> __m256i {
+                widen(mul16(aw[g], _mm256_sign_epi8(xg(ab, g), w[g])))
+            }
+
+            /// One token's integer sums of one block of a half (`w` from [`weights`], `aw` its
+            /// absolute values for the standard Q8_0 tiles without VNNI), `Σ q·a` in each row's
+            /// lane. (No closures: they would not be compiled with the caller's features.)
+            #[inline(always)]
+            unsafe fn isum<const K: u8, const C: bool>(w: &[__m256i; 8], aw: &[__m256i; 8], ab: &BlockQ8, zp: i32) -> __m256i {
+                if VNNI {
+                    let mut e = dpbusd(_mm256_set1_epi32(-zp * ab.qsum), w[0], xg(ab, 0));
+                    let mut o = dpbusd(_mm256_setzero_si256(), w[1], xg(ab, 1));
+                    e = dpbusd(e, w[2], xg(ab, 2));
+                    o = dpbusd(o, w[3], xg(ab, 3));
+                    e = dpbusd(e, w[4], xg(ab, 4));
+                    o = dpbusd(o, w[5], xg(ab, 5));
+                    e = dpbusd(e, w[6], xg(ab, 6));
+                    o = dpbusd(o, w[7], xg(ab, 7));
+                    _mm256_add_epi32(e, o)
+                } else if K == Q8 && C {
+                    let e = _mm256_add_epi32(
+                        _mm256_add_epi32(q8h_group(w, ab, 0), q8h_group(w, ab, 2)),
+                        _mm256_add_epi32(q8h_group(w, ab, 4), q8h_group(w, ab, 6)),
+                    );
+                    let o = _mm256_add_epi32(
+                        _mm256_add_epi32(q8h_group(w, ab, 1), q8h_group(w, ab, 3)),
+                        _mm256_add_epi32(q8h_group(w, ab, 5), q8h_group(w, ab, 7)),
+                    );
+                    _mm256_add_epi32(e, o)
+                } else if K == Q8 {
+                    let e = _mm256_add_epi32(
+                        _mm256_add_epi32(q8_group(w, aw, ab, 0), q8_group(w, aw, ab, 2)),
+                        _mm256_add_epi32(q8_group(w, aw, ab, 4), q8_group(w, aw, ab, 6)),
+                    );
+                    let o = _mm256_add_epi32(
+                        _mm256_add_epi32(q8_group(w, aw, ab, 1), q8_group(w, aw, ab, 3)),
+                        _mm256_add_epi32(q8_group(w, aw, ab, 5), q8_group(w, aw, ab, 7)),
+                    );
+                    _mm256_add_epi32(e, o)
+                } else {
+                    let e = _mm256_add_epi16(
+                        _mm256_add_epi16(mul16(w[0], xg(ab, 0)), mul16(w[2], xg(ab, 2))),
+                        _mm256_add_epi16(mul16(w[4], xg(ab, 4)), mul16(w[6], xg(ab, 6))),
+                    );
+                    let o = _mm256_add_epi16(
+                        _mm256_add_epi16(mul16(w[1], xg(ab, 1)), mul16(w[3], xg(ab, 3))),
+                        _mm256_add_epi16(mul16(w[5], xg(ab, 5)), mul16(w[7], xg(ab, 7))),
+                    );
+                    let s = if K == Q4 { widen(_mm256_add_epi16(e, o)) } else { _mm256_add_epi32(widen(e), widen(o)) };
+                    _mm256_add_epi32(_mm256_set1_epi32(-zp * ab.qsum), s)
+                }
+            }
+
             /// `T` consecutive tokens over all blocks of `H` halves of the tile from half `h0`;
             /// `C`: the compact layout (f16 scales in pair headers, `PackKind::Q8H`).
             #[target_feature(enable = $feat)]
@@ -271,43 +339,55 @@ macro_rules! tile_gemm {
                         let aw = if K == Q8 && !VNNI && !C { w.map(|v| _mm256_sign_epi8(v, v)) } else { w };
                         for (k, acc) in acc.iter_mut().enumerate() {
                             let ab = &*act.add(k * nb + b);
-                            let q = ab.qs.as_ptr() as *const i32;
-                            let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
-                            let s = if VNNI {
-                                let mut e = dpbusd(_mm256_set1_epi32(-zp * ab.qsum), w[0], x(0));
-                                let mut o = dpbusd(_mm256_setzero_si256(), w[1], x(1));
-                                e = dpbusd(e, w[2], x(2));
-                                o = dpbusd(o, w[3], x(3));
-                                e = dpbusd(e, w[4], x(4));
-                                o = dpbusd(o, w[5], x(5));
-                                e = dpbusd(e, w[6], x(6));
-                                o = dpbusd(o, w[7], x(7));
-                                _mm256_add_epi32(e, o)
-                            } else if K == Q8 && C {
-                                let p = |g: usize| {
-                                    let xg = x(g);
-                                    widen(mul16(_mm256_sign_epi8(xg, xg), _mm256_sign_epi8(w[g], xg)))
-                                };
-                                let e = _mm256_add_epi32(_mm256_add_epi32(p(0), p(2)), _mm256_add_epi32(p(4), p(6)));
-                                let o = _mm256_add_epi32(_mm256_add_epi32(p(1), p(3)), _mm256_add_epi32(p(5), p(7)));
-                                _mm256_add_epi32(e, o)
-                            } else if K == Q8 {
-                                let p = |g: usize| widen(mul16(aw[g], _mm256_sign_epi8(x(g), w[g])));
-                                let e = _mm256_add_epi32(_mm256_add_epi32(p(0), p(2)), _mm256_add_epi32(p(4), p(6)));
-                                let o = _mm256_add_epi32(_mm256_add_epi32(p(1), p(3)), _mm256_add_epi32(p(5), p(7)));
-                                _mm256_add_epi32(e, o)
-                            } else {
-                                let p = |g: usize| mul16(w[g], x(g));
-                                let e = _mm256_add_epi16(_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(4), p(6)));
-                                let o = _mm256_add_epi16(_mm256_add_epi16(p(1), p(3)), _mm256_add_epi16(p(5), p(7)));
-                                let s = if K == Q4 { widen(_mm256_add_epi16(e, o)) } else { _mm256_add_epi32(widen(e), widen(o)) };
-                                _mm256_add_epi32(_mm256_set1_epi32(-zp * ab.qsum), s)
-                            };
+                            let s = isum::<K, C>(&w, &aw, ab, zp);
                             *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(ab.d)), _mm256_cvtepi32_ps(s), *acc);
                         }
                     }
                 }
                 store(&accs, y, ystride, rows);
+            }
+
+            /// Greedy screening of one token over one tile of an LM head's screening copy
+            /// (`gemm::Packed::screen_q8_0`: standard Q5 tiles, scales 8·|d| ≥ 0): the Q5_0
+            /// product `A` as the one-token kernel computes it, and beside it, per block, `dvx ·
+            /// c[b]` summed for the three token constants of `c` (`matmul::head_argmax`: the low
+            /// bits' least and greatest contribution and a magnitude for the rounding margin).
+            /// Writes `lower = A + lo − e·mag` and `upper = A + hi + e·mag` for the tile's first
+            /// `nrows` rows.
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn screen(tile: &[u8], nb: usize, act: &[BlockQ8], c: &[[f32; 3]], e: f32, lower: *mut f32, upper: *mut f32, nrows: usize) {
+                let kind = PackKind::Q5;
+                assert!(tile.len() >= kind.tile_bytes(nb) && act.len() >= nb && c.len() >= nb && nrows <= TILE_ROWS);
+                let (tile, zp) = (tile.as_ptr(), kind.zp());
+                let z = _mm256_setzero_ps();
+                let (mut acc, mut lo, mut hi, mut mag) = ([z; 2], [z; 2], [z; 2], [z; 2]);
+                for (b, (ab, cb)) in act.iter().zip(c).take(nb).enumerate() {
+                    super::super::prefetch_ahead(tile, kind, b);
+                    let (sc, base) = (tile.add(kind.scales_at(b)), tile.add(kind.payload_at(b)));
+                    let (cl, ch, cm) = (_mm256_set1_ps(cb[0]), _mm256_set1_ps(cb[1]), _mm256_set1_ps(cb[2]));
+                    for h in 0..2 {
+                        let dvx = _mm256_mul_ps(_mm256_loadu_ps(sc.add(32 * h) as *const f32), _mm256_set1_ps(ab.d));
+                        let w = weights::<Q5, false>(base, h);
+                        let s = isum::<Q5, false>(&w, &w, ab, zp);
+                        acc[h] = _mm256_fmadd_ps(dvx, _mm256_cvtepi32_ps(s), acc[h]);
+                        lo[h] = _mm256_fmadd_ps(dvx, cl, lo[h]);
+                        hi[h] = _mm256_fmadd_ps(dvx, ch, hi[h]);
+                        mag[h] = _mm256_fmadd_ps(dvx, cm, mag[h]);
+                    }
+                }
+                let ev = _mm256_set1_ps(e);
+                for h in 0..2 {
+                    let rows = nrows.saturating_sub(8 * h).min(8);
+                    if rows == 0 {
+                        break;
+                    }
+                    let m = _mm256_mul_ps(mag[h], ev);
+                    let l = [_mm256_sub_ps(_mm256_add_ps(acc[h], lo[h]), m)];
+                    let u = [_mm256_add_ps(_mm256_add_ps(acc[h], hi[h]), m)];
+                    store_half(&l, lower.add(8 * h), 0, rows);
+                    store_half(&u, upper.add(8 * h), 0, rows);
+                }
             }
 
             /// The eight bytes at `p` (one per row of the half) as i32 lanes, zero- or
