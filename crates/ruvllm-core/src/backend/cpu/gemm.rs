@@ -257,59 +257,68 @@ impl Packed {
 }
 
 impl Packed {
-    /// The screening copy of a Q8_0 LM head (`data`: `rows` rows of `nb` blocks, the file's
-    /// layout) for exact greedy decoding (`matmul::head_argmax`): standard [`PackKind::Q5`] tiles
-    /// whose quants are the top five bits of each Q8_0 quant and whose scales are 8·|d|, so the
-    /// Q5_0 product of a row is the Q8_0 one without the low three bits of every quant.
+    /// The screening copy of an LM head packed compact ([`PackKind::Q8H`]) for exact greedy
+    /// decoding (`matmul::head_argmax`): standard [`PackKind::Q5`] tiles whose quants are the
+    /// top five bits of each Q8_0 quant and whose scales are 8·|d| (f32, exact), so the Q5_0
+    /// product of a row is the Q8_0 one without the low three bits of every quant. Both layouts
+    /// hold a row's four quants of group `g` at the same lane of a 64-byte vector, so the copy
+    /// is made byte by byte from the tiles in memory.
     ///
     /// A block with a negative scale is stored negated (`q' = sign(d)·q`, `d' = |d|`: the same
     /// products), so every screening scale is ≥ 0 and the low bits `q' − 8·(q' >> 3)` lie in
-    /// 0..=7 with a positive weight. `None` if a block has a quant −128 (the compact head's
-    /// tiles cannot hold it either) or a scale that is not finite.
-    pub fn screen_q8_0(pool: &ThreadPool, data: &[u8], rows: usize, nb: usize) -> Option<Self> {
-        let (rs, rs5) = (nb * 34, nb * 22);
-        assert!(data.len() >= rows * rs, "Packed::screen_q8_0: {} bytes for {rows} rows of {rs}", data.len());
-        let kind = PackKind::Q5;
-        let tiles = rows.div_ceil(TILE_ROWS);
-        let tb = kind.tile_bytes(nb);
+    /// 0..=7 with a positive weight (Q8H has no quant −128). `None` for other kinds and for a
+    /// scale that is not finite.
+    pub fn screen_of(pool: &ThreadPool, head: &Packed) -> Option<Self> {
+        if head.kind != PackKind::Q8H {
+            return None;
+        }
+        let (kind, nb, tiles) = (PackKind::Q5, head.nb, head.tiles());
+        let (tb, bb) = (kind.tile_bytes(nb), kind.block_bytes());
         let mut buf = HugeBuf::new(tiles * tb);
         let base = SharedMut(buf.as_mut_ptr());
         let fits = std::sync::atomic::AtomicBool::new(true);
         let tasks = (pool.threads() * 4).min(tiles).max(1);
         pool.for_each(tasks, &|i| {
-            let mut q5 = vec![0u8; TILE_ROWS * rs5];
             for t in (i * tiles / tasks)..((i + 1) * tiles / tasks) {
-                let (r0, r1) = (t * TILE_ROWS, ((t + 1) * TILE_ROWS).min(rows));
-                for (src, dst) in data[r0 * rs..r1 * rs].chunks_exact(34).zip(q5.chunks_exact_mut(22)) {
-                    let d = quant::f16_at(src, 0);
-                    if !d.is_finite() || src[2..].contains(&0x80) {
-                        fits.store(false, std::sync::atomic::Ordering::Relaxed);
-                        return;
-                    }
-                    // 8·|d| is exact in f16 (a power-of-two multiple), short of overflow.
-                    let d8 = half::f16::from_f32(8.0 * d.abs());
-                    if d8.to_f32() != 8.0 * d.abs() {
-                        fits.store(false, std::sync::atomic::Ordering::Relaxed);
-                        return;
-                    }
-                    let h = d8.to_bits().to_le_bytes();
-                    dst[..2].copy_from_slice(&h);
-                    let mut qh = 0u32;
-                    dst[6..22].fill(0);
-                    for (e, &q) in src[2..34].iter().enumerate() {
-                        let q = if d.is_sign_negative() { -(q as i8 as i32) } else { q as i8 as i32 };
-                        let u = ((q >> 3) + 16) as u32;
-                        qh |= (u >> 4) << e;
-                        dst[6 + e % 16] |= ((u & 0x0F) as u8) << (4 * (e / 16));
-                    }
-                    dst[2..6].copy_from_slice(&qh.to_le_bytes());
-                }
+                let src = head.tile(t);
                 // SAFETY: tile `t` is written by exactly one task.
                 let out = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(t * tb), tb) };
-                pack_tile(kind, GgmlType::Q5_0, &q5[..(r1 - r0) * rs5], r1 - r0, nb, out);
+                for b in 0..nb {
+                    let (sc, pl, ob) = (head.kind.scales_at(b), head.kind.payload_at(b), b * bb);
+                    let mut neg = [false; TILE_ROWS];
+                    for (j, neg) in neg.iter_mut().enumerate() {
+                        let d = quant::f16_at(src, sc + 2 * j);
+                        if !d.is_finite() {
+                            fits.store(false, std::sync::atomic::Ordering::Relaxed);
+                            return;
+                        }
+                        *neg = d.is_sign_negative();
+                        out[ob + 4 * j..ob + 4 * j + 4].copy_from_slice(&(8.0 * d.abs()).to_le_bytes());
+                    }
+                    // u = (q' >> 3) + 16 in 0..=31 per group vector byte (row k / 4).
+                    let mut u = [[0u8; 64]; 8];
+                    for (g, u) in u.iter_mut().enumerate() {
+                        for (k, u) in u.iter_mut().enumerate() {
+                            let q = src[pl + 64 * g + k] as i8;
+                            let q = if neg[k / 4] { q.wrapping_neg() } else { q };
+                            *u = ((q >> 3) + 16) as u8;
+                        }
+                    }
+                    // Q5: groups 2i and 2i + 1 in the low and high nibbles of vector i, the fifth
+                    // bits of group g at bit g of a lane byte.
+                    let payload = &mut out[ob + 64..ob + bb];
+                    for i in 0..4 {
+                        for k in 0..64 {
+                            payload[64 * i + k] = (u[2 * i][k] & 0x0F) | (u[2 * i + 1][k] << 4);
+                        }
+                    }
+                    for k in 0..64 {
+                        payload[256 + k] = (0..8).fold(0u8, |h, g| h | ((u[g][k] >> 4) << g));
+                    }
+                }
             }
         });
-        fits.load(std::sync::atomic::Ordering::Relaxed).then_some(Self { kind, rows, nb, buf })
+        fits.load(std::sync::atomic::Ordering::Relaxed).then_some(Self { kind, rows: head.rows, nb, buf })
     }
 }
 
@@ -476,7 +485,7 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
 pub type GemmFn = unsafe fn(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok: usize, y: *mut f32, ystride: usize, nrows: usize);
 
 /// A greedy screening kernel (see `arch::x86::avx2_gemm::emulated::screen`): one token over
-/// one tile of a screening copy ([`Packed::screen_q8_0`]), writing `nrows` lower and upper
+/// one tile of a screening copy ([`Packed::screen_of`]), writing `nrows` lower and upper
 /// bounds of the rows' exact products.
 pub type ScreenFn = unsafe fn(tile: &[u8], nb: usize, act: &[BlockQ8], c: &[[f32; 3]], e: f32, lower: *mut f32, upper: *mut f32, nrows: usize);
 

@@ -303,7 +303,7 @@ pub static SCREENED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 ///
 /// For a Q8_0 LM head packed compact ([`QWeight::prepare_head`]) on a CPU with the screening
 /// kernel (`dispatch::screen_kernel`), every row is first scored from a copy that keeps the top
-/// five bits of each quant ([`gemm::Packed::screen_q8_0`], made on the first call: 22 of the
+/// five bits of each quant ([`gemm::Packed::screen_of`], made on the first call: 22 of the
 /// file's 34 bytes per block and row, plus the tiles' f32 scales: 24). The low three bits
 /// `l ∈ 0..=7` of a quant add `d·d_a·Σ l·a` to a row's block, which lies between
 /// `7·d·d_a·Σ_{a<0} a` and `7·d·d_a·Σ_{a>0} a`: the kernel sums both ends with the row's own
@@ -321,15 +321,7 @@ pub fn head_argmax(pool: &ThreadPool, w: &QWeight, x: &[f32]) -> Option<u32> {
     }
     let head = w.packed.get()?.as_ref().filter(|p| p.kind == gemm::PackKind::Q8H)?;
     let nb = w.cols / QK;
-    let sp = w
-        .screen
-        .get_or_init(|| {
-            let p = gemm::Packed::screen_q8_0(pool, w.bytes(), w.rows, nb);
-            // The compact tiles serve every other use: the file's pages may go again.
-            w.release(0, w.bytes().len());
-            p
-        })
-        .as_ref()?;
+    let sp = w.screen.get_or_init(|| gemm::Packed::screen_of(pool, head)).as_ref()?;
     with_scratch(&SCRATCH_Q8, nb, |act| {
         quant::quantize_act_q8(x, act);
         let c = screen_consts(act);

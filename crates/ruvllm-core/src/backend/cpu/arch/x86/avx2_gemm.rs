@@ -348,7 +348,7 @@ macro_rules! tile_gemm {
             }
 
             /// Greedy screening of one token over one tile of an LM head's screening copy
-            /// (`gemm::Packed::screen_q8_0`: standard Q5 tiles, scales 8·|d| ≥ 0): the Q5_0
+            /// (`gemm::Packed::screen_of`: standard Q5 tiles, scales 8·|d| ≥ 0): the Q5_0
             /// product `A` as the one-token kernel computes it, and beside it, per block, `dvx ·
             /// c[b]` summed for the three token constants of `c` (`matmul::head_argmax`: the low
             /// bits' least and greatest contribution and a magnitude for the rounding margin).
