@@ -160,8 +160,17 @@ impl QWeight {
     /// [`Self::prepare`] for an LM head: Q8_0 is packed into the compact tiles (f16 scales, the
     /// file's 34 bytes per block and row instead of 36), which decode reads whole for every
     /// token; the results are the same bits. Other types are packed as `prepare` packs them.
+    /// Where greedy decoding screens this head ([`head_argmax`]), its screening copy is made
+    /// now too: made at the first greedy token instead, inside a Node process, its 126 MB
+    /// (Gemma 3) often did not get huge pages until the kernel's background collapse, and that
+    /// first generation decoded at 110–115 tok/s instead of 150–160 (1 thread, AVX2).
     pub fn prepare_head(&self, pool: &ThreadPool) {
-        self.prepare_as(pool, true)
+        self.prepare_as(pool, true);
+        if super::dispatch::screen_kernel().is_some() {
+            if let Some(head) = self.packed.get().and_then(|p| p.as_ref()) {
+                self.screen.get_or_init(|| gemm::Packed::screen_of(pool, head));
+            }
+        }
     }
 
     fn prepare_as(&self, pool: &ThreadPool, compact: bool) {
@@ -303,7 +312,7 @@ pub static SCREENED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 ///
 /// For a Q8_0 LM head packed compact ([`QWeight::prepare_head`]) on a CPU with the screening
 /// kernel (`dispatch::screen_kernel`), every row is first scored from a copy that keeps the top
-/// five bits of each quant ([`gemm::Packed::screen_of`], made on the first call: 22 of the
+/// five bits of each quant ([`gemm::Packed::screen_of`], made by [`QWeight::prepare_head`] or the first call: 22 of the
 /// file's 34 bytes per block and row, plus the tiles' f32 scales: 24). The low three bits
 /// `l ∈ 0..=7` of a quant add `d·d_a·Σ l·a` to a row's block, which lies between
 /// `7·d·d_a·Σ_{a<0} a` and `7·d·d_a·Σ_{a>0} a`: the kernel sums both ends with the row's own
