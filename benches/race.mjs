@@ -19,7 +19,8 @@
 // one-token prompt (BOS, then --new tokens: what tg<new> measures, the KV cache growing from
 // empty), just before llama-bench, and the decode-from-empty ratio is printed under the table.
 // Also measured in the same run: the decode floor (streaming-read bandwidth with our thread pool
-// and the bytes a token reads: crates/ruvllm-eval/examples/membw.rs, built with cargo) and the
+// and the bytes a greedy token reads, the LM head's screening copy where this CPU screens it:
+// crates/ruvllm-eval/examples/membw.rs, built with cargo) and the
 // perplexity of the first --ppl tokens of Hamlet (benches/text.mjs) from ruvllm (run-time
 // dispatched kernels), ruvllm with RUVLLM_FORCE_SCALAR=1 (the scalar reference kernels) and
 // llama.cpp. node-llama-cpp is a benchmark-only dependency: `npm install --prefix benches`
@@ -251,7 +252,9 @@ for (const threads of values.threads.split(',').map(Number)) {
     const ours = row.decodeTps.ruvllm
     console.log(
       `\ndecode floor at ${threads} thread${threads > 1 ? 's' : ''}: streaming read ${f.readGBps.toFixed(1)} GB/s (median of the readings: ${gbps.map((g) => g.toFixed(1)).join(', ')}), ` +
-        `${(f.bytesPerToken / 1e6).toFixed(1)} MB per token → ${f.floorTokensPerSecond.toFixed(1)} tok/s; ruvllm decode = ` +
+        `${(f.bytesPerToken / 1e6).toFixed(1)} MB per token` +
+        (f.headScreened ? ` (greedy decoding reads the LM head's screening copy, not the head: ${(f.fullBytesPerToken / 1e6).toFixed(1)} MB with the head)` : '') +
+        ` → ${f.floorTokensPerSecond.toFixed(1)} tok/s; ruvllm decode = ` +
         (paired.length ? `${(100 * median(paired.map((p) => p.ratio))).toFixed(0)} % of the floor read just before and after it (median of the rounds: ${paired.map((p) => (100 * p.ratio).toFixed(0)).join(', ')} %); ` : '') +
         `${((100 * ours) / f.floorTokensPerSecond).toFixed(0)} % as a ratio of the medians ` +
         `(${((100 * ours) / f.bestFloorTokensPerSecond).toFixed(0)} % of the best reading's ${f.bestFloorTokensPerSecond.toFixed(1)} tok/s)`,

@@ -1,10 +1,12 @@
 //! The decode-speed floor of a model on this machine: streaming-read bandwidth measured with our
 //! own thread pool (the faster of a plain read and one with software prefetch), and the bytes a
 //! decoded token must read (every weight once; a tied embedding is read whole as the LM head, an
-//! untied one only gathers a row).
+//! untied one only gathers a row; greedy decoding reads a Q8_0 head's screening copy instead,
+//! where this CPU screens: `bytesPerToken`, with `fullBytesPerToken` beside it).
 //! `cargo run --release -p ruvllm-eval --example membw -- MODEL.gguf [threads]` prints one JSON line.
 use std::time::Instant;
 
+use ruvllm_core::backend::cpu::GgmlType;
 use ruvllm_core::gguf::GgufFile;
 use ruvllm_core::runtime::mem::HugeBuf;
 use ruvllm_core::runtime::ThreadPool;
@@ -15,7 +17,17 @@ fn main() {
     let threads: usize = args.get(2).map_or(2, |s| s.parse().expect("threads"));
     let file = GgufFile::open(path).expect("model");
     let untied = file.tensor("output.weight").is_some();
-    let bytes_per_token: u64 = file.tensors.iter().filter(|t| !(untied && t.name == "token_embd.weight")).map(|t| t.size).sum();
+    let full_bytes: u64 = file.tensors.iter().filter(|t| !(untied && t.name == "token_embd.weight")).map(|t| t.size).sum();
+    // Greedy decoding (the race's) screens a Q8_0 head where this CPU has the screening kernel
+    // (`matmul::head_argmax`): it reads the head's screening copy (24 bytes per block and row,
+    // 16-row tiles) instead of the head, plus a few candidate tiles (~0.2 MB for Gemma 3,
+    // not counted).
+    let head = file.tensor(if untied { "output.weight" } else { "token_embd.weight" });
+    let screened = head.filter(|h| h.dtype == GgmlType::Q8_0 && ruvllm_core::backend::cpu::dispatch::screen_kernel().is_some());
+    let bytes_per_token = match screened {
+        Some(h) => full_bytes - h.size + (h.dims[1] as u64).div_ceil(16) * 16 * (h.dims[0] as u64 / 32) * 24,
+        None => full_bytes,
+    };
 
     // 1 GiB of u64s (far beyond any cache), written first so pages are resident; on huge pages
     // like the weights decode reads (runtime::mem), unless MEMBW_SMALL_PAGES is set.
@@ -70,7 +82,8 @@ fn main() {
     let check: u64 = sums.iter().map(|s| s.load(std::sync::atomic::Ordering::Relaxed)).fold(0, u64::wrapping_add);
     let floor_ms = bytes_per_token as f64 / (best * 1e9) * 1e3;
     println!(
-        "{{\"threads\":{threads},\"readGBps\":{best:.2},\"plainGBps\":{plain:.2},\"prefetchGBps\":{ahead:.2},\"bytesPerToken\":{bytes_per_token},\"floorMsPerToken\":{floor_ms:.3},\"floorTokensPerSecond\":{:.1},\"check\":{}}}",
+        "{{\"threads\":{threads},\"readGBps\":{best:.2},\"plainGBps\":{plain:.2},\"prefetchGBps\":{ahead:.2},\"bytesPerToken\":{bytes_per_token},\"fullBytesPerToken\":{full_bytes},\"headScreened\":{},\"floorMsPerToken\":{floor_ms:.3},\"floorTokensPerSecond\":{:.1},\"check\":{}}}",
+        screened.is_some(),
         1e3 / floor_ms,
         check % 1000
     );
