@@ -25,7 +25,7 @@ fn main() {
     let head = file.tensor(if untied { "output.weight" } else { "token_embd.weight" });
     let screened = head.filter(|h| h.dtype == GgmlType::Q8_0 && ruvllm_core::backend::cpu::dispatch::screen_kernel().is_some());
     let bytes_per_token = match screened {
-        Some(h) => full_bytes - h.size + (h.dims[1] as u64).div_ceil(16) * 16 * (h.dims[0] as u64 / 32) * 24,
+        Some(h) => full_bytes - h.size + h.dims[1].div_ceil(16) * 16 * (h.dims[0] / 32) * 24,
         None => full_bytes,
     };
 
