@@ -501,6 +501,7 @@ impl Engine {
         let file = GgufFile::open(path)?;
         let cfg = models::config_from_gguf(&file)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
+        crate::runtime::mem::trim_heap();
         if tokenizer.vocab_size() > cfg.vocab_size {
             return Err(Error::gguf(&file.path, format!("tokenizer has {} tokens but the embedding only {}", tokenizer.vocab_size(), cfg.vocab_size)));
         }
@@ -544,6 +545,10 @@ impl Engine {
         info.diffusion = diffusion.is_some();
         info.backend = backend.describe();
         let bos_text = tokenizer.bos_id().and_then(|b| tokenizer.decode(&[b], false).ok()).unwrap_or_default();
+        // The tokenizer and template are built: the vocabulary's arrays need not stay parsed.
+        let mut file = file;
+        file.drop_large_arrays(4096);
+        crate::runtime::mem::trim_heap();
         let shared = Arc::new(Shared { file, tokenizer, template, bos_text, token_env: Default::default() });
         let (tx, rx) = channel();
         let worker_shared = shared.clone();

@@ -144,6 +144,21 @@ impl<T: Plain> std::ops::DerefMut for HugeVec<T> {
     }
 }
 
+/// Returns the heap's free memory to the OS (glibc's `malloc_trim`; nothing elsewhere). Building
+/// a large vocabulary's tokenizer frees most of what it allocated, but glibc keeps the freed
+/// pages resident: for Gemma 3's 262,144 tokens the engine's load left ~69 MB of freed heap in
+/// the process (`Anonymous` in `/proc/self/smaps_rollup`: 469 → 400 MB after a trim).
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: malloc_trim only releases free heap pages; any pad is valid.
+        unsafe { malloc_trim(0) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
