@@ -411,7 +411,7 @@ fn greedy_screening_picks_what_the_full_lm_head_picks() {
         model.forward(prompt, 0, &mut cache, &mut be).unwrap();
         for pos in prompt.len()..prompt.len() + 24 {
             let id = model.head_argmax(&mut be, 0).expect("screened on this path");
-            scored += matmul::SCREENED[0].load(Ordering::Relaxed);
+            scored += matmul::SCREENED_ROWS.load(Ordering::Relaxed);
             model.head_deferred(&mut be, 0);
             let full = ruvllm_core::sampling::argmax(&be.logits()[..v]);
             assert_eq!(id, full, "prompt {prompt:?}, position {pos}");

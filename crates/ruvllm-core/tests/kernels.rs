@@ -1104,7 +1104,7 @@ fn greedy_screening_picks_the_full_heads_argmax() {
             let want = ruvllm_core::sampling::argmax(&y);
             ties += (y.iter().filter(|&&v| v == y[want as usize]).count() > 1) as usize;
             let got = matmul::head_argmax(&pool, &head, &x).expect("the head is screened on this path");
-            scored += matmul::SCREENED[0].load(Ordering::Relaxed);
+            scored += matmul::SCREENED_ROWS.load(Ordering::Relaxed);
             assert_eq!(got, want, "{rows}x{cols} token {t}: screening picked {got} ({}), the full head {want} ({})", y[got as usize], y[want as usize]);
             let (lo, hi) = matmul::head_bounds(&pool, &head, &x).unwrap();
             for (r, &v) in y.iter().enumerate() {

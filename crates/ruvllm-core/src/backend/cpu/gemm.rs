@@ -190,6 +190,11 @@ impl Packed {
         self.rows.div_ceil(TILE_ROWS)
     }
 
+    /// The rows tile `t` holds (16, fewer in a last partial tile).
+    pub fn tile_rows(&self, t: usize) -> usize {
+        (self.rows - t * TILE_ROWS).min(TILE_ROWS)
+    }
+
     pub fn tile_bytes(&self) -> usize {
         self.kind.tile_bytes(self.nb)
     }

@@ -302,9 +302,9 @@ pub fn matmul_with(pool: &ThreadPool, w: &QWeight, x: &[f32], n: usize, y: &mut 
 }
 
 /// Rows of the LM head scored exactly by the last [`head_argmax`] in this process (the
-/// screening's candidates, counted by whole tiles), and the calls that screened: so tests and
-/// benchmarks can tell that screening ran and what it left.
-pub static SCREENED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+/// screening's candidates, counted by whole tiles): so tests and benchmarks can see what
+/// screening left.
+pub static SCREENED_ROWS: AtomicU64 = AtomicU64::new(0);
 
 /// The greedy token of `w · x` for one token `x` (the largest non-NaN product, the lowest row
 /// on ties: what `sampling::argmax` picks from [`matmul`]'s output), found without computing
@@ -338,7 +338,6 @@ pub fn head_argmax(pool: &ThreadPool, w: &QWeight, x: &[f32]) -> Option<u32> {
         let tiles = sp.tiles();
         let parts = pool.threads().min(tiles);
         let chunk = (STEAL_CHUNK_BYTES / sp.tile_bytes().max(1)).max(1);
-        let claims: Vec<Claim> = (0..parts).map(|r| Claim::new(r * tiles / parts, (r + 1) * tiles / parts)).collect();
         // Per task: the greatest lower bound it saw, and the rows whose upper bound reached
         // the greatest lower bound seen so far (a superset of the final candidates).
         let found: Vec<std::sync::Mutex<Found>> = (0..parts).map(|_| std::sync::Mutex::new((f32::NEG_INFINITY, Vec::new()))).collect();
@@ -346,7 +345,7 @@ pub fn head_argmax(pool: &ThreadPool, w: &QWeight, x: &[f32]) -> Option<u32> {
             let mut f = found[i].lock().unwrap_or_else(|p| p.into_inner());
             let (mut lo, mut hi) = ([0f32; gemm::TILE_ROWS], [0f32; gemm::TILE_ROWS]);
             for t in a..b {
-                let (r0, nrows) = (t * gemm::TILE_ROWS, (sp.rows - t * gemm::TILE_ROWS).min(gemm::TILE_ROWS));
+                let (r0, nrows) = (t * gemm::TILE_ROWS, sp.tile_rows(t));
                 // SAFETY: `screen` is this CPU's screening kernel, which checks the lengths; the
                 // outputs hold 16 values.
                 unsafe { screen(sp.tile(t), nb, act, &c, e, lo.as_mut_ptr(), hi.as_mut_ptr(), nrows) };
@@ -361,16 +360,7 @@ pub fn head_argmax(pool: &ThreadPool, w: &QWeight, x: &[f32]) -> Option<u32> {
                 }
             }
         };
-        pool.for_each(parts, &|i| {
-            while let Some((a, b)) = claims[i].front(chunk) {
-                run(i, a, b);
-            }
-            for j in (1..parts).map(|k| (i + k) % parts) {
-                while let Some((a, b)) = claims[j].back(chunk) {
-                    run(i, a, b);
-                }
-            }
-        });
+        for_each_claimed(pool, tiles, chunk, &run);
         let found: Vec<Found> = found.into_iter().map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner())).collect();
         let t = found.iter().fold(f32::NEG_INFINITY, |m, f| if f.0 > m { f.0 } else { m });
         if !t.is_finite() {
@@ -392,8 +382,7 @@ pub fn head_argmax(pool: &ThreadPool, w: &QWeight, x: &[f32]) -> Option<u32> {
             let at = match done.iter().position(|d| d.0 == ti) {
                 Some(at) => at,
                 None => {
-                    let mut out = [0f32; gemm::TILE_ROWS];
-                    let nrows = (head.rows - ti * gemm::TILE_ROWS).min(gemm::TILE_ROWS);
+                    let (mut out, nrows) = ([0f32; gemm::TILE_ROWS], head.tile_rows(ti));
                     // SAFETY: as in `run_tiles` (one token, 16 outputs).
                     unsafe { g(head.kind, head.tile(ti), nb, act, 1, out.as_mut_ptr(), gemm::TILE_ROWS, nrows) };
                     scored += nrows;
@@ -406,8 +395,7 @@ pub fn head_argmax(pool: &ThreadPool, w: &QWeight, x: &[f32]) -> Option<u32> {
                 (best, pick) = (v, Some(r));
             }
         }
-        SCREENED[0].store(scored as u64, Ordering::Relaxed);
-        SCREENED[1].fetch_add(1, Ordering::Relaxed);
+        SCREENED_ROWS.store(scored as u64, Ordering::Relaxed);
         pick.filter(|_| best.is_finite())
     })
 }
@@ -456,7 +444,7 @@ pub fn head_bounds(pool: &ThreadPool, w: &QWeight, x: &[f32]) -> Option<(Vec<f32
     let c = screen_consts(&act);
     let (mut lo, mut hi) = (vec![0f32; sp.tiles() * gemm::TILE_ROWS], vec![0f32; sp.tiles() * gemm::TILE_ROWS]);
     for t in 0..sp.tiles() {
-        let nrows = (sp.rows - t * gemm::TILE_ROWS).min(gemm::TILE_ROWS);
+        let nrows = sp.tile_rows(t);
         // SAFETY: as in `head_argmax`.
         unsafe {
             screen(sp.tile(t), nb, &act, &c, screen_margin(nb), lo.as_mut_ptr().add(t * gemm::TILE_ROWS), hi.as_mut_ptr().add(t * gemm::TILE_ROWS), nrows)
@@ -655,7 +643,7 @@ fn run_tiles(
             let (p, lt) = (ps[w], ti - first[w]);
             let (rows, nb) = (p.rows, p.nb);
             let r0 = lt * gemm::TILE_ROWS;
-            let nrows = (rows - r0).min(gemm::TILE_ROWS);
+            let nrows = p.tile_rows(lt);
             let y = ys[w].ptr();
             // SAFETY: `g`/`gk` are this CPU's tile kernels (`dispatch::gemm_kernel`), which check the
             // activation and tile lengths; the callers check that `ys[w]` holds `n × rows`
@@ -679,19 +667,8 @@ fn run_tiles(
         // 10-15 % slower than the other for seconds at a time, and with fixed halves the faster
         // one waited for it at the end of every product (2 threads, AVX2: 0.3-1.4 ms per token
         // on the layer products and 0.05-0.5 ms on the LM head).
-        let parts = pool.threads().min(tiles);
         let chunk = (STEAL_CHUNK_BYTES * tiles / bytes.max(1)).max(1);
-        let claims: Vec<Claim> = (0..parts).map(|r| Claim::new(r * tiles / parts, (r + 1) * tiles / parts)).collect();
-        pool.for_each(parts, &|i| {
-            while let Some((a, b)) = claims[i].front(chunk) {
-                tile_range(a, b, 0, 1);
-            }
-            for j in (1..parts).map(|k| (i + k) % parts) {
-                while let Some((a, b)) = claims[j].back(chunk) {
-                    tile_range(a, b, 0, 1);
-                }
-            }
-        });
+        for_each_claimed(pool, tiles, chunk, &|_, a, b| tile_range(a, b, 0, 1));
         return;
     }
     // Whole tiles per task; tokens, if split, in multiples of four (the kernel's token group).
@@ -699,6 +676,25 @@ fn run_tiles(
     pool.for_each(sp.row_tasks * sp.tok_tasks, &|i| {
         let (i0, i1, t0, t1) = sp.task(i, tiles, n);
         tile_range(i0, i1, t0, t1);
+    });
+}
+
+/// Runs `f(part, a, b)` over `0..items` on the pool in `min(threads, items)` parts: each part
+/// takes its own contiguous range from the front, `chunk` items at a time, then helps the others
+/// from the back of theirs (see the one-token case of [`run_tiles`]); `part` is the task
+/// running the range, for per-task state.
+fn for_each_claimed(pool: &ThreadPool, items: usize, chunk: usize, f: &(dyn Fn(usize, usize, usize) + Sync)) {
+    let parts = pool.threads().min(items);
+    let claims: Vec<Claim> = (0..parts).map(|r| Claim::new(r * items / parts, (r + 1) * items / parts)).collect();
+    pool.for_each(parts, &|i| {
+        while let Some((a, b)) = claims[i].front(chunk) {
+            f(i, a, b);
+        }
+        for j in (1..parts).map(|k| (i + k) % parts) {
+            while let Some((a, b)) = claims[j].back(chunk) {
+                f(i, a, b);
+            }
+        }
     });
 }
 

@@ -154,6 +154,16 @@ impl CpuBackend {
         (x, y)
     }
 
+    /// The final norm of rows `rows` of `X` into the first `rows.len()` rows of `Xn` (what the
+    /// LM head multiplies).
+    fn norm_rows(&mut self, norm: &[f32], eps: f32, rows: &[usize]) {
+        let d = self.widths.d_model;
+        let (x, xn) = self.pair(Buf::X, Buf::Xn, self.max_batch);
+        for (&r, out) in rows.iter().zip(xn.chunks_exact_mut(d)) {
+            ops::rms_norm(&x[r * d..(r + 1) * d], norm, eps, out);
+        }
+    }
+
     fn buf_mut(&mut self, b: Buf, n: usize) -> &mut [f32] {
         let len = n * self.widths.of(b);
         &mut self.bufs[b.index()][..len]
@@ -332,12 +342,7 @@ impl Backend for CpuBackend {
 
     fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) -> &mut [f32] {
         let (d, v, m) = (self.widths.d_model, self.widths.vocab_size, rows.len());
-        {
-            let (x, xn) = self.pair(Buf::X, Buf::Xn, self.max_batch);
-            for (&r, out) in rows.iter().zip(xn.chunks_exact_mut(d)) {
-                ops::rms_norm(&x[r * d..(r + 1) * d], norm, eps, out);
-            }
-        }
+        self.norm_rows(norm, eps, rows);
         if self.logits.len() < m * v {
             self.logits.resize(m * v, 0.0);
         }
@@ -359,8 +364,7 @@ impl Backend for CpuBackend {
             return None;
         }
         let d = self.widths.d_model;
-        let (x, xn) = self.pair(Buf::X, Buf::Xn, self.max_batch);
-        ops::rms_norm(&x[row * d..(row + 1) * d], norm, eps, &mut xn[..d]);
+        self.norm_rows(norm, eps, &[row]);
         let xn = &self.bufs[Buf::Xn.index()][..d];
         let id = matmul::head_argmax(&self.pool, output, xn)?;
         // The logits are unspecified now: make sure nothing reads stale ones as this token's.
