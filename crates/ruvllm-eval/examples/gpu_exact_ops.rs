@@ -127,7 +127,7 @@ fn main() {
     let (qa, qb) = (half(values(&mut rng, 8 * d, 0.1)), half(values(&mut rng, 8 * n_head * hd, 0.1)));
     let (ka, kb) = (half(values(&mut rng, 4 * d, 0.1)), half(values(&mut rng, 4 * n_kv * hd, 0.1)));
     let (va, vb) = (half(values(&mut rng, 8 * d, 0.1)), half(values(&mut rng, 8 * n_kv * hd, 0.1)));
-    let shape = AttnShape { n_head, n_kv_head: n_kv, head_dim: hd, scale: 1.0 / 16.0 };
+    let shape = AttnShape { n_head, n_kv_head: n_kv, head_dim: hd, scale: 1.0 / 16.0, softcap: None };
 
     // One layer of a forward pass over `n` tokens at `pos0`, each step compared.
     let mut caches: Vec<(LayerCache, LayerCache)> = Vec::new();

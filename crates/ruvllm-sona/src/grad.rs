@@ -555,7 +555,11 @@ impl Frozen {
                     for j in 0..t {
                         if visible(i, j, window, bidir) {
                             let kj = &k[j * kvd + g * hd..j * kvd + (g + 1) * hd];
-                            row[j] = c.attn_scale * dot(qi, kj);
+                            let raw = c.attn_scale * dot(qi, kj);
+                            row[j] = match c.attn_softcap {
+                                Some(cap) => (raw / cap).tanh() * cap,
+                                None => raw,
+                            };
                             max = max.max(row[j]);
                         }
                     }
@@ -730,8 +734,14 @@ impl Frozen {
                         if p[j] == 0.0 {
                             continue;
                         }
-                        let ds = p[j] * (dp[j] - pdp) * c.attn_scale;
                         let kj = &a.k[j * kvd + g * hd..j * kvd + (g + 1) * hd];
+                        let mut ds = p[j] * (dp[j] - pdp);
+                        if let Some(cap) = c.attn_softcap {
+                            // d/dx cap·tanh(x / cap) = 1 − tanh²(x / cap)
+                            let th = (c.attn_scale * dot(&qi, kj) / cap).tanh();
+                            ds *= 1.0 - th * th;
+                        }
+                        let ds = ds * c.attn_scale;
                         let dqi = &mut dq[i * qd + h * hd..i * qd + (h + 1) * hd];
                         for (dd, &kv) in dqi.iter_mut().zip(kj) {
                             *dd += ds * kv;

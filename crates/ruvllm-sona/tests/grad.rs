@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ruvllm_core::backend::{Activation, RopeStyle};
 use ruvllm_core::gguf::writer::GgufWriter;
 use ruvllm_core::gguf::GgufFile;
-use ruvllm_core::models::{Transformer, TransformerConfig, WeightLoader};
+use ruvllm_core::models::{RopeFactors, Transformer, TransformerConfig, WeightLoader};
 use ruvllm_core::nn::Proj;
 use ruvllm_sona::grad::{DiffusionInput, Example, Frozen, LoraParams, Rng};
 
@@ -39,6 +39,8 @@ pub fn tiny_model(dir: &std::path::Path, act: Activation) -> Arc<Transformer> {
         attn_scale: 1.0 / (hd as f32).sqrt(),
         qkv_bias: false,
         final_logit_softcap: Some(5.0),
+        attn_softcap: None,
+        rope_factors: RopeFactors::None,
     };
     let mut rng = Rng(7);
     let mut w = GgufWriter::new();

@@ -22,7 +22,7 @@ use half::f16;
 pub use cpu::matmul::{QWeight, WeightData};
 pub use kv::{KvType, LayerCache};
 pub use mask::AttentionMask;
-pub use rope::{RopeStyle, RopeTable};
+pub use rope::{RopeScaling, RopeStyle, RopeTable};
 
 /// The activation buffers of a forward pass, each `max_batch` rows of its width
 /// ([`BufWidths`]): a model file names them, the backend holds them.
@@ -94,6 +94,9 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Scale applied to the scores.
     pub scale: f32,
+    /// Soft-capping of the scaled scores, `cap · tanh(s / cap)` (Gemma 2), before the mask
+    /// and softmax.
+    pub softcap: Option<f32>,
 }
 
 /// The per-head RMSNorm weights of queries and keys (when the model has them) and their epsilon.

@@ -10,6 +10,21 @@ pub enum RopeStyle {
     Neox,
 }
 
+/// Frequency factors and attention factor of a scaled RoPE ([`RopeTable::scaled`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeScaling {
+    /// One divisor per rotated frequency (`rot_dim / 2`), or none.
+    pub freq_factors: Option<Vec<f32>>,
+    /// Multiplies cos and sin (1.0 for none).
+    pub attn_factor: f32,
+}
+
+impl Default for RopeScaling {
+    fn default() -> Self {
+        RopeScaling { freq_factors: None, attn_factor: 1.0 }
+    }
+}
+
 /// Precomputed cos/sin for positions `0..max_pos`, shared by every layer that uses the same base.
 pub struct RopeTable {
     pub rot_dim: usize,
@@ -20,17 +35,28 @@ pub struct RopeTable {
 
 impl RopeTable {
     /// `rot_dim` rotated dimensions per head (even), frequencies `base^(-2i/rot_dim)` divided by
-    /// `freq_scale_inv` (linear scaling factor, 1.0 for none).
+    /// `linear_factor` (linear scaling, 1.0 for none).
     pub fn new(rot_dim: usize, base: f32, linear_factor: f32, max_pos: usize, style: RopeStyle) -> Self {
+        Self::scaled(rot_dim, base, linear_factor, &RopeScaling::default(), max_pos, style)
+    }
+
+    /// [`Self::new`] with per-frequency factors and an attention factor (`scaling`): frequency
+    /// `i` is divided by `factors[i]` and cos/sin are multiplied by `attn_factor`, as ggml's
+    /// `rope_ext` does with its `freq_factors` tensor and `attn_factor` (Llama 3.1's `rope_freqs`,
+    /// Phi-3's LongRoPE `rope_factors_long`/`_short`). A query and a key both rotated with the
+    /// factor scale their dot product by its square, which is what LongRoPE asks for.
+    pub fn scaled(rot_dim: usize, base: f32, linear_factor: f32, scaling: &RopeScaling, max_pos: usize, style: RopeStyle) -> Self {
         let half = rot_dim / 2;
         let mut cos = Vec::with_capacity(max_pos * half);
         let mut sin = Vec::with_capacity(max_pos * half);
-        let inv: Vec<f32> = (0..half).map(|i| 1.0 / base.powf(2.0 * i as f32 / rot_dim as f32) / linear_factor).collect();
+        let factor = |i: usize| scaling.freq_factors.as_ref().and_then(|f| f.get(i).copied()).unwrap_or(1.0);
+        let inv: Vec<f32> = (0..half).map(|i| 1.0 / base.powf(2.0 * i as f32 / rot_dim as f32) / linear_factor / factor(i)).collect();
+        let m = scaling.attn_factor;
         for p in 0..max_pos {
             for &f in &inv {
                 let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                cos.push(a.cos() * m);
+                sin.push(a.sin() * m);
             }
         }
         RopeTable { rot_dim, style, cos, sin }

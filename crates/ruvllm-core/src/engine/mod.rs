@@ -475,6 +475,9 @@ fn open_cuda(model: &Transformer, context: usize) -> Result<(Box<dyn Backend + S
         return Err(cuda::unavailable(format!("the CUDA kernels do not run this model's {} weights ({} columns)", w.ty.name(), w.cols)));
     }
     let c = &model.cfg;
+    if c.attn_softcap.is_some() {
+        return Err(cuda::unavailable(format!("the CUDA attention kernel has no attention-score soft-capping ({})", c.architecture)));
+    }
     if c.head_dim > 256 || !c.head_dim.is_multiple_of(32) || c.n_head / c.n_kv_head.max(1) > 8 || c.d_model > 16 * 256 {
         return Err(cuda::unavailable(format!(
             "the CUDA attention kernel does not cover head_dim {} with {} heads per KV head",

@@ -1,17 +1,21 @@
 //! Model architectures: one file per family maps the checkpoint's metadata to a
 //! [`TransformerConfig`]; the shared decoder lives in `transformer.rs`.
 
+pub mod gemma2;
 pub mod gemma3;
 pub mod llama;
+pub mod phi3;
 pub mod transformer;
 
-pub use transformer::{Segment, Transformer, TransformerConfig, WeightLoader};
+pub use transformer::{RopeFactors, Segment, Transformer, TransformerConfig, WeightLoader};
 
+use crate::backend::RopeStyle;
 use crate::gguf::GgufFile;
 use crate::{Error, Result};
+use transformer::Activation;
 
 /// Architectures we can run (`general.architecture`).
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["gemma3", "llama", "mistral", "qwen2"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["gemma2", "gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3"];
 
 /// Reads the config of a supported architecture, validating it.
 pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
@@ -22,14 +26,68 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<TransformerConfig> {
         d => return Err(Error::gguf(&file.path, format!("tensor 'token_embd.weight' has shape {d:?}, expected 2-D"))),
     };
     let cfg = match arch {
+        "gemma2" => gemma2::config(file, vocab)?,
         "gemma3" => gemma3::config(file, vocab)?,
-        "llama" | "mistral" | "qwen2" => llama::config(file, arch, vocab)?,
+        "llama" | "mistral" | "qwen2" | "qwen3" => llama::config(file, arch, vocab)?,
+        "phi3" => phi3::config(file, vocab)?,
         other => {
             return Err(Error::unsupported(&file.path, format!("architecture '{other}' is not supported (supported: {})", SUPPORTED_ARCHITECTURES.join(", "))))
         }
     };
     validate(file, &cfg)?;
     Ok(cfg)
+}
+
+/// Defaults of one family for metadata its files may leave out.
+pub(crate) struct Defaults {
+    pub norm_eps: f32,
+    pub context: u64,
+    pub rope_base: f32,
+}
+
+/// The metadata every family shares (`{arch}.block_count`, widths, heads, RMSNorm epsilon,
+/// training context, RoPE base, dimensions and linear scaling) as a plain pre-norm Llama block:
+/// SiLU-gated FFN, interleaved RoPE, no biases, no extra norms or caps. Each family file reads
+/// this and changes what its architecture does differently.
+pub(crate) fn base_config(file: &GgufFile, arch: &str, vocab_size: usize, d: Defaults) -> Result<TransformerConfig> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let n_layer = dim(file, &key("block_count"))?;
+    let d_model = dim(file, &key("embedding_length"))?;
+    let n_head = dim(file, &key("attention.head_count"))?;
+    let n_kv_head = file.get_u64(&key("attention.head_count_kv")).unwrap_or(n_head as u64) as usize;
+    let head_dim = file.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(d_model / n_head.max(1));
+    let linear_factor = match file.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
+        Some("linear") => file.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32,
+        _ => 1.0,
+    };
+    Ok(TransformerConfig {
+        architecture: arch.to_string(),
+        n_layer,
+        d_model,
+        n_head,
+        n_kv_head,
+        head_dim,
+        ff_dim: dim(file, &key("feed_forward_length"))?,
+        vocab_size,
+        norm_eps: file.get_f64(&key("attention.layer_norm_rms_epsilon")).map(|v| v as f32).unwrap_or(d.norm_eps),
+        train_context: file.get_u64(&key("context_length")).unwrap_or(d.context) as usize,
+        rope_base: file.get_f64(&key("rope.freq_base")).map(|v| v as f32).unwrap_or(d.rope_base),
+        rope_base_swa: None,
+        rope_dim: file.get_u64(&key("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim),
+        rope_style: RopeStyle::Interleaved,
+        rope_linear_factor: linear_factor,
+        sliding_window: None,
+        swa_layers: vec![false; n_layer],
+        activation: Activation::Silu,
+        qk_norm: false,
+        sandwich_norm: false,
+        embed_scale: None,
+        attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        qkv_bias: false,
+        final_logit_softcap: None,
+        attn_softcap: None,
+        rope_factors: RopeFactors::None,
+    })
 }
 
 /// The largest layer count, width, head count or vocabulary accepted: far above any model we

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 pub use crate::backend::Activation;
-use crate::backend::{AttnShape, Backend, Buf, BufWidths, QWeight, QkNorms, RopeStyle, RopeTable, Span, WeightData};
+use crate::backend::{AttnShape, Backend, Buf, BufWidths, QWeight, QkNorms, RopeScaling, RopeStyle, RopeTable, Span, WeightData};
 use crate::gguf::{GgmlType, GgufFile, TensorInfo};
 use crate::kv::{KvCache, KvType};
 use crate::nn::{AttentionMask, Linear, Proj};
@@ -53,6 +53,50 @@ pub struct TransformerConfig {
     pub attn_scale: f32,
     pub qkv_bias: bool,
     pub final_logit_softcap: Option<f32>,
+    /// Attention-score soft-capping, `cap · tanh(s / cap)` before the softmax (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// RoPE frequency factors and attention factor (Llama 3.1's `rope_freqs`, Phi-3's LongRoPE).
+    pub rope_factors: RopeFactors,
+}
+
+/// Per-frequency RoPE divisors a checkpoint ships as tensors.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum RopeFactors {
+    #[default]
+    None,
+    /// One set for every context (`rope_freqs.weight`, Llama 3.1/3.2's `rope_scaling: llama3`).
+    Fixed(Vec<f32>),
+    /// LongRoPE (Phi-3): the long factors for a context longer than the training context
+    /// `original`, else the short ones, as llama.cpp chooses them (`get_rope_factors`); both
+    /// with cos and sin multiplied by `attn_factor`.
+    LongShort { original: usize, short: Vec<f32>, long: Vec<f32>, attn_factor: f32 },
+}
+
+impl RopeFactors {
+    /// The table scaling for a cache of `context` positions.
+    pub fn scaling(&self, context: usize) -> RopeScaling {
+        match self {
+            RopeFactors::None => RopeScaling::default(),
+            RopeFactors::Fixed(f) => RopeScaling { freq_factors: Some(f.clone()), attn_factor: 1.0 },
+            RopeFactors::LongShort { original, short, long, attn_factor } => {
+                RopeScaling { freq_factors: Some(if context > *original { long.clone() } else { short.clone() }), attn_factor: *attn_factor }
+            }
+        }
+    }
+
+    /// Reads `rope_freqs.weight`, or LongRoPE's `rope_factors_long/short.weight` with the
+    /// training context `original` and `attn_factor`, each `rope_dim / 2` long.
+    pub fn load(w: &WeightLoader, rope_dim: usize, original: usize, attn_factor: f32) -> Result<Self> {
+        let half = rope_dim / 2;
+        if let Some(f) = w.optional_vector("rope_freqs.weight", half)? {
+            return Ok(RopeFactors::Fixed(f));
+        }
+        match (w.optional_vector("rope_factors_short.weight", half)?, w.optional_vector("rope_factors_long.weight", half)?) {
+            (Some(short), Some(long)) => Ok(RopeFactors::LongShort { original, short, long, attn_factor }),
+            (None, None) => Ok(RopeFactors::None),
+            _ => Err(Error::gguf(&w.file.path, "the file has only one of rope_factors_short.weight and rope_factors_long.weight")),
+        }
+    }
 }
 
 /// One decoder block's weights, by GGUF name `blk.N.*`.
@@ -88,14 +132,26 @@ impl<'a> WeightLoader<'a> {
 
     /// A `rows × cols` matrix (GGUF dims `[cols, rows]`), kept in its quantized form.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QWeight> {
+        self.matrix_rows(name, rows, cols, 0, rows)
+    }
+
+    /// Rows `row0..row0 + rows` of the `total × cols` matrix `name`: a view of the file's bytes
+    /// (a fused weight taken apart by rows, as Phi-3's `attn_qkv` and `ffn_up`).
+    pub fn matrix_rows(&self, name: &str, total: usize, cols: usize, row0: usize, rows: usize) -> Result<QWeight> {
         let info = self.info(name)?;
-        if info.dims != [cols as u64, rows as u64] {
-            return Err(Error::gguf(&self.file.path, format!("tensor '{name}' has shape {:?}, expected [{cols}, {rows}]", info.dims)));
+        if info.dims != [cols as u64, total as u64] {
+            return Err(Error::gguf(&self.file.path, format!("tensor '{name}' has shape {:?}, expected [{cols}, {total}]", info.dims)));
         }
         if !info.dtype.is_supported_weight() {
             return Err(Error::unsupported(&self.file.path, format!("tensor '{name}' has type {}, which ruvllm cannot run yet", info.dtype.name())));
         }
-        let data = WeightData::Mapped { storage: self.file.storage(), offset: info.offset as usize, len: info.size as usize };
+        let row_bytes = info
+            .dtype
+            .bytes_for(cols as u64)
+            .ok_or_else(|| Error::gguf(&self.file.path, format!("tensor '{name}': {cols} columns do not fill whole blocks of {}", info.dtype.name())))?
+            as usize;
+        debug_assert!(row0 + rows <= total);
+        let data = WeightData::Mapped { storage: self.file.storage(), offset: info.offset as usize + row0 * row_bytes, len: rows * row_bytes };
         QWeight::new(info.dtype, rows, cols, data).map_err(|m| Error::gguf(&self.file.path, format!("tensor '{name}': {m}")))
     }
 
@@ -132,18 +188,37 @@ impl Layer {
         let lin = |pr: Proj, rows, cols, b: Option<Vec<f32>>| -> Result<Linear> {
             Ok(Linear::new(w.matrix(&p(&format!("{}.weight", pr.gguf_name())), rows, cols)?, b, i, pr))
         };
+        // Phi-3 fuses Q, K and V into `attn_qkv` and the FFN's gate and up (gate first) into
+        // `ffn_up`: each part is a view of its rows.
+        let qkv = p("attn_qkv.weight");
+        let (wq, wk, wv) = if w.has(&qkv) {
+            let part = |row0, rows, pr| -> Result<Linear> { Ok(Linear::new(w.matrix_rows(&qkv, q_dim + 2 * kv_dim, d, row0, rows)?, None, i, pr)) };
+            (part(0, q_dim, Proj::Q)?, part(q_dim, kv_dim, Proj::K)?, part(q_dim + kv_dim, kv_dim, Proj::V)?)
+        } else {
+            (
+                lin(Proj::Q, q_dim, d, bias("attn_q.bias", q_dim)?)?,
+                lin(Proj::K, kv_dim, d, bias("attn_k.bias", kv_dim)?)?,
+                lin(Proj::V, kv_dim, d, bias("attn_v.bias", kv_dim)?)?,
+            )
+        };
+        let (up, ff) = (p("ffn_up.weight"), cfg.ff_dim);
+        let (ffn_gate, ffn_up) = if w.has(&p("ffn_gate.weight")) {
+            (lin(Proj::Gate, ff, d, None)?, lin(Proj::Up, ff, d, None)?)
+        } else {
+            (Linear::new(w.matrix_rows(&up, 2 * ff, d, 0, ff)?, None, i, Proj::Gate), Linear::new(w.matrix_rows(&up, 2 * ff, d, ff, ff)?, None, i, Proj::Up))
+        };
         let layer = Layer {
             attn_norm: w.vector(&p("attn_norm.weight"), d)?,
-            wq: lin(Proj::Q, q_dim, d, bias("attn_q.bias", q_dim)?)?,
-            wk: lin(Proj::K, kv_dim, d, bias("attn_k.bias", kv_dim)?)?,
-            wv: lin(Proj::V, kv_dim, d, bias("attn_v.bias", kv_dim)?)?,
+            wq,
+            wk,
+            wv,
             wo: lin(Proj::O, d, q_dim, None)?,
             q_norm: if cfg.qk_norm { Some(w.vector(&p("attn_q_norm.weight"), cfg.head_dim)?) } else { None },
             k_norm: if cfg.qk_norm { Some(w.vector(&p("attn_k_norm.weight"), cfg.head_dim)?) } else { None },
             post_attn_norm: if cfg.sandwich_norm { Some(w.vector(&p("post_attention_norm.weight"), d)?) } else { norm("post_attention_norm.weight", d)? },
             ffn_norm: w.vector(&p("ffn_norm.weight"), d)?,
-            ffn_gate: lin(Proj::Gate, cfg.ff_dim, d, None)?,
-            ffn_up: lin(Proj::Up, cfg.ff_dim, d, None)?,
+            ffn_gate,
+            ffn_up,
             ffn_down: lin(Proj::Down, d, cfg.ff_dim, None)?,
             post_ffn_norm: if cfg.sandwich_norm { Some(w.vector(&p("post_ffw_norm.weight"), d)?) } else { None },
         };
@@ -178,9 +253,10 @@ impl Transformer {
         let embed = if tied { output.clone() } else { embed };
         let layers = (0..cfg.n_layer).map(|i| Layer::load(w, &cfg, i)).collect::<Result<Vec<_>>>()?;
         let output_norm = w.vector("output_norm.weight", cfg.d_model)?;
-        let rope = Arc::new(RopeTable::new(cfg.rope_dim, cfg.rope_base, cfg.rope_linear_factor, context, cfg.rope_style));
+        let scaling = cfg.rope_factors.scaling(context);
+        let rope = Arc::new(RopeTable::scaled(cfg.rope_dim, cfg.rope_base, cfg.rope_linear_factor, &scaling, context, cfg.rope_style));
         let rope_swa = match cfg.rope_base_swa {
-            Some(b) if b != cfg.rope_base => Arc::new(RopeTable::new(cfg.rope_dim, b, 1.0, context, cfg.rope_style)),
+            Some(b) if b != cfg.rope_base => Arc::new(RopeTable::scaled(cfg.rope_dim, b, 1.0, &scaling, context, cfg.rope_style)),
             _ => rope.clone(),
         };
         Ok(Transformer { cfg, embed, layers, output_norm, output, rope, rope_swa })
@@ -369,7 +445,7 @@ impl Transformer {
             }
         };
         be.embed(&self.embed, tokens, c.embed_scale, segs[0].cache.adapters.mask_embedding());
-        let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, scale: c.attn_scale };
+        let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, scale: c.attn_scale, softcap: c.attn_softcap };
         // The first sequence's adapters, which the cached keys and values are computed with;
         // taken out of its cache for the pass (no copy) and put back after it (nothing below
         // returns early).

@@ -182,7 +182,7 @@ fn rows<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
     let kv_row = c.shape.n_kv_head * hd;
     let attn = SharedMut(c.attn.as_mut_ptr());
     let q_all = c.q;
-    let scale = c.shape.scale;
+    let (scale, softcap) = (c.shape.scale, c.shape.softcap);
     // One task per (token, KV head, sub-group of the query heads sharing it): the task
     // passes over the key and value rows once per four of its heads
     // (`scores_heads`/`weighted_sum_heads`: per head the operations of
@@ -225,6 +225,9 @@ fn rows<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
                 // are prefetched while the keys are scored.
                 let pf = (n == 1).then_some(Prefetch { v: vc, offs, width: hd });
                 scores_heads(&qs[..hn], kc, offs, scale, &mut up_to_four_mut(sc.chunks_mut(span))[..hn], pf);
+                if let Some(cap) = softcap {
+                    softcap_inplace(sc, cap);
+                }
                 sc.chunks_mut(span).for_each(ops::softmax_inplace);
                 let ws = up_to_four(sc.chunks(span));
                 weighted_sum_heads(&ws[..hn], vc, offs, &mut up_to_four_mut(out[h0 * hd..(h0 + hn) * hd].chunks_mut(hd))[..hn]);
@@ -288,6 +291,9 @@ fn split<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
     pool.for_each(n * n_head, &|r| {
         // SAFETY: task r owns score row r.
         let row = unsafe { std::slice::from_raw_parts_mut(sc.ptr().add(r * stride), span_of(r / n_head).1) };
+        if let Some(cap) = c.shape.softcap {
+            softcap_inplace(row, cap);
+        }
         ops::softmax_inplace(row);
     });
     let attn = SharedMut(c.attn.as_mut_ptr());
@@ -313,6 +319,13 @@ fn split<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
             }
         });
     });
+}
+
+/// Attention-score soft-capping, `cap · tanh(s / cap)` (Gemma 2), as llama.cpp computes it
+/// (scale by `1 / cap`, tanh, scale by `cap`).
+fn softcap_inplace(scores: &mut [f32], cap: f32) {
+    let inv = 1.0 / cap;
+    scores.iter_mut().for_each(|s| *s = (*s * inv).tanh() * cap);
 }
 
 pub use crate::backend::Span;

@@ -11,7 +11,7 @@
 
 use half::{bf16, f16};
 
-use super::quant::{f16_at, get_scale_min_k4, BlockQ8, BlockQ8K, QK, QK_K};
+use super::quant::{f16_at, get_scale_min_k4, iq4_xs_scale, q3_k_at, q3_k_scales, BlockQ8, BlockQ8K, KVALUES_IQ4NL, QK, QK_K};
 use super::GgmlType;
 
 /// Weight row × Q8 activation row (the 32-element formats).
@@ -78,6 +78,11 @@ impl Kernels {
             GgmlType::Q4_K => DotKernel::Q8K(self.q4_k),
             GgmlType::Q5_K => DotKernel::Q8K(self.q5_k),
             GgmlType::Q6_K => DotKernel::Q8K(self.q6_k),
+            // The less common formats have only the reference kernels, on every CPU.
+            GgmlType::Q2_K => DotKernel::Q8K(dot_q2_k),
+            GgmlType::Q3_K => DotKernel::Q8K(dot_q3_k),
+            GgmlType::IQ4_NL => DotKernel::Q8(dot_iq4_nl),
+            GgmlType::IQ4_XS => DotKernel::Q8K(dot_iq4_xs),
             GgmlType::F32 => DotKernel::F32(self.f32),
             GgmlType::F16 => DotKernel::F32(self.f16),
             GgmlType::BF16 => DotKernel::F32(self.bf16),
@@ -110,6 +115,72 @@ pub static SCALAR: Kernels = Kernels {
 // ---------------------------------------------------------------------------------------------
 // scalar reference dot products (ggml_vec_dot_*_generic)
 // ---------------------------------------------------------------------------------------------
+
+/// Q2_K × Q8_K (ggml's `ggml_vec_dot_q2_K_q8_K_generic`; the integer sums are exact, so the
+/// grouping of the additions does not matter).
+pub fn dot_q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(84).zip(a) {
+        let sc = &b[..16];
+        let summs: i32 = (0..16).map(|j| y.bsums[j] as i32 * (sc[j] >> 4) as i32).sum();
+        let mut isum = 0i32;
+        for half in 0..2 {
+            for shift in 0..4 {
+                for g in 0..2 {
+                    let q = &b[16 + half * 32 + g * 16..][..16];
+                    let q8 = &y.qs[half * 128 + shift * 32 + g * 16..][..16];
+                    let s: i32 = (0..16).map(|l| q8[l] as i32 * ((q[l] >> (2 * shift)) & 3) as i32).sum();
+                    isum += (sc[half * 8 + shift * 2 + g] & 0xF) as i32 * s;
+                }
+            }
+        }
+        sumf += y.d * f16_at(b, 80) * isum as f32 - y.d * f16_at(b, 82) * summs as f32;
+    }
+    sumf
+}
+
+/// Q3_K × Q8_K (ggml's `ggml_vec_dot_q3_K_q8_K_generic`).
+pub fn dot_q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(110).zip(a) {
+        let sc = q3_k_scales(b);
+        let mut isum = 0i32;
+        for g in 0..16 {
+            let s: i32 = (g * 16..g * 16 + 16).map(|e| y.qs[e] as i32 * q3_k_at(b, e) as i32).sum();
+            isum += (sc[g] as i32 - 32) * s;
+        }
+        sumf += f16_at(b, 108) * y.d * isum as f32;
+    }
+    sumf
+}
+
+/// IQ4_NL × Q8_0 (ggml's `ggml_vec_dot_iq4_nl_q8_0`).
+pub fn dot_iq4_nl(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(18).zip(a) {
+        sumf += f16_at(b, 0) * y.d * iq4_sum(&b[2..18], &y.qs) as f32;
+    }
+    sumf
+}
+
+/// The integer dot product of 32 IQ4 quants (16 bytes: element `j` in the low nibble of byte
+/// `j`, element `j + 16` in its high nibble) with 32 activation quants.
+fn iq4_sum(qs: &[u8], q8: &[i8]) -> i32 {
+    (0..16).map(|j| KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as i32 * q8[j] as i32 + KVALUES_IQ4NL[(qs[j] >> 4) as usize] as i32 * q8[j + 16] as i32).sum()
+}
+
+/// IQ4_XS × Q8_K (ggml's `ggml_vec_dot_iq4_xs_q8_K`).
+pub fn dot_iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut sumf = 0f32;
+    for (b, y) in w.chunks_exact(136).zip(a) {
+        let mut isum = 0i32;
+        for ib in 0..8 {
+            isum += (iq4_xs_scale(b, ib) - 32) * iq4_sum(&b[8 + 16 * ib..][..16], &y.qs[32 * ib..][..32]);
+        }
+        sumf += f16_at(b, 0) * y.d * isum as f32;
+    }
+    sumf
+}
 
 /// Q4_0 × Q8_0.
 pub fn dot_q4_0(w: &[u8], a: &[BlockQ8]) -> f32 {

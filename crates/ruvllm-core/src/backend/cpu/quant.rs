@@ -231,8 +231,93 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 }
             }
         }
+        GgmlType::Q2_K => {
+            for (b, y) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(QK_K)) {
+                let (d, min) = (f16_at(b, 80), f16_at(b, 82));
+                for (e, y) in y.iter_mut().enumerate() {
+                    let (q, sc) = q2_k_at(b, e);
+                    *y = d * (sc & 0xF) as f32 * q as f32 - min * (sc >> 4) as f32;
+                }
+            }
+        }
+        GgmlType::Q3_K => {
+            for (b, y) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(QK_K)) {
+                let d = f16_at(b, 108);
+                let sc = q3_k_scales(b);
+                for (e, y) in y.iter_mut().enumerate() {
+                    *y = d * (sc[e / 16] as i32 - 32) as f32 * q3_k_at(b, e) as f32;
+                }
+            }
+        }
+        GgmlType::IQ4_NL => {
+            for (b, y) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(QK)) {
+                iq4_dequantize(&b[2..18], f16_at(b, 0), y);
+            }
+        }
+        GgmlType::IQ4_XS => {
+            for (b, y) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(QK_K)) {
+                let d = f16_at(b, 0);
+                for (ib, y) in y.chunks_exact_mut(QK).enumerate() {
+                    iq4_dequantize(&b[8 + 16 * ib..][..16], d * (iq4_xs_scale(b, ib) - 32) as f32, y);
+                }
+            }
+        }
         other => panic!("dequantize: unsupported type {}", other.name()),
     }
+}
+
+/// The non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml's `kvalues_iq4nl`).
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// 32 IQ4 quants (element `j` in the low nibble of byte `j`, `j + 16` in its high nibble) times
+/// the scale `d`.
+fn iq4_dequantize(qs: &[u8], d: f32, y: &mut [f32]) {
+    for j in 0..16 {
+        y[j] = d * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f32;
+        y[j + 16] = d * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
+    }
+}
+
+/// Element `e` of a Q2_K block (`scales[16]`, `qs[64]`, `d`, `dmin`): its 2-bit quant and the
+/// byte holding its 16-element group's 4-bit scale (low nibble) and min (high nibble).
+/// Element order as ggml's `dequantize_row_q2_K`: per 128-element half, four shifts of 32 quants.
+#[inline]
+pub fn q2_k_at(b: &[u8], e: usize) -> (u8, u8) {
+    let (half, r) = (e / 128, e % 128);
+    let (shift, l) = (r / 32, r % 32);
+    ((b[16 + half * 32 + l] >> (2 * shift)) & 3, b[e / 16])
+}
+
+/// The sixteen 6-bit scales of a Q3_K block (`hmask[32]`, `qs[64]`, `scales[12]`, `d`), as
+/// ggml unpacks them (kmask1/kmask2), before the −32 offset.
+pub fn q3_k_scales(b: &[u8]) -> [u8; 16] {
+    let s = &b[96..108];
+    let mut out = [0u8; 16];
+    for j in 0..16 {
+        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = low | (high << 4);
+    }
+    out
+}
+
+/// Element `e` of a Q3_K block: its signed 3-bit quant (`-4..=3`), the low two bits from `qs`,
+/// the high bit (set: no −4) from `hmask`, in ggml's `dequantize_row_q3_K` order.
+#[inline]
+pub fn q3_k_at(b: &[u8], e: usize) -> i8 {
+    let (half, r) = (e / 128, e % 128);
+    let (shift, l) = (r / 32, r % 32);
+    let low = ((b[32 + half * 32 + l] >> (2 * shift)) & 3) as i8;
+    let m = 1u8 << (half * 4 + shift);
+    low - if b[l] & m != 0 { 0 } else { 4 }
+}
+
+/// The 6-bit scale of 32-element group `ib` of an IQ4_XS block (`d`, `scales_h: u16`,
+/// `scales_l[4]`, `qs[128]`), before the −32 offset.
+#[inline]
+pub fn iq4_xs_scale(b: &[u8], ib: usize) -> i32 {
+    let h = u16::from_le_bytes([b[2], b[3]]);
+    (((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) as i32) | ((((h >> (2 * ib)) & 3) as i32) << 4)
 }
 
 // ---------------------------------------------------------------------------------------------

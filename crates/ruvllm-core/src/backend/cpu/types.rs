@@ -18,6 +18,8 @@ pub enum GgmlType {
     Q5_K,
     Q6_K,
     Q8_K,
+    IQ4_NL,
+    IQ4_XS,
     BF16,
 }
 
@@ -39,6 +41,8 @@ impl GgmlType {
             13 => Self::Q5_K,
             14 => Self::Q6_K,
             15 => Self::Q8_K,
+            20 => Self::IQ4_NL,
+            23 => Self::IQ4_XS,
             30 => Self::BF16,
             _ => return None,
         })
@@ -60,6 +64,8 @@ impl GgmlType {
             Self::Q5_K => 13,
             Self::Q6_K => 14,
             Self::Q8_K => 15,
+            Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
             Self::BF16 => 30,
         }
     }
@@ -68,8 +74,8 @@ impl GgmlType {
     pub fn block_size(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
-            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K => 256,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 | Self::IQ4_NL => 32,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K | Self::IQ4_XS => 256,
         }
     }
 
@@ -90,6 +96,8 @@ impl GgmlType {
             Self::Q5_K => 176,
             Self::Q6_K => 210,
             Self::Q8_K => 292,
+            Self::IQ4_NL => 18,
+            Self::IQ4_XS => 136,
         }
     }
 
@@ -103,10 +111,9 @@ impl GgmlType {
         (n / bs).checked_mul(self.type_size() as u64)
     }
 
-    /// Whether our kernels can use a weight of this type (Q8_1, Q8_K are activation-only formats,
-    /// Q2_K/Q3_K are not implemented).
+    /// Whether our kernels can use a weight of this type (Q8_1, Q8_K are activation-only formats).
     pub fn is_supported_weight(self) -> bool {
-        !matches!(self, Self::Q8_1 | Self::Q8_K | Self::Q2_K | Self::Q3_K)
+        !matches!(self, Self::Q8_1 | Self::Q8_K)
     }
 
     pub fn name(self) -> &'static str {
@@ -125,6 +132,8 @@ impl GgmlType {
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
             Self::Q8_K => "Q8_K",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::IQ4_XS => "IQ4_XS",
             Self::BF16 => "BF16",
         }
     }
