@@ -59,6 +59,8 @@ pub enum PreTokenizer {
     Llama3,
     /// Qwen2's pattern (`qwen2`, `deepseek-r1-qwen`): single digits.
     Qwen2,
+    /// StarCoder's: every digit alone, then GPT-2's pattern (`starcoder`, `smollm`, `refact`, ...).
+    Starcoder,
 }
 
 impl PreTokenizer {
@@ -72,6 +74,7 @@ impl PreTokenizer {
             "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "hunyuan" | "kormo" => PreTokenizer::Qwen2,
             "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "mpt" | "olmo" | "jais" | "trillion" | "roberta-bpe"
             | "jina-v1-en" | "jina-v2-code" => PreTokenizer::Gpt2,
+            "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva" | "mellum2" => PreTokenizer::Starcoder,
             _ => return None,
         })
     }
@@ -82,6 +85,7 @@ impl PreTokenizer {
         match self {
             PreTokenizer::Default => &[r"[\p{P}\$\+<=>\^~\|]+", CONTRACTIONS_GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],
             PreTokenizer::Gpt2 => &[CONTRACTIONS_GPT2],
+            PreTokenizer::Starcoder => &[r"\p{N}", CONTRACTIONS_GPT2],
             PreTokenizer::Llama3 => &[
                 r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
             ],
