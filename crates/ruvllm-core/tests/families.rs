@@ -153,3 +153,34 @@ fn real_models_agree_with_llama_cpp() {
     }
     assert!(failures.is_empty(), "far from llama.cpp: {failures:?}");
 }
+
+/// The published chat templates of the families (Qwen3, Gemma 2, Phi-3.5, Llama 3.1/3.2; llama.cpp's
+/// copies in its `models/templates/`) render as transformers renders them
+/// (`tools/families/templates.py`): system prompt or none, a finished conversation and one that
+/// asks for the assistant's turn.
+#[test]
+fn family_chat_templates_render_as_transformers_does() {
+    use ruvllm_core::chat::{ChatMessage, ChatTemplate};
+    let dir = fixtures().join("templates");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(files.len() >= 5, "expected the family templates in {}", dir.display());
+    let mut failures = Vec::new();
+    for f in &files {
+        let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        let name = j["name"].as_str().unwrap();
+        let t = ChatTemplate::new(j["template"].as_str().unwrap(), j["bos"].as_str().unwrap(), j["eos"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (i, c) in j["cases"].as_array().unwrap().iter().enumerate() {
+            let msgs: Vec<ChatMessage> = serde_json::from_value(c["messages"].clone()).unwrap();
+            let got = t.render(&msgs, c["add_generation_prompt"].as_bool().unwrap());
+            let want = c["expected"].as_str().unwrap();
+            match got {
+                Ok(g) if g == want => {}
+                Ok(g) => failures.push(format!("{name} case {i}:\n--- ours\n{g}\n--- transformers\n{want}")),
+                Err(e) => failures.push(format!("{name} case {i}: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
