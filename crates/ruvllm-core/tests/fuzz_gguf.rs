@@ -432,6 +432,8 @@ fn synthetic_seeds() -> Vec<(String, Vec<u8>)> {
         (GgmlType::Q5_K, vec![256]),
         (GgmlType::Q6_K, vec![256]),
         (GgmlType::Q8_K, vec![256]),
+        (GgmlType::IQ4_NL, vec![32, 2]),
+        (GgmlType::IQ4_XS, vec![256]),
     ]
     .into_iter()
     .enumerate()

@@ -773,7 +773,10 @@ fn qweight_validation() {
     assert!(ok(GgmlType::Q6_K, 1, 512, 419).is_err());
     assert!(ok(GgmlType::F32, 3, 5, 60).is_ok());
     assert!(ok(GgmlType::F16, 3, 5, 60).is_err());
-    assert!(ok(GgmlType::Q2_K, 1, 256, 84).is_err()); // unsupported
+    assert!(ok(GgmlType::Q2_K, 1, 256, 84).is_ok());
+    assert!(ok(GgmlType::IQ4_XS, 2, 256, 2 * 136).is_ok());
+    assert!(ok(GgmlType::IQ4_NL, 1, 64, 2 * 18 + 1).is_err());
+    assert!(ok(GgmlType::Q8_1, 1, 32, 36).is_err()); // activation-only format
     assert!(ok(GgmlType::Q8_K, 1, 256, 292).is_err()); // activation-only format
     assert!(ok(GgmlType::F32, usize::MAX, 2, 0).is_err()); // overflow
                                                            // Mapped ranges must lie inside the storage.
