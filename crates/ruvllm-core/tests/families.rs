@@ -26,6 +26,14 @@ fn fixtures() -> PathBuf {
     dir
 }
 
+/// The entries of `dir` that `keep` accepts, sorted.
+fn entries(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).map(|e| e.unwrap().path()).filter(|p| keep(p)).collect();
+    v.sort();
+    v
+}
+
 fn read_f32(p: &Path) -> Vec<f32> {
     let b = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
@@ -79,8 +87,7 @@ fn ours(path: &Path, tokens: &[u32], split: usize, kv: KvType) -> Vec<f32> {
 #[test]
 fn every_family_and_weight_type_is_as_close_to_transformers_as_llama_cpp() {
     let dir = fixtures();
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.join("ref.f32").exists()).collect();
-    cases.sort();
+    let cases = entries(&dir, |p| p.join("ref.f32").exists());
     assert!(cases.len() >= 5, "expected the five family cases in {}", dir.display());
     let mut failures = Vec::new();
     let mut checked = 0;
@@ -88,9 +95,7 @@ fn every_family_and_weight_type_is_as_close_to_transformers_as_llama_cpp() {
         let tokens = read_u32(&case.join("tokens.bin"));
         let reference = read_f32(&case.join("ref.f32"));
         let vocab = reference.len() / tokens.len();
-        let mut models: Vec<PathBuf> =
-            std::fs::read_dir(case).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "gguf")).collect();
-        models.sort();
+        let models = entries(case, |p| p.extension().is_some_and(|x| x == "gguf"));
         for m in models {
             let ty = m.file_stem().unwrap().to_string_lossy().trim_start_matches("model-").to_string();
             let llama = case.join(format!("llamacpp-{ty}.f32"));
@@ -122,8 +127,7 @@ fn every_family_and_weight_type_is_as_close_to_transformers_as_llama_cpp() {
 #[test]
 fn real_models_agree_with_llama_cpp() {
     let dir = fixtures();
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.join("model.path").exists()).collect();
-    cases.sort();
+    let cases = entries(&dir, |p| p.join("model.path").exists());
     assert!(cases.len() >= 3, "expected SmolLM2, Qwen2.5-Coder and Gemma 3 in {}", dir.display());
     let mut failures = Vec::new();
     for case in &cases {
@@ -162,8 +166,7 @@ fn real_models_agree_with_llama_cpp() {
 fn family_chat_templates_render_as_transformers_does() {
     use ruvllm_core::chat::{ChatMessage, ChatTemplate};
     let dir = fixtures().join("templates");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
-    files.sort();
+    let files = entries(&dir, |_| true);
     assert!(files.len() >= 5, "expected the family templates in {}", dir.display());
     let mut failures = Vec::new();
     for f in &files {
