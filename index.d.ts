@@ -964,6 +964,13 @@ export interface LoadOptions {
    * first. Default 256; 0 keeps none.
    */
   prefixCacheMb?: number
+  /**
+   * How the KV cache stores keys and values: `'f16'` (default, as llama.cpp), `'q8_0'`
+   * (ggml's 8-bit blocks: about half the memory of f16, for long contexts; CPU only, and
+   * decode's attention is slower at long contexts) or `'f32'` (exact, twice f16's memory).
+   * `llm.info.kvCacheBytes` says what one sequence's cache takes.
+   */
+  kvCacheType?: 'f16' | 'q8_0' | 'f32'
 }
 
 /** A model the manager knows (built in or imported), and whether it is on disk. */
@@ -1022,6 +1029,13 @@ export interface ModelInfo {
    * `'cuda (<GPU name> (sm_XY, <memory> MiB))'`.
    */
   backend: string
+  /** How the KV cache stores keys and values: `'f16'`, `'q8_0'` or `'f32'`. */
+  kvCacheType: string
+  /**
+   * Bytes of one sequence's KV cache at `contextLength` (touched as positions are written;
+   * up to `parallel` sequences, and those the prefix cache keeps, exist at once).
+   */
+  kvCacheBytes: number
 }
 
 /** Where models live and what is there. */

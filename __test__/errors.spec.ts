@@ -68,6 +68,23 @@ describe('load errors', () => {
     }
   })
 
+  it('kvCacheType: q8_0 takes 34/64 of the f16 cache, still answers, and needs the CPU; other values are ERR_INVALID_ARG', async () => {
+    expect(llm.info.kvCacheType).toBe('f16')
+    const f16 = await LLM.load(modelPath(), { contextSize: 256, gpu: false })
+    const q8 = await LLM.load(modelPath(), { contextSize: 256, gpu: false, kvCacheType: 'q8_0' })
+    expect(q8.info.kvCacheType).toBe('q8_0')
+    expect(q8.info.kvCacheBytes * 64).toBe(f16.info.kvCacheBytes * 34)
+    expect((await q8.generate(CAPITALS, { temperature: 0, maxTokens: 2 })).text).toBe((await f16.generate(CAPITALS, { temperature: 0, maxTokens: 2 })).text)
+    await Promise.all([f16.close(), q8.close()])
+    const f32 = await LLM.load(modelPath(), { contextSize: 64, gpu: false, kvCacheType: 'f32' })
+    expect(f32.info.kvCacheType).toBe('f32')
+    await f32.close()
+    await rejectsWithCode(LLM.load(modelPath(), { contextSize: 64, gpu: 'cuda', kvCacheType: 'q8_0' }), 'ERR_GPU_UNAVAILABLE')
+    for (const bad of ['q4_0', 'F16', 8, null]) {
+      await rejectsWithCode(LLM.load(modelPath(), { contextSize: 64, kvCacheType: bad as any }), 'ERR_INVALID_ARG')
+    }
+  })
+
   it('corrupt GGUF files are ERR_GGUF_INVALID', async () => {
     const garbage = join(dir, 'garbage.gguf')
     writeFileSync(garbage, Buffer.from('this is not a gguf file at all, just some text'.repeat(100)))

@@ -13,7 +13,8 @@ const [runtime, modelPath, threadsArg, promptLenArg, newArg] = process.argv.slic
 const threads = Number(threadsArg)
 const promptLen = Number(promptLenArg)
 const nNew = Number(newArg)
-const contextSize = 1024
+// Room for the prompt and the new tokens (long-context races: --prompts 8192).
+const contextSize = Math.max(1024, promptLen + (Number.isFinite(nNew) ? nNew : 0) + 16)
 
 function peakRssMb() {
   const m = readFileSync('/proc/self/status', 'utf8').match(/VmHWM:\s+(\d+) kB/)

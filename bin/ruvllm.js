@@ -37,6 +37,7 @@ Model:
   -m, --model <path|id>      a .gguf file, a known id (downloaded when missing) or hf:owner/repo/file.gguf
                              (default: $RUVLLM_MODEL, else gemma-3-270m)
       --context-size <n>     KV cache length in tokens (default: min(model's context, 4096))
+      --kv-cache-type <t>    f16 (default), q8_0 (about half the memory) or f32
       --threads <n>          compute threads (default: all cores)
       --lora <file>[:scale]  apply a LoRA adapter (llama.cpp LoRA GGUF, or PEFT adapter_model.safetensors
                              or its folder) to every reply, at scale (default 1); repeat for several
@@ -76,6 +77,7 @@ stops a generation (exit 130; in chat it returns to the prompt); a second Ctrl-C
 const OPTIONS = {
   model: { type: 'string', short: 'm' },
   'context-size': { type: 'string' },
+  'kv-cache-type': { type: 'string' },
   threads: { type: 'string' },
   lora: { type: 'string', multiple: true },
   'diffusion-adapter': { type: 'string', multiple: true },
@@ -120,6 +122,7 @@ function loraFlag(spec) {
 function loadOptions(values) {
   const o = {
     contextSize: num(values, 'context-size'),
+    kvCacheType: values['kv-cache-type'],
     threads: num(values, 'threads'),
     adapters: values.lora && values.lora.map(loraFlag),
     diffusion: values['diffusion-adapter'] && { adapter: values['diffusion-adapter'] },

@@ -11,6 +11,7 @@ use napi::{sys, Env, JsValue, ValueType};
 
 use ruvllm_core::chat::ChatMessage;
 use ruvllm_core::engine::{DiffusionParams, ElboParams, GenerateParams, GpuMode, LoadOptions, Prompt, Remasking, Schedule, MAX_TOP_LOGPROBS};
+use ruvllm_core::kv::KvType;
 use ruvllm_core::sampling::SamplingParams;
 use ruvllm_core::structured::{Constraint, Tool, ToolChoice};
 
@@ -284,6 +285,7 @@ const LOAD_KEYS: &[&str] = &[
   "gpu",
   "parallel",
   "prefixCacheMb",
+  "kvCacheType",
 ];
 
 const LEARNING_KEYS: &[&str] = &[
@@ -430,7 +432,18 @@ pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
     gpu: gpu_mode(field(bag, "gpu")?)?,
     parallel: int_in(bag, "parallel", 1.0, ruvllm_core::engine::MAX_PARALLEL as f64)?.map(|n| n as usize),
     prefix_cache_mb: int_in(bag, "prefixCacheMb", 0.0, 1048576.0)?.map(|n| n as usize),
+    kv_type: kv_cache_type(field(bag, "kvCacheType")?)?,
   })
+}
+
+/// `LLM.load(_, { kvCacheType })`: `'f16'`, `'q8_0'` or `'f32'`.
+fn kv_cache_type(v: Option<Val>) -> Res<Option<KvType>> {
+  let Some(v) = v else { return Ok(None) };
+  if v.ty()? != ValueType::String {
+    return Err(CodedError::invalid_type(format!("kvCacheType must be 'f16', 'q8_0' or 'f32', got {}", type_name(&v))));
+  }
+  let s = string(&v, "kvCacheType")?;
+  KvType::parse(&s).map(Some).ok_or_else(|| CodedError::out_of_range(format!("kvCacheType must be 'f16', 'q8_0' or 'f32', got '{s}'")))
 }
 
 /// `LLM.load(_, { gpu })`: `'auto'` (default), `'cuda'`, or `false` (the CPU).

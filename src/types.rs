@@ -49,6 +49,12 @@ pub struct LoadOptions {
   /// system prompt or a growing chat is not evaluated again), least recently used evicted
   /// first. Default 256; 0 keeps none.
   pub prefix_cache_mb: Option<u32>,
+  /// How the KV cache stores keys and values: `'f16'` (default, as llama.cpp), `'q8_0'`
+  /// (ggml's 8-bit blocks: about half the memory of f16, for long contexts; CPU only, and
+  /// decode's attention is slower at long contexts) or `'f32'` (exact, twice f16's memory).
+  /// `llm.info.kvCacheBytes` says what one sequence's cache takes.
+  #[napi(ts_type = "'f16' | 'q8_0' | 'f32'")]
+  pub kv_cache_type: Option<String>,
 }
 
 /// `LLM.load(_, { learning })`: the model learns from feedback. Everything but `dir` has a
@@ -601,6 +607,11 @@ pub struct ModelInfo {
   /// Where the forward pass runs: `'cpu (<instruction set>, <n> threads)'` or
   /// `'cuda (<GPU name> (sm_XY, <memory> MiB))'`.
   pub backend: String,
+  /// How the KV cache stores keys and values: `'f16'`, `'q8_0'` or `'f32'`.
+  pub kv_cache_type: String,
+  /// Bytes of one sequence's KV cache at `contextLength` (touched as positions are written;
+  /// up to `parallel` sequences, and those the prefix cache keeps, exist at once).
+  pub kv_cache_bytes: f64,
 }
 
 impl From<&ruvllm_core::engine::ModelInfo> for ModelInfo {
@@ -620,6 +631,8 @@ impl From<&ruvllm_core::engine::ModelInfo> for ModelInfo {
       diffusion: i.diffusion,
       threads: clamp_u32(i.threads),
       backend: i.backend.clone(),
+      kv_cache_type: i.kv_cache_type.clone(),
+      kv_cache_bytes: i.kv_cache_bytes as f64,
     }
   }
 }

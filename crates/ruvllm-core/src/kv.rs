@@ -3,7 +3,7 @@
 //! `window + max_batch` slots (enough for any query in a prefill chunk to see its whole window),
 //! so a long context costs full memory only in the global-attention layers.
 
-pub use crate::backend::kv::{KvRows, KvType, LayerCache};
+pub use crate::backend::kv::{KvQ8, KvRows, KvType, LayerCache, Q8_BLOCK};
 use crate::nn::AdapterSet;
 
 pub struct KvCache {

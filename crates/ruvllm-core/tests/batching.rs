@@ -161,6 +161,7 @@ fn logprobs_are_the_models_own_and_match_scoring() {
         assert_eq!(lps.len(), c.tokens.len());
         let scored = e.score_blocking(Prompt::Tokens([c.prompt_ids.clone(), c.tokens.clone()].concat())).expect("score");
         let at = c.prompt_ids.len() - 1;
+        let mut drift = 0.0;
         for (i, l) in lps.iter().enumerate() {
             assert_eq!(l.token.id, c.tokens[i]);
             assert_eq!(l.top.len(), if k == 0 { 5 } else { 3 });
@@ -170,12 +171,17 @@ fn logprobs_are_the_models_own_and_match_scoring() {
                 // Greedy takes the most likely token.
                 assert_eq!((l.token.id, l.token.logprob), (l.top[0].id, l.top[0].logprob), "token {i}");
             }
-            // The same number scoring the finished text gives (decode and prefill kernels
-            // round differently).
+            // The same number scoring the finished text gives, up to rounding: scoring runs the
+            // prefill kernels (the tile GEMM, tiled attention), decoding the per-token ones, and
+            // Gemma 3's 8-bit activations amplify a 1e-6 relative change in an attention output
+            // to ~0.5 in its largest logits (measured), so single tokens differ by up to ~0.07.
+            // A temperature or penalty applied to the numbers would move them systematically.
             let s = scored.logprobs[at + i];
-            assert!((l.token.logprob - s).abs() < 0.01 + 0.005 * s.abs(), "request {k} token {i}: generated {} vs scored {s}", l.token.logprob);
+            assert!((l.token.logprob - s).abs() < 0.1 + 0.01 * s.abs(), "request {k} token {i}: generated {} vs scored {s}", l.token.logprob);
+            drift += (l.token.logprob - s).abs() / lps.len() as f64;
             assert_eq!(l.token.bytes, l.token.text.as_bytes(), "token {i}: {:?}", l.token.text);
         }
+        assert!(drift < 0.04, "request {k}: generated and scored log-probabilities differ by {drift} on average");
         if k == 1 {
             // The JSON constraint took tokens greedy would not have: some below the top.
             assert!(lps.iter().any(|l| l.token.id != l.top[0].id), "the sampled answer is all argmax");

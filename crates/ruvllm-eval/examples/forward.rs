@@ -15,16 +15,26 @@ fn main() {
     let reps: usize = args.get(4).map_or(3, |s| s.parse().unwrap());
     let file = GgufFile::open(path).unwrap();
     let cfg = config_from_gguf(&file).unwrap();
-    let model = Transformer::load(&WeightLoader { file: &file }, cfg, 1024).unwrap();
+    // Room for the prompt (prefilled in chunks of 512, as the engine does) and the decode.
+    let ctx = (prompt + 64).max(1024);
+    let model = Transformer::load(&WeightLoader { file: &file }, cfg, ctx).unwrap();
     let mut be = CpuBackend::new(threads);
     let t = Instant::now();
     model.prepare(&mut be, 512);
     println!("prepare (pack for the prefill GEMM): {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-    let mut cache = model.new_cache(&be, 1024, 512);
+    let mut cache = model.new_cache(&be, ctx, 512);
     let tokens: Vec<u32> = (0..prompt as u32).map(|i| 2 + (i * 7919) % 20000).collect();
     for r in 0..reps {
         let t = Instant::now();
-        model.forward(&tokens, 0, &mut cache, &mut be).unwrap();
+        let mut chunks = Vec::new();
+        for (c, chunk) in tokens.chunks(512).enumerate() {
+            let t = Instant::now();
+            model.forward(chunk, c * 512, &mut cache, &mut be).unwrap();
+            chunks.push(format!("{:.0}", t.elapsed().as_secs_f64() * 1e3));
+        }
+        if chunks.len() > 1 {
+            println!("ms per 512-token chunk: {}", chunks.join(" "));
+        }
         let pre = t.elapsed().as_secs_f64();
         if r == 0 {
             // A fingerprint of the prefill logits, to check that a change leaves them identical.

@@ -213,7 +213,7 @@ impl Worker {
             c.tokens.clear();
             c
         } else {
-            self.model.new_cache(self.backend.as_ref(), self.context, self.backend.max_batch())
+            self.model.new_cache_typed(self.backend.as_ref(), self.context, self.backend.max_batch(), self.kv_type)
         };
         if let Some((i, n)) = running.filter(|&(_, n)| n > 0) {
             if copy_prefix(&mut cache, &active[i].cache, n) {

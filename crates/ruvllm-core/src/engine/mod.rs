@@ -18,7 +18,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::Backend;
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::gguf::GgufFile;
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvType, Q8_BLOCK};
 use crate::models::{self, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
 use crate::sampling::{log_softmax_at, SamplingParams};
@@ -54,6 +54,8 @@ pub struct LoadOptions {
     /// Memory budget in MiB for the KV caches of finished requests, kept for the prompt
     /// prefixes they hold (default [`DEFAULT_PREFIX_CACHE_MB`]; 0 keeps none).
     pub prefix_cache_mb: Option<usize>,
+    /// How the KV cache stores keys and values (default [`KvType::F16`]).
+    pub kv_type: Option<KvType>,
 }
 
 /// Where the forward pass runs.
@@ -94,6 +96,11 @@ pub struct ModelInfo {
     /// Where the forward pass runs, e.g. `cpu (avx512-vnni, 2 threads)` or
     /// `cuda (NVIDIA H100 80GB HBM3 (sm_90, 81079 MiB))`.
     pub backend: String,
+    /// How the KV cache stores keys and values: `f16`, `f32` or `q8_0`.
+    pub kv_cache_type: String,
+    /// Bytes of one sequence's KV cache at `context_length` (memory is touched as positions
+    /// are written; up to `parallel` sequences, and the prefix cache's, are held at once).
+    pub kv_cache_bytes: u64,
 }
 
 /// A prompt: plain text, or chat messages rendered with the model's (or a given) template.
@@ -366,6 +373,8 @@ struct Worker {
     backend: Box<dyn Backend + Send>,
     cache: KvCache,
     context: usize,
+    /// How the KV caches store keys and values.
+    kv_type: KvType,
     /// The adapters of requests that name none.
     default_adapters: AdapterSet,
     /// The learner's hooks (see [`Engine`]).
@@ -444,11 +453,13 @@ fn model_info(file: &GgufFile, cfg: &models::TransformerConfig, context: usize, 
         diffusion: false,
         threads,
         backend: String::new(),
+        kv_cache_type: String::new(),
+        kv_cache_bytes: 0,
     }
 }
 
 /// The backend `mode` asks for, with the most tokens one pass carries.
-fn open_backend(mode: GpuMode, model: &Transformer, threads: usize, context: usize) -> Result<(Box<dyn Backend + Send>, usize)> {
+fn open_backend(mode: GpuMode, model: &Transformer, threads: usize, context: usize, kv_type: KvType) -> Result<(Box<dyn Backend + Send>, usize)> {
     let cpu = |model: &Transformer| -> (Box<dyn Backend + Send>, usize) {
         let max_batch = MAX_BATCH.min(context);
         let mut be = CpuBackend::new(threads);
@@ -457,8 +468,8 @@ fn open_backend(mode: GpuMode, model: &Transformer, threads: usize, context: usi
     };
     match mode {
         GpuMode::Off => Ok(cpu(model)),
-        GpuMode::Cuda => open_cuda(model, context),
-        GpuMode::Auto => match open_cuda(model, context) {
+        GpuMode::Cuda => open_cuda(model, context, kv_type),
+        GpuMode::Auto => match open_cuda(model, context, kv_type) {
             Ok(b) => Ok(b),
             // Out of device memory is not a reason to fall back silently.
             Err(e) if e.code() == "ERR_GPU_OOM" => Err(e),
@@ -468,8 +479,11 @@ fn open_backend(mode: GpuMode, model: &Transformer, threads: usize, context: usi
 }
 
 #[cfg(feature = "cuda")]
-fn open_cuda(model: &Transformer, context: usize) -> Result<(Box<dyn Backend + Send>, usize)> {
+fn open_cuda(model: &Transformer, context: usize, kv_type: KvType) -> Result<(Box<dyn Backend + Send>, usize)> {
     use crate::backend::cuda;
+    if kv_type == KvType::Q8_0 {
+        return Err(cuda::unavailable("the CUDA attention kernel reads f16 or f32 KV caches, not q8_0"));
+    }
     let mut all = [&model.embed, &model.output].into_iter().chain(model.layer_weights());
     if let Some(w) = all.find(|w| !cuda::supports(w.ty, w.cols)) {
         return Err(cuda::unavailable(format!("the CUDA kernels do not run this model's {} weights ({} columns)", w.ty.name(), w.cols)));
@@ -494,7 +508,7 @@ fn open_cuda(model: &Transformer, context: usize) -> Result<(Box<dyn Backend + S
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda(_model: &Transformer, _context: usize) -> Result<(Box<dyn Backend + Send>, usize)> {
+fn open_cuda(_model: &Transformer, _context: usize, _kv_type: KvType) -> Result<(Box<dyn Backend + Send>, usize)> {
     Err(Error::Gpu { code: "ERR_GPU_UNAVAILABLE", msg: "this build of ruvllm has no CUDA backend".into() })
 }
 
@@ -543,10 +557,17 @@ impl Engine {
             let adapters = opts.diffusion.iter().map(|p| LoraAdapter::load(p, &cfg, &cfg.architecture).map(Arc::new)).collect::<Result<Vec<_>>>()?;
             Some(Arc::new(DiffusionModel::new(adapters)?))
         };
-        let (backend, max_batch) = open_backend(opts.gpu, &model, threads, context)?;
+        let kv_type = opts.kv_type.unwrap_or_default();
+        let kv_row = cfg.n_kv_head * cfg.head_dim;
+        if kv_type == KvType::Q8_0 && !kv_row.is_multiple_of(Q8_BLOCK) {
+            return Err(Error::InvalidArg(format!("kvCacheType 'q8_0' stores blocks of {Q8_BLOCK} values; this model's key rows have {kv_row}")));
+        }
+        let (backend, max_batch) = open_backend(opts.gpu, &model, threads, context, kv_type)?;
         let mut info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
         info.diffusion = diffusion.is_some();
         info.backend = backend.describe();
+        info.kv_cache_type = kv_type.name().into();
+        info.kv_cache_bytes = model.cache_bytes(context, max_batch, kv_type) as u64;
         let bos_text = tokenizer.bos_id().and_then(|b| tokenizer.decode(&[b], false).ok()).unwrap_or_default();
         // The tokenizer and template are built: the vocabulary's arrays need not stay parsed.
         let mut file = file;
@@ -567,7 +588,8 @@ impl Engine {
             .name("ruvllm-engine".into())
             .spawn(move || {
                 let worker = Worker {
-                    cache: worker_model.new_cache(backend.as_ref(), context, max_batch),
+                    cache: worker_model.new_cache_typed(backend.as_ref(), context, max_batch, kv_type),
+                    kv_type,
                     model: worker_model,
                     shared: worker_shared,
                     backend,

@@ -296,6 +296,21 @@ impl Transformer {
         be.reserve(widths, max_batch);
     }
 
+    /// Slots per layer of a cache for `context` positions: sliding-window layers keep a ring
+    /// of their window and one batch.
+    fn cache_capacities(&self, context: usize, max_batch: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.cfg.n_layer).map(move |l| match (self.cfg.sliding_window, self.cfg.swa_layers[l]) {
+            (Some(w), true) => context.min(w + max_batch),
+            _ => context,
+        })
+    }
+
+    /// Bytes of keys and values in [`Self::new_cache_typed`]'s cache.
+    pub fn cache_bytes(&self, context: usize, max_batch: usize, ty: KvType) -> usize {
+        let row = self.cfg.n_kv_head * self.cfg.head_dim;
+        self.cache_capacities(context, max_batch).map(|cap| 2 * ty.bytes(cap * row)).sum()
+    }
+
     /// A KV cache for `context` positions with ring buffers for sliding-window layers, f16.
     pub fn new_cache(&self, be: &dyn Backend, context: usize, max_batch: usize) -> KvCache {
         self.new_cache_typed(be, context, max_batch, KvType::F16)
@@ -304,13 +319,7 @@ impl Transformer {
     /// [`Self::new_cache`] with keys and values stored as `ty`.
     pub fn new_cache_typed(&self, be: &dyn Backend, context: usize, max_batch: usize, ty: KvType) -> KvCache {
         let row = self.cfg.n_kv_head * self.cfg.head_dim;
-        let layers = (0..self.cfg.n_layer)
-            .map(|l| match (self.cfg.sliding_window, self.cfg.swa_layers[l]) {
-                (Some(w), true) => context.min(w + max_batch),
-                _ => context,
-            })
-            .map(|cap| be.new_layer_cache(cap, row, ty))
-            .collect();
+        let layers = self.cache_capacities(context, max_batch).map(|cap| be.new_layer_cache(cap, row, ty)).collect();
         KvCache::from_layers(layers, row)
     }
 

@@ -118,6 +118,8 @@ pub unsafe trait Plain: Copy {}
 // SAFETY: any bits are a valid f32 / f16.
 unsafe impl Plain for f32 {}
 unsafe impl Plain for half::f16 {}
+// SAFETY: an f16 and 32 bytes, any bits valid; alignment 2.
+unsafe impl Plain for crate::backend::kv::KvQ8 {}
 
 /// `len` zero elements on a [`HugeBuf`] (the KV cache, which attention streams every token).
 pub struct HugeVec<T: Plain>(HugeBuf, std::marker::PhantomData<T>);

@@ -9,6 +9,7 @@
 //! | `RUVLLM_NO_AVX512` | no AVX-512 (F, BW, VL, VNNI): the AVX2 paths, as on a CPU without it |
 //! | `RUVLLM_NO_VNNI` | no VNNI, AVX-512 or AVX (so no VNNI dot products; the AVX2 tile GEMM emulates `vpdpbusd`) |
 //! | `RUVLLM_NO_GEMM` | no tile GEMM (AVX-512 or AVX2): the per-row kernels for prefill too |
+//! | `RUVLLM_NO_FLASH` | no tiled attention: prefill's attention runs the per-query kernels decode runs |
 //!
 //! The switches are read once, when [`cpu`] is first called. [`ThreadPool`] is the workers the
 //! kernels split their work over.
@@ -33,6 +34,8 @@ pub struct CpuFeatures {
     pub avxvnni: bool,
     /// The tile GEMM may be used (AVX-512 F, BW and VNNI, or else AVX2, FMA and F16C).
     pub gemm: bool,
+    /// Prefill's attention may run tiled (`backend::cpu::flash`).
+    pub flash: bool,
     /// The portable vector dot products may be used where no `arch` variant is (every CPU
     /// unless `RUVLLM_FORCE_SCALAR`).
     pub portable: bool,
@@ -43,11 +46,12 @@ impl CpuFeatures {
     pub fn detect(env: impl Fn(&str) -> bool) -> CpuFeatures {
         #[cfg(target_arch = "x86_64")]
         {
+            let flash = !env("RUVLLM_NO_FLASH");
             if env("RUVLLM_FORCE_SCALAR") {
-                return CpuFeatures::default();
+                return CpuFeatures { flash, ..CpuFeatures::default() };
             }
             if env("RUVLLM_PORTABLE") {
-                return CpuFeatures { portable: true, ..CpuFeatures::default() };
+                return CpuFeatures { portable: true, flash, ..CpuFeatures::default() };
             }
             let avx512 = !env("RUVLLM_NO_AVX512");
             return CpuFeatures {
@@ -60,12 +64,13 @@ impl CpuFeatures {
                 avx512vnni: avx512 && !env("RUVLLM_NO_VNNI") && is_x86_feature_detected!("avx512vnni"),
                 avxvnni: !env("RUVLLM_NO_VNNI") && is_x86_feature_detected!("avxvnni"),
                 gemm: !env("RUVLLM_NO_GEMM"),
+                flash,
                 portable: true,
             };
         }
         #[allow(unreachable_code)]
         {
-            CpuFeatures { portable: !env("RUVLLM_FORCE_SCALAR"), ..CpuFeatures::default() }
+            CpuFeatures { portable: !env("RUVLLM_FORCE_SCALAR"), flash: !env("RUVLLM_NO_FLASH"), ..CpuFeatures::default() }
         }
     }
 
@@ -88,7 +93,8 @@ mod tests {
     #[test]
     fn switches() {
         let none = CpuFeatures::detect(|_| false);
-        assert_eq!(CpuFeatures::detect(|k| k == "RUVLLM_FORCE_SCALAR"), CpuFeatures::default());
+        assert_eq!(CpuFeatures::detect(|k| k == "RUVLLM_FORCE_SCALAR"), CpuFeatures { flash: true, ..CpuFeatures::default() });
+        assert!(none.flash && !CpuFeatures::detect(|k| k == "RUVLLM_NO_FLASH").flash);
         let no512 = CpuFeatures::detect(|k| k == "RUVLLM_NO_AVX512");
         assert!(!no512.avx512f && !no512.avx512bw && !no512.avx512vl && !no512.avx512vnni);
         assert_eq!((no512.avx2, no512.fma, no512.f16c), (none.avx2, none.fma, none.f16c));
@@ -99,6 +105,6 @@ mod tests {
         assert!(none.gemm);
         assert!(none.portable);
         let portable = CpuFeatures::detect(|k| k == "RUVLLM_PORTABLE");
-        assert_eq!(portable, CpuFeatures { portable: true, ..CpuFeatures::default() });
+        assert_eq!(portable, CpuFeatures { portable: true, flash: true, ..CpuFeatures::default() });
     }
 }

@@ -4,7 +4,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::arch::x86::vec as simd;
 use super::ops::{self, axpy, dot, KvElem};
-use crate::backend::kv::{KvRows, LayerCache};
+use crate::backend::kv::{KvQ8, KvRows, KvType, LayerCache, Q8_BLOCK};
 use crate::backend::AttnShape;
 use crate::runtime::{SharedMut, ThreadPool};
 
@@ -169,8 +169,50 @@ pub fn run(call: Call) {
     match &call.cache.rows {
         KvRows::F16 { k, v } => rows(call, k, v),
         KvRows::F32 { k, v } => rows(call, k, v),
+        KvRows::Q8 { k, v } => dequantized(call, k, v),
         KvRows::Device(_) => panic!("the CPU backend was given a device KV cache"),
     }
+}
+
+thread_local! {
+    /// f32 copies of the positions a call over a q8_0 cache reads (one layer's at a time),
+    /// grown to the longest span seen.
+    static DEQUANT: std::cell::RefCell<Option<LayerCache>> = const { std::cell::RefCell::new(None) };
+}
+
+/// [`run`] over a q8_0 cache: the positions any query sees are dequantized (threaded) into
+/// an f32 cache whose slots hold the same positions, which the f32 kernels then read.
+fn dequantized(c: Call, kq: &[KvQ8], vq: &[KvQ8]) {
+    let (stored, row) = (c.pos0 + c.n, kq.len() / c.cache.capacity.max(1) * Q8_BLOCK);
+    let first = (0..c.n).map(|t| c.span.of(c.pos0 + t, stored).0).min().unwrap_or(0);
+    let len = stored - first;
+    DEQUANT.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let fits = scratch.as_ref().is_some_and(|s| s.capacity >= len && s.bytes() == s.capacity * row * 8);
+        if !fits {
+            *scratch = None;
+            *scratch = Some(LayerCache::new(len.next_power_of_two(), row, KvType::F32));
+        }
+        let dst = scratch.as_mut().expect("just made");
+        let KvRows::F32 { k, v } = &mut dst.rows else { unreachable!("an f32 cache") };
+        let (ks, vs, cap) = (SharedMut(k.as_mut_ptr()), SharedMut(v.as_mut_ptr()), dst.capacity);
+        let (nb, src) = (row / Q8_BLOCK, c.cache);
+        const CHUNK: usize = 64;
+        c.pool.for_each(len.div_ceil(CHUNK), &|i| {
+            for p in first + i * CHUNK..(first + (i + 1) * CHUNK).min(stored) {
+                let (s, d) = (src.slot(p) * nb, (p % cap) * row);
+                for (blocks, out) in [(&kq[s..s + nb], ks), (&vq[s..s + nb], vs)] {
+                    // SAFETY: each position's row is written by one task only, and row
+                    // `p % cap` lies inside the scratch (cap * row values).
+                    let out = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(d), row) };
+                    blocks.iter().zip(out.chunks_exact_mut(Q8_BLOCK)).for_each(|(b, o)| b.dequantize(o));
+                }
+            }
+        });
+        let dst = &*dst;
+        let KvRows::F32 { k, v } = &dst.rows else { unreachable!("an f32 cache") };
+        rows(Call { cache: dst, ..c }, k, v);
+    });
 }
 
 /// [`run`] over key and value rows `kc`, `vc` of the cache's element type.
@@ -194,6 +236,9 @@ fn rows<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
     // and the value dimensions over the threads instead, so each thread reads its share of
     // the keys and values rather than all of them.
     let stored = pos0 + n;
+    if n >= super::flash::MIN_TOKENS && crate::runtime::cpu().flash {
+        return super::flash::run(c, kc, vc);
+    }
     if n * n_kv < pool.threads() && span.of(pos0 + n - 1, stored).1 >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
         return split(c, kc, vc);
     }

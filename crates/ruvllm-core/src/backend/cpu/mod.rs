@@ -14,6 +14,7 @@ pub mod attention;
 pub mod dispatch;
 #[doc(hidden)]
 pub mod dot;
+pub mod flash;
 #[doc(hidden)]
 pub mod gemm;
 pub mod matmul;

@@ -1558,6 +1558,8 @@ impl Backend for CudaBackend {
     }
 
     fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache {
+        // The engine opens no CUDA backend for a q8_0 cache (`open_cuda`).
+        assert!(ty != KvType::Q8_0, "the CUDA backend has no q8_0 KV cache");
         let elem = if ty == KvType::F16 { 2 } else { 4 };
         let bytes = capacity * row * elem;
         self.current();
