@@ -1,6 +1,7 @@
 // One measurement in a fresh process, so load time and peak RSS are clean.
 // Usage: node benches/run-one.mjs <ruvllm|llamacpp> <model.gguf> <threads> <promptTokens> <newTokens>
 // Prints one JSON line: { runtime, threads, loadMs, ttftMs, prefillTps, decodeTps, peakRssMb, tokens }.
+// RUVLLM_KV_CACHE_TYPE=q8_0 (or f32) loads ours with that kvCacheType.
 // With <newTokens> = "ppl": the perplexity of the first <promptTokens> tokens of Hamlet
 // (benches/text.mjs) instead: { runtime, threads, perplexity, tokens: n }.
 import { readFileSync } from 'node:fs'
@@ -25,7 +26,8 @@ async function runOurs() {
   const require = createRequire(import.meta.url)
   const { LLM } = require('../index.js')
   const t0 = performance.now()
-  const llm = await LLM.load(modelPath, { contextSize, threads })
+  const kvCacheType = process.env.RUVLLM_KV_CACHE_TYPE || undefined
+  const llm = await LLM.load(modelPath, { contextSize, threads, kvCacheType })
   const loadMs = performance.now() - t0
   const tokens = promptTokens(llm.tokenize.bind(llm), llm.detokenize.bind(llm), promptLen, llm.info.vocabSize)
   const out = await llm.generate(tokens, { maxTokens: nNew, temperature: 0 })
