@@ -91,7 +91,13 @@ describe('LLM', () => {
     }
     const scored = await llm.score([...llm.tokenize(CAPITALS), ...out.tokens])
     const at = llm.tokenize(CAPITALS).length - 1
-    lps.forEach((l, i) => expect(Math.abs(l.logprob - scored.logprobs[at + i])).toBeLessThan(0.02 + 0.01 * Math.abs(l.logprob)))
+    // Scoring runs the prefill kernels (tiled attention), decoding the per-token ones; this
+    // model's 8-bit activations amplify their rounding differences (tests/batching.rs).
+    // Measured: up to 0.18 on a token. A temperature or penalty applied to the reported numbers
+    // would move them all; the mean bounds that.
+    lps.forEach((l, i) => expect(Math.abs(l.logprob - scored.logprobs[at + i])).toBeLessThan(0.3 + 0.02 * Math.abs(l.logprob)))
+    const drift = lps.reduce((s, l, i) => s + Math.abs(l.logprob - scored.logprobs[at + i]), 0) / lps.length
+    expect(drift).toBeLessThan(0.08)
     // Streamed: each chunk carries its token's; without the option, none.
     const chunks = []
     for await (const c of llm.stream(CAPITALS, { temperature: 0, maxTokens: 6, logprobs: true })) chunks.push(c)

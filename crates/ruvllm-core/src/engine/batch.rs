@@ -116,15 +116,18 @@ impl CachePool {
     }
 }
 
-/// How many leading positions of `cache` can serve `ids` under `adapters` (at least one prompt
-/// token is always evaluated, for its logits). Sliding-window rings only serve a prefix when
+/// How many leading positions of `cache` can serve `ids` under `adapters`. At least two prompt
+/// tokens are always evaluated (one for its logits): a prefill of two or more tokens runs the
+/// tiled attention a fresh prompt runs, whose rows do not depend on the batch, so a cache hit
+/// gives the fresh prompt's bits (one token would take decode's kernels, which round
+/// differently). Sliding-window rings only serve a prefix when
 /// the cached sequence did not run so far past it that the window before it was overwritten.
 pub(super) fn usable_prefix(cache: &KvCache, ids: &[u32], adapters: &AdapterSet, window: Option<usize>, context: usize) -> usize {
     if !cache.adapters.same_as(adapters) {
         return 0;
     }
     let old = &cache.tokens;
-    let n = common_prefix(old, ids).min(ids.len().saturating_sub(1));
+    let n = common_prefix(old, ids).min(ids.len().saturating_sub(2));
     if let Some(window) = window {
         let ring = cache.layers.iter().map(|l| l.capacity).min().unwrap_or(0);
         if ring < context && old.len() > n + ring.saturating_sub(window) {

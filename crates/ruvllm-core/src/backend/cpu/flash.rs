@@ -27,8 +27,10 @@ pub const LANES: usize = 32;
 /// Key and value positions per block.
 const BLOCK: usize = 64;
 
-/// Prefill chunks of fewer tokens use the per-query kernels (few queries share a key row).
-pub const MIN_TOKENS: usize = 16;
+/// Calls of fewer tokens (decode) use the per-query kernels. Every prefill of two tokens or
+/// more is tiled, so the suffix a prefix-cache hit evaluates gets the same bits as a fresh
+/// prefill of the whole prompt (a row's result does not depend on its tile).
+pub const MIN_TOKENS: usize = 2;
 
 /// A vector of [`LANES`] f32, one per query row of a tile: the x86 variants hold it in two
 /// 512-bit or four 256-bit registers and multiply-add fused; the portable one is an array
