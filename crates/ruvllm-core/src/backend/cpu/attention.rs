@@ -217,6 +217,10 @@ fn dequantized(c: Call, kq: &[KvQ8], vq: &[KvQ8]) {
 
 /// [`run`] over key and value rows `kc`, `vc` of the cache's element type.
 fn rows<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
+    // Prefill: tiled over tokens and heads (`flash`); decode: the per-query kernels below.
+    if c.n >= super::flash::MIN_TOKENS && crate::runtime::cpu().flash {
+        return super::flash::run(c, kc, vc);
+    }
     let (pool, cache, n, pos0, span) = (c.pool, c.cache, c.n, c.pos0, c.span);
     let (hd, n_head) = (c.shape.head_dim, c.shape.n_head);
     let group = n_head / c.shape.n_kv_head;
@@ -236,9 +240,6 @@ fn rows<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
     // and the value dimensions over the threads instead, so each thread reads its share of
     // the keys and values rather than all of them.
     let stored = pos0 + n;
-    if n >= super::flash::MIN_TOKENS && crate::runtime::cpu().flash {
-        return super::flash::run(c, kc, vc);
-    }
     if n * n_kv < pool.threads() && span.of(pos0 + n - 1, stored).1 >= SPLIT_MIN_SPAN && hd.is_multiple_of(16 * pool.threads()) {
         return split(c, kc, vc);
     }

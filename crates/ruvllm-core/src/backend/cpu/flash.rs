@@ -7,8 +7,8 @@
 //! lane of a `[f32; LANES]` vector. The queries are stored transposed (`qt[d][lane]`), so the
 //! scores of a key are `Σ_d k[d] · qt[d]`: a broadcast key element times a vector of queries,
 //! with no horizontal sums; the softmax statistics and the output (`ot[d][lane]`) are lane-wise
-//! as well. The loops are plain Rust that LLVM vectorizes; the x86 variants compile them with
-//! AVX-512 or AVX2 and fused multiply-adds.
+//! as well. The kernels are generic over the lane vector ([`Lanes`]): AVX-512 or AVX2
+//! registers with fused multiply-adds on x86, a plain array elsewhere.
 //!
 //! Every lane runs the same operations whatever the tile holds: blocks start at multiples of
 //! [`BLOCK`] positions, a position outside a row's span contributes exactly nothing (its
@@ -106,6 +106,18 @@ mod x86 {
     use super::{Lanes, LANES};
     use std::arch::x86_64::*;
 
+    /// `self` op `o`, vector by vector.
+    macro_rules! lanewise {
+        ($a:expr, $b:expr, $w:literal, $op:ident) => {{
+            let (a, b) = ($a, $b);
+            let mut r = a;
+            for i in 0..LANES / $w {
+                r.0[i] = $op(a.0[i], b.0[i]);
+            }
+            r
+        }};
+    }
+
     macro_rules! lanes {
         ($name:ident, $v:ty, $w:literal, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $mul:ident, $add:ident, $sub:ident, $max:ident) => {
             #[derive(Clone, Copy)]
@@ -142,35 +154,19 @@ mod x86 {
                 }
                 #[inline(always)]
                 unsafe fn mul(self, o: Self) -> Self {
-                    let mut r = self;
-                    for i in 0..LANES / $w {
-                        r.0[i] = $mul(self.0[i], o.0[i]);
-                    }
-                    r
+                    lanewise!(self, o, $w, $mul)
                 }
                 #[inline(always)]
                 unsafe fn add(self, o: Self) -> Self {
-                    let mut r = self;
-                    for i in 0..LANES / $w {
-                        r.0[i] = $add(self.0[i], o.0[i]);
-                    }
-                    r
+                    lanewise!(self, o, $w, $add)
                 }
                 #[inline(always)]
                 unsafe fn sub(self, o: Self) -> Self {
-                    let mut r = self;
-                    for i in 0..LANES / $w {
-                        r.0[i] = $sub(self.0[i], o.0[i]);
-                    }
-                    r
+                    lanewise!(self, o, $w, $sub)
                 }
                 #[inline(always)]
                 unsafe fn max(self, o: Self) -> Self {
-                    let mut r = self;
-                    for i in 0..LANES / $w {
-                        r.0[i] = $max(self.0[i], o.0[i]);
-                    }
-                    r
+                    lanewise!(self, o, $w, $max)
                 }
             }
         };
@@ -202,8 +198,8 @@ impl Widen for Simd8 {
         let n = src.len().min(dst.len());
         let mut i = 0;
         while i + 8 <= n {
-            // SAFETY: only called from the AVX2 variant (the CPU has AVX2 and F16C); `i + 8`
-            // elements lie inside both slices.
+            // SAFETY: only called from the AVX-512 and AVX2 variants (the CPU has AVX2 and
+            // F16C); `i + 8` elements lie inside both slices.
             unsafe { std::arch::x86_64::_mm256_storeu_ps(dst.as_mut_ptr().add(i), T::load8(src.as_ptr().add(i))) };
             i += 8;
         }
@@ -300,8 +296,8 @@ pub fn run<T: KvElem>(c: Call, kc: &[T], vc: &[T]) {
 }
 
 /// What a tile's kernel reads: head size, per-lane first and last visible positions (lanes
-/// without a row: every position, their results unused), the soft-cap, the cache rows and where position `p`'s
-/// row of the tile's KV head starts.
+/// without a row: every position, their results unused), the soft-cap, the cache rows and
+/// where position `p`'s row of the tile's KV head starts.
 struct Args<'a, T> {
     hd: usize,
     /// The first and last position any row sees.
@@ -364,20 +360,24 @@ unsafe fn tile<T: KvElem, V: Lanes, W: Widen, const KB: usize, const DB: usize>(
     while b0 <= last {
         let b1 = (b0 + BLOCK).min(last + 1);
         let bk = b1 - b0;
-        for (j, dst) in sc.rows.chunks_exact_mut(hd).take(bk).enumerate() {
-            let o = (a.row)(b0 + j);
-            W::widen(&a.kc[o..o + hd], dst);
-        }
+        widen_block::<T, W>(a, a.kc, b0, bk, &mut sc.rows);
         scores::<V, KB>(&sc.qt, &sc.rows, bk, hd, &mut sc.s);
         let alpha = weights::<T, V>(&mut sc.s[..bk * LANES], b0, a, &mut m, &mut sum);
-        for (j, dst) in sc.rows.chunks_exact_mut(hd).take(bk).enumerate() {
-            let o = (a.row)(b0 + j);
-            W::widen(&a.vc[o..o + hd], dst);
-        }
+        widen_block::<T, W>(a, a.vc, b0, bk, &mut sc.rows);
         values::<V, DB>(&sc.s, &sc.rows, bk, hd, &mut sc.ot, alpha);
         b0 += BLOCK;
     }
     sum.store(sc.s.as_mut_ptr());
+}
+
+/// The cache rows (of `src`: keys or values) of positions `b0..b0 + bk`, widened into
+/// consecutive rows of `rows`.
+#[inline(always)]
+fn widen_block<T: KvElem, W: Widen>(a: &Args<T>, src: &[T], b0: usize, bk: usize, rows: &mut [f32]) {
+    for (j, dst) in rows.chunks_exact_mut(a.hd).take(bk).enumerate() {
+        let o = (a.row)(b0 + j);
+        W::widen(&src[o..o + a.hd], dst);
+    }
 }
 
 /// `s[j][lane] = Σ_d k[j][d] · qt[d][lane]` for the `bk` key rows of `k`, `KB` at a time.
@@ -387,25 +387,26 @@ unsafe fn scores<V: Lanes, const KB: usize>(qt: &[f32], k: &[f32], bk: usize, hd
     let (qt, k, s) = (qt.as_ptr(), k.as_ptr(), s.as_mut_ptr());
     let mut j = 0;
     while j + KB <= bk {
-        let mut acc = [V::splat(0.0); KB];
-        for d in 0..hd {
-            let q = V::load(qt.add(d * LANES));
-            for (kk, acc) in acc.iter_mut().enumerate() {
-                *acc = V::madd(*k.add((j + kk) * hd + d), q, *acc);
-            }
-        }
-        for (kk, acc) in acc.iter().enumerate() {
-            acc.store(s.add((j + kk) * LANES));
-        }
+        score_keys::<V, KB>(qt, k, j, hd, s);
         j += KB;
     }
-    while j < bk {
-        let mut acc = V::splat(0.0);
-        for d in 0..hd {
-            acc = V::madd(*k.add(j * hd + d), V::load(qt.add(d * LANES)), acc);
+    for j in j..bk {
+        score_keys::<V, 1>(qt, k, j, hd, s);
+    }
+}
+
+/// [`scores`] of keys `j..j + K`.
+#[inline(always)]
+unsafe fn score_keys<V: Lanes, const K: usize>(qt: *const f32, k: *const f32, j: usize, hd: usize, s: *mut f32) {
+    let mut acc = [V::splat(0.0); K];
+    for d in 0..hd {
+        let q = V::load(qt.add(d * LANES));
+        for (kk, acc) in acc.iter_mut().enumerate() {
+            *acc = V::madd(*k.add((j + kk) * hd + d), q, *acc);
         }
-        acc.store(s.add(j * LANES));
-        j += 1;
+    }
+    for (kk, acc) in acc.iter().enumerate() {
+        acc.store(s.add((j + kk) * LANES));
     }
 }
 
@@ -474,27 +475,29 @@ unsafe fn values<V: Lanes, const DB: usize>(w: &[f32], v: &[f32], bk: usize, hd:
     let (w, v, ot) = (w.as_ptr(), v.as_ptr(), ot.as_mut_ptr());
     let mut d0 = 0;
     while d0 + DB <= hd {
-        let mut acc = [alpha; DB];
-        for (dd, acc) in acc.iter_mut().enumerate() {
-            *acc = V::load(ot.add((d0 + dd) * LANES)).mul(alpha);
-        }
-        for j in 0..bk {
-            let wj = V::load(w.add(j * LANES));
-            for (dd, acc) in acc.iter_mut().enumerate() {
-                *acc = V::madd(*v.add(j * hd + d0 + dd), wj, *acc);
-            }
-        }
-        for (dd, acc) in acc.iter().enumerate() {
-            acc.store(ot.add((d0 + dd) * LANES));
-        }
+        value_dims::<V, DB>(w, v, bk, hd, d0, ot, alpha);
         d0 += DB;
     }
     for d in d0..hd {
-        let mut acc = V::load(ot.add(d * LANES)).mul(alpha);
-        for j in 0..bk {
-            acc = V::madd(*v.add(j * hd + d), V::load(w.add(j * LANES)), acc);
+        value_dims::<V, 1>(w, v, bk, hd, d, ot, alpha);
+    }
+}
+
+/// [`values`] of dimensions `d0..d0 + D`.
+#[inline(always)]
+unsafe fn value_dims<V: Lanes, const D: usize>(w: *const f32, v: *const f32, bk: usize, hd: usize, d0: usize, ot: *mut f32, alpha: V) {
+    let mut acc = [alpha; D];
+    for (dd, acc) in acc.iter_mut().enumerate() {
+        *acc = V::load(ot.add((d0 + dd) * LANES)).mul(alpha);
+    }
+    for j in 0..bk {
+        let wj = V::load(w.add(j * LANES));
+        for (dd, acc) in acc.iter_mut().enumerate() {
+            *acc = V::madd(*v.add(j * hd + d0 + dd), wj, *acc);
         }
-        acc.store(ot.add(d * LANES));
+    }
+    for (dd, acc) in acc.iter().enumerate() {
+        acc.store(ot.add((d0 + dd) * LANES));
     }
 }
 
