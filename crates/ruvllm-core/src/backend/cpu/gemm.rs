@@ -18,6 +18,13 @@
 //! group's bits at 0x10 in every byte, for AVX2 as for AVX-512): packed Q5_0 takes 24 bytes per
 //! block and row (22 in the file), Q4_0 20 (18), Q8_0 36 (34).
 //!
+//! Q4_1 ([`PackKind::Q41`], `w = d·q + m`, quants 0..=15) keeps the Q4_0 quant layout with no
+//! offset and a 64-byte header of f16 values (the 16 rows' `d`, then their `m`, exactly as in
+//! the file): 20 bytes per block and row, the file's size, for decode's sake (one `vcvtph2ps`
+//! per header and block, shared by all tokens of a pass, is little next to the block's eight
+//! `vpdpbusd` per token). The min term is `m · s` with the activation block's `s = d_a·Σa`
+//! (ggml's `block_q8_1.s`), one more fused multiply-add per block and token.
+//!
 //! The LM head, which decode streams whole for one token per pass (for Gemma 3, 72 % of a
 //! token's bytes), is packed compact instead ([`PackKind::Q8H`], by `QWeight::prepare_head`):
 //! the scales stay f16 as in the file (widened exactly by
@@ -56,6 +63,8 @@ pub enum PackKind {
     Q8,
     Q5,
     Q4,
+    /// Q4_1: Q4's quants after a header of f16 scales and mins (see the module notes).
+    Q41,
     /// Q4_K (see [`pack_tile`] for the K-quant layouts).
     K4,
     /// Q6_K.
@@ -71,6 +80,7 @@ impl PackKind {
             GgmlType::Q8_0 => Some(Self::Q8),
             GgmlType::Q5_0 => Some(Self::Q5),
             GgmlType::Q4_0 => Some(Self::Q4),
+            GgmlType::Q4_1 => Some(Self::Q41),
             GgmlType::Q4_K => Some(Self::K4),
             GgmlType::Q6_K => Some(Self::K6),
             _ => None,
@@ -98,7 +108,7 @@ impl PackKind {
             Self::Q8 => 64 + 512,
             Self::Q8H => 512,
             Self::Q5 => 64 + 256 + 64,
-            Self::Q4 => 64 + 256,
+            Self::Q4 | Self::Q41 => 64 + 256,
             Self::K4 => K4_QS + 8 * 256,
             Self::K6 => K6_QS + 16 * 256,
         }
@@ -142,11 +152,17 @@ impl PackKind {
     /// Row `j`'s scale of block `b` in `tile` (32-block kinds).
     fn scale(self, tile: &[u8], b: usize, j: usize) -> f32 {
         let o = self.scales_at(b);
-        if self.is_compact() {
+        if self.is_compact() || self == Self::Q41 {
             quant::f16_at(tile, o + 2 * j)
         } else {
             f32_at(tile, o + 4 * j)
         }
+    }
+
+    /// Row `j`'s min of block `b` in a [`Self::Q41`] tile.
+    fn min(self, tile: &[u8], b: usize, j: usize) -> f32 {
+        debug_assert_eq!(self, Self::Q41);
+        quant::f16_at(tile, self.scales_at(b) + 32 + 2 * j)
     }
 
     /// The offset added to the signed quants to make them unsigned.
@@ -155,7 +171,7 @@ impl PackKind {
             Self::Q8 | Self::Q8H => 128,
             Self::Q5 => 16,
             Self::Q4 => 8,
-            Self::K4 => 0,
+            Self::Q41 | Self::K4 => 0,
             Self::K6 => 32,
         }
     }
@@ -369,6 +385,10 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
             if kind.is_compact() {
                 // The file's f16 scale, as it is.
                 out[sc + 2 * j..sc + 2 * j + 2].copy_from_slice(&blk[..2]);
+            } else if kind == PackKind::Q41 {
+                // The file's f16 `d` and `m`, as they are.
+                out[sc + 2 * j..sc + 2 * j + 2].copy_from_slice(&blk[..2]);
+                out[sc + 32 + 2 * j..sc + 34 + 2 * j].copy_from_slice(&blk[2..4]);
             } else {
                 out[sc + 4 * j..sc + 4 * j + 4].copy_from_slice(&quant::f16_at(blk, 0).to_le_bytes());
             }
@@ -392,7 +412,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         payload[g * 64 + lane..g * 64 + lane + 4].copy_from_slice(&blk[2 + 4 * g..6 + 4 * g]);
                     }
                 }
-                PackKind::Q5 | PackKind::Q4 => {
+                PackKind::Q5 | PackKind::Q4 | PackKind::Q41 => {
                     // The file's nibbles are already `q + zp`: element e < 16 is the low nibble
                     // of byte e, element e ≥ 16 the high nibble of byte e − 16. Vector h holds
                     // elements 8h..8h+4 in its low nibbles and 8h+4..8h+8 in its high ones.
@@ -476,7 +496,7 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
     match kind {
         PackKind::Q8 => p[g * 64 + lane] as i32,
         PackKind::Q8H => p[g * 64 + lane] as i8 as i32 + 128,
-        PackKind::Q5 | PackKind::Q4 => {
+        PackKind::Q5 | PackKind::Q4 | PackKind::Q41 => {
             let lo = (p[(g / 2) * 64 + lane] >> (4 * (g % 2))) & 0x0F;
             let hi = if kind == PackKind::Q5 { (p[256 + lane] >> g) & 1 } else { 0 };
             (lo | hi << 4) as i32
@@ -510,6 +530,9 @@ pub unsafe fn gemm_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], 
                     s += tile_u(kind, tile, b, j, e) * q as i32;
                 }
                 *acc = (kind.scale(tile, b, j) * ab.d).mul_add(s as f32, *acc);
+                if kind == PackKind::Q41 {
+                    *acc = kind.min(tile, b, j).mul_add(ab.s, *acc);
+                }
             }
         }
         for (j, v) in acc.iter().take(nrows).enumerate() {

@@ -7,8 +7,8 @@
 //! into i16 with saturation) and `vpmaddwd` (i16 pairs into i32). Every i16 value stays in range,
 //! so the integer sums are exact and the results equal the scalar model (`gemm::gemm_ref`,
 //! `gemm::gemm_k_ref`) bit for bit:
-//! - Q4_0/Q5_0/Q4_K quants are at most 31: a pair is at most 2·31·128 = 7936 in magnitude, so
-//!   four groups are summed in i16 before one `vpmaddwd` (Q4_0 and Q4_K: eight, ≤ 30720);
+//! - Q4_0/Q4_1/Q5_0/Q4_K quants are at most 31: a pair is at most 2·31·128 = 7936 in magnitude, so
+//!   four groups are summed in i16 before one `vpmaddwd` (Q4_0, Q4_1 and Q4_K: eight, ≤ 30720);
 //! - Q6_K quants (`q + 32`) are at most 63: pairs ≤ 16128, two groups per i16 sum;
 //! - Q8_0 (`u = q + 128` up to 255) would saturate, so its signed quants are used instead:
 //!   `vpmaddubsw(|q|, sign(a, q))` has pairs of at most 2·128·127 = 32512 (activations of
@@ -38,6 +38,7 @@ const Q5: u8 = 1;
 const Q4: u8 = 2;
 const K4: u8 = 3;
 const K6: u8 = 4;
+const Q41: u8 = 5;
 
 const fn kind_of(k: u8) -> PackKind {
     match k {
@@ -45,6 +46,7 @@ const fn kind_of(k: u8) -> PackKind {
         Q5 => PackKind::Q5,
         Q4 => PackKind::Q4,
         K4 => PackKind::K4,
+        Q41 => PackKind::Q41,
         _ => PackKind::K6,
     }
 }
@@ -54,7 +56,7 @@ macro_rules! tile_gemm {
         pub mod $name {
             use std::arch::x86_64::*;
 
-            use super::{kind_of, K4, K6, Q4, Q5, Q8};
+            use super::{kind_of, K4, K6, Q4, Q41, Q5, Q8};
             use crate::backend::cpu::gemm::{self, PackKind, TILE_ROWS};
             use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
 
@@ -74,6 +76,7 @@ macro_rules! tile_gemm {
                     PackKind::Q8H => [tokens::<Q8, true, 8, 1>, tokens::<Q8, true, 4, 1>, tokens::<Q8, true, 1, 1>, tokens::<Q8, true, 1, 2>],
                     PackKind::Q5 => [tokens::<Q5, false, 8, 1>, tokens::<Q5, false, 4, 1>, tokens::<Q5, false, 1, 1>, tokens::<Q5, false, 1, 2>],
                     PackKind::Q4 => [tokens::<Q4, false, 8, 1>, tokens::<Q4, false, 4, 1>, tokens::<Q4, false, 1, 1>, tokens::<Q4, false, 1, 2>],
+                    PackKind::Q41 => [tokens::<Q41, false, 8, 1>, tokens::<Q41, false, 4, 1>, tokens::<Q41, false, 1, 1>, tokens::<Q41, false, 1, 2>],
                     PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
                 };
                 groups(fns, kind, tile, nb, act, ntok, y, ystride, nrows)
@@ -301,13 +304,14 @@ macro_rules! tile_gemm {
                         _mm256_add_epi16(mul16(w[1], xg(ab, 1)), mul16(w[3], xg(ab, 3))),
                         _mm256_add_epi16(mul16(w[5], xg(ab, 5)), mul16(w[7], xg(ab, 7))),
                     );
-                    let s = if K == Q4 { widen(_mm256_add_epi16(e, o)) } else { _mm256_add_epi32(widen(e), widen(o)) };
+                    let s = if K == Q4 || K == Q41 { widen(_mm256_add_epi16(e, o)) } else { _mm256_add_epi32(widen(e), widen(o)) };
                     _mm256_add_epi32(_mm256_set1_epi32(-zp * ab.qsum), s)
                 }
             }
 
             /// `T` consecutive tokens over all blocks of `H` halves of the tile from half `h0`;
-            /// `C`: the compact layout (f16 scales in pair headers, `PackKind::Q8H`).
+            /// `C`: the compact layout (f16 scales in pair headers, `PackKind::Q8H`); Q4_1: f16
+            /// scales and mins in each block's header, the min term `m·s` after the block.
             #[target_feature(enable = $feat)]
             unsafe fn tokens<const K: u8, const C: bool, const T: usize, const H: usize>(
                 tile: *const u8,
@@ -331,8 +335,12 @@ macro_rules! tile_gemm {
                     for (hh, acc) in accs.iter_mut().enumerate() {
                         let h = h0 + hh;
                         // The half's eight row scales (f16 ones widened exactly).
-                        let dv =
-                            if C { _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i)) } else { _mm256_loadu_ps(sc.add(32 * h) as *const f32) };
+                        let dv = if C || K == Q41 {
+                            _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i))
+                        } else {
+                            _mm256_loadu_ps(sc.add(32 * h) as *const f32)
+                        };
+                        let mv = if K == Q41 { _mm256_cvtph_ps(_mm_loadu_si128(sc.add(32 + 16 * h) as *const __m128i)) } else { _mm256_setzero_ps() };
                         let w = weights::<K, C>(base, h);
                         // Q8_0 without VNNI: |q| once per block, the signs per token (the compact
                         // tiles, which have no −128, take |a| and sign(q, a) instead).
@@ -341,6 +349,9 @@ macro_rules! tile_gemm {
                             let ab = &*act.add(k * nb + b);
                             let s = isum::<K, C>(&w, &aw, ab, zp);
                             *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(ab.d)), _mm256_cvtepi32_ps(s), *acc);
+                            if K == Q41 {
+                                *acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(ab.s), *acc);
+                            }
                         }
                     }
                 }

@@ -13,6 +13,7 @@ use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
 const Q8: u8 = 0;
 const Q5: u8 = 1;
 const Q4: u8 = 2;
+const Q41: u8 = 5;
 
 /// Tile GEMM (see `gemm::GemmFn`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
@@ -23,6 +24,7 @@ pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok
         PackKind::Q8H => (tokens::<Q8, true, 8>, tokens::<Q8, true, 4>, tokens::<Q8, true, 1>),
         PackKind::Q5 => (tokens::<Q5, false, 8>, tokens::<Q5, false, 4>, tokens::<Q5, false, 1>),
         PackKind::Q4 => (tokens::<Q4, false, 8>, tokens::<Q4, false, 4>, tokens::<Q4, false, 1>),
+        PackKind::Q41 => (tokens::<Q41, false, 8>, tokens::<Q41, false, 4>, tokens::<Q41, false, 1>),
         PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
     };
     groups(Some(eight), four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
@@ -100,13 +102,15 @@ unsafe fn weights<const K: u8, const C: bool>(p: *const u8) -> [__m512i; 8] {
 }
 
 /// `T` consecutive tokens over all blocks of the tile (`C`: the compact layout, f16 scales in
-/// pair headers). Each token's block sum runs in two chains of four `vpdpbusd` (even and odd
-/// groups), so four tokens keep eight chains in flight.
+/// pair headers; Q4_1: f16 scales and mins in each block's header, the min term `m·s` added
+/// after the block). Each token's block sum runs in two chains of four `vpdpbusd` (even and
+/// odd groups), so four tokens keep eight chains in flight.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8, y: *mut f32, ystride: usize, mask: __mmask16) {
     let kind = match K {
         Q8 => PackKind::Q8,
         Q5 => PackKind::Q5,
+        Q41 => PackKind::Q41,
         _ => PackKind::Q4,
     };
     let kind = if C { kind.compact() } else { kind };
@@ -119,7 +123,8 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
         }
         let sc = tile.add(kind.scales_at(b));
         // The 16 rows' scales (f16 ones, 32-byte aligned in the pair's header, widened exactly).
-        let dv = if C { _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i)) } else { _mm512_load_ps(sc as *const f32) };
+        let dv = if C || K == Q41 { _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i)) } else { _mm512_load_ps(sc as *const f32) };
+        let mv = if K == Q41 { _mm512_cvtph_ps(_mm256_load_si256(sc.add(32) as *const __m256i)) } else { _mm512_setzero_ps() };
         let w = weights::<K, C>(tile.add(kind.payload_at(b)));
         for (k, acc) in acc.iter_mut().enumerate() {
             let ab = &*act.add(k * nb + b);
@@ -135,6 +140,9 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
             o = _mm512_dpbusd_epi32(o, w[7], x(7));
             let s = _mm512_cvtepi32_ps(_mm512_add_epi32(e, o));
             *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(ab.d)), s, *acc);
+            if K == Q41 {
+                *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(ab.s), *acc);
+            }
         }
     }
     for (k, acc) in acc.iter().enumerate() {
