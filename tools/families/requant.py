@@ -3,7 +3,7 @@
 prebuilt libggml-base.so, through ctypes), writing with gguf-py (all metadata, tokenizer included,
 copied unchanged except general.file_type).
 
-  requant.py IN.gguf OUT.gguf TYPE [--embd keep|q8_0|TYPE]
+  requant.py IN.gguf OUT.gguf TYPE [--embd keep|q8_0|TYPE] [--from-quantized]
 
 Every 2-D f32 '*.weight' tensor except token_embd.weight (and except norms, which are 1-D) becomes
 TYPE; output.weight too. token_embd.weight stays as it is by default. No imatrix is used.
@@ -28,6 +28,9 @@ GGML_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8
 # enum llama_ftype for general.file_type (the "mostly" type)
 FILE_TYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12, "Q4_K": 15,
              "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30}
+
+# llama-quantize's type for a tensor whose rows are not a multiple of 256 (--from-quantized only)
+FALLBACK = {"Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
 def load_ggml():
@@ -63,6 +66,9 @@ def main():
     ap.add_argument("out")
     ap.add_argument("type", choices=sorted(GGML_TYPE))
     ap.add_argument("--embd", default="keep", help="token_embd.weight: keep (default), or a type")
+    ap.add_argument("--from-quantized", action="store_true",
+                    help="also requantize quantized 2-D weights (dequantized by gguf-py first): a real model "
+                         "in another type, for benchmarks")
     args = ap.parse_args()
     lib = load_ggml()
     qt = GGML_TYPE[args.type]
@@ -93,12 +99,20 @@ def main():
     for t in rd.tensors:
         data = np.asarray(t.data)
         ttype = gguf.GGMLQuantizationType(int(t.tensor_type))
+        if (args.from_quantized and t.name.endswith(".weight") and t.name != "token_embd.weight" and len(t.shape) == 2
+                and ttype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType(qt))):
+            data = gguf.quants.dequantize(data, ttype).astype(np.float32)
+            ttype = gguf.GGMLQuantizationType.F32
         target = None
         if ttype == gguf.GGMLQuantizationType.F32 and data.ndim == 2 and t.name.endswith(".weight"):
             if t.name == "token_embd.weight":
                 target = None if args.embd == "keep" else GGML_TYPE[args.embd.upper()]
             else:
                 target = qt
+        if (args.from_quantized and target is not None and data.shape[-1] % lib.ggml_blck_size(target) != 0
+                and args.type in FALLBACK):
+            # llama-quantize's choice for rows that do not fill a super-block (llama_tensor_get_type)
+            target = GGML_TYPE[FALLBACK[args.type]]
         if target is not None and data.shape[-1] % lib.ggml_blck_size(target) != 0:
             print(f"requant: {t.name} row {data.shape[-1]} not a multiple of {blck}, kept f32", file=sys.stderr)
             target = None

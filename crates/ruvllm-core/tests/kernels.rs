@@ -430,8 +430,8 @@ fn fused_equals_separate() {
     // counts) gives exactly the separate matmuls, for decode and prefill token counts.
     let cols = 512;
     let sets: [&[(GgmlType, usize)]; 4] = [
-        &[(GgmlType::Q5_0, 67), (GgmlType::Q5_0, 16), (GgmlType::Q8_0, 33)],
-        &[(GgmlType::Q4_K, 40), (GgmlType::Q6_K, 17)],
+        &[(GgmlType::Q5_0, 67), (GgmlType::Q5_0, 16), (GgmlType::Q8_0, 33), (GgmlType::Q5_1, 18)],
+        &[(GgmlType::Q4_K, 40), (GgmlType::Q6_K, 17), (GgmlType::Q5_K, 21)],
         &[(GgmlType::Q4_0, 48), (GgmlType::Q6_K, 5), (GgmlType::Q8_0, 21), (GgmlType::Q4_1, 19)],
         // F16 has no packed copy: the call falls back to separate products.
         &[(GgmlType::Q5_0, 32), (GgmlType::F16, 9)],
@@ -537,12 +537,12 @@ fn check_tile_gemm<A: Default + Clone>(
 
 #[test]
 fn gemm_kernel_equals_scalar_model() {
-    // Q8_0/Q5_0/Q4_0/Q4_1 tiles: full and partial tiles, the 4-token and 1-token paths.
+    // Q8_0/Q5_0/Q4_0/Q4_1/Q5_1 tiles: full and partial tiles, the 4-token and 1-token paths.
     let Some(g) = dispatch::gemm_kernel() else {
         eprintln!("no tile GEMM on this CPU; skipped");
         return;
     };
-    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_1] {
         check_tile_gemm::<BlockQ8>(ty, ty == GgmlType::Q8_0, &[(16, 64), (37, 512), (5, 96)], 32, quantize_act_q8, g, gemm::gemm_ref);
     }
 }
@@ -554,7 +554,7 @@ fn gemm_k_kernel_equals_scalar_model() {
         eprintln!("no tile GEMM on this CPU; skipped");
         return;
     };
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
         check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768)], 256, quantize_act_q8k, g, gemm::gemm_k_ref);
     }
 }
@@ -578,10 +578,10 @@ fn avx2_gemm_kernels_equal_scalar_model() {
     }
     for (name, g, gk) in sets {
         eprintln!("testing the {name} AVX2 tile GEMM");
-        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_1] {
             check_tile_gemm::<BlockQ8>(ty, ty == GgmlType::Q8_0, &[(16, 64), (37, 512), (5, 96), (12, 160)], 32, quantize_act_q8, g, gemm::gemm_ref);
         }
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
             check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768), (12, 256)], 256, quantize_act_q8k, gk, gemm::gemm_k_ref);
         }
         // Q8_0 at the edge of `vpmaddubsw`'s i16 range: quants −128 and ±127 with activations

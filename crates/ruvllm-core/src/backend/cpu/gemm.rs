@@ -18,9 +18,10 @@
 //! group's bits at 0x10 in every byte, for AVX2 as for AVX-512): packed Q5_0 takes 24 bytes per
 //! block and row (22 in the file), Q4_0 20 (18), Q8_0 36 (34).
 //!
-//! Q4_1 ([`PackKind::Q41`], `w = d·q + m`, quants 0..=15) keeps the Q4_0 quant layout with no
-//! offset and a 64-byte header of f16 values (the 16 rows' `d`, then their `m`, exactly as in
-//! the file): 20 bytes per block and row, the file's size, for decode's sake (one `vcvtph2ps`
+//! Q4_1 and Q5_1 ([`PackKind::Q41`], [`PackKind::Q51`], `w = d·q + m`, quants 0..=15 or
+//! 0..=31) keep the Q4_0 and Q5_0 quant layouts with no offset and a 64-byte header of f16
+//! values (the 16 rows' `d`, then their `m`, exactly as in the file): 20 and 24 bytes per
+//! block and row, the file's sizes, for decode's sake (one `vcvtph2ps`
 //! per header and block, shared by all tokens of a pass, is little next to the block's eight
 //! `vpdpbusd` per token). The min term is `m · s` with the activation block's `s = d_a·Σa`
 //! (ggml's `block_q8_1.s`), one more fused multiply-add per block and token.
@@ -65,8 +66,12 @@ pub enum PackKind {
     Q4,
     /// Q4_1: Q4's quants after a header of f16 scales and mins (see the module notes).
     Q41,
+    /// Q5_1: Q5's quants after a header of f16 scales and mins.
+    Q51,
     /// Q4_K (see [`pack_tile`] for the K-quant layouts).
     K4,
+    /// Q5_K.
+    K5,
     /// Q6_K.
     K6,
     /// Q8_0 with f16 scales in pair headers (see [`PackKind::tile_bytes`]) and signed quants
@@ -81,7 +86,9 @@ impl PackKind {
             GgmlType::Q5_0 => Some(Self::Q5),
             GgmlType::Q4_0 => Some(Self::Q4),
             GgmlType::Q4_1 => Some(Self::Q41),
+            GgmlType::Q5_1 => Some(Self::Q51),
             GgmlType::Q4_K => Some(Self::K4),
+            GgmlType::Q5_K => Some(Self::K5),
             GgmlType::Q6_K => Some(Self::K6),
             _ => None,
         }
@@ -107,9 +114,10 @@ impl PackKind {
         match self {
             Self::Q8 => 64 + 512,
             Self::Q8H => 512,
-            Self::Q5 => 64 + 256 + 64,
+            Self::Q5 | Self::Q51 => 64 + 256 + 64,
             Self::Q4 | Self::Q41 => 64 + 256,
             Self::K4 => K4_QS + 8 * 256,
+            Self::K5 => K4_QS + 8 * 320,
             Self::K6 => K6_QS + 16 * 256,
         }
     }
@@ -152,16 +160,16 @@ impl PackKind {
     /// Row `j`'s scale of block `b` in `tile` (32-block kinds).
     fn scale(self, tile: &[u8], b: usize, j: usize) -> f32 {
         let o = self.scales_at(b);
-        if self.is_compact() || self == Self::Q41 {
+        if self.is_compact() || self.has_min() {
             quant::f16_at(tile, o + 2 * j)
         } else {
             f32_at(tile, o + 4 * j)
         }
     }
 
-    /// Row `j`'s min of block `b` in a [`Self::Q41`] tile.
+    /// Row `j`'s min of block `b` in a [`Self::Q41`] or [`Self::Q51`] tile.
     fn min(self, tile: &[u8], b: usize, j: usize) -> f32 {
-        debug_assert_eq!(self, Self::Q41);
+        debug_assert!(self.has_min());
         quant::f16_at(tile, self.scales_at(b) + 32 + 2 * j)
     }
 
@@ -171,14 +179,30 @@ impl PackKind {
             Self::Q8 | Self::Q8H => 128,
             Self::Q5 => 16,
             Self::Q4 => 8,
-            Self::Q41 | Self::K4 => 0,
+            Self::Q41 | Self::Q51 | Self::K4 | Self::K5 => 0,
             Self::K6 => 32,
         }
     }
 
     /// Whether activations are `BlockQ8K` (K-quants) rather than `BlockQ8`.
     pub const fn is_k(self) -> bool {
-        matches!(self, Self::K4 | Self::K6)
+        matches!(self, Self::K4 | Self::K5 | Self::K6)
+    }
+
+    /// Whether a 32-element kind has per-block mins (`w = d·q + m`: Q4_1, Q5_1), stored with
+    /// its f16 scales in the block's 64-byte header.
+    pub const fn has_min(self) -> bool {
+        matches!(self, Self::Q41 | Self::Q51)
+    }
+
+    /// Whether a 32-element kind has Q5_0's fifth bits (Q5_0, Q5_1).
+    pub const fn has_fifth_bits(self) -> bool {
+        matches!(self, Self::Q5 | Self::Q51)
+    }
+
+    /// Whether this is a K-quant with Q4_K's scales and mins (Q4_K, Q5_K).
+    pub const fn has_mins(self) -> bool {
+        matches!(self, Self::K4 | Self::K5)
     }
 }
 
@@ -352,6 +376,8 @@ impl Packed {
 ///   (`K4_SC + 16j + r`); the 8 mins as i16 pairs (sub-blocks `2p`, `2p+1`) in lane words at
 ///   `K4_MIN + 64p`, for `vpdpwssd` with the activations' 32-element sums; the 4-bit quants of
 ///   sub-block `j` at `K4_QS + 256j` in the Q4_0 tile layout.
+/// - Q5_K: as Q4_K, with the 5-bit quants of sub-block `j` at `K4_QS + 320j` in the Q5_0 tile
+///   layout (four nibble vectors, then the fifth bits).
 /// - Q6_K: `d` at 0; the 16 sub-block scales as i8 (`K6_SC + 16j + r`) and again as i16 pairs
 ///   at `K6_PAIRS + 64p` (for the `−32` correction with the 16-element sums); the unsigned
 ///   6-bit quants (`q + 32`) as bytes, sub-block `j` (16 elements = 4 groups) at
@@ -366,10 +392,10 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
             let ob = &mut out[b * bb..(b + 1) * bb];
             for r in 0..nrows {
                 let blk = &src[(r * nb + b) * ts..(r * nb + b + 1) * ts];
-                if kind == PackKind::K4 {
-                    pack_k4(blk, r, ob);
-                } else {
-                    pack_k6(blk, r, ob);
+                match kind {
+                    PackKind::K4 => pack_k4(blk, r, ob),
+                    PackKind::K5 => pack_k5(blk, r, ob),
+                    _ => pack_k6(blk, r, ob),
                 }
             }
         }
@@ -385,7 +411,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
             if kind.is_compact() {
                 // The file's f16 scale, as it is.
                 out[sc + 2 * j..sc + 2 * j + 2].copy_from_slice(&blk[..2]);
-            } else if kind == PackKind::Q41 {
+            } else if kind.has_min() {
                 // The file's f16 `d` and `m`, as they are.
                 out[sc + 2 * j..sc + 2 * j + 2].copy_from_slice(&blk[..2]);
                 out[sc + 32 + 2 * j..sc + 34 + 2 * j].copy_from_slice(&blk[2..4]);
@@ -412,7 +438,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         payload[g * 64 + lane..g * 64 + lane + 4].copy_from_slice(&blk[2 + 4 * g..6 + 4 * g]);
                     }
                 }
-                PackKind::Q5 | PackKind::Q4 | PackKind::Q41 => {
+                PackKind::Q5 | PackKind::Q4 | PackKind::Q41 | PackKind::Q51 => {
                     // The file's nibbles are already `q + zp`: element e < 16 is the low nibble
                     // of byte e, element e ≥ 16 the high nibble of byte e − 16. Vector h holds
                     // elements 8h..8h+4 in its low nibbles and 8h+4..8h+8 in its high ones.
@@ -423,11 +449,11 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         let w = (n as u32) | ((n >> 32) as u32) << 4;
                         payload[h * 64 + lane..h * 64 + lane + 4].copy_from_slice(&w.to_le_bytes());
                     }
-                    if kind == PackKind::Q5 {
+                    if kind.has_fifth_bits() {
                         // Fifth bits: element e is bit e of qh; group g's four bits go to bit g
                         // of the lane bytes 256 + 4j .. 256 + 4j + 4 (one byte per lane, a bit
                         // per group: a lane's byte holds its eight fifth bits).
-                        let qh = rd(blk, 2);
+                        let qh = rd(blk, if kind.has_min() { 4 } else { 2 });
                         for g in 0..QK / 4 {
                             for k in 0..4 {
                                 payload[256 + lane + k] |= (((qh >> (4 * g + k)) & 1) as u8) << g;
@@ -435,7 +461,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         }
                     }
                 }
-                PackKind::K4 | PackKind::K6 => unreachable!(),
+                PackKind::K4 | PackKind::K5 | PackKind::K6 => unreachable!(),
             }
         }
     }
@@ -466,6 +492,29 @@ fn pack_k4(blk: &[u8], r: usize, ob: &mut [u8]) {
     }
 }
 
+/// Row `r` of a Q5_K super-block into the tile super-block `ob`.
+fn pack_k5(blk: &[u8], r: usize, ob: &mut [u8]) {
+    put(ob, 4 * r, &quant::f16_at(blk, 0).to_le_bytes());
+    put(ob, K4_DMIN + 4 * r, &quant::f16_at(blk, 2).to_le_bytes());
+    let (qh, qs) = (&blk[16..48], &blk[48..176]);
+    for j in 0..8 {
+        let (sc, m) = quant::get_scale_min_k4(j, &blk[4..16]);
+        ob[K4_SC + 16 * j + r] = sc;
+        put(ob, K4_MIN + 64 * (j / 2) + 4 * r + 2 * (j % 2), &(m as i16).to_le_bytes());
+        // Element l of sub-block j: nibble j % 2 of byte 32·(j/2) + l, fifth bit j of qh[l].
+        let u: [u8; 32] = std::array::from_fn(|l| ((qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F) | (((qh[l] >> j) & 1) << 4));
+        let at = K4_QS + 320 * j;
+        for h in 0..4 {
+            for k in 0..4 {
+                ob[at + 64 * h + 4 * r + k] = (u[8 * h + k] & 0x0F) | (u[8 * h + 4 + k] & 0x0F) << 4;
+            }
+        }
+        for k in 0..4 {
+            ob[at + 256 + 4 * r + k] = (0..8).fold(0u8, |b, g| b | (u[4 * g + k] >> 4) << g);
+        }
+    }
+}
+
 /// Row `r` of a Q6_K super-block into the tile super-block `ob`.
 fn pack_k6(blk: &[u8], r: usize, ob: &mut [u8]) {
     put(ob, 4 * r, &quant::f16_at(blk, 208).to_le_bytes());
@@ -487,6 +536,7 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
     match kind {
         // Sub-block e / 32, laid out as a Q4_0 tile block.
         PackKind::K4 => return tile_u(PackKind::Q4, &base[K4_QS + 256 * (e / 32) - PackKind::Q4.payload_at(0)..], 0, j, e % 32),
+        PackKind::K5 => return tile_u(PackKind::Q5, &base[K4_QS + 320 * (e / 32) - PackKind::Q5.payload_at(0)..], 0, j, e % 32),
         PackKind::K6 => return base[K6_QS + 256 * (e / 16) + 64 * (e % 16 / 4) + 4 * j + e % 4] as i32,
         _ => {}
     }
@@ -496,12 +546,12 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
     match kind {
         PackKind::Q8 => p[g * 64 + lane] as i32,
         PackKind::Q8H => p[g * 64 + lane] as i8 as i32 + 128,
-        PackKind::Q5 | PackKind::Q4 | PackKind::Q41 => {
+        PackKind::Q5 | PackKind::Q4 | PackKind::Q41 | PackKind::Q51 => {
             let lo = (p[(g / 2) * 64 + lane] >> (4 * (g % 2))) & 0x0F;
-            let hi = if kind == PackKind::Q5 { (p[256 + lane] >> g) & 1 } else { 0 };
+            let hi = if kind.has_fifth_bits() { (p[256 + lane] >> g) & 1 } else { 0 };
             (lo | hi << 4) as i32
         }
-        PackKind::K4 | PackKind::K6 => unreachable!(),
+        PackKind::K4 | PackKind::K5 | PackKind::K6 => unreachable!(),
     }
 }
 
@@ -530,7 +580,7 @@ pub unsafe fn gemm_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], 
                     s += tile_u(kind, tile, b, j, e) * q as i32;
                 }
                 *acc = (kind.scale(tile, b, j) * ab.d).mul_add(s as f32, *acc);
-                if kind == PackKind::Q41 {
+                if kind.has_min() {
                     *acc = kind.min(tile, b, j).mul_add(ab.s, *acc);
                 }
             }
@@ -554,7 +604,7 @@ fn i16_at(p: &[u8], o: usize) -> i32 {
 }
 
 /// Scalar model of the SIMD K-quant tile GEMM (same operations in the same order): per
-/// super-block, `Σ_j sc_j · Σ u·a` in integers; Q4_K adds `− dmin·d_a·Σ_j m_j·Σa_j`, Q6_K
+/// super-block, `Σ_j sc_j · Σ u·a` in integers; Q4_K and Q5_K add `− dmin·d_a·Σ_j m_j·Σa_j`, Q6_K
 /// subtracts `32 · Σ_j sc_j · Σa_j` in integers.
 ///
 /// # Safety
@@ -563,7 +613,7 @@ fn i16_at(p: &[u8], o: usize) -> i32 {
 pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
     let bb = kind.block_bytes();
     assert!(kind.is_k() && tile.len() >= nb * bb && act.len() >= ntok * nb && nrows <= TILE_ROWS);
-    let sub = if kind == PackKind::K4 { 32 } else { 16 };
+    let sub = if kind.has_mins() { 32 } else { 16 };
     for t in 0..ntok {
         let mut acc = [0f32; TILE_ROWS];
         for (b, ab) in act[t * nb..(t + 1) * nb].iter().enumerate() {
@@ -575,12 +625,12 @@ pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K
                     for e in sub * j..sub * (j + 1) {
                         s += tile_u(kind, tile, b, r, e) * ab.qs[e] as i32;
                     }
-                    let sc = if kind == PackKind::K4 { base[K4_SC + 16 * j + r] as i32 } else { base[K6_SC + 16 * j + r] as i8 as i32 };
+                    let sc = if kind.has_mins() { base[K4_SC + 16 * j + r] as i32 } else { base[K6_SC + 16 * j + r] as i8 as i32 };
                     isum = isum.wrapping_add(s.wrapping_mul(sc));
                 }
                 let bs = |i: usize| ab.bsums[i] as i32;
                 let mut msum = 0i32;
-                if kind == PackKind::K4 {
+                if kind.has_mins() {
                     for j in 0..8 {
                         msum += i16_at(base, K4_MIN + 64 * (j / 2) + 4 * r + 2 * (j % 2)) * (bs(2 * j) + bs(2 * j + 1));
                     }

@@ -7,8 +7,9 @@
 //! into i16 with saturation) and `vpmaddwd` (i16 pairs into i32). Every i16 value stays in range,
 //! so the integer sums are exact and the results equal the scalar model (`gemm::gemm_ref`,
 //! `gemm::gemm_k_ref`) bit for bit:
-//! - Q4_0/Q4_1/Q5_0/Q4_K quants are at most 31: a pair is at most 2·31·128 = 7936 in magnitude, so
+//! - Q4_0/Q4_1/Q5_0/Q5_1/Q4_K quants are at most 31: a pair is at most 2·31·128 = 7936 in magnitude, so
 //!   four groups are summed in i16 before one `vpmaddwd` (Q4_0, Q4_1 and Q4_K: eight, ≤ 30720);
+//! - Q5_K's (≤ 31) likewise four groups per i16 sum, scaled by `vpmaddwd` per sum;
 //! - Q6_K quants (`q + 32`) are at most 63: pairs ≤ 16128, two groups per i16 sum;
 //! - Q8_0 (`u = q + 128` up to 255) would saturate, so its signed quants are used instead:
 //!   `vpmaddubsw(|q|, sign(a, q))` has pairs of at most 2·128·127 = 32512 (activations of
@@ -39,6 +40,8 @@ const Q4: u8 = 2;
 const K4: u8 = 3;
 const K6: u8 = 4;
 const Q41: u8 = 5;
+const K5: u8 = 6;
+const Q51: u8 = 7;
 
 const fn kind_of(k: u8) -> PackKind {
     match k {
@@ -46,7 +49,9 @@ const fn kind_of(k: u8) -> PackKind {
         Q5 => PackKind::Q5,
         Q4 => PackKind::Q4,
         K4 => PackKind::K4,
+        K5 => PackKind::K5,
         Q41 => PackKind::Q41,
+        Q51 => PackKind::Q51,
         _ => PackKind::K6,
     }
 }
@@ -56,7 +61,7 @@ macro_rules! tile_gemm {
         pub mod $name {
             use std::arch::x86_64::*;
 
-            use super::{kind_of, K4, K6, Q4, Q41, Q5, Q8};
+            use super::{kind_of, K4, K5, K6, Q4, Q41, Q5, Q51, Q8};
             use crate::backend::cpu::gemm::{self, PackKind, TILE_ROWS};
             use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
 
@@ -77,7 +82,8 @@ macro_rules! tile_gemm {
                     PackKind::Q5 => [tokens::<Q5, false, 8, 1>, tokens::<Q5, false, 4, 1>, tokens::<Q5, false, 1, 1>, tokens::<Q5, false, 1, 2>],
                     PackKind::Q4 => [tokens::<Q4, false, 8, 1>, tokens::<Q4, false, 4, 1>, tokens::<Q4, false, 1, 1>, tokens::<Q4, false, 1, 2>],
                     PackKind::Q41 => [tokens::<Q41, false, 8, 1>, tokens::<Q41, false, 4, 1>, tokens::<Q41, false, 1, 1>, tokens::<Q41, false, 1, 2>],
-                    PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
+                    PackKind::Q51 => [tokens::<Q51, false, 8, 1>, tokens::<Q51, false, 4, 1>, tokens::<Q51, false, 1, 1>, tokens::<Q51, false, 1, 2>],
+                    PackKind::K4 | PackKind::K5 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
                 };
                 groups(fns, kind, tile, nb, act, ntok, y, ystride, nrows)
             }
@@ -88,6 +94,7 @@ macro_rules! tile_gemm {
             pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
                 let fns: [Tokens<BlockQ8K>; 4] = match kind {
                     PackKind::K4 => [tokens_k::<K4, 8, 1>, tokens_k::<K4, 4, 1>, tokens_k::<K4, 1, 1>, tokens_k::<K4, 1, 2>],
+                    PackKind::K5 => [tokens_k::<K5, 8, 1>, tokens_k::<K5, 4, 1>, tokens_k::<K5, 1, 1>, tokens_k::<K5, 1, 2>],
                     PackKind::K6 => [tokens_k::<K6, 8, 1>, tokens_k::<K6, 4, 1>, tokens_k::<K6, 1, 1>, tokens_k::<K6, 1, 2>],
                     _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
                 };
@@ -219,7 +226,7 @@ macro_rules! tile_gemm {
                     w[2 * i] = _mm256_and_si256(v, m);
                     w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
                 }
-                if K == Q5 {
+                if K == Q5 || K == Q51 {
                     // The half's lane bytes of fifth bits: bit g of each → 0x10 of group g's byte
                     // (16-bit shifts: what crosses into the neighbouring byte is masked off).
                     let hb = ld(p.add(256 + 32 * h));
@@ -310,7 +317,7 @@ macro_rules! tile_gemm {
             }
 
             /// `T` consecutive tokens over all blocks of `H` halves of the tile from half `h0`;
-            /// `C`: the compact layout (f16 scales in pair headers, `PackKind::Q8H`); Q4_1: f16
+            /// `C`: the compact layout (f16 scales in pair headers, `PackKind::Q8H`); Q4_1, Q5_1: f16
             /// scales and mins in each block's header, the min term `m·s` after the block.
             #[target_feature(enable = $feat)]
             unsafe fn tokens<const K: u8, const C: bool, const T: usize, const H: usize>(
@@ -324,6 +331,7 @@ macro_rules! tile_gemm {
             ) {
                 let kind = if C { kind_of(K).compact() } else { kind_of(K) };
                 let zp = kind.zp();
+                let mins = K == Q41 || K == Q51;
                 let mut accs = [[_mm256_setzero_ps(); T]; H];
                 for b in 0..nb {
                     // One token (both halves in one pass): decode, where the tile streams
@@ -335,12 +343,12 @@ macro_rules! tile_gemm {
                     for (hh, acc) in accs.iter_mut().enumerate() {
                         let h = h0 + hh;
                         // The half's eight row scales (f16 ones widened exactly).
-                        let dv = if C || K == Q41 {
+                        let dv = if C || mins {
                             _mm256_cvtph_ps(_mm_loadu_si128(sc.add(16 * h) as *const __m128i))
                         } else {
                             _mm256_loadu_ps(sc.add(32 * h) as *const f32)
                         };
-                        let mv = if K == Q41 { _mm256_cvtph_ps(_mm_loadu_si128(sc.add(32 + 16 * h) as *const __m128i)) } else { _mm256_setzero_ps() };
+                        let mv = if mins { _mm256_cvtph_ps(_mm_loadu_si128(sc.add(32 + 16 * h) as *const __m128i)) } else { _mm256_setzero_ps() };
                         let w = weights::<K, C>(base, h);
                         // Q8_0 without VNNI: |q| once per block, the signs per token (the compact
                         // tiles, which have no −128, take |a| and sign(q, a) instead).
@@ -349,7 +357,7 @@ macro_rules! tile_gemm {
                             let ab = &*act.add(k * nb + b);
                             let s = isum::<K, C>(&w, &aw, ab, zp);
                             *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(ab.d)), _mm256_cvtepi32_ps(s), *acc);
-                            if K == Q41 {
+                            if mins {
                                 *acc = _mm256_fmadd_ps(mv, _mm256_set1_ps(ab.s), *acc);
                             }
                         }
@@ -432,6 +440,8 @@ macro_rules! tile_gemm {
             ) {
                 let kind = kind_of(K);
                 let bb = kind.block_bytes();
+                // Q4_K and Q5_K: 32-element sub-blocks with 6-bit scales and mins.
+                let mins_k = K == K4 || K == K5;
                 let mut accs = [[_mm256_setzero_ps(); T]; H];
                 // One token (both halves): the super-block 8 KiB ahead is prefetched a part per
                 // sub-block (`prefetch_ahead_part`).
@@ -449,7 +459,7 @@ macro_rules! tile_gemm {
                         let o = 32 * (h0 + hh);
                         for (k, m) in mins.iter_mut().enumerate() {
                             let bs = (*act.add(k * nb + b)).bsums.as_ptr();
-                            if K == K4 {
+                            if mins_k {
                                 for p in 0..4 {
                                     let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
                                     let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
@@ -466,14 +476,18 @@ macro_rules! tile_gemm {
                         }
                     }
                     let mut isum = [[_mm256_setzero_si256(); T]; H];
-                    if K == K4 {
+                    if mins_k {
                         for j in 0..8 {
                             if ahead {
                                 super::super::prefetch_ahead_part(tile, kind, b, j, 8);
                             }
                             for (hh, isum) in isum.iter_mut().enumerate() {
                                 let h = h0 + hh;
-                                let w = weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j), h);
+                                let w = if K == K5 {
+                                    weights::<Q5, false>(base.add(gemm::K4_QS + 320 * j), h)
+                                } else {
+                                    weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j), h)
+                                };
                                 let sc = scales::<false>(base.add(gemm::K4_SC + 16 * j + 8 * h), !VNNI);
                                 for (k, isum) in isum.iter_mut().enumerate() {
                                     let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
@@ -492,7 +506,12 @@ macro_rules! tile_gemm {
                                         let p = |g: usize| mul16(w[g], x(g));
                                         let e = _mm256_add_epi16(_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(4), p(6)));
                                         let od = _mm256_add_epi16(_mm256_add_epi16(p(1), p(3)), _mm256_add_epi16(p(5), p(7)));
-                                        _mm256_madd_epi16(_mm256_add_epi16(e, od), sc)
+                                        if K == K5 {
+                                            // Five bits: the even and odd groups' i16 sums stay apart.
+                                            _mm256_add_epi32(_mm256_madd_epi16(e, sc), _mm256_madd_epi16(od, sc))
+                                        } else {
+                                            _mm256_madd_epi16(_mm256_add_epi16(e, od), sc)
+                                        }
                                     };
                                     *isum = _mm256_add_epi32(*isum, v);
                                 }
@@ -530,10 +549,10 @@ macro_rules! tile_gemm {
                     for (hh, acc) in accs.iter_mut().enumerate() {
                         let o = 32 * (h0 + hh);
                         let dv = _mm256_loadu_ps(base.add(o) as *const f32);
-                        let dmin = if K == K4 { _mm256_loadu_ps(base.add(gemm::K4_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
+                        let dmin = if mins_k { _mm256_loadu_ps(base.add(gemm::K4_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
                         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum[hh].into_iter().zip(mins[hh])).enumerate() {
                             let da = _mm256_set1_ps((*act.add(k * nb + b)).d);
-                            if K == K4 {
+                            if mins_k {
                                 *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
                                 *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(m), *acc);
                             } else {

@@ -14,6 +14,7 @@ const Q8: u8 = 0;
 const Q5: u8 = 1;
 const Q4: u8 = 2;
 const Q41: u8 = 5;
+const Q51: u8 = 7;
 
 /// Tile GEMM (see `gemm::GemmFn`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
@@ -25,7 +26,8 @@ pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok
         PackKind::Q5 => (tokens::<Q5, false, 8>, tokens::<Q5, false, 4>, tokens::<Q5, false, 1>),
         PackKind::Q4 => (tokens::<Q4, false, 8>, tokens::<Q4, false, 4>, tokens::<Q4, false, 1>),
         PackKind::Q41 => (tokens::<Q41, false, 8>, tokens::<Q41, false, 4>, tokens::<Q41, false, 1>),
-        PackKind::K4 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
+        PackKind::Q51 => (tokens::<Q51, false, 8>, tokens::<Q51, false, 4>, tokens::<Q51, false, 1>),
+        PackKind::K4 | PackKind::K5 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
     };
     groups(Some(eight), four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
 }
@@ -89,7 +91,7 @@ unsafe fn weights<const K: u8, const C: bool>(p: *const u8) -> [__m512i; 8] {
         w[2 * h] = _mm512_and_si512(v, m);
         w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
     }
-    if K == Q5 {
+    if K == Q5 || K == Q51 {
         // One byte of fifth bits per lane, bit g for group g.
         let hb = ld(256);
         let sixteen = _mm512_set1_epi8(0x10);
@@ -102,7 +104,7 @@ unsafe fn weights<const K: u8, const C: bool>(p: *const u8) -> [__m512i; 8] {
 }
 
 /// `T` consecutive tokens over all blocks of the tile (`C`: the compact layout, f16 scales in
-/// pair headers; Q4_1: f16 scales and mins in each block's header, the min term `m·s` added
+/// pair headers; Q4_1, Q5_1: f16 scales and mins in each block's header, the min term `m·s` added
 /// after the block). Each token's block sum runs in two chains of four `vpdpbusd` (even and
 /// odd groups), so four tokens keep eight chains in flight.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
@@ -111,8 +113,10 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
         Q8 => PackKind::Q8,
         Q5 => PackKind::Q5,
         Q41 => PackKind::Q41,
+        Q51 => PackKind::Q51,
         _ => PackKind::Q4,
     };
+    let mins = K == Q41 || K == Q51;
     let kind = if C { kind.compact() } else { kind };
     let zp = kind.zp();
     let mut acc = [_mm512_setzero_ps(); T];
@@ -123,8 +127,8 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
         }
         let sc = tile.add(kind.scales_at(b));
         // The 16 rows' scales (f16 ones, 32-byte aligned in the pair's header, widened exactly).
-        let dv = if C || K == Q41 { _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i)) } else { _mm512_load_ps(sc as *const f32) };
-        let mv = if K == Q41 { _mm512_cvtph_ps(_mm256_load_si256(sc.add(32) as *const __m256i)) } else { _mm512_setzero_ps() };
+        let dv = if C || mins { _mm512_cvtph_ps(_mm256_load_si256(sc as *const __m256i)) } else { _mm512_load_ps(sc as *const f32) };
+        let mv = if mins { _mm512_cvtph_ps(_mm256_load_si256(sc.add(32) as *const __m256i)) } else { _mm512_setzero_ps() };
         let w = weights::<K, C>(tile.add(kind.payload_at(b)));
         for (k, acc) in acc.iter_mut().enumerate() {
             let ab = &*act.add(k * nb + b);
@@ -140,7 +144,7 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
             o = _mm512_dpbusd_epi32(o, w[7], x(7));
             let s = _mm512_cvtepi32_ps(_mm512_add_epi32(e, o));
             *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(ab.d)), s, *acc);
-            if K == Q41 {
+            if mins {
                 *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(ab.s), *acc);
             }
         }
@@ -152,6 +156,7 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
 
 const K4: u8 = 3;
 const K6: u8 = 4;
+const K5: u8 = 6;
 
 /// K-quant tile GEMM (see `gemm::GemmKFn` and `gemm::gemm_k_ref`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
@@ -159,6 +164,7 @@ const K6: u8 = 4;
 pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
     let (four, one): (Tokens<BlockQ8K>, Tokens<BlockQ8K>) = match kind {
         PackKind::K4 => (tokens_k::<K4, 4>, tokens_k::<K4, 1>),
+        PackKind::K5 => (tokens_k::<K5, 4>, tokens_k::<K5, 1>),
         PackKind::K6 => (tokens_k::<K6, 4>, tokens_k::<K6, 1>),
         _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
     };
@@ -168,7 +174,13 @@ pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], n
 /// `T` consecutive tokens over all super-blocks of a K-quant tile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8K, y: *mut f32, ystride: usize, mask: __mmask16) {
-    let kind = if K == K4 { PackKind::K4 } else { PackKind::K6 };
+    let kind = match K {
+        K4 => PackKind::K4,
+        K5 => PackKind::K5,
+        _ => PackKind::K6,
+    };
+    // Q4_K and Q5_K: 32-element sub-blocks with 6-bit scales and mins.
+    let mins_k = K == K4 || K == K5;
     let bb = kind.block_bytes();
     let mut acc = [_mm512_setzero_ps(); T];
     let ld = |p: *const u8| _mm512_load_si512(p as *const _);
@@ -178,11 +190,11 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         // in ascending order (one token: the super-block 8 KiB ahead is prefetched a part per
         // sub-block, `prefetch_ahead_part`).
         let dv = _mm512_load_ps(base as *const f32);
-        let dmin = if K == K4 { _mm512_load_ps(base.add(gemm::K4_DMIN) as *const f32) } else { _mm512_setzero_ps() };
+        let dmin = if mins_k { _mm512_load_ps(base.add(gemm::K4_DMIN) as *const f32) } else { _mm512_setzero_ps() };
         let mut mins = [_mm512_setzero_si512(); T];
         for (k, m) in mins.iter_mut().enumerate() {
             let bs = (*act.add(k * nb + b)).bsums.as_ptr();
-            if K == K4 {
+            if mins_k {
                 for p in 0..4 {
                     let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
                     let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
@@ -196,12 +208,12 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
             }
         }
         let mut isum = [_mm512_setzero_si512(); T];
-        if K == K4 {
+        if mins_k {
             for j in 0..8 {
                 if T == 1 {
                     super::prefetch_ahead_part(tile, kind, b, j, 8);
                 }
-                let w = weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j));
+                let w = if K == K5 { weights::<Q5, false>(base.add(gemm::K4_QS + 320 * j)) } else { weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j)) };
                 let sc = _mm512_cvtepu8_epi32(_mm_load_si128(base.add(gemm::K4_SC + 16 * j) as *const __m128i));
                 for (k, isum) in isum.iter_mut().enumerate() {
                     let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
@@ -238,7 +250,7 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         }
         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum.into_iter().zip(mins)).enumerate() {
             let da = _mm512_set1_ps((*act.add(k * nb + b)).d);
-            if K == K4 {
+            if mins_k {
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
                 *acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(m), *acc);
             } else {
