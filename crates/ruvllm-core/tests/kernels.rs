@@ -74,10 +74,22 @@ fn rel_rms_bound(ty: GgmlType) -> f32 {
     }
 }
 
+/// Formats without a reference quantizer here: their weights are random bytes with a small
+/// finite f16 scale at the start of each block (every index or scale pattern is valid).
+const RANDOM_BYTES: [GgmlType; 2] = [GgmlType::IQ4_NL, GgmlType::IQ4_XS];
+
 fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (QWeight, Vec<f32>) {
     let mut rng = Rng::new(seed);
-    let w = rng.vec(rows * cols, 0.05);
-    let bytes = quantize(ty, &w);
+    let bytes = if RANDOM_BYTES.contains(&ty) {
+        let mut b: Vec<u8> = (0..rows * cols / ty.block_size() * ty.type_size()).map(|_| rng.next_u64() as u8).collect();
+        for blk in b.chunks_exact_mut(ty.type_size()) {
+            let d = half::f16::from_f32(rng.normal() * 4e-4);
+            blk[..2].copy_from_slice(&d.to_le_bytes());
+        }
+        b
+    } else {
+        quantize(ty, &rng.vec(rows * cols, 0.05))
+    };
     let qw = QWeight::new(ty, rows, cols, WeightData::Owned(Arc::new(bytes))).expect("valid weight");
     let mut deq = vec![0f32; rows * cols];
     dequantize(ty, qw.bytes(), &mut deq);
@@ -87,7 +99,7 @@ fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (QWeight, Vec<f3
 /// Activation block size of the dot product used for `ty` (1 for the float formats).
 fn act_block(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 256,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => 256,
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
         _ => 32,
     }
@@ -405,7 +417,7 @@ fn batched_equals_per_token() {
     // Prefill paths (row tiles, Q4_0/Q5_0 repacked to Q8_0, the packed tile GEMM, which also
     // runs single tokens) give exactly the decode results.
     let pool = ThreadPool::new(2);
-    for ty in ALL {
+    for ty in ALL.into_iter().chain(RANDOM_BYTES) {
         let (rows, cols) = (37, 512);
         let (qw, _) = weight(ty, rows, cols, 5 + ty.id() as u64);
         let n = 9;
@@ -430,8 +442,8 @@ fn fused_equals_separate() {
     // counts) gives exactly the separate matmuls, for decode and prefill token counts.
     let cols = 512;
     let sets: [&[(GgmlType, usize)]; 4] = [
-        &[(GgmlType::Q5_0, 67), (GgmlType::Q5_0, 16), (GgmlType::Q8_0, 33), (GgmlType::Q5_1, 18)],
-        &[(GgmlType::Q4_K, 40), (GgmlType::Q6_K, 17), (GgmlType::Q5_K, 21)],
+        &[(GgmlType::Q5_0, 67), (GgmlType::Q5_0, 16), (GgmlType::Q8_0, 33), (GgmlType::Q5_1, 18), (GgmlType::IQ4_NL, 20)],
+        &[(GgmlType::Q4_K, 40), (GgmlType::Q6_K, 17), (GgmlType::Q5_K, 21), (GgmlType::IQ4_XS, 9)],
         &[(GgmlType::Q4_0, 48), (GgmlType::Q6_K, 5), (GgmlType::Q8_0, 21), (GgmlType::Q4_1, 19)],
         // F16 has no packed copy: the call falls back to separate products.
         &[(GgmlType::Q5_0, 32), (GgmlType::F16, 9)],
@@ -537,12 +549,12 @@ fn check_tile_gemm<A: Default + Clone>(
 
 #[test]
 fn gemm_kernel_equals_scalar_model() {
-    // Q8_0/Q5_0/Q4_0/Q4_1/Q5_1 tiles: full and partial tiles, the 4-token and 1-token paths.
+    // Q8_0/Q5_0/Q4_0/Q4_1/Q5_1/IQ4_NL tiles: full and partial tiles, the 4-token and 1-token paths.
     let Some(g) = dispatch::gemm_kernel() else {
         eprintln!("no tile GEMM on this CPU; skipped");
         return;
     };
-    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_1] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::IQ4_NL] {
         check_tile_gemm::<BlockQ8>(ty, ty == GgmlType::Q8_0, &[(16, 64), (37, 512), (5, 96)], 32, quantize_act_q8, g, gemm::gemm_ref);
     }
 }
@@ -554,7 +566,7 @@ fn gemm_k_kernel_equals_scalar_model() {
         eprintln!("no tile GEMM on this CPU; skipped");
         return;
     };
-    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
         check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768)], 256, quantize_act_q8k, g, gemm::gemm_k_ref);
     }
 }
@@ -578,10 +590,10 @@ fn avx2_gemm_kernels_equal_scalar_model() {
     }
     for (name, g, gk) in sets {
         eprintln!("testing the {name} AVX2 tile GEMM");
-        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_1] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::IQ4_NL] {
             check_tile_gemm::<BlockQ8>(ty, ty == GgmlType::Q8_0, &[(16, 64), (37, 512), (5, 96), (12, 160)], 32, quantize_act_q8, g, gemm::gemm_ref);
         }
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
             check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768), (12, 256)], 256, quantize_act_q8k, gk, gemm::gemm_k_ref);
         }
         // Q8_0 at the edge of `vpmaddubsw`'s i16 range: quants −128 and ±127 with activations

@@ -26,6 +26,12 @@
 //! `vpdpbusd` per token). The min term is `m · s` with the activation block's `s = d_a·Σa`
 //! (ggml's `block_q8_1.s`), one more fused multiply-add per block and token.
 //!
+//! IQ4_NL ([`PackKind::I4`]) keeps Q4_0's layout of its 4-bit indices; the kernels look the
+//! values up (`vpshufb` on the nibbles) in the table `KVALUES_IQ4NL + 128`, so `u = v + 128`
+//! with the `−128·Σa` start of Q8_0. The AVX2 kernel without VNNI looks up the signed values
+//! and multiplies them as it does Q8_0's. IQ4_XS ([`PackKind::X4`]) is its 256-element
+//! super-block form with a signed 6-bit scale per 32 elements (see [`pack_tile`]).
+//!
 //! The LM head, which decode streams whole for one token per pass (for Gemma 3, 72 % of a
 //! token's bytes), is packed compact instead ([`PackKind::Q8H`], by `QWeight::prepare_head`):
 //! the scales stay f16 as in the file (widened exactly by
@@ -74,6 +80,10 @@ pub enum PackKind {
     K5,
     /// Q6_K.
     K6,
+    /// IQ4_NL: Q4's layout of the 4-bit indices, looked up in [`quant::KVALUES_IQ4NL`].
+    I4,
+    /// IQ4_XS.
+    X4,
     /// Q8_0 with f16 scales in pair headers (see [`PackKind::tile_bytes`]) and signed quants
     /// (never −128): the compact layout of an LM head.
     Q8H,
@@ -90,6 +100,8 @@ impl PackKind {
             GgmlType::Q4_K => Some(Self::K4),
             GgmlType::Q5_K => Some(Self::K5),
             GgmlType::Q6_K => Some(Self::K6),
+            GgmlType::IQ4_NL => Some(Self::I4),
+            GgmlType::IQ4_XS => Some(Self::X4),
             _ => None,
         }
     }
@@ -115,10 +127,11 @@ impl PackKind {
             Self::Q8 => 64 + 512,
             Self::Q8H => 512,
             Self::Q5 | Self::Q51 => 64 + 256 + 64,
-            Self::Q4 | Self::Q41 => 64 + 256,
+            Self::Q4 | Self::Q41 | Self::I4 => 64 + 256,
             Self::K4 => K4_QS + 8 * 256,
             Self::K5 => K4_QS + 8 * 320,
             Self::K6 => K6_QS + 16 * 256,
+            Self::X4 => X4_QS + 8 * 256,
         }
     }
 
@@ -181,12 +194,13 @@ impl PackKind {
             Self::Q4 => 8,
             Self::Q41 | Self::Q51 | Self::K4 | Self::K5 => 0,
             Self::K6 => 32,
+            Self::I4 | Self::X4 => 128,
         }
     }
 
     /// Whether activations are `BlockQ8K` (K-quants) rather than `BlockQ8`.
     pub const fn is_k(self) -> bool {
-        matches!(self, Self::K4 | Self::K5 | Self::K6)
+        matches!(self, Self::K4 | Self::K5 | Self::K6 | Self::X4)
     }
 
     /// Whether a 32-element kind has per-block mins (`w = d·q + m`: Q4_1, Q5_1), stored with
@@ -214,6 +228,8 @@ pub(crate) const K4_QS: usize = 512;
 pub(crate) const K6_SC: usize = 64;
 pub(crate) const K6_PAIRS: usize = 320;
 pub(crate) const K6_QS: usize = 832;
+pub(crate) const X4_SC: usize = 64;
+pub(crate) const X4_QS: usize = 192;
 
 /// A weight packed into tiles (tile `i` holds rows `16i..16i+16`, the last one zero-padded).
 pub struct Packed {
@@ -376,6 +392,8 @@ impl Packed {
 ///   (`K4_SC + 16j + r`); the 8 mins as i16 pairs (sub-blocks `2p`, `2p+1`) in lane words at
 ///   `K4_MIN + 64p`, for `vpdpwssd` with the activations' 32-element sums; the 4-bit quants of
 ///   sub-block `j` at `K4_QS + 256j` in the Q4_0 tile layout.
+/// - IQ4_XS: `d` at 0; the 8 sub-block scales minus 32 as i8 (`X4_SC + 16j + r`); the indices
+///   of sub-block `j` at `X4_QS + 256j` in the Q4_0 tile layout.
 /// - Q5_K: as Q4_K, with the 5-bit quants of sub-block `j` at `K4_QS + 320j` in the Q5_0 tile
 ///   layout (four nibble vectors, then the fifth bits).
 /// - Q6_K: `d` at 0; the 16 sub-block scales as i8 (`K6_SC + 16j + r`) and again as i16 pairs
@@ -395,6 +413,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                 match kind {
                     PackKind::K4 => pack_k4(blk, r, ob),
                     PackKind::K5 => pack_k5(blk, r, ob),
+                    PackKind::X4 => pack_x4(blk, r, ob),
                     _ => pack_k6(blk, r, ob),
                 }
             }
@@ -438,15 +457,9 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         payload[g * 64 + lane..g * 64 + lane + 4].copy_from_slice(&blk[2 + 4 * g..6 + 4 * g]);
                     }
                 }
-                PackKind::Q5 | PackKind::Q4 | PackKind::Q41 | PackKind::Q51 => {
-                    // The file's nibbles are already `q + zp`: element e < 16 is the low nibble
-                    // of byte e, element e ≥ 16 the high nibble of byte e − 16. Vector h holds
-                    // elements 8h..8h+4 in its low nibbles and 8h+4..8h+8 in its high ones.
-                    let qs = &blk[ts - 16..];
-                    for h in 0..4 {
-                        let x = u64::from_le_bytes(qs[8 * (h % 2)..8 * (h % 2) + 8].try_into().unwrap());
-                        let n = (x >> (4 * (h / 2))) & 0x0F0F_0F0F_0F0F_0F0F;
-                        let w = (n as u32) | ((n >> 32) as u32) << 4;
+                PackKind::Q5 | PackKind::Q4 | PackKind::Q41 | PackKind::Q51 | PackKind::I4 => {
+                    // The file's nibbles are already `q + zp` (IQ4_NL: the table indices).
+                    for (h, w) in q4_vectors(&blk[ts - 16..]).into_iter().enumerate() {
                         payload[h * 64 + lane..h * 64 + lane + 4].copy_from_slice(&w.to_le_bytes());
                     }
                     if kind.has_fifth_bits() {
@@ -461,11 +474,33 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         }
                     }
                 }
-                PackKind::K4 | PackKind::K5 | PackKind::K6 => unreachable!(),
+                PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
             }
         }
     }
     fits
+}
+
+/// A row's four lane words of a Q4_0 tile block from the block's 16 quant bytes (element
+/// `e < 16` the low nibble of byte `e`, `e ≥ 16` the high nibble of byte `e − 16`): word `h`
+/// holds elements `8h..8h+4` in its low nibbles and `8h+4..8h+8` in its high ones.
+fn q4_vectors(qs: &[u8]) -> [u32; 4] {
+    std::array::from_fn(|h| {
+        let x = u64::from_le_bytes(qs[8 * (h % 2)..8 * (h % 2) + 8].try_into().unwrap());
+        let n = (x >> (4 * (h / 2))) & 0x0F0F_0F0F_0F0F_0F0F;
+        (n as u32) | ((n >> 32) as u32) << 4
+    })
+}
+
+/// Row `r` of an IQ4_XS super-block into the tile super-block `ob`.
+fn pack_x4(blk: &[u8], r: usize, ob: &mut [u8]) {
+    put(ob, 4 * r, &quant::f16_at(blk, 0).to_le_bytes());
+    for j in 0..8 {
+        ob[X4_SC + 16 * j + r] = (quant::iq4_xs_scale(blk, j) - 32) as i8 as u8;
+        for (h, w) in q4_vectors(&blk[8 + 16 * j..8 + 16 * j + 16]).into_iter().enumerate() {
+            put(ob, X4_QS + 256 * j + 64 * h + 4 * r, &w.to_le_bytes());
+        }
+    }
 }
 
 fn put(out: &mut [u8], o: usize, bytes: &[u8]) {
@@ -538,6 +573,7 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
         PackKind::K4 => return tile_u(PackKind::Q4, &base[K4_QS + 256 * (e / 32) - PackKind::Q4.payload_at(0)..], 0, j, e % 32),
         PackKind::K5 => return tile_u(PackKind::Q5, &base[K4_QS + 320 * (e / 32) - PackKind::Q5.payload_at(0)..], 0, j, e % 32),
         PackKind::K6 => return base[K6_QS + 256 * (e / 16) + 64 * (e % 16 / 4) + 4 * j + e % 4] as i32,
+        PackKind::X4 => return tile_u(PackKind::I4, &base[X4_QS + 256 * (e / 32) - PackKind::I4.payload_at(0)..], 0, j, e % 32),
         _ => {}
     }
     let p = base;
@@ -551,7 +587,8 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
             let hi = if kind.has_fifth_bits() { (p[256 + lane] >> g) & 1 } else { 0 };
             (lo | hi << 4) as i32
         }
-        PackKind::K4 | PackKind::K5 | PackKind::K6 => unreachable!(),
+        PackKind::I4 => quant::KVALUES_IQ4NL[((p[(g / 2) * 64 + lane] >> (4 * (g % 2))) & 0x0F) as usize] as i32 + 128,
+        PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
     }
 }
 
@@ -605,7 +642,8 @@ fn i16_at(p: &[u8], o: usize) -> i32 {
 
 /// Scalar model of the SIMD K-quant tile GEMM (same operations in the same order): per
 /// super-block, `Σ_j sc_j · Σ u·a` in integers; Q4_K and Q5_K add `− dmin·d_a·Σ_j m_j·Σa_j`, Q6_K
-/// subtracts `32 · Σ_j sc_j · Σa_j` in integers.
+/// subtracts `32 · Σ_j sc_j · Σa_j` in integers; IQ4_XS takes `128·Σa_j` off each sub-block's
+/// sum before its scale.
 ///
 /// # Safety
 /// As [`gemm_ref`].
@@ -613,7 +651,8 @@ fn i16_at(p: &[u8], o: usize) -> i32 {
 pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
     let bb = kind.block_bytes();
     assert!(kind.is_k() && tile.len() >= nb * bb && act.len() >= ntok * nb && nrows <= TILE_ROWS);
-    let sub = if kind.has_mins() { 32 } else { 16 };
+    let sub = if kind == PackKind::K6 { 16 } else { 32 };
+    let bs = |ab: &BlockQ8K, i: usize| ab.bsums[i] as i32;
     for t in 0..ntok {
         let mut acc = [0f32; TILE_ROWS];
         for (b, ab) in act[t * nb..(t + 1) * nb].iter().enumerate() {
@@ -625,12 +664,21 @@ pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K
                     for e in sub * j..sub * (j + 1) {
                         s += tile_u(kind, tile, b, r, e) * ab.qs[e] as i32;
                     }
-                    let sc = if kind.has_mins() { base[K4_SC + 16 * j + r] as i32 } else { base[K6_SC + 16 * j + r] as i8 as i32 };
+                    let sc = match kind {
+                        PackKind::X4 => {
+                            s -= 128 * (bs(ab, 2 * j) + bs(ab, 2 * j + 1));
+                            base[X4_SC + 16 * j + r] as i8 as i32
+                        }
+                        PackKind::K6 => base[K6_SC + 16 * j + r] as i8 as i32,
+                        _ => base[K4_SC + 16 * j + r] as i32,
+                    };
                     isum = isum.wrapping_add(s.wrapping_mul(sc));
                 }
-                let bs = |i: usize| ab.bsums[i] as i32;
+                let bs = |i: usize| bs(ab, i);
                 let mut msum = 0i32;
-                if kind.has_mins() {
+                if kind == PackKind::X4 {
+                    *acc = (f32_at(base, 4 * r) * ab.d).mul_add(isum as f32, *acc);
+                } else if kind.has_mins() {
                     for j in 0..8 {
                         msum += i16_at(base, K4_MIN + 64 * (j / 2) + 4 * r + 2 * (j % 2)) * (bs(2 * j) + bs(2 * j + 1));
                     }

@@ -10,6 +10,7 @@
 //! - Q4_0/Q4_1/Q5_0/Q5_1/Q4_K quants are at most 31: a pair is at most 2·31·128 = 7936 in magnitude, so
 //!   four groups are summed in i16 before one `vpmaddwd` (Q4_0, Q4_1 and Q4_K: eight, ≤ 30720);
 //! - Q5_K's (≤ 31) likewise four groups per i16 sum, scaled by `vpmaddwd` per sum;
+//! - IQ4_NL/IQ4_XS values (−127..=113) are multiplied signed, as Q8_0's: `|v| · sign(a, v)`;
 //! - Q6_K quants (`q + 32`) are at most 63: pairs ≤ 16128, two groups per i16 sum;
 //! - Q8_0 (`u = q + 128` up to 255) would saturate, so its signed quants are used instead:
 //!   `vpmaddubsw(|q|, sign(a, q))` has pairs of at most 2·128·127 = 32512 (activations of
@@ -42,6 +43,20 @@ const K6: u8 = 4;
 const Q41: u8 = 5;
 const K5: u8 = 6;
 const Q51: u8 = 7;
+const I4: u8 = 8;
+const X4: u8 = 9;
+
+/// IQ4_NL's values (`vpshufb` tables): signed, and plus 128 (for `vpdpbusd`).
+static IQ4_S: [i8; 16] = crate::backend::cpu::quant::KVALUES_IQ4NL;
+static IQ4_U: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (IQ4_S[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
 
 const fn kind_of(k: u8) -> PackKind {
     match k {
@@ -52,6 +67,8 @@ const fn kind_of(k: u8) -> PackKind {
         K5 => PackKind::K5,
         Q41 => PackKind::Q41,
         Q51 => PackKind::Q51,
+        I4 => PackKind::I4,
+        X4 => PackKind::X4,
         _ => PackKind::K6,
     }
 }
@@ -61,7 +78,7 @@ macro_rules! tile_gemm {
         pub mod $name {
             use std::arch::x86_64::*;
 
-            use super::{kind_of, K4, K5, K6, Q4, Q41, Q5, Q51, Q8};
+            use super::{kind_of, I4, IQ4_S, IQ4_U, K4, K5, K6, Q4, Q41, Q5, Q51, Q8, X4};
             use crate::backend::cpu::gemm::{self, PackKind, TILE_ROWS};
             use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
 
@@ -83,7 +100,8 @@ macro_rules! tile_gemm {
                     PackKind::Q4 => [tokens::<Q4, false, 8, 1>, tokens::<Q4, false, 4, 1>, tokens::<Q4, false, 1, 1>, tokens::<Q4, false, 1, 2>],
                     PackKind::Q41 => [tokens::<Q41, false, 8, 1>, tokens::<Q41, false, 4, 1>, tokens::<Q41, false, 1, 1>, tokens::<Q41, false, 1, 2>],
                     PackKind::Q51 => [tokens::<Q51, false, 8, 1>, tokens::<Q51, false, 4, 1>, tokens::<Q51, false, 1, 1>, tokens::<Q51, false, 1, 2>],
-                    PackKind::K4 | PackKind::K5 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
+                    PackKind::I4 => [tokens::<I4, false, 8, 1>, tokens::<I4, false, 4, 1>, tokens::<I4, false, 1, 1>, tokens::<I4, false, 1, 2>],
+                    PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
                 };
                 groups(fns, kind, tile, nb, act, ntok, y, ystride, nrows)
             }
@@ -95,6 +113,7 @@ macro_rules! tile_gemm {
                 let fns: [Tokens<BlockQ8K>; 4] = match kind {
                     PackKind::K4 => [tokens_k::<K4, 8, 1>, tokens_k::<K4, 4, 1>, tokens_k::<K4, 1, 1>, tokens_k::<K4, 1, 2>],
                     PackKind::K5 => [tokens_k::<K5, 8, 1>, tokens_k::<K5, 4, 1>, tokens_k::<K5, 1, 1>, tokens_k::<K5, 1, 2>],
+                    PackKind::X4 => [tokens_k::<X4, 8, 1>, tokens_k::<X4, 4, 1>, tokens_k::<X4, 1, 1>, tokens_k::<X4, 1, 2>],
                     PackKind::K6 => [tokens_k::<K6, 8, 1>, tokens_k::<K6, 4, 1>, tokens_k::<K6, 1, 1>, tokens_k::<K6, 1, 2>],
                     _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
                 };
@@ -187,6 +206,21 @@ macro_rules! tile_gemm {
                 }
             }
 
+            /// `init` plus one token's products of a 32-element block with VNNI (`w` from
+            /// [`weights`], `q` its 32 activation bytes), in two chains of four (even and odd
+            /// groups).
+            #[inline(always)]
+            unsafe fn vnni_block(init: __m256i, w: &[__m256i; 8], q: *const i32) -> __m256i {
+                // No closure: it would not be compiled with the caller's features.
+                let mut e = dpbusd(init, w[0], _mm256_set1_epi32(q.read_unaligned()));
+                let mut o = dpbusd(_mm256_setzero_si256(), w[1], _mm256_set1_epi32(q.add(1).read_unaligned()));
+                for g in (2..8).step_by(2) {
+                    e = dpbusd(e, w[g], _mm256_set1_epi32(q.add(g).read_unaligned()));
+                    o = dpbusd(o, w[g + 1], _mm256_set1_epi32(q.add(g + 1).read_unaligned()));
+                }
+                _mm256_add_epi32(e, o)
+            }
+
             /// `vpmaddubsw`: u8 × i8, adjacent pairs summed into i16.
             #[inline(always)]
             unsafe fn mul16(u: __m256i, a: __m256i) -> __m256i {
@@ -201,7 +235,8 @@ macro_rules! tile_gemm {
 
             /// The 32 bytes of half `h` of each of the eight group vectors of a 32-element block
             /// (`p`: its quants), as unsigned quants; Q8_0 without VNNI: the signed ones (`C`:
-            /// the compact Q8H tiles, which store them signed).
+            /// the compact Q8H tiles, which store them signed); IQ4: the indices' values, plus
+            /// 128 with VNNI, signed without.
             #[inline(always)]
             unsafe fn weights<const K: u8, const C: bool>(p: *const u8, h: usize) -> [__m256i; 8] {
                 let o = 32 * h;
@@ -225,6 +260,13 @@ macro_rules! tile_gemm {
                     let v = ld(p.add(64 * i + o));
                     w[2 * i] = _mm256_and_si256(v, m);
                     w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                }
+                if K == I4 {
+                    let table = if VNNI { IQ4_U.as_ptr() } else { IQ4_S.as_ptr() as *const u8 };
+                    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(table as *const __m128i));
+                    for w in w.iter_mut() {
+                        *w = _mm256_shuffle_epi8(table, *w);
+                    }
                 }
                 if K == Q5 || K == Q51 {
                     // The half's lane bytes of fifth bits: bit g of each → 0x10 of group g's byte
@@ -273,15 +315,7 @@ macro_rules! tile_gemm {
             #[inline(always)]
             unsafe fn isum<const K: u8, const C: bool>(w: &[__m256i; 8], aw: &[__m256i; 8], ab: &BlockQ8, zp: i32) -> __m256i {
                 if VNNI {
-                    let mut e = dpbusd(_mm256_set1_epi32(-zp * ab.qsum), w[0], xg(ab, 0));
-                    let mut o = dpbusd(_mm256_setzero_si256(), w[1], xg(ab, 1));
-                    e = dpbusd(e, w[2], xg(ab, 2));
-                    o = dpbusd(o, w[3], xg(ab, 3));
-                    e = dpbusd(e, w[4], xg(ab, 4));
-                    o = dpbusd(o, w[5], xg(ab, 5));
-                    e = dpbusd(e, w[6], xg(ab, 6));
-                    o = dpbusd(o, w[7], xg(ab, 7));
-                    _mm256_add_epi32(e, o)
+                    vnni_block(_mm256_set1_epi32(-zp * ab.qsum), w, ab.qs.as_ptr() as *const i32)
                 } else if K == Q8 && C {
                     let e = _mm256_add_epi32(
                         _mm256_add_epi32(q8h_group(w, ab, 0), q8h_group(w, ab, 2)),
@@ -292,7 +326,7 @@ macro_rules! tile_gemm {
                         _mm256_add_epi32(q8h_group(w, ab, 5), q8h_group(w, ab, 7)),
                     );
                     _mm256_add_epi32(e, o)
-                } else if K == Q8 {
+                } else if K == Q8 || K == I4 {
                     let e = _mm256_add_epi32(
                         _mm256_add_epi32(q8_group(w, aw, ab, 0), q8_group(w, aw, ab, 2)),
                         _mm256_add_epi32(q8_group(w, aw, ab, 4), q8_group(w, aw, ab, 6)),
@@ -352,7 +386,7 @@ macro_rules! tile_gemm {
                         let w = weights::<K, C>(base, h);
                         // Q8_0 without VNNI: |q| once per block, the signs per token (the compact
                         // tiles, which have no −128, take |a| and sign(q, a) instead).
-                        let aw = if K == Q8 && !VNNI && !C { w.map(|v| _mm256_sign_epi8(v, v)) } else { w };
+                        let aw = if (K == Q8 || K == I4) && !VNNI && !C { w.map(|v| _mm256_sign_epi8(v, v)) } else { w };
                         for (k, acc) in acc.iter_mut().enumerate() {
                             let ab = &*act.add(k * nb + b);
                             let s = isum::<K, C>(&w, &aw, ab, zp);
@@ -466,7 +500,7 @@ macro_rules! tile_gemm {
                                     let v = _mm256_madd_epi16(ld(base.add(gemm::K4_MIN + 64 * p + o)), _mm256_set1_epi32((s0 | s1 << 16) as i32));
                                     *m = _mm256_add_epi32(*m, v);
                                 }
-                            } else {
+                            } else if K == K6 {
                                 for p in 0..8 {
                                     let pair = (bs.add(2 * p) as *const i32).read_unaligned();
                                     let v = _mm256_madd_epi16(ld(base.add(gemm::K6_PAIRS + 64 * p + o)), _mm256_set1_epi32(pair));
@@ -476,7 +510,36 @@ macro_rules! tile_gemm {
                         }
                     }
                     let mut isum = [[_mm256_setzero_si256(); T]; H];
-                    if mins_k {
+                    if K == X4 {
+                        for j in 0..8 {
+                            if ahead {
+                                super::super::prefetch_ahead_part(tile, kind, b, j, 8);
+                            }
+                            for (hh, isum) in isum.iter_mut().enumerate() {
+                                let h = h0 + hh;
+                                let w = weights::<I4, false>(base.add(gemm::X4_QS + 256 * j), h);
+                                let aw = if VNNI { w } else { w.map(|v| _mm256_sign_epi8(v, v)) };
+                                let sc = scales::<true>(base.add(gemm::X4_SC + 16 * j + 8 * h), false);
+                                for (k, isum) in isum.iter_mut().enumerate() {
+                                    let ab = &*act.add(k * nb + b);
+                                    let q = ab.qs.as_ptr().add(32 * j) as *const i32;
+                                    let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
+                                    let v = if VNNI {
+                                        // u = v + 128: start from −128·Σa of the sub-block.
+                                        let zs = -128 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32);
+                                        vnni_block(_mm256_set1_epi32(zs), &w, q)
+                                    } else {
+                                        // Signed values: |v| · sign(a, v), one group per i32 widening.
+                                        let p = |g: usize| widen(mul16(aw[g], _mm256_sign_epi8(x(g), w[g])));
+                                        let e = _mm256_add_epi32(_mm256_add_epi32(p(0), p(2)), _mm256_add_epi32(p(4), p(6)));
+                                        let od = _mm256_add_epi32(_mm256_add_epi32(p(1), p(3)), _mm256_add_epi32(p(5), p(7)));
+                                        _mm256_add_epi32(e, od)
+                                    };
+                                    *isum = _mm256_add_epi32(*isum, _mm256_mullo_epi32(v, sc));
+                                }
+                            }
+                        }
+                    } else if mins_k {
                         for j in 0..8 {
                             if ahead {
                                 super::super::prefetch_ahead_part(tile, kind, b, j, 8);
@@ -493,15 +556,7 @@ macro_rules! tile_gemm {
                                     let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
                                     let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
                                     let v = if VNNI {
-                                        let mut e = dpbusd(_mm256_setzero_si256(), w[0], x(0));
-                                        let mut od = dpbusd(_mm256_setzero_si256(), w[1], x(1));
-                                        e = dpbusd(e, w[2], x(2));
-                                        od = dpbusd(od, w[3], x(3));
-                                        e = dpbusd(e, w[4], x(4));
-                                        od = dpbusd(od, w[5], x(5));
-                                        e = dpbusd(e, w[6], x(6));
-                                        od = dpbusd(od, w[7], x(7));
-                                        _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
+                                        _mm256_mullo_epi32(vnni_block(_mm256_setzero_si256(), &w, q), sc)
                                     } else {
                                         let p = |g: usize| mul16(w[g], x(g));
                                         let e = _mm256_add_epi16(_mm256_add_epi16(p(0), p(2)), _mm256_add_epi16(p(4), p(6)));
@@ -552,7 +607,9 @@ macro_rules! tile_gemm {
                         let dmin = if mins_k { _mm256_loadu_ps(base.add(gemm::K4_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
                         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum[hh].into_iter().zip(mins[hh])).enumerate() {
                             let da = _mm256_set1_ps((*act.add(k * nb + b)).d);
-                            if mins_k {
+                            if K == X4 {
+                                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
+                            } else if mins_k {
                                 *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
                                 *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(m), *acc);
                             } else {

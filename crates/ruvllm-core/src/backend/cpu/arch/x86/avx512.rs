@@ -15,6 +15,7 @@ const Q5: u8 = 1;
 const Q4: u8 = 2;
 const Q41: u8 = 5;
 const Q51: u8 = 7;
+const I4: u8 = 8;
 
 /// Tile GEMM (see `gemm::GemmFn`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
@@ -27,7 +28,8 @@ pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok
         PackKind::Q4 => (tokens::<Q4, false, 8>, tokens::<Q4, false, 4>, tokens::<Q4, false, 1>),
         PackKind::Q41 => (tokens::<Q41, false, 8>, tokens::<Q41, false, 4>, tokens::<Q41, false, 1>),
         PackKind::Q51 => (tokens::<Q51, false, 8>, tokens::<Q51, false, 4>, tokens::<Q51, false, 1>),
-        PackKind::K4 | PackKind::K5 | PackKind::K6 => panic!("gemm: {kind:?} tiles take gemm_k"),
+        PackKind::I4 => (tokens::<I4, false, 8>, tokens::<I4, false, 4>, tokens::<I4, false, 1>),
+        PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
     };
     groups(Some(eight), four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
 }
@@ -75,7 +77,8 @@ unsafe fn groups<A>(
 }
 
 /// The eight unsigned group vectors of block `p` (its quants; `C`: compact Q8H tiles, whose
-/// signed quants get their sign bit flipped to make `q + 128`).
+/// signed quants get their sign bit flipped to make `q + 128`; IQ4: the indices' table values
+/// plus 128).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 #[inline]
 unsafe fn weights<const K: u8, const C: bool>(p: *const u8) -> [__m512i; 8] {
@@ -91,6 +94,12 @@ unsafe fn weights<const K: u8, const C: bool>(p: *const u8) -> [__m512i; 8] {
         w[2 * h] = _mm512_and_si512(v, m);
         w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
     }
+    if K == I4 {
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_U.as_ptr() as *const __m128i));
+        for w in w.iter_mut() {
+            *w = _mm512_shuffle_epi8(table, *w);
+        }
+    }
     if K == Q5 || K == Q51 {
         // One byte of fifth bits per lane, bit g for group g.
         let hb = ld(256);
@@ -101,6 +110,26 @@ unsafe fn weights<const K: u8, const C: bool>(p: *const u8) -> [__m512i; 8] {
         }
     }
     w
+}
+
+/// `init` plus one token's products of a 32-element block (`w` from [`weights`], `q` its 32
+/// activation bytes as `*const i32`), in two chains of four `vpdpbusd` (even and odd groups).
+/// A macro, so the kernels compile exactly as with the chain written out in each (an
+/// `#[inline]` helper leaves that to the inliner).
+macro_rules! block_sum {
+    ($init:expr, $w:expr, $q:expr) => {{
+        let (w, q): (&[__m512i; 8], *const i32) = ($w, $q);
+        let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
+        let mut e = _mm512_dpbusd_epi32($init, w[0], x(0));
+        let mut o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
+        e = _mm512_dpbusd_epi32(e, w[2], x(2));
+        o = _mm512_dpbusd_epi32(o, w[3], x(3));
+        e = _mm512_dpbusd_epi32(e, w[4], x(4));
+        o = _mm512_dpbusd_epi32(o, w[5], x(5));
+        e = _mm512_dpbusd_epi32(e, w[6], x(6));
+        o = _mm512_dpbusd_epi32(o, w[7], x(7));
+        _mm512_add_epi32(e, o)
+    }};
 }
 
 /// `T` consecutive tokens over all blocks of the tile (`C`: the compact layout, f16 scales in
@@ -114,6 +143,7 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
         Q5 => PackKind::Q5,
         Q41 => PackKind::Q41,
         Q51 => PackKind::Q51,
+        I4 => PackKind::I4,
         _ => PackKind::Q4,
     };
     let mins = K == Q41 || K == Q51;
@@ -133,16 +163,7 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
         for (k, acc) in acc.iter_mut().enumerate() {
             let ab = &*act.add(k * nb + b);
             let q = ab.qs.as_ptr() as *const i32;
-            let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
-            let mut e = _mm512_dpbusd_epi32(_mm512_set1_epi32(-zp * ab.qsum), w[0], x(0));
-            let mut o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
-            e = _mm512_dpbusd_epi32(e, w[2], x(2));
-            o = _mm512_dpbusd_epi32(o, w[3], x(3));
-            e = _mm512_dpbusd_epi32(e, w[4], x(4));
-            o = _mm512_dpbusd_epi32(o, w[5], x(5));
-            e = _mm512_dpbusd_epi32(e, w[6], x(6));
-            o = _mm512_dpbusd_epi32(o, w[7], x(7));
-            let s = _mm512_cvtepi32_ps(_mm512_add_epi32(e, o));
+            let s = _mm512_cvtepi32_ps(block_sum!(_mm512_set1_epi32(-zp * ab.qsum), &w, q));
             *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(ab.d)), s, *acc);
             if mins {
                 *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(ab.s), *acc);
@@ -157,6 +178,18 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
 const K4: u8 = 3;
 const K6: u8 = 4;
 const K5: u8 = 6;
+const X4: u8 = 9;
+
+/// IQ4_NL's values plus 128 (`vpshufb` table).
+static IQ4_U: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (crate::backend::cpu::quant::KVALUES_IQ4NL[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
 
 /// K-quant tile GEMM (see `gemm::GemmKFn` and `gemm::gemm_k_ref`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
@@ -165,6 +198,7 @@ pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], n
     let (four, one): (Tokens<BlockQ8K>, Tokens<BlockQ8K>) = match kind {
         PackKind::K4 => (tokens_k::<K4, 4>, tokens_k::<K4, 1>),
         PackKind::K5 => (tokens_k::<K5, 4>, tokens_k::<K5, 1>),
+        PackKind::X4 => (tokens_k::<X4, 4>, tokens_k::<X4, 1>),
         PackKind::K6 => (tokens_k::<K6, 4>, tokens_k::<K6, 1>),
         _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
     };
@@ -177,6 +211,7 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
     let kind = match K {
         K4 => PackKind::K4,
         K5 => PackKind::K5,
+        X4 => PackKind::X4,
         _ => PackKind::K6,
     };
     // Q4_K and Q5_K: 32-element sub-blocks with 6-bit scales and mins.
@@ -200,7 +235,7 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
                     let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
                     *m = _mm512_dpwssd_epi32(*m, ld(base.add(gemm::K4_MIN + 64 * p)), _mm512_set1_epi32((s0 | s1 << 16) as i32));
                 }
-            } else {
+            } else if K == K6 {
                 for p in 0..8 {
                     let pair = (bs.add(2 * p) as *const i32).read_unaligned();
                     *m = _mm512_dpwssd_epi32(*m, ld(base.add(gemm::K6_PAIRS + 64 * p)), _mm512_set1_epi32(pair));
@@ -208,7 +243,23 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
             }
         }
         let mut isum = [_mm512_setzero_si512(); T];
-        if mins_k {
+        if K == X4 {
+            for j in 0..8 {
+                if T == 1 {
+                    super::prefetch_ahead_part(tile, kind, b, j, 8);
+                }
+                let w = weights::<I4, false>(base.add(gemm::X4_QS + 256 * j));
+                let sc = _mm512_cvtepi8_epi32(_mm_load_si128(base.add(gemm::X4_SC + 16 * j) as *const __m128i));
+                for (k, isum) in isum.iter_mut().enumerate() {
+                    let ab = &*act.add(k * nb + b);
+                    let q = ab.qs.as_ptr().add(32 * j) as *const i32;
+                    // u = v + 128: start from −128·Σa of the sub-block.
+                    let zs = -128 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32);
+                    let s = block_sum!(_mm512_set1_epi32(zs), &w, q);
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(s, sc));
+                }
+            }
+        } else if mins_k {
             for j in 0..8 {
                 if T == 1 {
                     super::prefetch_ahead_part(tile, kind, b, j, 8);
@@ -217,16 +268,8 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
                 let sc = _mm512_cvtepu8_epi32(_mm_load_si128(base.add(gemm::K4_SC + 16 * j) as *const __m128i));
                 for (k, isum) in isum.iter_mut().enumerate() {
                     let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
-                    let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
-                    let mut e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x(0));
-                    let mut o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
-                    e = _mm512_dpbusd_epi32(e, w[2], x(2));
-                    o = _mm512_dpbusd_epi32(o, w[3], x(3));
-                    e = _mm512_dpbusd_epi32(e, w[4], x(4));
-                    o = _mm512_dpbusd_epi32(o, w[5], x(5));
-                    e = _mm512_dpbusd_epi32(e, w[6], x(6));
-                    o = _mm512_dpbusd_epi32(o, w[7], x(7));
-                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(_mm512_add_epi32(e, o), sc));
+                    let s = block_sum!(_mm512_setzero_si512(), &w, q);
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(s, sc));
                 }
             }
         } else {
@@ -250,7 +293,9 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         }
         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum.into_iter().zip(mins)).enumerate() {
             let da = _mm512_set1_ps((*act.add(k * nb + b)).d);
-            if mins_k {
+            if K == X4 {
+                *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
+            } else if mins_k {
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
                 *acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(m), *acc);
             } else {
