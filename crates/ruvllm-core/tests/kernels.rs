@@ -74,17 +74,28 @@ fn rel_rms_bound(ty: GgmlType) -> f32 {
     }
 }
 
-/// Formats without a reference quantizer here: their weights are random bytes with a small
-/// finite f16 scale at the start of each block (every index or scale pattern is valid).
-const RANDOM_BYTES: [GgmlType; 2] = [GgmlType::IQ4_NL, GgmlType::IQ4_XS];
+/// Formats without a reference quantizer here: their weights are random bytes with small
+/// finite f16 scales (every quant, index or sub-block scale pattern is valid).
+const RANDOM_BYTES: [GgmlType; 4] = [GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::Q3_K, GgmlType::Q2_K];
+
+/// Where a [`RANDOM_BYTES`] block keeps its f16 scales.
+fn f16_scales(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q2_K => &[80, 82],
+        _ => &[0],
+    }
+}
 
 fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (QWeight, Vec<f32>) {
     let mut rng = Rng::new(seed);
     let bytes = if RANDOM_BYTES.contains(&ty) {
         let mut b: Vec<u8> = (0..rows * cols / ty.block_size() * ty.type_size()).map(|_| rng.next_u64() as u8).collect();
         for blk in b.chunks_exact_mut(ty.type_size()) {
-            let d = half::f16::from_f32(rng.normal() * 4e-4);
-            blk[..2].copy_from_slice(&d.to_le_bytes());
+            for &o in f16_scales(ty) {
+                let d = half::f16::from_f32(rng.normal() * 4e-4);
+                blk[o..o + 2].copy_from_slice(&d.to_le_bytes());
+            }
         }
         b
     } else {
@@ -99,7 +110,7 @@ fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> (QWeight, Vec<f3
 /// Activation block size of the dot product used for `ty` (1 for the float formats).
 fn act_block(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => 256,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => 256,
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
         _ => 32,
     }
@@ -443,7 +454,7 @@ fn fused_equals_separate() {
     let cols = 512;
     let sets: [&[(GgmlType, usize)]; 4] = [
         &[(GgmlType::Q5_0, 67), (GgmlType::Q5_0, 16), (GgmlType::Q8_0, 33), (GgmlType::Q5_1, 18), (GgmlType::IQ4_NL, 20)],
-        &[(GgmlType::Q4_K, 40), (GgmlType::Q6_K, 17), (GgmlType::Q5_K, 21), (GgmlType::IQ4_XS, 9)],
+        &[(GgmlType::Q4_K, 40), (GgmlType::Q6_K, 17), (GgmlType::Q5_K, 21), (GgmlType::IQ4_XS, 9), (GgmlType::Q3_K, 24)],
         &[(GgmlType::Q4_0, 48), (GgmlType::Q6_K, 5), (GgmlType::Q8_0, 21), (GgmlType::Q4_1, 19)],
         // F16 has no packed copy: the call falls back to separate products.
         &[(GgmlType::Q5_0, 32), (GgmlType::F16, 9)],
@@ -566,7 +577,7 @@ fn gemm_k_kernel_equals_scalar_model() {
         eprintln!("no tile GEMM on this CPU; skipped");
         return;
     };
-    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
+    for ty in [GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
         check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768)], 256, quantize_act_q8k, g, gemm::gemm_k_ref);
     }
 }
@@ -593,7 +604,7 @@ fn avx2_gemm_kernels_equal_scalar_model() {
         for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::IQ4_NL] {
             check_tile_gemm::<BlockQ8>(ty, ty == GgmlType::Q8_0, &[(16, 64), (37, 512), (5, 96), (12, 160)], 32, quantize_act_q8, g, gemm::gemm_ref);
         }
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
+        for ty in [GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
             check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768), (12, 256)], 256, quantize_act_q8k, gk, gemm::gemm_k_ref);
         }
         // Q8_0 at the edge of `vpmaddubsw`'s i16 range: quants −128 and ±127 with activations

@@ -80,6 +80,8 @@ pub enum PackKind {
     K5,
     /// Q6_K.
     K6,
+    /// Q3_K: 2-bit planes and a high-bit plane (see [`pack_tile`]).
+    K3,
     /// IQ4_NL: Q4's layout of the 4-bit indices, looked up in [`quant::KVALUES_IQ4NL`].
     I4,
     /// IQ4_XS.
@@ -97,6 +99,7 @@ impl PackKind {
             GgmlType::Q4_0 => Some(Self::Q4),
             GgmlType::Q4_1 => Some(Self::Q41),
             GgmlType::Q5_1 => Some(Self::Q51),
+            GgmlType::Q3_K => Some(Self::K3),
             GgmlType::Q4_K => Some(Self::K4),
             GgmlType::Q5_K => Some(Self::K5),
             GgmlType::Q6_K => Some(Self::K6),
@@ -132,6 +135,7 @@ impl PackKind {
             Self::K5 => K4_QS + 8 * 320,
             Self::K6 => K6_QS + 16 * 256,
             Self::X4 => X4_QS + 8 * 256,
+            Self::K3 => K3_HI + 8 * 64,
         }
     }
 
@@ -195,12 +199,13 @@ impl PackKind {
             Self::Q41 | Self::Q51 | Self::K4 | Self::K5 => 0,
             Self::K6 => 32,
             Self::I4 | Self::X4 => 128,
+            Self::K3 => 4,
         }
     }
 
     /// Whether activations are `BlockQ8K` (K-quants) rather than `BlockQ8`.
     pub const fn is_k(self) -> bool {
-        matches!(self, Self::K4 | Self::K5 | Self::K6 | Self::X4)
+        matches!(self, Self::K3 | Self::K4 | Self::K5 | Self::K6 | Self::X4)
     }
 
     /// Whether a 32-element kind has per-block mins (`w = d·q + m`: Q4_1, Q5_1), stored with
@@ -228,6 +233,9 @@ pub(crate) const K4_QS: usize = 512;
 pub(crate) const K6_SC: usize = 64;
 pub(crate) const K6_PAIRS: usize = 320;
 pub(crate) const K6_QS: usize = 832;
+pub(crate) const K3_SC: usize = 64;
+pub(crate) const K3_LO: usize = 320;
+pub(crate) const K3_HI: usize = 1344;
 pub(crate) const X4_SC: usize = 64;
 pub(crate) const X4_QS: usize = 192;
 
@@ -392,6 +400,11 @@ impl Packed {
 ///   (`K4_SC + 16j + r`); the 8 mins as i16 pairs (sub-blocks `2p`, `2p+1`) in lane words at
 ///   `K4_MIN + 64p`, for `vpdpwssd` with the activations' 32-element sums; the 4-bit quants of
 ///   sub-block `j` at `K4_QS + 256j` in the Q4_0 tile layout.
+/// - Q3_K (`u = q + 4` in 0..=7, 16 sub-blocks of 16 elements = 4 groups): `d` at 0; the 16
+///   sub-block scales minus 32 as i8 (`K3_SC + 16j + r`); the low two bits of sub-block `j` in
+///   one vector at `K3_LO + 64j`, group `g` at bits `2g..2g+2` of the lane bytes; the high bits
+///   of sub-blocks `2i` and `2i + 1` in one vector at `K3_HI + 64i`, group `g` of sub-block `j`
+///   at bit `4·(j % 2) + g`: 116 bytes per super-block and row (110 in the file).
 /// - IQ4_XS: `d` at 0; the 8 sub-block scales minus 32 as i8 (`X4_SC + 16j + r`); the indices
 ///   of sub-block `j` at `X4_QS + 256j` in the Q4_0 tile layout.
 /// - Q5_K: as Q4_K, with the 5-bit quants of sub-block `j` at `K4_QS + 320j` in the Q5_0 tile
@@ -414,6 +427,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                     PackKind::K4 => pack_k4(blk, r, ob),
                     PackKind::K5 => pack_k5(blk, r, ob),
                     PackKind::X4 => pack_x4(blk, r, ob),
+                    PackKind::K3 => pack_k3(blk, r, ob),
                     _ => pack_k6(blk, r, ob),
                 }
             }
@@ -474,7 +488,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         }
                     }
                 }
-                PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
+                PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
             }
         }
     }
@@ -490,6 +504,21 @@ fn q4_vectors(qs: &[u8]) -> [u32; 4] {
         let n = (x >> (4 * (h / 2))) & 0x0F0F_0F0F_0F0F_0F0F;
         (n as u32) | ((n >> 32) as u32) << 4
     })
+}
+
+/// Row `r` of a Q3_K super-block into the tile super-block `ob`.
+fn pack_k3(blk: &[u8], r: usize, ob: &mut [u8]) {
+    put(ob, 4 * r, &quant::f16_at(blk, 108).to_le_bytes());
+    let sc = quant::q3_k_scales(blk);
+    for j in 0..16 {
+        ob[K3_SC + 16 * j + r] = (sc[j] as i8 - 32) as u8;
+        for e in 16 * j..16 * j + 16 {
+            let u = (quant::q3_k_at(blk, e) + 4) as u8;
+            let (g, k) = (e % 16 / 4, e % 4);
+            ob[K3_LO + 64 * j + 4 * r + k] |= (u & 3) << (2 * g);
+            ob[K3_HI + 64 * (j / 2) + 4 * r + k] |= (u >> 2) << (4 * (j % 2) + g);
+        }
+    }
 }
 
 /// Row `r` of an IQ4_XS super-block into the tile super-block `ob`.
@@ -573,6 +602,13 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
         PackKind::K4 => return tile_u(PackKind::Q4, &base[K4_QS + 256 * (e / 32) - PackKind::Q4.payload_at(0)..], 0, j, e % 32),
         PackKind::K5 => return tile_u(PackKind::Q5, &base[K4_QS + 320 * (e / 32) - PackKind::Q5.payload_at(0)..], 0, j, e % 32),
         PackKind::K6 => return base[K6_QS + 256 * (e / 16) + 64 * (e % 16 / 4) + 4 * j + e % 4] as i32,
+        PackKind::K3 => {
+            // Row j; element e is group g = e % 16 / 4, byte k = e % 4 of sub-block e / 16.
+            let (sb, g, k) = (e / 16, e % 16 / 4, e % 4);
+            let lo = (base[K3_LO + 64 * sb + 4 * j + k] >> (2 * g)) & 3;
+            let hi = (base[K3_HI + 64 * (sb / 2) + 4 * j + k] >> (4 * (sb % 2) + g)) & 1;
+            return (lo | hi << 2) as i32;
+        }
         PackKind::X4 => return tile_u(PackKind::I4, &base[X4_QS + 256 * (e / 32) - PackKind::I4.payload_at(0)..], 0, j, e % 32),
         _ => {}
     }
@@ -588,7 +624,7 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
             (lo | hi << 4) as i32
         }
         PackKind::I4 => quant::KVALUES_IQ4NL[((p[(g / 2) * 64 + lane] >> (4 * (g % 2))) & 0x0F) as usize] as i32 + 128,
-        PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
+        PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
     }
 }
 
@@ -642,8 +678,8 @@ fn i16_at(p: &[u8], o: usize) -> i32 {
 
 /// Scalar model of the SIMD K-quant tile GEMM (same operations in the same order): per
 /// super-block, `Σ_j sc_j · Σ u·a` in integers; Q4_K and Q5_K add `− dmin·d_a·Σ_j m_j·Σa_j`, Q6_K
-/// subtracts `32 · Σ_j sc_j · Σa_j` in integers; IQ4_XS takes `128·Σa_j` off each sub-block's
-/// sum before its scale.
+/// subtracts `32 · Σ_j sc_j · Σa_j` in integers; IQ4_XS and Q3_K take `zp·Σa_j` off each
+/// sub-block's sum before its scale.
 ///
 /// # Safety
 /// As [`gemm_ref`].
@@ -651,7 +687,7 @@ fn i16_at(p: &[u8], o: usize) -> i32 {
 pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
     let bb = kind.block_bytes();
     assert!(kind.is_k() && tile.len() >= nb * bb && act.len() >= ntok * nb && nrows <= TILE_ROWS);
-    let sub = if kind == PackKind::K6 { 16 } else { 32 };
+    let sub = if matches!(kind, PackKind::K6 | PackKind::K3) { 16 } else { 32 };
     let bs = |ab: &BlockQ8K, i: usize| ab.bsums[i] as i32;
     for t in 0..ntok {
         let mut acc = [0f32; TILE_ROWS];
@@ -669,6 +705,10 @@ pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K
                             s -= 128 * (bs(ab, 2 * j) + bs(ab, 2 * j + 1));
                             base[X4_SC + 16 * j + r] as i8 as i32
                         }
+                        PackKind::K3 => {
+                            s -= 4 * bs(ab, j);
+                            base[K3_SC + 16 * j + r] as i8 as i32
+                        }
                         PackKind::K6 => base[K6_SC + 16 * j + r] as i8 as i32,
                         _ => base[K4_SC + 16 * j + r] as i32,
                     };
@@ -676,7 +716,7 @@ pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K
                 }
                 let bs = |i: usize| bs(ab, i);
                 let mut msum = 0i32;
-                if kind == PackKind::X4 {
+                if matches!(kind, PackKind::X4 | PackKind::K3) {
                     *acc = (f32_at(base, 4 * r) * ab.d).mul_add(isum as f32, *acc);
                 } else if kind.has_mins() {
                     for j in 0..8 {

@@ -10,6 +10,7 @@
 //! - Q4_0/Q4_1/Q5_0/Q5_1/Q4_K quants are at most 31: a pair is at most 2·31·128 = 7936 in magnitude, so
 //!   four groups are summed in i16 before one `vpmaddwd` (Q4_0, Q4_1 and Q4_K: eight, ≤ 30720);
 //! - Q5_K's (≤ 31) likewise four groups per i16 sum, scaled by `vpmaddwd` per sum;
+//! - Q3_K's (`q + 4`, at most 7) four groups and the `−4·Σa` start in one i16 sum;
 //! - IQ4_NL/IQ4_XS values (−127..=113) are multiplied signed, as Q8_0's: `|v| · sign(a, v)`;
 //! - Q6_K quants (`q + 32`) are at most 63: pairs ≤ 16128, two groups per i16 sum;
 //! - Q8_0 (`u = q + 128` up to 255) would saturate, so its signed quants are used instead:
@@ -45,6 +46,7 @@ const K5: u8 = 6;
 const Q51: u8 = 7;
 const I4: u8 = 8;
 const X4: u8 = 9;
+const K3: u8 = 10;
 
 /// IQ4_NL's values (`vpshufb` tables): signed, and plus 128 (for `vpdpbusd`).
 static IQ4_S: [i8; 16] = crate::backend::cpu::quant::KVALUES_IQ4NL;
@@ -69,6 +71,7 @@ const fn kind_of(k: u8) -> PackKind {
         Q51 => PackKind::Q51,
         I4 => PackKind::I4,
         X4 => PackKind::X4,
+        K3 => PackKind::K3,
         _ => PackKind::K6,
     }
 }
@@ -78,7 +81,7 @@ macro_rules! tile_gemm {
         pub mod $name {
             use std::arch::x86_64::*;
 
-            use super::{kind_of, I4, IQ4_S, IQ4_U, K4, K5, K6, Q4, Q41, Q5, Q51, Q8, X4};
+            use super::{kind_of, I4, IQ4_S, IQ4_U, K3, K4, K5, K6, Q4, Q41, Q5, Q51, Q8, X4};
             use crate::backend::cpu::gemm::{self, PackKind, TILE_ROWS};
             use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
 
@@ -101,7 +104,7 @@ macro_rules! tile_gemm {
                     PackKind::Q41 => [tokens::<Q41, false, 8, 1>, tokens::<Q41, false, 4, 1>, tokens::<Q41, false, 1, 1>, tokens::<Q41, false, 1, 2>],
                     PackKind::Q51 => [tokens::<Q51, false, 8, 1>, tokens::<Q51, false, 4, 1>, tokens::<Q51, false, 1, 1>, tokens::<Q51, false, 1, 2>],
                     PackKind::I4 => [tokens::<I4, false, 8, 1>, tokens::<I4, false, 4, 1>, tokens::<I4, false, 1, 1>, tokens::<I4, false, 1, 2>],
-                    PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
+                    PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
                 };
                 groups(fns, kind, tile, nb, act, ntok, y, ystride, nrows)
             }
@@ -114,6 +117,7 @@ macro_rules! tile_gemm {
                     PackKind::K4 => [tokens_k::<K4, 8, 1>, tokens_k::<K4, 4, 1>, tokens_k::<K4, 1, 1>, tokens_k::<K4, 1, 2>],
                     PackKind::K5 => [tokens_k::<K5, 8, 1>, tokens_k::<K5, 4, 1>, tokens_k::<K5, 1, 1>, tokens_k::<K5, 1, 2>],
                     PackKind::X4 => [tokens_k::<X4, 8, 1>, tokens_k::<X4, 4, 1>, tokens_k::<X4, 1, 1>, tokens_k::<X4, 1, 2>],
+                    PackKind::K3 => [tokens_k::<K3, 8, 1>, tokens_k::<K3, 4, 1>, tokens_k::<K3, 1, 1>, tokens_k::<K3, 1, 2>],
                     PackKind::K6 => [tokens_k::<K6, 8, 1>, tokens_k::<K6, 4, 1>, tokens_k::<K6, 1, 1>, tokens_k::<K6, 1, 2>],
                     _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
                 };
@@ -510,7 +514,50 @@ macro_rules! tile_gemm {
                         }
                     }
                     let mut isum = [[_mm256_setzero_si256(); T]; H];
-                    if K == X4 {
+                    if K == K3 {
+                        let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+                        for j in 0..16 {
+                            if ahead {
+                                super::super::prefetch_ahead_part(tile, kind, b, j, 16);
+                            }
+                            for (hh, isum) in isum.iter_mut().enumerate() {
+                                let h = h0 + hh;
+                                // u = low two bits + 4·high bit, for the four groups of sub-block j.
+                                let lo = ld(base.add(gemm::K3_LO + 64 * j + 32 * h));
+                                let hi = ld(base.add(gemm::K3_HI + 64 * (j / 2) + 32 * h));
+                                let low = [lo, _mm256_srli_epi16::<2>(lo), _mm256_srli_epi16::<4>(lo), _mm256_srli_epi16::<6>(lo)];
+                                let mut w = [_mm256_setzero_si256(); 4];
+                                for (g, w) in w.iter_mut().enumerate() {
+                                    let bit = _mm256_set1_epi8(1 << (4 * (j % 2) + g));
+                                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(hi, bit), bit);
+                                    *w = _mm256_or_si256(_mm256_and_si256(low[g], three), _mm256_and_si256(set, four));
+                                }
+                                let sc = scales::<true>(base.add(gemm::K3_SC + 16 * j + 8 * h), !VNNI);
+                                for (k, isum) in isum.iter_mut().enumerate() {
+                                    let ab = &*act.add(k * nb + b);
+                                    let q = ab.qs.as_ptr().add(16 * j) as *const i32;
+                                    let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
+                                    // u = q + 4: −4·Σa of the sub-block comes off its sum.
+                                    let zs = -4 * ab.bsums[j] as i32;
+                                    let v = if VNNI {
+                                        let e = dpbusd(_mm256_set1_epi32(zs), w[0], x(0));
+                                        let od = dpbusd(_mm256_setzero_si256(), w[1], x(1));
+                                        let e = dpbusd(e, w[2], x(2));
+                                        let od = dpbusd(od, w[3], x(3));
+                                        _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
+                                    } else {
+                                        // All in i16 (|Σ| ≤ 4·2·7·127 + 4·16·128), the start in
+                                        // each lane's low half; `vpmaddwd` applies the scale.
+                                        let p = |g: usize| mul16(w[g], x(g));
+                                        let s = _mm256_add_epi16(_mm256_add_epi16(p(0), p(1)), _mm256_add_epi16(p(2), p(3)));
+                                        let s = _mm256_add_epi16(s, _mm256_set1_epi32(zs & 0xFFFF));
+                                        _mm256_madd_epi16(s, sc)
+                                    };
+                                    *isum = _mm256_add_epi32(*isum, v);
+                                }
+                            }
+                        }
+                    } else if K == X4 {
                         for j in 0..8 {
                             if ahead {
                                 super::super::prefetch_ahead_part(tile, kind, b, j, 8);
@@ -607,7 +654,7 @@ macro_rules! tile_gemm {
                         let dmin = if mins_k { _mm256_loadu_ps(base.add(gemm::K4_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
                         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum[hh].into_iter().zip(mins[hh])).enumerate() {
                             let da = _mm256_set1_ps((*act.add(k * nb + b)).d);
-                            if K == X4 {
+                            if K == X4 || K == K3 {
                                 *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
                             } else if mins_k {
                                 *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);

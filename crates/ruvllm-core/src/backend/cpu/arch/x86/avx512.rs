@@ -29,7 +29,7 @@ pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok
         PackKind::Q41 => (tokens::<Q41, false, 8>, tokens::<Q41, false, 4>, tokens::<Q41, false, 1>),
         PackKind::Q51 => (tokens::<Q51, false, 8>, tokens::<Q51, false, 4>, tokens::<Q51, false, 1>),
         PackKind::I4 => (tokens::<I4, false, 8>, tokens::<I4, false, 4>, tokens::<I4, false, 1>),
-        PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
+        PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
     };
     groups(Some(eight), four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
 }
@@ -179,6 +179,7 @@ const K4: u8 = 3;
 const K6: u8 = 4;
 const K5: u8 = 6;
 const X4: u8 = 9;
+const K3: u8 = 10;
 
 /// IQ4_NL's values plus 128 (`vpshufb` table).
 static IQ4_U: [u8; 16] = {
@@ -199,6 +200,7 @@ pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], n
         PackKind::K4 => (tokens_k::<K4, 4>, tokens_k::<K4, 1>),
         PackKind::K5 => (tokens_k::<K5, 4>, tokens_k::<K5, 1>),
         PackKind::X4 => (tokens_k::<X4, 4>, tokens_k::<X4, 1>),
+        PackKind::K3 => (tokens_k::<K3, 4>, tokens_k::<K3, 1>),
         PackKind::K6 => (tokens_k::<K6, 4>, tokens_k::<K6, 1>),
         _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
     };
@@ -212,6 +214,7 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         K4 => PackKind::K4,
         K5 => PackKind::K5,
         X4 => PackKind::X4,
+        K3 => PackKind::K3,
         _ => PackKind::K6,
     };
     // Q4_K and Q5_K: 32-element sub-blocks with 6-bit scales and mins.
@@ -243,7 +246,36 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
             }
         }
         let mut isum = [_mm512_setzero_si512(); T];
-        if K == X4 {
+        if K == K3 {
+            let (three, four) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
+            for j in 0..16 {
+                if T == 1 {
+                    super::prefetch_ahead_part(tile, kind, b, j, 16);
+                }
+                // u = low two bits + 4·high bit, for the four groups of sub-block j.
+                let lo = ld(base.add(gemm::K3_LO + 64 * j));
+                let hi = ld(base.add(gemm::K3_HI + 64 * (j / 2)));
+                let low = [lo, _mm512_srli_epi16::<2>(lo), _mm512_srli_epi16::<4>(lo), _mm512_srli_epi16::<6>(lo)];
+                let mut w = [_mm512_setzero_si512(); 4];
+                for (g, w) in w.iter_mut().enumerate() {
+                    let bit = _mm512_test_epi8_mask(hi, _mm512_set1_epi8(1 << (4 * (j % 2) + g)));
+                    let l = _mm512_and_si512(low[g], three);
+                    *w = _mm512_mask_add_epi8(l, bit, l, four);
+                }
+                let sc = _mm512_cvtepi8_epi32(_mm_load_si128(base.add(gemm::K3_SC + 16 * j) as *const __m128i));
+                for (k, isum) in isum.iter_mut().enumerate() {
+                    let ab = &*act.add(k * nb + b);
+                    let q = ab.qs.as_ptr().add(16 * j) as *const i32;
+                    let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
+                    // u = q + 4: start from −4·Σa of the sub-block.
+                    let e = _mm512_dpbusd_epi32(_mm512_set1_epi32(-4 * ab.bsums[j] as i32), w[0], x(0));
+                    let o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
+                    let e = _mm512_dpbusd_epi32(e, w[2], x(2));
+                    let o = _mm512_dpbusd_epi32(o, w[3], x(3));
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(_mm512_add_epi32(e, o), sc));
+                }
+            }
+        } else if K == X4 {
             for j in 0..8 {
                 if T == 1 {
                     super::prefetch_ahead_part(tile, kind, b, j, 8);
@@ -293,7 +325,7 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         }
         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum.into_iter().zip(mins)).enumerate() {
             let da = _mm512_set1_ps((*act.add(k * nb + b)).d);
-            if K == X4 {
+            if K == X4 || K == K3 {
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
             } else if mins_k {
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
