@@ -43,6 +43,13 @@ async function runOurs() {
   return res
 }
 
+/** The BOS token where the model's file asks for one (`tokenizer.ggml.add_bos_token`), as our
+ * `llm.tokenize` does: Qwen2.5 and SmolLM2 have none, so an unconditional BOS would give
+ * llama.cpp a different (shifted) prompt from ours. */
+function bosOf(model) {
+  return model.tokens.shouldPrependBosToken && model.tokens.bos != null ? [model.tokens.bos] : []
+}
+
 async function runLlamaCpp() {
   const { getLlama } = await import('node-llama-cpp')
   const llama = await getLlama({ gpu: false, build: 'never', logLevel: 'error' })
@@ -51,7 +58,7 @@ async function runLlamaCpp() {
   const ctx = await model.createContext({ contextSize, threads, batchSize: 512, sequences: 1 })
   const loadMs = performance.now() - t0
   const seq = ctx.getSequence()
-  const tokens = promptTokens((t) => [model.tokens.bos, ...model.tokenize(t)], (ids) => model.detokenize(ids), promptLen, model.fileInfo?.tensorInfo ? undefined : undefined)
+  const tokens = promptTokens((t) => [...bosOf(model), ...model.tokenize(t)], (ids) => model.detokenize(ids), promptLen)
   const ids = []
   const start = performance.now()
   let first = 0
@@ -73,7 +80,7 @@ async function runLlamaCpp() {
   return res
 }
 
-/** Hamlet's first `promptLen` tokens (BOS first) with this runtime's tokenizer. */
+/** Hamlet's first `promptLen` tokens (any BOS first) with this runtime's tokenizer. */
 function pplTokens(tokenize) {
   const ids = tokenize(hamlet().slice(0, promptLen * 8))
   if (ids.length < promptLen) throw new Error('text too short')
@@ -95,7 +102,7 @@ async function pplLlamaCpp() {
   const llama = await getLlama({ gpu: false, build: 'never', logLevel: 'error' })
   const model = await llama.loadModel({ modelPath })
   const ctx = await model.createContext({ contextSize: Math.max(contextSize, promptLen), threads, batchSize: 512, sequences: 1 })
-  const tokens = pplTokens((t) => [model.tokens.bos, ...model.tokenize(t)])
+  const tokens = pplTokens((t) => [...bosOf(model), ...model.tokenize(t)])
   // Full next-token distributions (temperature 0 leaves them unmodified), a few positions per
   // call on the same sequence so that only a few vocabulary-sized maps are alive at once.
   const seq = ctx.getSequence()
