@@ -454,7 +454,7 @@ fn fused_equals_separate() {
     let cols = 512;
     let sets: [&[(GgmlType, usize)]; 4] = [
         &[(GgmlType::Q5_0, 67), (GgmlType::Q5_0, 16), (GgmlType::Q8_0, 33), (GgmlType::Q5_1, 18), (GgmlType::IQ4_NL, 20)],
-        &[(GgmlType::Q4_K, 40), (GgmlType::Q6_K, 17), (GgmlType::Q5_K, 21), (GgmlType::IQ4_XS, 9), (GgmlType::Q3_K, 24)],
+        &[(GgmlType::Q4_K, 40), (GgmlType::Q6_K, 17), (GgmlType::Q5_K, 21), (GgmlType::IQ4_XS, 9), (GgmlType::Q3_K, 24), (GgmlType::Q2_K, 7)],
         &[(GgmlType::Q4_0, 48), (GgmlType::Q6_K, 5), (GgmlType::Q8_0, 21), (GgmlType::Q4_1, 19)],
         // F16 has no packed copy: the call falls back to separate products.
         &[(GgmlType::Q5_0, 32), (GgmlType::F16, 9)],
@@ -577,7 +577,7 @@ fn gemm_k_kernel_equals_scalar_model() {
         eprintln!("no tile GEMM on this CPU; skipped");
         return;
     };
-    for ty in [GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
+    for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
         check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768)], 256, quantize_act_q8k, g, gemm::gemm_k_ref);
     }
 }
@@ -604,7 +604,7 @@ fn avx2_gemm_kernels_equal_scalar_model() {
         for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::IQ4_NL] {
             check_tile_gemm::<BlockQ8>(ty, ty == GgmlType::Q8_0, &[(16, 64), (37, 512), (5, 96), (12, 160)], 32, quantize_act_q8, g, gemm::gemm_ref);
         }
-        for ty in [GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
+        for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS] {
             check_tile_gemm::<BlockQ8K>(ty, false, &[(16, 256), (37, 512), (5, 768), (12, 256)], 256, quantize_act_q8k, gk, gemm::gemm_k_ref);
         }
         // Q8_0 at the edge of `vpmaddubsw`'s i16 range: quants −128 and ±127 with activations

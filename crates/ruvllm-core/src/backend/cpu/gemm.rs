@@ -80,6 +80,8 @@ pub enum PackKind {
     K5,
     /// Q6_K.
     K6,
+    /// Q2_K: the file's scale/min bytes and a 2-bit plane per sub-block (see [`pack_tile`]).
+    K2,
     /// Q3_K: 2-bit planes and a high-bit plane (see [`pack_tile`]).
     K3,
     /// IQ4_NL: Q4's layout of the 4-bit indices, looked up in [`quant::KVALUES_IQ4NL`].
@@ -99,6 +101,7 @@ impl PackKind {
             GgmlType::Q4_0 => Some(Self::Q4),
             GgmlType::Q4_1 => Some(Self::Q41),
             GgmlType::Q5_1 => Some(Self::Q51),
+            GgmlType::Q2_K => Some(Self::K2),
             GgmlType::Q3_K => Some(Self::K3),
             GgmlType::Q4_K => Some(Self::K4),
             GgmlType::Q5_K => Some(Self::K5),
@@ -136,6 +139,7 @@ impl PackKind {
             Self::K6 => K6_QS + 16 * 256,
             Self::X4 => X4_QS + 8 * 256,
             Self::K3 => K3_HI + 8 * 64,
+            Self::K2 => K2_QS + 16 * 64,
         }
     }
 
@@ -196,7 +200,7 @@ impl PackKind {
             Self::Q8 | Self::Q8H => 128,
             Self::Q5 => 16,
             Self::Q4 => 8,
-            Self::Q41 | Self::Q51 | Self::K4 | Self::K5 => 0,
+            Self::Q41 | Self::Q51 | Self::K2 | Self::K4 | Self::K5 => 0,
             Self::K6 => 32,
             Self::I4 | Self::X4 => 128,
             Self::K3 => 4,
@@ -205,7 +209,7 @@ impl PackKind {
 
     /// Whether activations are `BlockQ8K` (K-quants) rather than `BlockQ8`.
     pub const fn is_k(self) -> bool {
-        matches!(self, Self::K3 | Self::K4 | Self::K5 | Self::K6 | Self::X4)
+        matches!(self, Self::K2 | Self::K3 | Self::K4 | Self::K5 | Self::K6 | Self::X4)
     }
 
     /// Whether a 32-element kind has per-block mins (`w = d·q + m`: Q4_1, Q5_1), stored with
@@ -233,6 +237,9 @@ pub(crate) const K4_QS: usize = 512;
 pub(crate) const K6_SC: usize = 64;
 pub(crate) const K6_PAIRS: usize = 320;
 pub(crate) const K6_QS: usize = 832;
+pub(crate) const K2_DMIN: usize = K4_DMIN;
+pub(crate) const K2_SC: usize = 128;
+pub(crate) const K2_QS: usize = 384;
 pub(crate) const K3_SC: usize = 64;
 pub(crate) const K3_LO: usize = 320;
 pub(crate) const K3_HI: usize = 1344;
@@ -400,6 +407,10 @@ impl Packed {
 ///   (`K4_SC + 16j + r`); the 8 mins as i16 pairs (sub-blocks `2p`, `2p+1`) in lane words at
 ///   `K4_MIN + 64p`, for `vpdpwssd` with the activations' 32-element sums; the 4-bit quants of
 ///   sub-block `j` at `K4_QS + 256j` in the Q4_0 tile layout.
+/// - Q2_K (quants 0..=3, 16 sub-blocks of 16): `d` at 0, `dmin` at `K2_DMIN`; the file's
+///   scale/min byte of each sub-block (scale in the low nibble, min in the high one) at
+///   `K2_SC + 16j + r`; the quants of sub-block `j` as one 2-bit plane at `K2_QS + 64j`, group
+///   `g` at bits `2g..2g+2` of the lane bytes: 88 bytes per super-block and row (84 in the file).
 /// - Q3_K (`u = q + 4` in 0..=7, 16 sub-blocks of 16 elements = 4 groups): `d` at 0; the 16
 ///   sub-block scales minus 32 as i8 (`K3_SC + 16j + r`); the low two bits of sub-block `j` in
 ///   one vector at `K3_LO + 64j`, group `g` at bits `2g..2g+2` of the lane bytes; the high bits
@@ -428,6 +439,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                     PackKind::K5 => pack_k5(blk, r, ob),
                     PackKind::X4 => pack_x4(blk, r, ob),
                     PackKind::K3 => pack_k3(blk, r, ob),
+                    PackKind::K2 => pack_k2(blk, r, ob),
                     _ => pack_k6(blk, r, ob),
                 }
             }
@@ -488,7 +500,7 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                         }
                     }
                 }
-                PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
+                PackKind::K2 | PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
             }
         }
     }
@@ -504,6 +516,19 @@ fn q4_vectors(qs: &[u8]) -> [u32; 4] {
         let n = (x >> (4 * (h / 2))) & 0x0F0F_0F0F_0F0F_0F0F;
         (n as u32) | ((n >> 32) as u32) << 4
     })
+}
+
+/// Row `r` of a Q2_K super-block into the tile super-block `ob`.
+fn pack_k2(blk: &[u8], r: usize, ob: &mut [u8]) {
+    put(ob, 4 * r, &quant::f16_at(blk, 80).to_le_bytes());
+    put(ob, K2_DMIN + 4 * r, &quant::f16_at(blk, 82).to_le_bytes());
+    for j in 0..16 {
+        ob[K2_SC + 16 * j + r] = blk[j];
+        for e in 16 * j..16 * j + 16 {
+            let (q, _) = quant::q2_k_at(blk, e);
+            ob[K2_QS + 64 * j + 4 * r + e % 4] |= q << (2 * (e % 16 / 4));
+        }
+    }
 }
 
 /// Row `r` of a Q3_K super-block into the tile super-block `ob`.
@@ -602,6 +627,7 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
         PackKind::K4 => return tile_u(PackKind::Q4, &base[K4_QS + 256 * (e / 32) - PackKind::Q4.payload_at(0)..], 0, j, e % 32),
         PackKind::K5 => return tile_u(PackKind::Q5, &base[K4_QS + 320 * (e / 32) - PackKind::Q5.payload_at(0)..], 0, j, e % 32),
         PackKind::K6 => return base[K6_QS + 256 * (e / 16) + 64 * (e % 16 / 4) + 4 * j + e % 4] as i32,
+        PackKind::K2 => return ((base[K2_QS + 64 * (e / 16) + 4 * j + e % 4] >> (2 * (e % 16 / 4))) & 3) as i32,
         PackKind::K3 => {
             // Row j; element e is group g = e % 16 / 4, byte k = e % 4 of sub-block e / 16.
             let (sb, g, k) = (e / 16, e % 16 / 4, e % 4);
@@ -624,7 +650,7 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
             (lo | hi << 4) as i32
         }
         PackKind::I4 => quant::KVALUES_IQ4NL[((p[(g / 2) * 64 + lane] >> (4 * (g % 2))) & 0x0F) as usize] as i32 + 128,
-        PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
+        PackKind::K2 | PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
     }
 }
 
@@ -678,7 +704,8 @@ fn i16_at(p: &[u8], o: usize) -> i32 {
 
 /// Scalar model of the SIMD K-quant tile GEMM (same operations in the same order): per
 /// super-block, `Σ_j sc_j · Σ u·a` in integers; Q4_K and Q5_K add `− dmin·d_a·Σ_j m_j·Σa_j`, Q6_K
-/// subtracts `32 · Σ_j sc_j · Σa_j` in integers; IQ4_XS and Q3_K take `zp·Σa_j` off each
+/// subtracts `32 · Σ_j sc_j · Σa_j` in integers; Q2_K adds `− dmin·d_a·Σ_j m_j·Σa_j` (16-element
+/// sub-blocks); IQ4_XS and Q3_K take `zp·Σa_j` off each
 /// sub-block's sum before its scale.
 ///
 /// # Safety
@@ -687,7 +714,7 @@ fn i16_at(p: &[u8], o: usize) -> i32 {
 pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], ntok: usize, y: *mut f32, ystride: usize, nrows: usize) {
     let bb = kind.block_bytes();
     assert!(kind.is_k() && tile.len() >= nb * bb && act.len() >= ntok * nb && nrows <= TILE_ROWS);
-    let sub = if matches!(kind, PackKind::K6 | PackKind::K3) { 16 } else { 32 };
+    let sub = if matches!(kind, PackKind::K6 | PackKind::K3 | PackKind::K2) { 16 } else { 32 };
     let bs = |ab: &BlockQ8K, i: usize| ab.bsums[i] as i32;
     for t in 0..ntok {
         let mut acc = [0f32; TILE_ROWS];
@@ -705,6 +732,7 @@ pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K
                             s -= 128 * (bs(ab, 2 * j) + bs(ab, 2 * j + 1));
                             base[X4_SC + 16 * j + r] as i8 as i32
                         }
+                        PackKind::K2 => (base[K2_SC + 16 * j + r] & 0x0F) as i32,
                         PackKind::K3 => {
                             s -= 4 * bs(ab, j);
                             base[K3_SC + 16 * j + r] as i8 as i32
@@ -716,7 +744,13 @@ pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K
                 }
                 let bs = |i: usize| bs(ab, i);
                 let mut msum = 0i32;
-                if matches!(kind, PackKind::X4 | PackKind::K3) {
+                if kind == PackKind::K2 {
+                    for j in 0..16 {
+                        msum += (base[K2_SC + 16 * j + r] >> 4) as i32 * bs(j);
+                    }
+                    *acc = (f32_at(base, 4 * r) * ab.d).mul_add(isum as f32, *acc);
+                    *acc = (-(f32_at(base, K2_DMIN + 4 * r) * ab.d)).mul_add(msum as f32, *acc);
+                } else if matches!(kind, PackKind::X4 | PackKind::K3) {
                     *acc = (f32_at(base, 4 * r) * ab.d).mul_add(isum as f32, *acc);
                 } else if kind.has_mins() {
                     for j in 0..8 {

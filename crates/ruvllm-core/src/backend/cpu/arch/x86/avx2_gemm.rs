@@ -10,6 +10,7 @@
 //! - Q4_0/Q4_1/Q5_0/Q5_1/Q4_K quants are at most 31: a pair is at most 2·31·128 = 7936 in magnitude, so
 //!   four groups are summed in i16 before one `vpmaddwd` (Q4_0, Q4_1 and Q4_K: eight, ≤ 30720);
 //! - Q5_K's (≤ 31) likewise four groups per i16 sum, scaled by `vpmaddwd` per sum;
+//! - Q2_K's (at most 3) four groups in one i16 sum;
 //! - Q3_K's (`q + 4`, at most 7) four groups and the `−4·Σa` start in one i16 sum;
 //! - IQ4_NL/IQ4_XS values (−127..=113) are multiplied signed, as Q8_0's: `|v| · sign(a, v)`;
 //! - Q6_K quants (`q + 32`) are at most 63: pairs ≤ 16128, two groups per i16 sum;
@@ -47,6 +48,7 @@ const Q51: u8 = 7;
 const I4: u8 = 8;
 const X4: u8 = 9;
 const K3: u8 = 10;
+const K2: u8 = 11;
 
 /// IQ4_NL's values (`vpshufb` tables): signed, and plus 128 (for `vpdpbusd`).
 static IQ4_S: [i8; 16] = crate::backend::cpu::quant::KVALUES_IQ4NL;
@@ -72,6 +74,7 @@ const fn kind_of(k: u8) -> PackKind {
         I4 => PackKind::I4,
         X4 => PackKind::X4,
         K3 => PackKind::K3,
+        K2 => PackKind::K2,
         _ => PackKind::K6,
     }
 }
@@ -81,7 +84,7 @@ macro_rules! tile_gemm {
         pub mod $name {
             use std::arch::x86_64::*;
 
-            use super::{kind_of, I4, IQ4_S, IQ4_U, K3, K4, K5, K6, Q4, Q41, Q5, Q51, Q8, X4};
+            use super::{kind_of, I4, IQ4_S, IQ4_U, K2, K3, K4, K5, K6, Q4, Q41, Q5, Q51, Q8, X4};
             use crate::backend::cpu::gemm::{self, PackKind, TILE_ROWS};
             use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
 
@@ -104,7 +107,7 @@ macro_rules! tile_gemm {
                     PackKind::Q41 => [tokens::<Q41, false, 8, 1>, tokens::<Q41, false, 4, 1>, tokens::<Q41, false, 1, 1>, tokens::<Q41, false, 1, 2>],
                     PackKind::Q51 => [tokens::<Q51, false, 8, 1>, tokens::<Q51, false, 4, 1>, tokens::<Q51, false, 1, 1>, tokens::<Q51, false, 1, 2>],
                     PackKind::I4 => [tokens::<I4, false, 8, 1>, tokens::<I4, false, 4, 1>, tokens::<I4, false, 1, 1>, tokens::<I4, false, 1, 2>],
-                    PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
+                    PackKind::K2 | PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
                 };
                 groups(fns, kind, tile, nb, act, ntok, y, ystride, nrows)
             }
@@ -118,6 +121,7 @@ macro_rules! tile_gemm {
                     PackKind::K5 => [tokens_k::<K5, 8, 1>, tokens_k::<K5, 4, 1>, tokens_k::<K5, 1, 1>, tokens_k::<K5, 1, 2>],
                     PackKind::X4 => [tokens_k::<X4, 8, 1>, tokens_k::<X4, 4, 1>, tokens_k::<X4, 1, 1>, tokens_k::<X4, 1, 2>],
                     PackKind::K3 => [tokens_k::<K3, 8, 1>, tokens_k::<K3, 4, 1>, tokens_k::<K3, 1, 1>, tokens_k::<K3, 1, 2>],
+                    PackKind::K2 => [tokens_k::<K2, 8, 1>, tokens_k::<K2, 4, 1>, tokens_k::<K2, 1, 1>, tokens_k::<K2, 1, 2>],
                     PackKind::K6 => [tokens_k::<K6, 8, 1>, tokens_k::<K6, 4, 1>, tokens_k::<K6, 1, 1>, tokens_k::<K6, 1, 2>],
                     _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
                 };
@@ -223,6 +227,27 @@ macro_rules! tile_gemm {
                     o = dpbusd(o, w[g + 1], _mm256_set1_epi32(q.add(g + 1).read_unaligned()));
                 }
                 _mm256_add_epi32(e, o)
+            }
+
+            /// One token's scaled sum `sc · (start + Σ u·a)` of a 16-element sub-block of small
+            /// unsigned quants (Q2_K, Q3_K: `w` its four group vectors, `q` its 16 activation
+            /// bytes); `sc` in i32 lanes with VNNI, in both i16 halves of each lane without, where
+            /// everything stays in i16 (|Σ| ≤ 4·2·7·127 + 4·16·128) with the start in each lane's
+            /// low half and `vpmaddwd` applies the scale.
+            #[inline(always)]
+            unsafe fn sub16(w: &[__m256i; 4], q: *const i32, start: i32, sc: __m256i) -> __m256i {
+                let x0 = _mm256_set1_epi32(q.read_unaligned());
+                let x1 = _mm256_set1_epi32(q.add(1).read_unaligned());
+                let x2 = _mm256_set1_epi32(q.add(2).read_unaligned());
+                let x3 = _mm256_set1_epi32(q.add(3).read_unaligned());
+                if VNNI {
+                    let e = dpbusd(dpbusd(_mm256_set1_epi32(start), w[0], x0), w[2], x2);
+                    let od = dpbusd(dpbusd(_mm256_setzero_si256(), w[1], x1), w[3], x3);
+                    _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
+                } else {
+                    let s = _mm256_add_epi16(_mm256_add_epi16(mul16(w[0], x0), mul16(w[1], x1)), _mm256_add_epi16(mul16(w[2], x2), mul16(w[3], x3)));
+                    _mm256_madd_epi16(_mm256_add_epi16(s, _mm256_set1_epi32(start & 0xFFFF)), sc)
+                }
             }
 
             /// `vpmaddubsw`: u8 × i8, adjacent pairs summed into i16.
@@ -514,7 +539,35 @@ macro_rules! tile_gemm {
                         }
                     }
                     let mut isum = [[_mm256_setzero_si256(); T]; H];
-                    if K == K3 {
+                    if K == K2 {
+                        let three = _mm256_set1_epi8(3);
+                        for j in 0..16 {
+                            if ahead {
+                                super::super::prefetch_ahead_part(tile, kind, b, j, 16);
+                            }
+                            for (hh, (isum, mins)) in isum.iter_mut().zip(mins.iter_mut()).enumerate() {
+                                let h = h0 + hh;
+                                let plane = ld(base.add(gemm::K2_QS + 64 * j + 32 * h));
+                                let w = [
+                                    _mm256_and_si256(plane, three),
+                                    _mm256_and_si256(_mm256_srli_epi16::<2>(plane), three),
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(plane), three),
+                                    _mm256_and_si256(_mm256_srli_epi16::<6>(plane), three),
+                                ];
+                                // The file's scale/min bytes: scale in the low nibble, min in the
+                                // high one (the scale in both i16 halves of a lane without VNNI).
+                                let sm = scales::<false>(base.add(gemm::K2_SC + 16 * j + 8 * h), !VNNI);
+                                let sc = _mm256_and_si256(sm, _mm256_set1_epi16(0x0F));
+                                let mn = _mm256_srli_epi32::<4>(_mm256_and_si256(sm, _mm256_set1_epi32(0xFF)));
+                                for (k, (isum, m)) in isum.iter_mut().zip(mins.iter_mut()).enumerate() {
+                                    let ab = &*act.add(k * nb + b);
+                                    let v = sub16(&w, ab.qs.as_ptr().add(16 * j) as *const i32, 0, sc);
+                                    *isum = _mm256_add_epi32(*isum, v);
+                                    *m = _mm256_add_epi32(*m, _mm256_mullo_epi32(mn, _mm256_set1_epi32(ab.bsums[j] as i32)));
+                                }
+                            }
+                        }
+                    } else if K == K3 {
                         let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
                         for j in 0..16 {
                             if ahead {
@@ -535,24 +588,8 @@ macro_rules! tile_gemm {
                                 let sc = scales::<true>(base.add(gemm::K3_SC + 16 * j + 8 * h), !VNNI);
                                 for (k, isum) in isum.iter_mut().enumerate() {
                                     let ab = &*act.add(k * nb + b);
-                                    let q = ab.qs.as_ptr().add(16 * j) as *const i32;
-                                    let x = |g: usize| _mm256_set1_epi32(q.add(g).read_unaligned());
                                     // u = q + 4: −4·Σa of the sub-block comes off its sum.
-                                    let zs = -4 * ab.bsums[j] as i32;
-                                    let v = if VNNI {
-                                        let e = dpbusd(_mm256_set1_epi32(zs), w[0], x(0));
-                                        let od = dpbusd(_mm256_setzero_si256(), w[1], x(1));
-                                        let e = dpbusd(e, w[2], x(2));
-                                        let od = dpbusd(od, w[3], x(3));
-                                        _mm256_mullo_epi32(_mm256_add_epi32(e, od), sc)
-                                    } else {
-                                        // All in i16 (|Σ| ≤ 4·2·7·127 + 4·16·128), the start in
-                                        // each lane's low half; `vpmaddwd` applies the scale.
-                                        let p = |g: usize| mul16(w[g], x(g));
-                                        let s = _mm256_add_epi16(_mm256_add_epi16(p(0), p(1)), _mm256_add_epi16(p(2), p(3)));
-                                        let s = _mm256_add_epi16(s, _mm256_set1_epi32(zs & 0xFFFF));
-                                        _mm256_madd_epi16(s, sc)
-                                    };
+                                    let v = sub16(&w, ab.qs.as_ptr().add(16 * j) as *const i32, -4 * ab.bsums[j] as i32, sc);
                                     *isum = _mm256_add_epi32(*isum, v);
                                 }
                             }
@@ -651,14 +688,14 @@ macro_rules! tile_gemm {
                     for (hh, acc) in accs.iter_mut().enumerate() {
                         let o = 32 * (h0 + hh);
                         let dv = _mm256_loadu_ps(base.add(o) as *const f32);
-                        let dmin = if mins_k { _mm256_loadu_ps(base.add(gemm::K4_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
+                        let dmin = if mins_k || K == K2 { _mm256_loadu_ps(base.add(gemm::K2_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
                         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum[hh].into_iter().zip(mins[hh])).enumerate() {
                             let da = _mm256_set1_ps((*act.add(k * nb + b)).d);
-                            if K == X4 || K == K3 {
-                                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
-                            } else if mins_k {
+                            if mins_k || K == K2 {
                                 *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
                                 *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(m), *acc);
+                            } else if K == X4 || K == K3 {
+                                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
                             } else {
                                 let s = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(m));
                                 *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(s), *acc);

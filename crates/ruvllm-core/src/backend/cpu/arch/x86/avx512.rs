@@ -29,7 +29,7 @@ pub unsafe fn gemm(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8], ntok
         PackKind::Q41 => (tokens::<Q41, false, 8>, tokens::<Q41, false, 4>, tokens::<Q41, false, 1>),
         PackKind::Q51 => (tokens::<Q51, false, 8>, tokens::<Q51, false, 4>, tokens::<Q51, false, 1>),
         PackKind::I4 => (tokens::<I4, false, 8>, tokens::<I4, false, 4>, tokens::<I4, false, 1>),
-        PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
+        PackKind::K2 | PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => panic!("gemm: {kind:?} tiles take gemm_k"),
     };
     groups(Some(eight), four, one, kind, tile, nb, act, ntok, y, ystride, nrows)
 }
@@ -180,6 +180,7 @@ const K6: u8 = 4;
 const K5: u8 = 6;
 const X4: u8 = 9;
 const K3: u8 = 10;
+const K2: u8 = 11;
 
 /// IQ4_NL's values plus 128 (`vpshufb` table).
 static IQ4_U: [u8; 16] = {
@@ -201,6 +202,7 @@ pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], n
         PackKind::K5 => (tokens_k::<K5, 4>, tokens_k::<K5, 1>),
         PackKind::X4 => (tokens_k::<X4, 4>, tokens_k::<X4, 1>),
         PackKind::K3 => (tokens_k::<K3, 4>, tokens_k::<K3, 1>),
+        PackKind::K2 => (tokens_k::<K2, 4>, tokens_k::<K2, 1>),
         PackKind::K6 => (tokens_k::<K6, 4>, tokens_k::<K6, 1>),
         _ => panic!("gemm_k: {kind:?} is not a K-quant tile"),
     };
@@ -215,6 +217,7 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         K5 => PackKind::K5,
         X4 => PackKind::X4,
         K3 => PackKind::K3,
+        K2 => PackKind::K2,
         _ => PackKind::K6,
     };
     // Q4_K and Q5_K: 32-element sub-blocks with 6-bit scales and mins.
@@ -228,7 +231,8 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         // in ascending order (one token: the super-block 8 KiB ahead is prefetched a part per
         // sub-block, `prefetch_ahead_part`).
         let dv = _mm512_load_ps(base as *const f32);
-        let dmin = if mins_k { _mm512_load_ps(base.add(gemm::K4_DMIN) as *const f32) } else { _mm512_setzero_ps() };
+        // Q2_K keeps its dmin where Q4_K does (`K2_DMIN`).
+        let dmin = if mins_k || K == K2 { _mm512_load_ps(base.add(gemm::K2_DMIN) as *const f32) } else { _mm512_setzero_ps() };
         let mut mins = [_mm512_setzero_si512(); T];
         for (k, m) in mins.iter_mut().enumerate() {
             let bs = (*act.add(k * nb + b)).bsums.as_ptr();
@@ -246,7 +250,35 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
             }
         }
         let mut isum = [_mm512_setzero_si512(); T];
-        if K == K3 {
+        if K == K2 {
+            let three = _mm512_set1_epi8(3);
+            for j in 0..16 {
+                if T == 1 {
+                    super::prefetch_ahead_part(tile, kind, b, j, 16);
+                }
+                let plane = ld(base.add(gemm::K2_QS + 64 * j));
+                let w = [
+                    _mm512_and_si512(plane, three),
+                    _mm512_and_si512(_mm512_srli_epi16::<2>(plane), three),
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(plane), three),
+                    _mm512_and_si512(_mm512_srli_epi16::<6>(plane), three),
+                ];
+                // The file's scale/min bytes: scale in the low nibble, min in the high one.
+                let sm = _mm512_cvtepu8_epi32(_mm_load_si128(base.add(gemm::K2_SC + 16 * j) as *const __m128i));
+                let (sc, mn) = (_mm512_and_si512(sm, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32::<4>(sm));
+                for (k, (isum, m)) in isum.iter_mut().zip(mins.iter_mut()).enumerate() {
+                    let ab = &*act.add(k * nb + b);
+                    let q = ab.qs.as_ptr().add(16 * j) as *const i32;
+                    let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
+                    let e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x(0));
+                    let o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
+                    let e = _mm512_dpbusd_epi32(e, w[2], x(2));
+                    let o = _mm512_dpbusd_epi32(o, w[3], x(3));
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(_mm512_add_epi32(e, o), sc));
+                    *m = _mm512_add_epi32(*m, _mm512_mullo_epi32(mn, _mm512_set1_epi32(ab.bsums[j] as i32)));
+                }
+            }
+        } else if K == K3 {
             let (three, four) = (_mm512_set1_epi8(3), _mm512_set1_epi8(4));
             for j in 0..16 {
                 if T == 1 {
@@ -325,11 +357,11 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         }
         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum.into_iter().zip(mins)).enumerate() {
             let da = _mm512_set1_ps((*act.add(k * nb + b)).d);
-            if K == X4 || K == K3 {
-                *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
-            } else if mins_k {
+            if mins_k || K == K2 {
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
                 *acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(m), *acc);
+            } else if K == X4 || K == K3 {
+                *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
             } else {
                 let s = _mm512_sub_epi32(isum, _mm512_slli_epi32::<5>(m));
                 *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(s), *acc);
