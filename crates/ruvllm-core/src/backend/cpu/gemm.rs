@@ -223,9 +223,10 @@ impl PackKind {
         matches!(self, Self::Q5 | Self::Q51)
     }
 
-    /// Whether this is a K-quant with Q4_K's scales and mins (Q4_K, Q5_K).
-    pub const fn has_mins(self) -> bool {
-        matches!(self, Self::K4 | Self::K5)
+    /// Whether this is a K-quant with a `dmin` and sub-block mins (`w = d·sc·q − dmin·m`:
+    /// Q2_K, Q4_K, Q5_K).
+    pub const fn has_dmin(self) -> bool {
+        matches!(self, Self::K2 | Self::K4 | Self::K5)
     }
 }
 
@@ -237,6 +238,7 @@ pub(crate) const K4_QS: usize = 512;
 pub(crate) const K6_SC: usize = 64;
 pub(crate) const K6_PAIRS: usize = 320;
 pub(crate) const K6_QS: usize = 832;
+/// Where every kind with a `dmin` ([`PackKind::has_dmin`]) keeps it.
 pub(crate) const K2_DMIN: usize = K4_DMIN;
 pub(crate) const K2_SC: usize = 128;
 pub(crate) const K2_QS: usize = 384;
@@ -649,7 +651,8 @@ fn tile_u(kind: PackKind, tile: &[u8], b: usize, j: usize, e: usize) -> i32 {
             let hi = if kind.has_fifth_bits() { (p[256 + lane] >> g) & 1 } else { 0 };
             (lo | hi << 4) as i32
         }
-        PackKind::I4 => quant::KVALUES_IQ4NL[((p[(g / 2) * 64 + lane] >> (4 * (g % 2))) & 0x0F) as usize] as i32 + 128,
+        // The index as a Q4_0 tile holds it, looked up.
+        PackKind::I4 => quant::KVALUES_IQ4NL[tile_u(PackKind::Q4, tile, b, j, e) as usize] as i32 + 128,
         PackKind::K2 | PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
     }
 }
@@ -743,27 +746,19 @@ pub unsafe fn gemm_k_ref(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K
                     isum = isum.wrapping_add(s.wrapping_mul(sc));
                 }
                 let bs = |i: usize| bs(ab, i);
-                let mut msum = 0i32;
-                if kind == PackKind::K2 {
-                    for j in 0..16 {
-                        msum += (base[K2_SC + 16 * j + r] >> 4) as i32 * bs(j);
+                // The min terms (Q6_K: the `−32` offset's `Σ_j sc_j·Σa_j`).
+                let msum: i32 = match kind {
+                    PackKind::K2 => (0..16).map(|j| (base[K2_SC + 16 * j + r] >> 4) as i32 * bs(j)).sum(),
+                    PackKind::K4 | PackKind::K5 => {
+                        (0..8).map(|j| i16_at(base, K4_MIN + 64 * (j / 2) + 4 * r + 2 * (j % 2)) * (bs(2 * j) + bs(2 * j + 1))).sum()
                     }
-                    *acc = (f32_at(base, 4 * r) * ab.d).mul_add(isum as f32, *acc);
+                    PackKind::K6 => (0..16).map(|j| i16_at(base, K6_PAIRS + 64 * (j / 2) + 4 * r + 2 * (j % 2)) * bs(j)).sum(),
+                    _ => 0,
+                };
+                let s = if kind == PackKind::K6 { isum.wrapping_sub(msum << 5) } else { isum };
+                *acc = (f32_at(base, 4 * r) * ab.d).mul_add(s as f32, *acc);
+                if kind.has_dmin() {
                     *acc = (-(f32_at(base, K2_DMIN + 4 * r) * ab.d)).mul_add(msum as f32, *acc);
-                } else if matches!(kind, PackKind::X4 | PackKind::K3) {
-                    *acc = (f32_at(base, 4 * r) * ab.d).mul_add(isum as f32, *acc);
-                } else if kind.has_mins() {
-                    for j in 0..8 {
-                        msum += i16_at(base, K4_MIN + 64 * (j / 2) + 4 * r + 2 * (j % 2)) * (bs(2 * j) + bs(2 * j + 1));
-                    }
-                    *acc = (f32_at(base, 4 * r) * ab.d).mul_add(isum as f32, *acc);
-                    *acc = (-(f32_at(base, K4_DMIN + 4 * r) * ab.d)).mul_add(msum as f32, *acc);
-                } else {
-                    for j in 0..16 {
-                        msum += i16_at(base, K6_PAIRS + 64 * (j / 2) + 4 * r + 2 * (j % 2)) * bs(j);
-                    }
-                    let s = isum.wrapping_sub(msum << 5);
-                    *acc = (f32_at(base, 4 * r) * ab.d).mul_add(s as f32, *acc);
                 }
             }
         }

@@ -35,49 +35,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use crate::backend::cpu::gemm::PackKind;
-
-const Q8: u8 = 0;
-const Q5: u8 = 1;
-const Q4: u8 = 2;
-const K4: u8 = 3;
-const K6: u8 = 4;
-const Q41: u8 = 5;
-const K5: u8 = 6;
-const Q51: u8 = 7;
-const I4: u8 = 8;
-const X4: u8 = 9;
-const K3: u8 = 10;
-const K2: u8 = 11;
-
-/// IQ4_NL's values (`vpshufb` tables): signed, and plus 128 (for `vpdpbusd`).
-static IQ4_S: [i8; 16] = crate::backend::cpu::quant::KVALUES_IQ4NL;
-static IQ4_U: [u8; 16] = {
-    let mut t = [0u8; 16];
-    let mut i = 0;
-    while i < 16 {
-        t[i] = (IQ4_S[i] as i16 + 128) as u8;
-        i += 1;
-    }
-    t
-};
-
-const fn kind_of(k: u8) -> PackKind {
-    match k {
-        Q8 => PackKind::Q8,
-        Q5 => PackKind::Q5,
-        Q4 => PackKind::Q4,
-        K4 => PackKind::K4,
-        K5 => PackKind::K5,
-        Q41 => PackKind::Q41,
-        Q51 => PackKind::Q51,
-        I4 => PackKind::I4,
-        X4 => PackKind::X4,
-        K3 => PackKind::K3,
-        K2 => PackKind::K2,
-        _ => PackKind::K6,
-    }
-}
+use super::{kind_of, I4, IQ4_S, IQ4_U, K2, K3, K4, K5, K6, Q4, Q41, Q5, Q51, Q8, X4};
 
 macro_rules! tile_gemm {
     ($name:ident, $feat:literal, $vnni:expr) => {
@@ -504,7 +462,7 @@ macro_rules! tile_gemm {
                 let kind = kind_of(K);
                 let bb = kind.block_bytes();
                 // Q4_K and Q5_K: 32-element sub-blocks with 6-bit scales and mins.
-                let mins_k = K == K4 || K == K5;
+                let k4_scales = K == K4 || K == K5;
                 let mut accs = [[_mm256_setzero_ps(); T]; H];
                 // One token (both halves): the super-block 8 KiB ahead is prefetched a part per
                 // sub-block (`prefetch_ahead_part`).
@@ -522,7 +480,7 @@ macro_rules! tile_gemm {
                         let o = 32 * (h0 + hh);
                         for (k, m) in mins.iter_mut().enumerate() {
                             let bs = (*act.add(k * nb + b)).bsums.as_ptr();
-                            if mins_k {
+                            if k4_scales {
                                 for p in 0..4 {
                                     let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
                                     let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
@@ -623,7 +581,7 @@ macro_rules! tile_gemm {
                                 }
                             }
                         }
-                    } else if mins_k {
+                    } else if k4_scales {
                         for j in 0..8 {
                             if ahead {
                                 super::super::prefetch_ahead_part(tile, kind, b, j, 8);
@@ -688,17 +646,14 @@ macro_rules! tile_gemm {
                     for (hh, acc) in accs.iter_mut().enumerate() {
                         let o = 32 * (h0 + hh);
                         let dv = _mm256_loadu_ps(base.add(o) as *const f32);
-                        let dmin = if mins_k || K == K2 { _mm256_loadu_ps(base.add(gemm::K2_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
+                        let dmin = if kind.has_dmin() { _mm256_loadu_ps(base.add(gemm::K2_DMIN + o) as *const f32) } else { _mm256_setzero_ps() };
                         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum[hh].into_iter().zip(mins[hh])).enumerate() {
                             let da = _mm256_set1_ps((*act.add(k * nb + b)).d);
-                            if mins_k || K == K2 {
-                                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
+                            // Q6_K: the `−32` offset's term comes off in integers.
+                            let s = if K == K6 { _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(m)) } else { isum };
+                            *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(s), *acc);
+                            if kind.has_dmin() {
                                 *acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(m), *acc);
-                            } else if K == X4 || K == K3 {
-                                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(isum), *acc);
-                            } else {
-                                let s = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(m));
-                                *acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, da), _mm256_cvtepi32_ps(s), *acc);
                             }
                         }
                     }

@@ -10,12 +10,7 @@ use std::arch::x86_64::*;
 use crate::backend::cpu::gemm::{self, PackKind, TILE_ROWS};
 use crate::backend::cpu::quant::{BlockQ8, BlockQ8K};
 
-const Q8: u8 = 0;
-const Q5: u8 = 1;
-const Q4: u8 = 2;
-const Q41: u8 = 5;
-const Q51: u8 = 7;
-const I4: u8 = 8;
+use super::{kind_of, I4, IQ4_U, K2, K3, K4, K5, K6, Q4, Q41, Q5, Q51, Q8, X4};
 
 /// Tile GEMM (see `gemm::GemmFn`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
@@ -132,20 +127,26 @@ macro_rules! block_sum {
     }};
 }
 
+/// [`block_sum`] for a 16-element sub-block (`w`: its four group vectors).
+macro_rules! sub_sum {
+    ($init:expr, $w:expr, $q:expr) => {{
+        let (w, q): (&[__m512i; 4], *const i32) = ($w, $q);
+        let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
+        let e = _mm512_dpbusd_epi32($init, w[0], x(0));
+        let o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
+        let e = _mm512_dpbusd_epi32(e, w[2], x(2));
+        let o = _mm512_dpbusd_epi32(o, w[3], x(3));
+        _mm512_add_epi32(e, o)
+    }};
+}
+
 /// `T` consecutive tokens over all blocks of the tile (`C`: the compact layout, f16 scales in
 /// pair headers; Q4_1, Q5_1: f16 scales and mins in each block's header, the min term `m·s` added
 /// after the block). Each token's block sum runs in two chains of four `vpdpbusd` (even and
 /// odd groups), so four tokens keep eight chains in flight.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8, y: *mut f32, ystride: usize, mask: __mmask16) {
-    let kind = match K {
-        Q8 => PackKind::Q8,
-        Q5 => PackKind::Q5,
-        Q41 => PackKind::Q41,
-        Q51 => PackKind::Q51,
-        I4 => PackKind::I4,
-        _ => PackKind::Q4,
-    };
+    let kind = kind_of(K);
     let mins = K == Q41 || K == Q51;
     let kind = if C { kind.compact() } else { kind };
     let zp = kind.zp();
@@ -175,24 +176,6 @@ unsafe fn tokens<const K: u8, const C: bool, const T: usize>(tile: *const u8, nb
     }
 }
 
-const K4: u8 = 3;
-const K6: u8 = 4;
-const K5: u8 = 6;
-const X4: u8 = 9;
-const K3: u8 = 10;
-const K2: u8 = 11;
-
-/// IQ4_NL's values plus 128 (`vpshufb` table).
-static IQ4_U: [u8; 16] = {
-    let mut t = [0u8; 16];
-    let mut i = 0;
-    while i < 16 {
-        t[i] = (crate::backend::cpu::quant::KVALUES_IQ4NL[i] as i16 + 128) as u8;
-        i += 1;
-    }
-    t
-};
-
 /// K-quant tile GEMM (see `gemm::GemmKFn` and `gemm::gemm_k_ref`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -212,16 +195,9 @@ pub unsafe fn gemm_k(kind: PackKind, tile: &[u8], nb: usize, act: &[BlockQ8K], n
 /// `T` consecutive tokens over all super-blocks of a K-quant tile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act: *const BlockQ8K, y: *mut f32, ystride: usize, mask: __mmask16) {
-    let kind = match K {
-        K4 => PackKind::K4,
-        K5 => PackKind::K5,
-        X4 => PackKind::X4,
-        K3 => PackKind::K3,
-        K2 => PackKind::K2,
-        _ => PackKind::K6,
-    };
+    let kind = kind_of(K);
     // Q4_K and Q5_K: 32-element sub-blocks with 6-bit scales and mins.
-    let mins_k = K == K4 || K == K5;
+    let k4_scales = K == K4 || K == K5;
     let bb = kind.block_bytes();
     let mut acc = [_mm512_setzero_ps(); T];
     let ld = |p: *const u8| _mm512_load_si512(p as *const _);
@@ -231,12 +207,11 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
         // in ascending order (one token: the super-block 8 KiB ahead is prefetched a part per
         // sub-block, `prefetch_ahead_part`).
         let dv = _mm512_load_ps(base as *const f32);
-        // Q2_K keeps its dmin where Q4_K does (`K2_DMIN`).
-        let dmin = if mins_k || K == K2 { _mm512_load_ps(base.add(gemm::K2_DMIN) as *const f32) } else { _mm512_setzero_ps() };
+        let dmin = if kind.has_dmin() { _mm512_load_ps(base.add(gemm::K2_DMIN) as *const f32) } else { _mm512_setzero_ps() };
         let mut mins = [_mm512_setzero_si512(); T];
         for (k, m) in mins.iter_mut().enumerate() {
             let bs = (*act.add(k * nb + b)).bsums.as_ptr();
-            if mins_k {
+            if k4_scales {
                 for p in 0..4 {
                     let s0 = (*bs.add(4 * p) as i32 + *bs.add(4 * p + 1) as i32) as u16 as u32;
                     let s1 = (*bs.add(4 * p + 2) as i32 + *bs.add(4 * p + 3) as i32) as u16 as u32;
@@ -268,13 +243,8 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
                 let (sc, mn) = (_mm512_and_si512(sm, _mm512_set1_epi32(0x0F)), _mm512_srli_epi32::<4>(sm));
                 for (k, (isum, m)) in isum.iter_mut().zip(mins.iter_mut()).enumerate() {
                     let ab = &*act.add(k * nb + b);
-                    let q = ab.qs.as_ptr().add(16 * j) as *const i32;
-                    let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
-                    let e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], x(0));
-                    let o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
-                    let e = _mm512_dpbusd_epi32(e, w[2], x(2));
-                    let o = _mm512_dpbusd_epi32(o, w[3], x(3));
-                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(_mm512_add_epi32(e, o), sc));
+                    let s = sub_sum!(_mm512_setzero_si512(), &w, ab.qs.as_ptr().add(16 * j) as *const i32);
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(s, sc));
                     *m = _mm512_add_epi32(*m, _mm512_mullo_epi32(mn, _mm512_set1_epi32(ab.bsums[j] as i32)));
                 }
             }
@@ -297,42 +267,36 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
                 let sc = _mm512_cvtepi8_epi32(_mm_load_si128(base.add(gemm::K3_SC + 16 * j) as *const __m128i));
                 for (k, isum) in isum.iter_mut().enumerate() {
                     let ab = &*act.add(k * nb + b);
-                    let q = ab.qs.as_ptr().add(16 * j) as *const i32;
-                    let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
                     // u = q + 4: start from −4·Σa of the sub-block.
-                    let e = _mm512_dpbusd_epi32(_mm512_set1_epi32(-4 * ab.bsums[j] as i32), w[0], x(0));
-                    let o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x(1));
-                    let e = _mm512_dpbusd_epi32(e, w[2], x(2));
-                    let o = _mm512_dpbusd_epi32(o, w[3], x(3));
-                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(_mm512_add_epi32(e, o), sc));
-                }
-            }
-        } else if K == X4 {
-            for j in 0..8 {
-                if T == 1 {
-                    super::prefetch_ahead_part(tile, kind, b, j, 8);
-                }
-                let w = weights::<I4, false>(base.add(gemm::X4_QS + 256 * j));
-                let sc = _mm512_cvtepi8_epi32(_mm_load_si128(base.add(gemm::X4_SC + 16 * j) as *const __m128i));
-                for (k, isum) in isum.iter_mut().enumerate() {
-                    let ab = &*act.add(k * nb + b);
-                    let q = ab.qs.as_ptr().add(32 * j) as *const i32;
-                    // u = v + 128: start from −128·Σa of the sub-block.
-                    let zs = -128 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32);
-                    let s = block_sum!(_mm512_set1_epi32(zs), &w, q);
+                    let s = sub_sum!(_mm512_set1_epi32(-4 * ab.bsums[j] as i32), &w, ab.qs.as_ptr().add(16 * j) as *const i32);
                     *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(s, sc));
                 }
             }
-        } else if mins_k {
+        } else if k4_scales || K == X4 {
+            // 32-element sub-blocks in the 32-block tile layouts, one scale each.
             for j in 0..8 {
                 if T == 1 {
                     super::prefetch_ahead_part(tile, kind, b, j, 8);
                 }
-                let w = if K == K5 { weights::<Q5, false>(base.add(gemm::K4_QS + 320 * j)) } else { weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j)) };
-                let sc = _mm512_cvtepu8_epi32(_mm_load_si128(base.add(gemm::K4_SC + 16 * j) as *const __m128i));
+                let (w, sc) = match K {
+                    X4 => (
+                        weights::<I4, false>(base.add(gemm::X4_QS + 256 * j)),
+                        _mm512_cvtepi8_epi32(_mm_load_si128(base.add(gemm::X4_SC + 16 * j) as *const __m128i)),
+                    ),
+                    K5 => (
+                        weights::<Q5, false>(base.add(gemm::K4_QS + 320 * j)),
+                        _mm512_cvtepu8_epi32(_mm_load_si128(base.add(gemm::K4_SC + 16 * j) as *const __m128i)),
+                    ),
+                    _ => (
+                        weights::<Q4, false>(base.add(gemm::K4_QS + 256 * j)),
+                        _mm512_cvtepu8_epi32(_mm_load_si128(base.add(gemm::K4_SC + 16 * j) as *const __m128i)),
+                    ),
+                };
                 for (k, isum) in isum.iter_mut().enumerate() {
-                    let q = (*act.add(k * nb + b)).qs.as_ptr().add(32 * j) as *const i32;
-                    let s = block_sum!(_mm512_setzero_si512(), &w, q);
+                    let ab = &*act.add(k * nb + b);
+                    // IQ4_XS: u = v + 128, so start from −128·Σa of the sub-block.
+                    let zs = if K == X4 { -128 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32) } else { 0 };
+                    let s = block_sum!(_mm512_set1_epi32(zs), &w, ab.qs.as_ptr().add(32 * j) as *const i32);
                     *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(s, sc));
                 }
             }
@@ -342,29 +306,21 @@ unsafe fn tokens_k<const K: u8, const T: usize>(tile: *const u8, nb: usize, act:
                     super::prefetch_ahead_part(tile, kind, b, j, 16);
                 }
                 let wp = base.add(gemm::K6_QS + 256 * j);
-                let (w0, w1, w2, w3) = (ld(wp), ld(wp.add(64)), ld(wp.add(128)), ld(wp.add(192)));
+                let w = [ld(wp), ld(wp.add(64)), ld(wp.add(128)), ld(wp.add(192))];
                 let sc = _mm512_cvtepi8_epi32(_mm_load_si128(base.add(gemm::K6_SC + 16 * j) as *const __m128i));
                 for (k, isum) in isum.iter_mut().enumerate() {
                     let q = (*act.add(k * nb + b)).qs.as_ptr().add(16 * j) as *const i32;
-                    let x = |g: usize| _mm512_set1_epi32(q.add(g).read_unaligned());
-                    let e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, x(0));
-                    let o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, x(1));
-                    let e = _mm512_dpbusd_epi32(e, w2, x(2));
-                    let o = _mm512_dpbusd_epi32(o, w3, x(3));
-                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(_mm512_add_epi32(e, o), sc));
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(sub_sum!(_mm512_setzero_si512(), &w, q), sc));
                 }
             }
         }
         for (k, (acc, (isum, m))) in acc.iter_mut().zip(isum.into_iter().zip(mins)).enumerate() {
             let da = _mm512_set1_ps((*act.add(k * nb + b)).d);
-            if mins_k || K == K2 {
-                *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
+            // Q6_K: the `−32` offset's term comes off in integers.
+            let s = if K == K6 { _mm512_sub_epi32(isum, _mm512_slli_epi32::<5>(m)) } else { isum };
+            *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(s), *acc);
+            if kind.has_dmin() {
                 *acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(m), *acc);
-            } else if K == X4 || K == K3 {
-                *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum), *acc);
-            } else {
-                let s = _mm512_sub_epi32(isum, _mm512_slli_epi32::<5>(m));
-                *acc = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(s), *acc);
             }
         }
     }

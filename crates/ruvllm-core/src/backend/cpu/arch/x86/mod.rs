@@ -5,6 +5,50 @@
 
 use crate::backend::cpu::gemm::PackKind;
 
+// The tile kinds as const-generic numbers of the tile kernels (`avx512`, `avx2_gemm`).
+pub(crate) const Q8: u8 = 0;
+pub(crate) const Q5: u8 = 1;
+pub(crate) const Q4: u8 = 2;
+pub(crate) const K4: u8 = 3;
+pub(crate) const K6: u8 = 4;
+pub(crate) const Q41: u8 = 5;
+pub(crate) const K5: u8 = 6;
+pub(crate) const Q51: u8 = 7;
+pub(crate) const I4: u8 = 8;
+pub(crate) const X4: u8 = 9;
+pub(crate) const K3: u8 = 10;
+pub(crate) const K2: u8 = 11;
+
+/// IQ4_NL's values (`vpshufb` tables): signed, and plus 128 (for `vpdpbusd`).
+pub(crate) static IQ4_S: [i8; 16] = crate::backend::cpu::quant::KVALUES_IQ4NL;
+pub(crate) static IQ4_U: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (IQ4_S[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The tile kind of a kernel's const-generic kind number.
+pub(crate) const fn kind_of(k: u8) -> PackKind {
+    match k {
+        Q8 => PackKind::Q8,
+        Q5 => PackKind::Q5,
+        Q4 => PackKind::Q4,
+        K4 => PackKind::K4,
+        K5 => PackKind::K5,
+        Q41 => PackKind::Q41,
+        Q51 => PackKind::Q51,
+        I4 => PackKind::I4,
+        X4 => PackKind::X4,
+        K3 => PackKind::K3,
+        K2 => PackKind::K2,
+        _ => PackKind::K6,
+    }
+}
+
 pub mod avx2;
 pub mod avx2_gemm;
 pub mod avx512;
