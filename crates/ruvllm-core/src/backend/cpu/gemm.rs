@@ -487,20 +487,8 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
                 }
                 PackKind::Q5 | PackKind::Q4 | PackKind::Q41 | PackKind::Q51 | PackKind::I4 => {
                     // The file's nibbles are already `q + zp` (IQ4_NL: the table indices).
-                    for (h, w) in q4_vectors(&blk[ts - 16..]).into_iter().enumerate() {
-                        payload[h * 64 + lane..h * 64 + lane + 4].copy_from_slice(&w.to_le_bytes());
-                    }
-                    if kind.has_fifth_bits() {
-                        // Fifth bits: element e is bit e of qh; group g's four bits go to bit g
-                        // of the lane bytes 256 + 4j .. 256 + 4j + 4 (one byte per lane, a bit
-                        // per group: a lane's byte holds its eight fifth bits).
-                        let qh = rd(blk, if kind.has_min() { 4 } else { 2 });
-                        for g in 0..QK / 4 {
-                            for k in 0..4 {
-                                payload[256 + lane + k] |= (((qh >> (4 * g + k)) & 1) as u8) << g;
-                            }
-                        }
-                    }
+                    let qh = kind.has_fifth_bits().then(|| rd(blk, if kind.has_min() { 4 } else { 2 }));
+                    put_q45(payload, lane, &blk[ts - 16..], qh);
                 }
                 PackKind::K2 | PackKind::K3 | PackKind::K4 | PackKind::K5 | PackKind::K6 | PackKind::X4 => unreachable!(),
             }
@@ -509,15 +497,26 @@ pub fn pack_tile(kind: PackKind, ty: GgmlType, src: &[u8], nrows: usize, nb: usi
     fits
 }
 
-/// A row's four lane words of a Q4_0 tile block from the block's 16 quant bytes (element
-/// `e < 16` the low nibble of byte `e`, `e ≥ 16` the high nibble of byte `e − 16`): word `h`
-/// holds elements `8h..8h+4` in its low nibbles and `8h+4..8h+8` in its high ones.
-fn q4_vectors(qs: &[u8]) -> [u32; 4] {
-    std::array::from_fn(|h| {
-        let x = u64::from_le_bytes(qs[8 * (h % 2)..8 * (h % 2) + 8].try_into().unwrap());
+/// One row's lane bytes (`lane = 4·row`) of a Q4_0 tile block, or with `qh` a Q5_0 one, into
+/// `payload` (the block's quants, zeroed): from the 16 nibble bytes `qs` as ggml stores them
+/// (element `e < 16` the low nibble of byte `e`, `e ≥ 16` the high nibble of byte `e − 16`),
+/// vector `h` holds elements `8h..8h+4` in its low nibbles and `8h+4..8h+8` in its high ones;
+/// the fifth bits (element `e` at bit `e` of `qh`) go to bit `g` of the lane bytes `256 + lane`
+/// for group `g` (one byte per lane holds its eight fifth bits).
+fn put_q45(payload: &mut [u8], lane: usize, qs: &[u8], qh: Option<u32>) {
+    for h in 0..4 {
+        let x = u64::from_le_bytes(qs[8 * (h % 2)..8 * (h % 2) + 8].try_into().expect("8 bytes"));
         let n = (x >> (4 * (h / 2))) & 0x0F0F_0F0F_0F0F_0F0F;
-        (n as u32) | ((n >> 32) as u32) << 4
-    })
+        let w = (n as u32) | ((n >> 32) as u32) << 4;
+        put(payload, 64 * h + lane, &w.to_le_bytes());
+    }
+    if let Some(qh) = qh {
+        for g in 0..QK / 4 {
+            for k in 0..4 {
+                payload[256 + lane + k] |= (((qh >> (4 * g + k)) & 1) as u8) << g;
+            }
+        }
+    }
 }
 
 /// Row `r` of a Q2_K super-block into the tile super-block `ob`.
@@ -553,9 +552,7 @@ fn pack_x4(blk: &[u8], r: usize, ob: &mut [u8]) {
     put(ob, 4 * r, &quant::f16_at(blk, 0).to_le_bytes());
     for j in 0..8 {
         ob[X4_SC + 16 * j + r] = (quant::iq4_xs_scale(blk, j) - 32) as i8 as u8;
-        for (h, w) in q4_vectors(&blk[8 + 16 * j..8 + 16 * j + 16]).into_iter().enumerate() {
-            put(ob, X4_QS + 256 * j + 64 * h + 4 * r, &w.to_le_bytes());
-        }
+        put_q45(&mut ob[X4_QS + 256 * j..], 4 * r, &blk[8 + 16 * j..8 + 16 * j + 16], None);
     }
 }
 
@@ -592,17 +589,12 @@ fn pack_k5(blk: &[u8], r: usize, ob: &mut [u8]) {
         let (sc, m) = quant::get_scale_min_k4(j, &blk[4..16]);
         ob[K4_SC + 16 * j + r] = sc;
         put(ob, K4_MIN + 64 * (j / 2) + 4 * r + 2 * (j % 2), &(m as i16).to_le_bytes());
-        // Element l of sub-block j: nibble j % 2 of byte 32·(j/2) + l, fifth bit j of qh[l].
-        let u: [u8; 32] = std::array::from_fn(|l| ((qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F) | (((qh[l] >> j) & 1) << 4));
-        let at = K4_QS + 320 * j;
-        for h in 0..4 {
-            for k in 0..4 {
-                ob[at + 64 * h + 4 * r + k] = (u[8 * h + k] & 0x0F) | (u[8 * h + 4 + k] & 0x0F) << 4;
-            }
-        }
-        for k in 0..4 {
-            ob[at + 256 + 4 * r + k] = (0..8).fold(0u8, |b, g| b | (u[4 * g + k] >> 4) << g);
-        }
+        // Element l of sub-block j: nibble j % 2 of byte 32·(j/2) + l, fifth bit j of qh[l];
+        // as a Q5_0 block's nibble bytes and fifth-bit word.
+        let nib = |l: usize| (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+        let q5: [u8; 16] = std::array::from_fn(|l| nib(l) | nib(l + 16) << 4);
+        let bits = (0..32).fold(0u32, |h, l| h | (((qh[l] >> j) & 1) as u32) << l);
+        put_q45(&mut ob[K4_QS + 320 * j..], 4 * r, &q5, Some(bits));
     }
 }
 
