@@ -49,5 +49,31 @@ if (exact) {
   if (same !== prompts.length || !sampledEq) throw new Error('the reference mode parted from the CPU path')
 }
 console.log(`js: decode ${alone.toFixed(0)} tok/s with the GPU model alone, ${withCpu.toFixed(0)} with a CPU model loaded too (median of 4, 128 tokens); equal ${same}/${prompts.length}`)
-await gpu.close?.()
 await cpu.close?.()
+if (!exact) {
+  // Concurrent generate calls (prompts of 32 tokens, 128 tokens each, no stop): every token over
+  // the wall time from the first call to the last completion, median of 3 rounds after a warm-up.
+  const many = await LLM.load(model, { gpu: 'cuda', contextSize: 2048, parallel: 16 })
+  const words = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau upsilon'.split(' ')
+  const promptOf = (k) => Array.from({ length: 24 }, (_, i) => words[(i * 7 + k * 13) % words.length]).join(' ')
+  for (const temperature of [0, 0.7]) {
+    const cells = []
+    for (const streams of [1, 4, 8, 16]) {
+      const rates = []
+      for (let round = 0; round < 4; round++) {
+        const t0 = performance.now()
+        const done = await Promise.all(
+          Array.from({ length: streams }, (_, s) => many.generate(promptOf(round * 16 + s), { maxTokens: 128, temperature, seed: round, stop: [] }))
+        )
+        const tokens = done.reduce((a, c) => a + c.tokens.length, 0)
+        rates.push(tokens / ((performance.now() - t0) / 1000))
+      }
+      rates.shift()
+      rates.sort((x, y) => x - y)
+      cells.push(`${streams}: ${rates[1].toFixed(0)}`)
+    }
+    console.log(`js: concurrent generate, ${temperature ? `temperature ${temperature}` : 'greedy'}, aggregate tok/s (wall) ${cells.join(' ')}`)
+  }
+  await many.close?.()
+}
+await gpu.close?.()

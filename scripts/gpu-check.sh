@@ -17,10 +17,14 @@
 #                          criteria on the model (gpu_check), where both must be bit-identical
 #   gpu-check.sh bench     speed: ours and llama-bench alternately in fresh processes (3 rounds),
 #                          peak device memory and load time of each; prints the table last.
-#                          ALTS="VAR=value ..." adds one arm per setting to every round (A/B)
+#                          ALTS="VAR=value ..." adds one arm per setting to every round (A/B);
+#                          BATCHED=1 adds llama-batched-bench, the anchor of gpu_check's
+#                          concurrent-request rates (section 6) (-npp 32 -ntg 128 -npl 1,4,8,16)
 set -euo pipefail
 WORK=${RUVLLM_GPU_WORK:-/tmp/ruvllm-gpu}
 MODEL_SHA=${MODEL_SHA:-}
+# The model the pieces build and the checks run: MODEL_NAME=qwen.gguf for a second one.
+M="$WORK/${MODEL_NAME:-model.gguf}"
 mkdir -p "$WORK"
 cd "$(dirname "$0")/.."
 
@@ -41,10 +45,10 @@ put)
   dir=$2
   for f in $(ls "$dir" | sort); do
     case "$f" in
-      model.part*) cat "$dir/$f" >> "$WORK/model.gguf" ;;
+      model.part*) cat "$dir/$f" >> "$M" ;;
       llama.tar.xz)
         tar xJf "$dir/$f" -C "$WORK"
-        (cd "$WORK/llama.cpp" && setsid nohup bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && cmake --build build --target llama-bench -j16 >> build.log 2>&1; echo done $? >> build.log' > /dev/null 2>&1 &) ;;
+        (cd "$WORK/llama.cpp" && setsid nohup bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && cmake --build build --target llama-bench llama-batched-bench llama-quantize -j16 >> build.log 2>&1; echo done $? >> build.log' > /dev/null 2>&1 &) ;;
       node.xz) xz -dc "$dir/$f" > "$WORK/node" && chmod +x "$WORK/node" ;;
       gpu_*.xz) xz -dc "$dir/$f" > "$WORK/${f%.xz}" && chmod +x "$WORK/${f%.xz}" ;;
       ruvllm.node.xz) xz -dc "$dir/$f" > "$WORK/ruvllm.linux-x64-gnu.node" ;;
@@ -52,19 +56,20 @@ put)
       *) echo "unknown piece $f" >&2; exit 1 ;;
     esac
   done
-  echo "put $dir: $(du -sh "$WORK" | cut -f1) in $WORK; model $(stat -c %s "$WORK/model.gguf" 2>/dev/null || echo 0) bytes"
+  echo "put $dir: $(du -sh "$WORK" | cut -f1) in $WORK; model $(stat -c %s "$M" 2>/dev/null || echo 0) bytes"
   ;;
 check)
-  sha256sum "$WORK/model.gguf"
+  sha256sum "$M"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   cp "$WORK/ruvllm.linux-x64-gnu.node" ./ruvllm.linux-x64-gnu.node
   D=crates/ruvllm-models/data/diffusion/gemma-3-270m-diffusion/lora.gguf
   rc=0
-  "$WORK/gpu_check" "$WORK/model.gguf" --diffusion "$D" ${TEXT:+--text "$TEXT"} || rc=$?
+  "$WORK/gpu_check" "$M" --diffusion "$D" ${TEXT:+--text "$TEXT"} || rc=$?
   # The check's noise floor, same criteria: the CPU path against itself with one weight vector
   # moved by 2^-22 (one to four ulps), here and 2^-22 the other way.
-  for eps in 2.4e-7 -2.4e-7; do "$WORK/gpu_check" "$WORK/model.gguf" --perturb $eps --diffusion "$D" ${TEXT:+--text "$TEXT"}; done
-  "$WORK/node" benches/gpu.mjs "$WORK/model.gguf"
+  # PERTURB=0 skips it (it needs no GPU: the same on any machine).
+  [ "${PERTURB:-1}" = 0 ] || for eps in 2.4e-7 -2.4e-7; do "$WORK/gpu_check" "$M" --perturb $eps --diffusion "$D" ${TEXT:+--text "$TEXT"}; done
+  "$WORK/node" benches/gpu.mjs "$M"
   exit $rc
   ;;
 exact)
@@ -72,13 +77,13 @@ exact)
   export RUVLLM_CUDA_EXACT=1 RUVLLM_FORCE_SCALAR=1
   rc=0
   "$WORK/gpu_exact_ops" || rc=$?
-  if [ -s "$WORK/model.gguf" ]; then
-    sha256sum "$WORK/model.gguf"
+  if [ -s "$M" ]; then
+    sha256sum "$M"
     D=crates/ruvllm-models/data/diffusion/gemma-3-270m-diffusion/lora.gguf
-    "$WORK/gpu_check" "$WORK/model.gguf" --diffusion "$D" ${TEXT:+--text "$TEXT"} || rc=$?
+    "$WORK/gpu_check" "$M" --diffusion "$D" ${TEXT:+--text "$TEXT"} || rc=$?
     if [ -x "$WORK/node" ]; then
       cp "$WORK/ruvllm.linux-x64-gnu.node" ./ruvllm.linux-x64-gnu.node
-      "$WORK/node" benches/gpu.mjs "$WORK/model.gguf" || rc=$?
+      "$WORK/node" benches/gpu.mjs "$M" || rc=$?
     fi
   fi
   exit $rc
@@ -90,18 +95,22 @@ bench)
   nvidia-smi --query-gpu=name --format=csv,noheader
   for r in 1 2 3; do
     echo "== round $r: ruvllm"
-    peak_mem "$WORK/mem.ours.$r" "$WORK/gpu_check" "$WORK/model.gguf" --speed-only | grep -E "prefill|decode|backend"
+    peak_mem "$WORK/mem.ours.$r" "$WORK/gpu_check" "$M" --speed-only | grep -E "prefill|decode|backend|greedy:|temperature 0.7:"
     for alt in ${ALTS:-}; do
       echo "== round $r: ruvllm with $alt"
-      env "$alt" "$WORK/gpu_check" "$WORK/model.gguf" --speed-only | grep -E "prefill|decode"
+      env "$alt" "$WORK/gpu_check" "$M" --speed-only | grep -E "prefill|decode"
     done
     echo "== round $r: llama.cpp"
-    peak_mem "$WORK/mem.llama.$r" "$LB" -m "$WORK/model.gguf" -p 512 -n 128 -ngl 99 -r 5 -fa 0,1 -o csv 2>/dev/null | tee "$WORK/lb.$r.csv" | cut -d, -f1-3,30- | tail -4
+    peak_mem "$WORK/mem.llama.$r" "$LB" -m "$M" -p 512 -n 128 -ngl 99 -r 5 -fa 0,1 -o csv 2>/dev/null | tee "$WORK/lb.$r.csv" | cut -d, -f1-3,30- | tail -4
+    if [ -n "${BATCHED:-}" ]; then
+      echo "== round $r: llama-batched-bench (S_TG: aggregate decode tok/s)"
+      "$WORK/llama.cpp/build/bin/llama-batched-bench" -m "$M" -c 16384 -b 2048 -ub 512 -npp 32 -ntg 128 -npl 1,4,8,16 -ngl 99 -fa on 2>/dev/null | grep -E '^\|'
+    fi
   done
   echo "== load time (process wall time: load and one token)"
   for r in 1 2 3; do
-    /usr/bin/time -f "ruvllm %e s" "$WORK/gpu_check" "$WORK/model.gguf" --load-only 2>&1 | tail -1
-    /usr/bin/time -f "llama.cpp %e s" "$LB" -m "$WORK/model.gguf" -p 0 -n 1 -r 1 -ngl 99 > /dev/null 2> "$WORK/t.err"; tail -1 "$WORK/t.err"
+    /usr/bin/time -f "ruvllm %e s" "$WORK/gpu_check" "$M" --load-only 2>&1 | tail -1
+    /usr/bin/time -f "llama.cpp %e s" "$LB" -m "$M" -p 0 -n 1 -r 1 -ngl 99 > /dev/null 2> "$WORK/t.err"; tail -1 "$WORK/t.err"
   done
   echo "== peak device memory (MiB above idle): ruvllm $(cat $WORK/mem.ours.[0-9] | xargs), llama-bench $(cat $WORK/mem.llama.[0-9] | xargs)"
   ;;

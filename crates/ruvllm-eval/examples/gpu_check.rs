@@ -7,11 +7,17 @@
 //!
 //! 1. Greedy tokens, 32 per prompt on 7 prompts, CPU vs GPU: equal, or parting at a near-tie
 //!    (both candidates' CPU log-probabilities printed; a gap under 0.1 nat counts as a tie).
+//!    The same prompts again as concurrent requests (one batched pass per step): each against
+//!    the CPU's tokens by the same criterion.
 //! 2. Per-token log-probabilities of 512 tokens of text: max |CPU − GPU| < 0.05 nat.
 //! 3. A random rank-8 LoRA on every projection: greedy tokens of 3 prompts equal on both.
 //! 4. With `--diffusion`: the diffusion decoder's tokens on 2 prompts equal on both.
 //! 5. Speed on the GPU: prefill of 512 tokens (wall time of a one-token request) and 128 greedy
-//!    tokens after a short prompt, medians of 5 runs; diffusion tokens/s with `--diffusion`.
+//!    tokens after a short prompt, medians of 5 runs; diffusion tokens/s with `--diffusion`;
+//!    1 / 4 / 8 / 16 concurrent requests (32-token prompts, 128 tokens each), greedy and at
+//!    temperature 0.7: the aggregate rate, all tokens over the wall time from the first submit
+//!    to the last completion (prefill included), as `llama-batched-bench -npp 32 -ntg 128`'s
+//!    S_TG measures llama.cpp's (its decode only).
 //!
 //! With `--perturb EPS` (no GPU needed): sections 1-4 for the CPU path against itself on a copy
 //! of the model with `blk.0.attn_norm.weight` scaled by (1 + EPS): the criteria's noise floor.
@@ -20,7 +26,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
-use ruvllm_core::engine::{Engine, GenerateParams, GpuMode, LoadOptions, Prompt, Score, ScoreRequest};
+use ruvllm_core::engine::{Completion, Engine, Event, GenerateParams, GenerateRequest, GpuMode, LoadOptions, Prompt, Score, ScoreRequest};
 use ruvllm_core::nn::lora::{AdapterFormat, LoraAdapter, LoraPair};
 use ruvllm_core::nn::{AdapterSet, Proj};
 use ruvllm_core::sampling::SamplingParams;
@@ -39,9 +45,43 @@ fn load(path: &Path, gpu: GpuMode, diffusion: Option<&PathBuf>) -> (Engine, f64)
     let t = Instant::now();
     // `--no-prefix-cache`: every request evaluates its whole prompt (no rows from an earlier one).
     let prefix_cache_mb = std::env::args().any(|a| a == "--no-prefix-cache" || a == "--sweep").then_some(0);
-    let opts = LoadOptions { context_size: Some(2048), gpu, diffusion: diffusion.into_iter().cloned().collect(), prefix_cache_mb, ..Default::default() };
+    let opts = LoadOptions {
+        context_size: Some(2048),
+        gpu,
+        diffusion: diffusion.into_iter().cloned().collect(),
+        prefix_cache_mb,
+        parallel: Some(MAX_STREAMS),
+        ..Default::default()
+    };
     let e = Engine::load(path, opts).unwrap_or_else(|e| panic!("load ({gpu:?}): [{}] {e}", e.code()));
     (e, t.elapsed().as_secs_f64())
+}
+
+/// The most concurrent requests the checks run (the engines' `parallel`).
+const MAX_STREAMS: usize = 16;
+
+/// Runs `prompts` as concurrent requests with `params` and waits for every completion.
+fn concurrent(e: &Engine, prompts: &[Prompt], params: &GenerateParams) -> Vec<Completion> {
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (tx, rx) = mpsc::channel();
+            let sink = Box::new(move |ev| {
+                let _ = tx.send(ev);
+            });
+            e.submit(GenerateRequest { prompt: p.clone(), params: params.clone(), adapters: None, cancel: Arc::new(AtomicBool::new(false)), sink }).expect("submit");
+            rx
+        })
+        .collect();
+    rxs.into_iter()
+        .map(|rx| loop {
+            match rx.recv().expect("engine closed") {
+                Event::Done(c) => break c,
+                Event::Error(e) => panic!("concurrent request: [{}] {e}", e.code()),
+                _ => {}
+            }
+        })
+        .collect()
 }
 
 fn greedy(n: usize) -> GenerateParams {
@@ -297,6 +337,27 @@ fn main() {
         v.remove(0);
         println!("  diffusion decode (64 tokens): {:.1} tok/s", median(v));
     }
+    println!("6. concurrent requests: 32-token prompts, 128 tokens each, aggregate tok/s (median of 3)");
+    for (label, temperature) in [("greedy", 0.0f32), ("temperature 0.7", 0.7)] {
+        let mut line = format!("  {label}:");
+        for streams in [1usize, 4, 8, 16] {
+            let mut rates = Vec::new();
+            for round in 0..4u32 {
+                let prompts: Vec<Prompt> =
+                    (0..streams as u32).map(|s| Prompt::Tokens((0..32u32).map(|i| 2 + (i * 7919 + (round * 64 + s) * 104_729 + 17) % 20000).collect())).collect();
+                let mut params = greedy(128);
+                params.sampling.temperature = temperature;
+                params.sampling.seed = u64::from(round);
+                let t = Instant::now();
+                let done = concurrent(&gpu, &prompts, &params);
+                let tokens: usize = done.iter().map(|c| c.tokens.len()).sum();
+                rates.push(tokens as f64 / t.elapsed().as_secs_f64());
+            }
+            rates.remove(0);
+            line += &format!(" {streams}: {:.0}", median(rates));
+        }
+        println!("{line}");
+    }
     println!("{}", if ok { "GPU CHECK: PASS" } else { "GPU CHECK: FAIL" });
     if !ok {
         std::process::exit(1);
@@ -346,6 +407,16 @@ fn correctness(args: &[String], cpu: Engine, gpu: &Engine, b_name: &str, diffusi
                 d.iter().sum::<f64>() / d.len() as f64
             );
         }
+    }
+    println!("  identical: {equal}/{}", picked.len());
+    println!("1b. the same prompts as {} concurrent requests", picked.len());
+    let prompts: Vec<Prompt> = picked.iter().map(|&k| Prompt::Text(PROMPTS[k].to_string())).collect();
+    let together = concurrent(gpu, &prompts, &greedy(32));
+    let mut equal = 0;
+    for (&k, b) in picked.iter().zip(&together) {
+        let a = cpu.generate_blocking(Prompt::Text(PROMPTS[k].to_string()), greedy(32)).expect("cpu generate");
+        equal += usize::from(a.tokens == b.tokens);
+        ok &= compare(&format!("concurrent prompt {k}"), &cpu, b_name, PROMPTS[k], &a.tokens, &b.tokens, None);
     }
     println!("  identical: {equal}/{}", picked.len());
     if flag("--greedy-only") {

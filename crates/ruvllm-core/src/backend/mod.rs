@@ -244,6 +244,10 @@ pub trait Backend {
     fn runs_segments(&self) -> bool {
         false
     }
+    /// Announces the next pass before its [`embed`](Backend::embed): its sequences'
+    /// `(pos0, tokens)` in row order and the model's layer count (each layer then calls
+    /// [`segment_attention`](Backend::segment_attention) once per sequence, in this order).
+    fn begin_segments(&mut self, _segs: &[(usize, usize)], _layers: usize) {}
     /// [`qk_rope_store`](Backend::qk_rope_store) then [`attention`](Backend::attention) for
     /// the `n` rows `row0..row0 + n` of `Q`/`K`/`V`/`Attn`: one sequence (at positions
     /// `pos0..` of its `cache`) of a pass that may carry others. A backend that does not
@@ -289,6 +293,12 @@ pub trait Backend {
     /// The greedy token of the first row of the last LM head (the largest non-NaN logit, the
     /// lowest id on ties), where the backend finds it without handing over the logits; `None`:
     /// read [`logits`](Backend::logits) instead.
+    /// The greedy token of each row of the last LM head (as [`argmax`](Backend::argmax) does
+    /// for one), where the backend finds them without handing the logits back; `None`: take
+    /// them from [`logits`](Backend::logits).
+    fn argmax_rows(&mut self) -> Option<Vec<u32>> {
+        None
+    }
     fn argmax(&mut self) -> Option<u32> {
         None
     }

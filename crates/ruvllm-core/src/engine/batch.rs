@@ -421,9 +421,6 @@ impl Worker {
             let s = &mut active[w.seq];
             if s.prefilling() {
                 s.done += w.len;
-                if !s.prefilling() {
-                    s.prefill_end = Some(Instant::now());
-                }
             }
             if w.head && !(s.ar.wants_none()) {
                 rows.push((w.seq, at - 1));
@@ -466,7 +463,30 @@ impl Worker {
             }
         }
         let head_rows: Vec<usize> = rows.iter().map(|r| r.1).collect();
-        let logits = model.logits_rows(be, &head_rows)?;
+        // Greedy sequences only: one id per row from the backend where it picks them itself
+        // (a GPU hands back no logits).
+        let logits = if rows.iter().all(|&(i, _)| active[i].ar.plain_greedy()) {
+            model.heads_deferred(be, &head_rows);
+            if let Some(ids) = be.argmax_rows() {
+                be.status()?;
+                if ids.len() != rows.len() {
+                    return Err(Error::Internal(format!("{} greedy picks for {} rows", ids.len(), rows.len())));
+                }
+                for (&(i, _), id) in rows.iter().zip(ids) {
+                    self.take(&mut active[i], id)?;
+                }
+                return Ok(());
+            }
+            // The logits that head left.
+            be.status()?;
+            let out = be.logits();
+            if out.len() < rows.len() * v {
+                return Err(Error::Internal(format!("the LM head gave {} logits for {} rows", out.len(), rows.len())));
+            }
+            &mut out[..rows.len() * v]
+        } else {
+            model.logits_rows(be, &head_rows)?
+        };
         let mut picks = Vec::with_capacity(rows.len());
         for (k, &(i, _)) in rows.iter().enumerate() {
             // A constraint's failure is the sequence's own.
@@ -483,6 +503,9 @@ impl Worker {
 
     /// Hands sequence `s` its next token; an error is the sequence's own.
     fn take(&mut self, s: &mut Seq<'_>, id: u32) -> Result<()> {
+        // Prefill ends when its first token is known: a GPU pass has finished by then (it is
+        // only recorded when the forward call returns).
+        s.prefill_end.get_or_insert_with(Instant::now);
         match s.ar.take(id, &mut s.req.sink) {
             Ok(Some(reason)) => s.outcome = Some(Ok(reason)),
             Ok(None) => {}

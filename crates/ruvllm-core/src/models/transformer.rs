@@ -453,6 +453,8 @@ impl Transformer {
                 &all
             }
         };
+        let spans: Vec<(usize, usize)> = segs.iter().map(|s| (s.pos0, s.tokens.len())).collect();
+        be.begin_segments(&spans, self.layers.len());
         be.embed(&self.embed, tokens, c.embed_scale, segs[0].cache.adapters.mask_embedding());
         let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, scale: c.attn_scale, softcap: c.attn_softcap };
         // The first sequence's adapters, which the cached keys and values are computed with;
@@ -497,7 +499,12 @@ impl Transformer {
     /// The LM head for row `row` of the last pass, its logits left where the backend computed
     /// them until `be.argmax()` or `be.logits()` asks.
     pub fn head_deferred(&self, be: &mut dyn Backend, row: usize) {
-        be.lm_head_deferred(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, &[row]);
+        self.heads_deferred(be, &[row]);
+    }
+
+    /// [`head_deferred`](Self::head_deferred) for several rows (one LM head product).
+    pub fn heads_deferred(&self, be: &mut dyn Backend, rows: &[usize]) {
+        be.lm_head_deferred(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, rows);
     }
 
     /// The greedy token of row `row` of the last pass, where the backend finds it without

@@ -12,6 +12,11 @@
 // [4+max_batch .. 4+2*max_batch) LM-head rows. Flags: STEP_KEEP_PICK, the LM head's greedy pick
 // also goes to out[2] (a queued pick, kept for the pass that takes it); STEP_TOKEN_PICK, the
 // pass's token 0 is that kept pick (the embedding reads it there).
+//
+// A pass of several sequences (batched decode, prefill chunks beside it) adds, after the LM-head
+// rows, each row's (position, sequence) pair ([4+2*max_batch ..), `rows` in the kernels), then
+// per layer one `SegKv` per sequence: its cache's K and V rows (`kvt`). A kernel given `rows`
+// takes each row's position and cache from there instead of pos0 + t and its own arguments.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -22,6 +27,14 @@
 #define STEP_TOKEN_PICK 2
 
 typedef uint8_t u8;
+
+// One sequence's KV cache in one layer (a multi-sequence pass; see the step block above).
+struct SegKv {
+    void* k;
+    void* v;
+    int capacity;
+    int f16;
+};
 
 #define T_F32 0
 #define T_F16 1
@@ -1606,7 +1619,8 @@ extern "C" __global__ void __launch_bounds__(256) residual_norm(float* X, const 
 // K and V at position pos0 + t (slot pos % capacity, f16 or f32). Blocks 0..n_head-1 take the
 // query heads, the others the KV heads.
 extern "C" __global__ void qk_rope_store(float* Q, const float* K, const float* V, const float* qn, const float* kn, float eps, const float* cosv, const float* sinv,
-                                         int rot_dim, int style, int n_head, int n_kv, int hd, void* kc, void* vc, int capacity, int f16, const int* step) {
+                                         int rot_dim, int style, int n_head, int n_kv, int hd, void* kc, void* vc, int capacity, int f16, const int* step,
+                                         const int* rows, const SegKv* kvt) {
     PDL_ENTRY();
     __shared__ float red[32];
     __shared__ float h[256];
@@ -1622,7 +1636,14 @@ extern "C" __global__ void qk_rope_store(float* Q, const float* K, const float* 
     }
     h[i] = v;
     __syncthreads();
-    const int pos = step[0] + t;
+    int pos = step[0] + t;
+    if (rows) {
+        const SegKv& e = kvt[rows[2 * t + 1]];
+        pos = rows[2 * t];
+        kc = e.k;
+        vc = e.v;
+        capacity = e.capacity;
+    }
     const int half = rot_dim / 2;
     float out = v;
     if (i < rot_dim) {
@@ -1914,12 +1935,22 @@ __device__ __forceinline__ void att_step(int G, float (*q)[ATT_MAX_D], const flo
 // needs fewer registers and two blocks fit on a multiprocessor.
 template <int MG, bool FUSE>
 __device__ __forceinline__ void attention_body(const float* Q, float* O, const void* kc, const void* vc, int kv_f16, int capacity, int n_head, int n_kv, int hd, float scale,
-                                               int mask, int block, int window, const int* step, int n, float* part, unsigned int* counters, int splits, int min_chunk, const AttFuse& fu) {
+                                               int mask, int block, int window, const int* step, int n, float* part, unsigned int* counters, int splits, int min_chunk, const AttFuse& fu,
+                                               const int* rows, const SegKv* kvt) {
     PDL_ENTRY();
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = n_head / n_kv, D = hd / 32;
-    const int pos0 = step[0], pos = pos0 + t, stored = pos0 + n;
+    int pos = step[0] + t, stored = step[0] + n;
+    if (rows) {
+        // A multi-sequence pass (causal only): the row's own position and cache.
+        const SegKv& e = kvt[rows[2 * t + 1]];
+        pos = rows[2 * t];
+        stored = pos + 1;
+        kc = e.k;
+        vc = e.v;
+        capacity = e.capacity;
+    }
     int end = mask == 0 ? pos + 1 : (mask == 1 ? stored : min(stored, (pos / block + 1) * block));
     end = max(end, pos + 1);
     const int lo = window > 0 ? max(0, pos + 1 - window) : 0;
@@ -2060,15 +2091,15 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
 
 #define ATT_ARGS                                                                                                                                                     \
     const float *Q, float *O, const void *kc, const void *vc, int kv_f16, int capacity, int n_head, int n_kv, int hd, float scale, int mask, int block, int window, \
-        const int *step, int n, float *part, unsigned int *counters, int splits, int min_chunk, AttFuse fu
+        const int *step, int n, float *part, unsigned int *counters, int splits, int min_chunk, AttFuse fu, const int *rows, const SegKv *kvt
 extern "C" __global__ void __launch_bounds__(256) attention(ATT_ARGS) {
-    attention_body<ATT_MAX_G, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu);
+    attention_body<ATT_MAX_G, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu, rows, kvt);
 }
 extern "C" __global__ void __launch_bounds__(256) attention_g4(ATT_ARGS) {
-    attention_body<4, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu);
+    attention_body<4, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu, rows, kvt);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) attention_g4n(ATT_ARGS) {
-    attention_body<4, false>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu);
+    attention_body<4, false>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu, rows, kvt);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2096,27 +2127,32 @@ __device__ __forceinline__ void block_best(float& bv, int& bi) {
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) better(bv, bi, sv[w], si[w]);
 }
 
+// Grid (parts, rows): row blockIdx.y of `v` (rows of `count`) into its `parts` candidates.
 extern "C" __global__ void argmax1(const float* v, int count, float* pv, int* pi) {
     PDL_ENTRY();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
+    v += (size_t)blockIdx.y * count;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) better(bv, bi, v[i], i);
     block_best(bv, bi);
     if (threadIdx.x == 0) {
-        pv[blockIdx.x] = bv;
-        pi[blockIdx.x] = bi;
+        pv[blockIdx.y * gridDim.x + blockIdx.x] = bv;
+        pi[blockIdx.y * gridDim.x + blockIdx.x] = bi;
     }
 }
 
+// Grid (rows): row blockIdx.x's pick into out[blockIdx.x] (one row: also the kept pick).
 extern "C" __global__ void argmax2(const float* pv, const int* pi, int parts, int* out, const int* step) {
     PDL_ENTRY();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
+    pv += (size_t)blockIdx.x * parts;
+    pi += (size_t)blockIdx.x * parts;
     for (int i = threadIdx.x; i < parts; i += blockDim.x) better(bv, bi, pv[i], pi[i]);
     block_best(bv, bi);
     if (threadIdx.x == 0) {
-        out[0] = bi == 0x7fffffff ? 0 : bi;
-        if (step[3] & STEP_KEEP_PICK) out[2] = out[0];
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+        if (gridDim.x == 1 && (step[3] & STEP_KEEP_PICK)) out[2] = out[0];
     }
 }
 

@@ -72,6 +72,10 @@ const HEAD2_PER_SM: usize = 3;
 const HEAD2_MAX_CHUNKS: usize = 8;
 /// Widest input of the one-token products that stage it in shared memory (`mmv1s`, `mmvg1s`).
 const MMV1_MAX_COLS: usize = 4096;
+/// Step-block words of one `SegKv` (kernels.cu): K and V pointers, capacity, f16 flag.
+const SEG_KV_WORDS: usize = 6;
+/// Candidates per row of a many-row greedy pick (`argmax1` grid (parts, rows)).
+const ROW_ARGMAX_PARTS: usize = 64;
 
 /// Why the GPU cannot be used, as the coded error `gpu: 'cuda'` reports.
 /// A switch that is on unless the variable is `0`.
@@ -324,6 +328,33 @@ struct Timing {
     period_s: f64,
 }
 
+/// A pass of several sequences (staged by `begin_segments`, taken by the next `embed`): each
+/// row's position and sequence sit in the step block after the LM-head rows, then one `SegKv`
+/// per (layer, sequence), filled as `segment_attention` is called for each sequence in turn;
+/// the call for a layer's last sequence launches that layer's QK-norm/RoPE/store and attention
+/// over every row at once.
+#[derive(Clone, Copy)]
+struct SegPass {
+    segs: usize,
+    rows: usize,
+    layers: usize,
+    /// Every sequence carries one token (a batched decode step: one graph per sequence count).
+    decode: bool,
+    /// One past the furthest position of any row (the longest span).
+    end: usize,
+    /// `segment_attention` calls so far.
+    calls: usize,
+}
+
+/// A layer's KV rows on the device: K, V, whether f16, capacity in positions.
+#[derive(Clone, Copy)]
+struct KvRef {
+    k: CUdeviceptr,
+    v: CUdeviceptr,
+    f16: bool,
+    capacity: usize,
+}
+
 /// A captured decode step.
 struct Graph {
     graph: CUgraph,
@@ -348,6 +379,14 @@ pub struct CudaBackend {
     /// while the next pass is recorded (`step_ev[k]` marks slot k's upload done).
     step_host: Option<HostMem>,
     step: Vec<i32>,
+    /// Words of `step` the next flush uploads (the multi-sequence tables only when in use).
+    step_len: usize,
+    segs: Option<SegPass>,
+    segs_next: Option<SegPass>,
+    /// Many-row greedy picks: candidates, one id per row, and their host copy.
+    rows_part: Option<DevMem>,
+    rows_out: Option<DevMem>,
+    rows_host: Option<HostMem>,
     step_slot: usize,
     step_ev: [driver::CUevent; 2],
     /// Queued greedy picks (see `Backend::queue_pick`): host slots 1 and 2 of `argmax_host`,
@@ -528,6 +567,12 @@ impl CudaBackend {
             step_dev: None,
             step_host: None,
             step: Vec::new(),
+            step_len: 0,
+            segs: None,
+            segs_next: None,
+            rows_part: None,
+            rows_out: None,
+            rows_host: None,
             step_slot: 0,
             step_ev: [evs[0], evs[1]],
             picks: std::collections::VecDeque::new(),
@@ -828,13 +873,13 @@ impl CudaBackend {
             let slot = self.step_slot;
             // SAFETY: our event (one never recorded returns at once).
             unsafe { check(api, "cuEventSynchronize", (api.event_synchronize)(self.step_ev[slot]))? };
-            let n = self.step.len();
+            let (cap, n) = (self.step.len(), self.step_len.min(self.step.len()));
             let Some(host) = self.step_host.as_mut() else {
                 // `reserve` could not allocate it (reported then); nothing can run.
                 return Err(CudaError { call: "cuMemAllocHost", code: driver::CUDA_ERROR_OUT_OF_MEMORY, message: "no step buffer".into() });
             };
-            host.as_i32(2 * n)[slot * n..(slot + 1) * n].copy_from_slice(&self.step);
-            let src = (host.ptr as *mut i32).wrapping_add(slot * n) as *const c_void;
+            host.as_i32(2 * cap)[slot * cap..slot * cap + n].copy_from_slice(&self.step[..n]);
+            let src = (host.ptr as *mut i32).wrapping_add(slot * cap) as *const c_void;
             let dst = Self::ptr_of(&self.step_dev);
             // SAFETY: both hold `n` i32s; the host slot is page-locked and not rewritten before
             // its event says the copy is done.
@@ -847,7 +892,7 @@ impl CudaBackend {
             // SAFETY: our event, on our stream.
             unsafe { check(api, "cuEventRecord", (api.event_record)(self.step_ev[slot], self.stream))? };
             self.step_slot ^= 1;
-            let graphable = self.graphs_on && self.step[1] == 1;
+            let graphable = self.graphs_on && (self.step[1] == 1 || self.segs.is_some_and(|p| p.decode));
             let sig = if graphable { signature(&self.pending) } else { 0 };
             if graphable {
                 if let Some(g) = self.graphs.get(&sig) {
@@ -1204,6 +1249,13 @@ impl CudaBackend {
         self.push(act, [Self::blocks(warps, 8), 1, 1], 256, Args::new().ptr(x).ptr(out).i32(cols as i32).i32(n as i32));
     }
 
+    /// A layer's KV rows as the kernels take them (recording the failure when they are not on
+    /// the device).
+    fn kv_ref(&mut self, cache: &LayerCache) -> Option<KvRef> {
+        let capacity = cache.capacity;
+        self.device_rows(cache).map(|d| KvRef { k: d.k, v: d.v, f16: d.elem == 2, capacity })
+    }
+
     /// The attention kernel over `cache`; `fuse`: the `AttFuse` argument (all zero: off).
     #[allow(clippy::too_many_arguments)]
     fn attention_launch(&mut self, cache: &LayerCache, shape: AttnShape, mask: AttentionMask, window: Option<usize>, pos0: usize, n: usize, fuse: [u64; 8]) {
@@ -1211,7 +1263,16 @@ impl CudaBackend {
         if self.exact {
             return self.ref_attention(cache, shape, mask, window, pos0, n);
         }
-        let Some(d) = self.device_rows(cache) else { return };
+        let Some(kv) = self.kv_ref(cache) else { return };
+        self.attention_kernel(kv, shape, mask, window, n, pos0 + n, n <= MMV_MAX, fuse, [0, 0]);
+    }
+
+    /// The attention kernel for `n` rows whose spans end at most at `end`; `decode`: one token
+    /// per sequence (a fixed split count, so the step's launches stay the same as spans grow);
+    /// `seg`: the step block's row and `SegKv` tables of a multi-sequence pass (zero: one
+    /// sequence, in `kv`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_kernel(&mut self, kv: KvRef, shape: AttnShape, mask: AttentionMask, window: Option<usize>, n: usize, end: usize, decode: bool, fuse: [u64; 8], seg: [u64; 2]) {
         let g = shape.n_head / shape.n_kv_head.max(1);
         if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || g > 8 || g == 0 {
             self.fail(Error::Gpu {
@@ -1224,11 +1285,11 @@ impl CudaBackend {
         // splits only while the queries alone leave the GPU short of blocks (at 512 tokens one
         // split took the attention from 131 to 108 us per layer on an H200; 2: 116, 8: 166),
         // each at least ATT_MIN_CHUNK positions.
-        let splits = if n <= MMV_MAX {
+        let splits = if decode {
             DECODE_SPLITS
         } else {
             let most = self.prefill_splits.unwrap_or_else(|| ATT_FILL_BLOCKS.div_ceil(n * shape.n_kv_head.max(1)).min(PREFILL_SPLITS));
-            (pos0 + n).div_ceil(ATT_MIN_CHUNK).clamp(1, most.max(1))
+            end.div_ceil(ATT_MIN_CHUNK).clamp(1, most.max(1))
         };
         let need = n * shape.n_kv_head * splits * g * (shape.head_dim + 2) * 4;
         if self.att_part.as_ref().is_none_or(|p| p.bytes < need) {
@@ -1257,10 +1318,10 @@ impl CudaBackend {
         let args = Args::new()
             .ptr(self.buf(Buf::Q))
             .ptr(self.buf(Buf::Attn))
-            .ptr(d.k)
-            .ptr(d.v)
-            .i32(i32::from(d.elem == 2))
-            .i32(cache.capacity as i32)
+            .ptr(kv.k)
+            .ptr(kv.v)
+            .i32(i32::from(kv.f16))
+            .i32(kv.capacity as i32)
             .i32(shape.n_head as i32)
             .i32(shape.n_kv_head as i32)
             .i32(shape.head_dim as i32)
@@ -1273,7 +1334,7 @@ impl CudaBackend {
             .ptr(Self::ptr_of(&self.att_part))
             .ptr(Self::ptr_of(&self.att_counters))
             .i32(splits as i32)
-            .i32(if n <= MMV_MAX { self.att_chunk } else { ATT_MIN_CHUNK } as i32);
+            .i32(if decode { self.att_chunk } else { ATT_MIN_CHUNK } as i32);
         // Many tokens: the instance without the folding, lean enough for two blocks per
         // multiprocessor (a 512-token prefill runs thousands of blocks).
         let name = match (g <= 4, n > MMV_MAX) {
@@ -1281,7 +1342,68 @@ impl CudaBackend {
             (true, false) => "attention_g4",
             _ => "attention",
         };
-        self.push(name, [splits as u32, shape.n_kv_head as u32, n as u32], 256, args.words(&fuse));
+        self.push(name, [splits as u32, shape.n_kv_head as u32, n as u32], 256, args.words(&fuse).ptr(seg[0]).ptr(seg[1]));
+    }
+
+    /// QK-norm, RoPE and the KV store of `n` rows (`qk_rope_store`); `seg` as in
+    /// [`attention_kernel`](Self::attention_kernel).
+    fn qk_kernel(&mut self, norms: QkNorms, rope: &RopeTable, head_dim: usize, kv: KvRef, n: usize, seg: [u64; 2]) {
+        let qn = norms.q.map_or(0, |w| self.vector(w));
+        let kn = norms.k.map_or(0, |w| self.vector(w));
+        let (c, s) = rope.cos_sin();
+        let (cp, sp) = (self.vector(c), self.vector(s));
+        let style = i32::from(rope.style == RopeStyle::Neox);
+        let (n_head, n_kv) = (self.widths.q_dim / head_dim, self.widths.kv_dim / head_dim);
+        let step = Self::ptr_of(&self.step_dev);
+        let args = Args::new()
+            .ptr(self.buf(Buf::Q))
+            .ptr(self.buf(Buf::K))
+            .ptr(self.buf(Buf::V))
+            .ptr(qn)
+            .ptr(kn)
+            .f32(norms.eps)
+            .ptr(cp)
+            .ptr(sp)
+            .i32(rope.rot_dim as i32)
+            .i32(style)
+            .i32(n_head as i32)
+            .i32(n_kv as i32)
+            .i32(head_dim as i32)
+            .ptr(kv.k)
+            .ptr(kv.v)
+            .i32(kv.capacity as i32)
+            .i32(i32::from(kv.f16))
+            .ptr(step)
+            .ptr(seg[0])
+            .ptr(seg[1]);
+        self.push("qk_rope_store", [(n_head + n_kv) as u32, n as u32, 1], head_dim as u32, args);
+    }
+
+    /// `segment_attention` in a multi-sequence pass: records this sequence's cache for the
+    /// layer; at the layer's last sequence, one QK/RoPE/store launch and one attention launch
+    /// over every row of the pass.
+    fn segment_attention_batched(&mut self, norms: QkNorms, rope: &RopeTable, cache: &LayerCache, shape: AttnShape, span: Span) {
+        let Some(kv) = self.kv_ref(cache) else { return };
+        let Some(p) = self.segs.as_mut() else { return };
+        let (layer, s) = (p.calls / p.segs, p.calls % p.segs);
+        p.calls += 1;
+        let p = *p;
+        if layer >= p.layers || span.mask != AttentionMask::Causal {
+            self.fail(Error::Internal(format!("a multi-sequence pass ran attention for layer {layer} of {} under {:?}", p.layers, span.mask)));
+            return;
+        }
+        let mb = self.max_batch;
+        let table = 4 + 4 * mb + layer * p.segs * SEG_KV_WORDS;
+        let at = table + s * SEG_KV_WORDS;
+        let words = [kv.k as u32 as i32, (kv.k >> 32) as i32, kv.v as u32 as i32, (kv.v >> 32) as i32, kv.capacity as i32, i32::from(kv.f16)];
+        self.step[at..at + SEG_KV_WORDS].copy_from_slice(&words);
+        if s + 1 < p.segs {
+            return;
+        }
+        let step = Self::ptr_of(&self.step_dev);
+        let seg = [step + ((4 + 2 * mb) * 4) as u64, step + (table * 4) as u64];
+        self.qk_kernel(norms, rope, shape.head_dim, kv, p.rows, seg);
+        self.attention_kernel(kv, shape, span.mask, span.window, p.rows, p.end, p.decode, [0; 8], seg);
     }
 
     /// Reference mode: `y = W·x` for `n` rows as the CPU's scalar path computes it
@@ -1448,9 +1570,17 @@ impl CudaBackend {
         if let Some(cap) = softcap {
             self.push("softcap", [Self::blocks(m * v, 256), 1, 1], 256, Args::new().ptr(logits).i32((m * v) as i32).f32(cap));
         }
-        let (pv, out) = (Self::ptr_of(&self.argmax_part), Self::ptr_of(&self.argmax_out));
-        self.push("argmax1", [ARGMAX_BLOCKS as u32, 1, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(pv).ptr(pv + (ARGMAX_BLOCKS * 4) as u64));
-        self.push("argmax2", [1, 1, 1], 256, Args::new().ptr(pv).ptr(pv + (ARGMAX_BLOCKS * 4) as u64).i32(ARGMAX_BLOCKS as i32).ptr(out).ptr(step));
+        if m > 1 {
+            // Every row's pick (`argmax_rows`): a few candidates per row, then one block per row.
+            let (pv, out) = (Self::ptr_of(&self.rows_part), Self::ptr_of(&self.rows_out));
+            let pi = pv + (self.max_batch * ROW_ARGMAX_PARTS * 4) as u64;
+            self.push("argmax1", [ROW_ARGMAX_PARTS as u32, m as u32, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(pv).ptr(pi));
+            self.push("argmax2", [m as u32, 1, 1], 256, Args::new().ptr(pv).ptr(pi).i32(ROW_ARGMAX_PARTS as i32).ptr(out).ptr(step));
+        } else {
+            let (pv, out) = (Self::ptr_of(&self.argmax_part), Self::ptr_of(&self.argmax_out));
+            self.push("argmax1", [ARGMAX_BLOCKS as u32, 1, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(pv).ptr(pv + (ARGMAX_BLOCKS * 4) as u64));
+            self.push("argmax2", [1, 1, 1], 256, Args::new().ptr(pv).ptr(pv + (ARGMAX_BLOCKS * 4) as u64).i32(ARGMAX_BLOCKS as i32).ptr(out).ptr(step));
+        }
         self.head_rows = m;
         self.logits_ready = false;
     }
@@ -1535,7 +1665,12 @@ impl Backend for CudaBackend {
                 None => return,
             }
         }
-        self.step = vec![0; 4 + 2 * max_batch];
+        self.step = vec![0; 4 + 4 * max_batch];
+        self.step_len = 4 + 2 * max_batch;
+        self.rows_part = self.alloc(max_batch * ROW_ARGMAX_PARTS * 8);
+        self.rows_out = self.alloc(max_batch * 4);
+        self.current();
+        self.rows_host = HostMem::alloc(self.api, self.ctx, max_batch * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
         self.step_dev = self.alloc(self.step.len() * 4);
         self.current();
         self.step_host = HostMem::alloc(self.api, self.ctx, 2 * self.step.len() * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
@@ -1555,6 +1690,46 @@ impl Backend for CudaBackend {
 
     fn max_batch(&self) -> usize {
         self.max_batch
+    }
+
+    fn runs_segments(&self) -> bool {
+        // The reference mode keeps the CPU's order of operations: one sequence per pass.
+        !self.exact
+    }
+
+    fn begin_segments(&mut self, segs: &[(usize, usize)], layers: usize) {
+        self.segs_next = None;
+        if segs.len() < 2 || self.exact {
+            return;
+        }
+        // The previous pass is sent with the step block as it was.
+        self.flush();
+        let mb = self.max_batch;
+        let rows: usize = segs.iter().map(|s| s.1).sum();
+        let need = 4 + 4 * mb + layers * segs.len() * SEG_KV_WORDS;
+        if rows > mb {
+            return self.fail(Error::Internal(format!("a pass of {rows} rows (max {mb})")));
+        }
+        if self.step.len() < need {
+            // Captured graphs and host slots point at the blocks being replaced.
+            self.sync();
+            self.clear_graphs();
+            self.step.resize(need, 0);
+            self.step_dev = self.alloc(need * 4);
+            self.current();
+            self.step_host = HostMem::alloc(self.api, self.ctx, 2 * need * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
+        }
+        let base = 4 + 2 * mb;
+        let mut t = 0;
+        for (k, &(pos0, n)) in segs.iter().enumerate() {
+            for i in 0..n {
+                self.step[base + 2 * t] = (pos0 + i) as i32;
+                self.step[base + 2 * t + 1] = k as i32;
+                t += 1;
+            }
+        }
+        let end = segs.iter().map(|s| s.0 + s.1).max().unwrap_or(0);
+        self.segs_next = Some(SegPass { segs: segs.len(), rows, layers, decode: segs.iter().all(|s| s.1 == 1), end, calls: 0 });
     }
 
     fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache {
@@ -1581,7 +1756,16 @@ impl Backend for CudaBackend {
         // A new pass: send what the previous one left (its LM head), then set the step.
         self.flush();
         self.x_alt = false;
+        self.segs = self.segs_next.take();
+        let mb = self.max_batch;
+        self.step_len = match self.segs {
+            Some(p) => 4 + 4 * mb + p.layers * p.segs * SEG_KV_WORDS,
+            None => 4 + 2 * mb,
+        };
         let n = tokens.len();
+        if self.segs.is_some() {
+            self.step[0] = 0;
+        }
         self.pass_pick = self.embed_pick && n == 1;
         self.step[3] = if self.pass_pick && self.pick_kernel { STEP_TOKEN_PICK } else { 0 };
         self.step[1] = n as i32;
@@ -1750,7 +1934,13 @@ impl Backend for CudaBackend {
         pos0: usize,
         n: usize,
     ) {
-        assert_eq!(row0, 0, "segment_attention: this backend runs one sequence per pass");
+        if self.segs.is_some() {
+            return self.segment_attention_batched(norms, rope, cache, shape, span);
+        }
+        if row0 != 0 {
+            self.fail(Error::Internal("segment_attention: a later sequence of a pass not announced by begin_segments".into()));
+            return;
+        }
         let (d, half) = (shape.head_dim / 32, rope.rot_dim / 2);
         // The kernel holds D = head_dim / 32 elements per lane: a rotation pair must sit in one
         // lane (adjacent style) or the same slot of another (halves style).
@@ -1838,35 +2028,8 @@ impl Backend for CudaBackend {
             // The CPU's order: the per-head norms, RoPE of Q then K, the store.
             return super::qk_rope_store_steps(self, QkNorms { q: q_norm, k: k_norm, eps }, rope, head_dim, cache, pos0, n);
         }
-        let Some(d) = self.device_rows(cache) else { return };
-        let (kp, vp, f16) = (d.k, d.v, i32::from(d.elem == 2));
-        let qn = q_norm.map_or(0, |w| self.vector(w));
-        let kn = k_norm.map_or(0, |w| self.vector(w));
-        let (c, s) = rope.cos_sin();
-        let (cp, sp) = (self.vector(c), self.vector(s));
-        let style = i32::from(rope.style == RopeStyle::Neox);
-        let (n_head, n_kv) = (self.widths.q_dim / head_dim, self.widths.kv_dim / head_dim);
-        let step = Self::ptr_of(&self.step_dev);
-        let args = Args::new()
-            .ptr(self.buf(Buf::Q))
-            .ptr(self.buf(Buf::K))
-            .ptr(self.buf(Buf::V))
-            .ptr(qn)
-            .ptr(kn)
-            .f32(eps)
-            .ptr(cp)
-            .ptr(sp)
-            .i32(rope.rot_dim as i32)
-            .i32(style)
-            .i32(n_head as i32)
-            .i32(n_kv as i32)
-            .i32(head_dim as i32)
-            .ptr(kp)
-            .ptr(vp)
-            .i32(cache.capacity as i32)
-            .i32(f16)
-            .ptr(step);
-        self.push("qk_rope_store", [(n_head + n_kv) as u32, n as u32, 1], head_dim as u32, args);
+        let Some(kv) = self.kv_ref(cache) else { return };
+        self.qk_kernel(QkNorms { q: q_norm, k: k_norm, eps }, rope, head_dim, kv, n, [0, 0]);
     }
 
     fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) -> &mut [f32] {
@@ -1879,6 +2042,10 @@ impl Backend for CudaBackend {
     }
 
     fn argmax(&mut self) -> Option<u32> {
+        if self.head_rows > 1 {
+            // A many-row head picks every row (`head_tail`).
+            return self.argmax_rows().and_then(|r| r.first().copied());
+        }
         self.flush();
         let out = Self::ptr_of(&self.argmax_out);
         let dst = self.argmax_host.as_ref()?.ptr;
@@ -1890,6 +2057,22 @@ impl Backend for CudaBackend {
             // The failure is reported by `status`.
             _ => Some(0),
         }
+    }
+
+    fn argmax_rows(&mut self) -> Option<Vec<u32>> {
+        let m = self.head_rows;
+        if m < 2 || self.exact {
+            return None;
+        }
+        self.flush();
+        let (out, dst) = (Self::ptr_of(&self.rows_out), self.rows_host.as_ref()?.ptr);
+        self.copy_back(dst, out, m * 4);
+        self.sync();
+        if !self.ok() {
+            // The failure is reported by `status`.
+            return Some(vec![0; m]);
+        }
+        self.rows_host.as_mut().map(|h| h.as_i32(m).iter().map(|&i| i as u32).collect())
     }
 
     fn queue_pick(&mut self) -> bool {
