@@ -162,6 +162,61 @@ impl Sampler {
         if self.candidates.len() > k {
             self.keep_best(k);
         }
+        if k != usize::MAX {
+            // One order for the draw whatever the scan left (`sample_top` draws in this order).
+            self.candidates.sort_unstable_by(by_logit_desc);
+        }
+    }
+
+    /// [`sample`](Self::sample) from a row's best logits `top` (sorted as
+    /// `Backend::top_logits` gives them: higher first, lower id on ties; the last one bounds
+    /// every logit not listed), where they decide the pick as the whole row would, with the
+    /// same result: greedy, or top-k with `top_k` below `top.len()`, under penalties that only
+    /// lower logits. `None` (nothing drawn): sample from the whole row.
+    pub fn sample_top(&mut self, top: &[(u32, f32)], history: &[u32]) -> Option<u32> {
+        let p = self.params.clone();
+        let t = p.temperature;
+        let greedy = t.is_nan() || t <= 0.0;
+        let k = if greedy { 1 } else { p.top_k };
+        let raising = (p.repeat_penalty > 0.0 && p.repeat_penalty < 1.0) || p.presence_penalty < 0.0 || p.frequency_penalty < 0.0;
+        let Some((&(_, bound), pool)) = top.split_last() else { return None };
+        if k == 0 || k > pool.len() || raising {
+            return None;
+        }
+        let repeat = p.repeat_penalty > 0.0 && p.repeat_penalty != 1.0;
+        self.window.clear();
+        if (repeat || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) && p.repeat_last_n > 0 {
+            let start = history.len().saturating_sub(p.repeat_last_n);
+            self.window.extend_from_slice(&history[start..]);
+            self.window.sort_unstable();
+        }
+        // Every unlisted logit is at most `bound` (penalties only lower it), and one equal to
+        // it has a higher id than the listed ones equal to it: a listed logit above `bound`, or
+        // equal to it and not penalized, is surely ahead of every unlisted one. With `bound` =
+        // -inf every usable logit is listed.
+        self.candidates.clear();
+        for &(id, logit) in pool.iter().filter(|c| c.1 > f32::NEG_INFINITY) {
+            let count = self.window.partition_point(|&x| x <= id) - self.window.partition_point(|&x| x < id);
+            let l = if count > 0 { penalize(logit, count, &p, repeat) } else { logit };
+            if bound == f32::NEG_INFINITY || l > bound || (l == bound && count == 0) {
+                self.candidates.push(Candidate { id, logit: l, prob: 0.0 });
+            }
+        }
+        if bound > f32::NEG_INFINITY && self.candidates.len() < k {
+            return None;
+        }
+        if self.candidates.is_empty() {
+            return None;
+        }
+        self.candidates.sort_unstable_by(by_logit_desc);
+        self.candidates.truncate(k);
+        if greedy {
+            return Some(self.candidates[0].id);
+        }
+        self.softmax();
+        self.top_p();
+        self.min_p();
+        Some(self.draw())
     }
 
     /// Truncates the candidates to the best `k` (`1 <= k < len`); returns the k-th best logit.
@@ -508,6 +563,63 @@ impl StopMatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A row's best `n` logits as `Backend::top_logits` lists them.
+    fn top_of(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+        let mut c: Vec<Candidate> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Candidate { id: i as u32, logit: if l.is_nan() { f32::NEG_INFINITY } else { l.min(f32::MAX) }, prob: 0.0 })
+            .collect();
+        c.sort_by(by_logit_desc);
+        c.iter().take(n).map(|c| (c.id, c.logit)).collect()
+    }
+
+    #[test]
+    fn sampling_from_the_top_logits_draws_what_the_whole_row_draws() {
+        let mut rng = Rng::new(11);
+        let (mut decided, mut undecided) = (0, 0);
+        for case in 0..400u64 {
+            // Rows with ties, a few NaN and -inf, peaked and flat.
+            let scale = [0.5f32, 3.0, 12.0][case as usize % 3];
+            let mut row: Vec<f32> = (0..3000).map(|_| ((rng.next_f64() * 8.0).floor() as f32 / 8.0 - 0.5) * scale).collect();
+            row[(case as usize * 7) % 3000] = f32::NAN;
+            row[(case as usize * 13 + 1) % 3000] = f32::NEG_INFINITY;
+            let history: Vec<u32> = (0..40).map(|_| top_of(&row, 30)[(rng.next_u64() % 30) as usize].0).collect();
+            let mut p = SamplingParams {
+                temperature: [0.0, 0.7, 1.3][case as usize % 3],
+                top_k: [1, 5, 40, 63, 64, 0][(case / 3) as usize % 6],
+                top_p: if case % 2 == 0 { 0.9 } else { 1.0 },
+                min_p: if case % 5 == 0 { 0.05 } else { 0.0 },
+                seed: case,
+                ..SamplingParams::default()
+            };
+            match case % 4 {
+                1 => p.repeat_penalty = 1.3,
+                2 => p.presence_penalty = 0.8,
+                3 => p.frequency_penalty = if case % 8 == 3 { -0.5 } else { 0.4 },
+                _ => {}
+            }
+            let (mut a, mut b) = (Sampler::new(p.clone()), Sampler::new(p.clone()));
+            let whole = a.sample(&mut row.clone(), &history);
+            match b.sample_top(&top_of(&row, 64), &history) {
+                Some(id) => {
+                    assert_eq!(id, whole, "case {case}: {p:?}");
+                    // The generators stay in step.
+                    assert_eq!(a.rng.next_u64(), b.rng.next_u64(), "case {case}");
+                    decided += 1;
+                }
+                None => {
+                    // Only where the list may not hold the answer: no top-k, too many kept, or
+                    // penalties (that may push listed logits below unlisted ones).
+                    let greedy = p.temperature <= 0.0;
+                    assert!((!greedy && (p.top_k == 0 || p.top_k >= 64)) || p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0, "case {case}: {p:?} undecided");
+                    undecided += 1;
+                }
+            }
+        }
+        assert!(decided > 200, "decided {decided}, undecided {undecided}");
+    }
 
     #[test]
     fn exp_nonpositive_is_within_2_ulp() {

@@ -15,7 +15,7 @@
 //! 5. Speed on the GPU: prefill of 512 tokens (wall time of a one-token request) and 128 greedy
 //!    tokens after a short prompt, medians of 5 runs; diffusion tokens/s with `--diffusion`;
 //!    1 / 4 / 8 / 16 concurrent requests (32-token prompts, 128 tokens each), greedy and at
-//!    temperature 0.7: the aggregate rate, all tokens over the wall time from the first submit
+//!    temperature 0.7 (top-k 40, top-p 0.95, min-p 0.05): the aggregate rate, all tokens over the wall time from the first submit
 //!    to the last completion (prefill included), as `llama-batched-bench -npp 32 -ntg 128`'s
 //!    S_TG measures llama.cpp's (its decode only).
 //!
@@ -346,8 +346,10 @@ fn main() {
                 let prompts: Vec<Prompt> =
                     (0..streams as u32).map(|s| Prompt::Tokens((0..32u32).map(|i| 2 + (i * 7919 + (round * 64 + s) * 104_729 + 17) % 20000).collect())).collect();
                 let mut params = greedy(128);
-                params.sampling.temperature = temperature;
-                params.sampling.seed = u64::from(round);
+                if temperature > 0.0 {
+                    // The defaults otherwise (top-k 40, top-p 0.95, min-p 0.05), as llama.cpp's.
+                    params.sampling = SamplingParams { temperature, seed: u64::from(round), ..Default::default() };
+                }
                 let t = Instant::now();
                 let done = concurrent(&gpu, &prompts, &params);
                 let tokens: usize = done.iter().map(|c| c.tokens.len()).sum();

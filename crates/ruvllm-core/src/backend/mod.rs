@@ -107,6 +107,9 @@ pub struct QkNorms<'a> {
     pub eps: f32,
 }
 
+/// How many of each row's best logits [`Backend::top_logits`] hands back.
+pub const TOP_LOGITS: usize = 64;
+
 /// What a query attends to: the mask, within an optional sliding window.
 #[derive(Debug, Clone, Copy)]
 pub struct Span {
@@ -297,6 +300,14 @@ pub trait Backend {
     /// for one), where the backend finds them without handing the logits back; `None`: take
     /// them from [`logits`](Backend::logits).
     fn argmax_rows(&mut self) -> Option<Vec<u32>> {
+        None
+    }
+    /// The best [`TOP_LOGITS`] logits of each row of the last LM head as `(id, logit)`, sorted
+    /// (higher first, lower id on ties; NaN and -inf as -inf, +inf as `f32::MAX`), rows one
+    /// after another, where the backend finds them without handing the logits back (what
+    /// [`Sampler::sample_top`](crate::sampling::Sampler::sample_top) samples from); `None`:
+    /// take the logits.
+    fn top_logits(&mut self) -> Option<Vec<(u32, f32)>> {
         None
     }
     fn argmax(&mut self) -> Option<u32> {

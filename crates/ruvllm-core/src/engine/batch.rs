@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use super::decode::ArSequence;
 use super::{common_prefix, AdapterUse, Completion, Event, FinishReason, GenerateRequest, Worker, MAX_TOP_LOGPROBS, REQUEST_COUNTER};
-use crate::backend::Backend;
+use crate::backend::{Backend, TOP_LOGITS};
 use crate::kv::KvCache;
 use crate::models::{Segment, Transformer};
 use crate::nn::{AdapterSet, AttentionMask};
@@ -463,36 +463,51 @@ impl Worker {
             }
         }
         let head_rows: Vec<usize> = rows.iter().map(|r| r.1).collect();
-        // Greedy sequences only: one id per row from the backend where it picks them itself
-        // (a GPU hands back no logits).
-        let logits = if rows.iter().all(|&(i, _)| active[i].ar.plain_greedy()) {
-            model.heads_deferred(be, &head_rows);
+        model.heads_deferred(be, &head_rows);
+        // Where the backend finds each row's pick itself (a GPU then hands back one id, or a
+        // few candidates, per row instead of the logits): every sequence greedy, or each
+        // deciding from its row's best logits; the others then pick from the logits.
+        let mut picks: Vec<(usize, u32)> = Vec::with_capacity(rows.len());
+        let mut rest: Vec<usize> = (0..rows.len()).collect();
+        if rows.iter().all(|&(i, _)| active[i].ar.plain_greedy()) {
             if let Some(ids) = be.argmax_rows() {
                 be.status()?;
                 if ids.len() != rows.len() {
                     return Err(Error::Internal(format!("{} greedy picks for {} rows", ids.len(), rows.len())));
                 }
-                for (&(i, _), id) in rows.iter().zip(ids) {
-                    self.take(&mut active[i], id)?;
-                }
-                return Ok(());
+                picks.extend(rows.iter().map(|r| r.0).zip(ids));
+                rest.clear();
             }
-            // The logits that head left.
+        } else if let Some(top) = be.top_logits() {
             be.status()?;
-            let out = be.logits();
-            if out.len() < rows.len() * v {
-                return Err(Error::Internal(format!("the LM head gave {} logits for {} rows", out.len(), rows.len())));
+            if top.len() != rows.len() * TOP_LOGITS {
+                return Err(Error::Internal(format!("{} top logits for {} rows", top.len(), rows.len())));
             }
-            &mut out[..rows.len() * v]
-        } else {
-            model.logits_rows(be, &head_rows)?
-        };
-        let mut picks = Vec::with_capacity(rows.len());
-        for (k, &(i, _)) in rows.iter().enumerate() {
-            // A constraint's failure is the sequence's own.
-            match active[i].ar.pick(&mut logits[k * v..(k + 1) * v]) {
-                Ok(id) => picks.push((i, id)),
-                Err(e) => active[i].outcome = Some(Err(e)),
+            rest.retain(|&k| {
+                let i = rows[k].0;
+                match active[i].ar.pick_top(&top[k * TOP_LOGITS..(k + 1) * TOP_LOGITS]) {
+                    Some(id) => {
+                        picks.push((i, id));
+                        false
+                    }
+                    None => true,
+                }
+            });
+        }
+        if !rest.is_empty() {
+            // The logits the LM head left.
+            be.status()?;
+            let logits = be.logits();
+            if logits.len() < rows.len() * v {
+                return Err(Error::Internal(format!("the LM head gave {} logits for {} rows", logits.len(), rows.len())));
+            }
+            for k in rest {
+                let i = rows[k].0;
+                // A constraint's failure is the sequence's own.
+                match active[i].ar.pick(&mut logits[k * v..(k + 1) * v]) {
+                    Ok(id) => picks.push((i, id)),
+                    Err(e) => active[i].outcome = Some(Err(e)),
+                }
             }
         }
         for (i, id) in picks {

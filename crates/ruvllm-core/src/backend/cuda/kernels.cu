@@ -2156,5 +2156,74 @@ extern "C" __global__ void argmax2(const float* pv, const int* pi, int parts, in
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The best TOPC logits of each row, sorted (higher first, lower id on ties; NaN and -inf last as
+// -inf, +inf as the largest float, as the sampler treats them): a sampler that keeps the top k
+// (k < TOPC) picks from these exactly as from the whole row (`Sampler::sample_top`). Stage 1
+// sorts 2048-logit slices and keeps each one's best TOPC; stage 2 merges up to 32 such lists per
+// block, again until one list per row is left. Every list of a row lives at
+// [(row * lists + list) * TOPC].
+
+#define TOPC 64
+#define TOP_SLICE 2048
+
+__device__ __forceinline__ bool top_before(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
+
+// Sorts the block's TOP_SLICE (value, id) pairs in shared memory, best first (bitonic).
+__device__ __forceinline__ void top_sort(float* v, int* id) {
+    for (int k = 2; k <= TOP_SLICE; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < TOP_SLICE; i += blockDim.x) {
+                const int x = i ^ j;
+                if (x > i) {
+                    const bool first = (i & k) == 0;
+                    const bool swap = first ? top_before(v[x], id[x], v[i], id[i]) : top_before(v[i], id[i], v[x], id[x]);
+                    if (swap) {
+                        const float tv = v[i]; v[i] = v[x]; v[x] = tv;
+                        const int ti = id[i]; id[i] = id[x]; id[x] = ti;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// Grid (lists, rows): slice blockIdx.x of row blockIdx.y of `logits` (rows of `count`).
+extern "C" __global__ void __launch_bounds__(256) top1(const float* logits, int count, float* ov, int* oi) {
+    PDL_ENTRY();
+    __shared__ float v[TOP_SLICE];
+    __shared__ int id[TOP_SLICE];
+    const float* row = logits + (size_t)blockIdx.y * count;
+    const int base = blockIdx.x * TOP_SLICE;
+    for (int i = threadIdx.x; i < TOP_SLICE; i += blockDim.x) {
+        const int j = base + i;
+        float x = j < count ? row[j] : -INFINITY;
+        v[i] = isnan(x) ? -INFINITY : fminf(x, 3.402823466e38f);
+        id[i] = j < count ? j : 0x7fffffff;
+    }
+    __syncthreads();
+    top_sort(v, id);
+    const size_t out = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TOPC;
+    for (int i = threadIdx.x; i < TOPC; i += blockDim.x) { ov[out + i] = v[i]; oi[out + i] = id[i]; }
+}
+
+// Grid (groups, rows): lists 32*blockIdx.x.. (of `lists` per row) into one.
+extern "C" __global__ void __launch_bounds__(256) top2(const float* iv, const int* ii, int lists, float* ov, int* oi) {
+    PDL_ENTRY();
+    __shared__ float v[TOP_SLICE];
+    __shared__ int id[TOP_SLICE];
+    const int first = blockIdx.x * (TOP_SLICE / TOPC), have = min(TOP_SLICE / TOPC, lists - first) * TOPC;
+    const size_t in = ((size_t)blockIdx.y * lists + first) * TOPC;
+    for (int i = threadIdx.x; i < TOP_SLICE; i += blockDim.x) {
+        v[i] = i < have ? iv[in + i] : -INFINITY;
+        id[i] = i < have ? ii[in + i] : 0x7fffffff;
+    }
+    __syncthreads();
+    top_sort(v, id);
+    const size_t out = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TOPC;
+    for (int i = threadIdx.x; i < TOPC; i += blockDim.x) { ov[out + i] = v[i]; oi[out + i] = id[i]; }
+}
+
 // The reference mode's kernels (RUVLLM_CUDA_EXACT=1).
 #include "reference.cu"

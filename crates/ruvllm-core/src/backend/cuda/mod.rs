@@ -23,7 +23,7 @@ use std::hash::{Hash, Hasher};
 
 use driver::{check, Api, CUcontext, CUdeviceptr, CUfunction, CUgraph, CUgraphExec, CUmodule, CUstream, CudaError};
 
-use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QWeight, QkNorms, RopeStyle, RopeTable, Span};
+use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QWeight, QkNorms, RopeStyle, RopeTable, Span, TOP_LOGITS};
 use crate::backend::cpu::GgmlType;
 use crate::backend::kv::{DeviceRows, KvRows};
 use crate::{Error, Result};
@@ -76,6 +76,9 @@ const MMV1_MAX_COLS: usize = 4096;
 const SEG_KV_WORDS: usize = 6;
 /// Candidates per row of a many-row greedy pick (`argmax1` grid (parts, rows)).
 const ROW_ARGMAX_PARTS: usize = 64;
+/// `top1`'s slice of a row and `top2`'s lists per block (kernels.cu `TOP_SLICE`).
+const TOP_SLICE: usize = 2048;
+const TOP_MERGE: usize = TOP_SLICE / TOP_LOGITS;
 
 /// Why the GPU cannot be used, as the coded error `gpu: 'cuda'` reports.
 /// A switch that is on unless the variable is `0`.
@@ -387,6 +390,9 @@ pub struct CudaBackend {
     rows_part: Option<DevMem>,
     rows_out: Option<DevMem>,
     rows_host: Option<HostMem>,
+    /// `top_logits`: the lists of the two stages (values then ids, twice) and the host copy.
+    top_dev: Option<DevMem>,
+    top_host: Option<HostMem>,
     step_slot: usize,
     step_ev: [driver::CUevent; 2],
     /// Queued greedy picks (see `Backend::queue_pick`): host slots 1 and 2 of `argmax_host`,
@@ -406,6 +412,12 @@ pub struct CudaBackend {
     /// The fewest cache positions a decode attention slice takes (`RUVLLM_CUDA_ATT_CHUNK`,
     /// default `DECODE_ATT_CHUNK`): fewer positions per slice, more blocks on a short span.
     att_chunk: usize,
+    /// Most tokens a layer product runs on the one-row kernels (`mmv*`; more: MMQ), and most
+    /// rows an LM head does (`RUVLLM_CUDA_MMV_MAX`, `RUVLLM_CUDA_HEAD_MMV_MAX`, 1..=8): the
+    /// `mmv` kernels read the activations once per weight row, which over a 262,144-row head
+    /// costs more than the weights (8 rows: ~3 ms per step on an H200).
+    mmv_max: usize,
+    head_mmv_max: usize,
     /// The one-token LM head's persistent grid (`RUVLLM_CUDA_HEAD_BLOCKS`, default
     /// `HEAD_BLOCKS`).
     head_blocks: usize,
@@ -573,6 +585,8 @@ impl CudaBackend {
             rows_part: None,
             rows_out: None,
             rows_host: None,
+            top_dev: None,
+            top_host: None,
             step_slot: 0,
             step_ev: [evs[0], evs[1]],
             picks: std::collections::VecDeque::new(),
@@ -592,6 +606,8 @@ impl CudaBackend {
                 env_count("RUVLLM_CUDA_HEAD2_BLOCKS", 1..=HEAD_BLOCKS_MAX, (sms * HEAD2_PER_SM).min(HEAD_BLOCKS_MAX))
             }),
             att_chunk: env_count("RUVLLM_CUDA_ATT_CHUNK", 1..=4096, DECODE_ATT_CHUNK),
+            mmv_max: env_count("RUVLLM_CUDA_MMV_MAX", 1..=MMV_MAX, MMV_MAX),
+            head_mmv_max: env_count("RUVLLM_CUDA_HEAD_MMV_MAX", 1..=MMV_MAX, 1),
             logits_dev: None,
             logits_host: None,
             head_rows: 0,
@@ -1099,7 +1115,7 @@ impl CudaBackend {
                 None => return,
             }
         }
-        if n <= MMV_MAX {
+        if n <= self.mmv_max {
             let nt = match n {
                 1 => 1,
                 2 => 2,
@@ -1547,7 +1563,7 @@ impl CudaBackend {
             self.logits_ready = false;
             return;
         }
-        if m <= MMV_MAX {
+        if m <= self.head_mmv_max {
             let nt = match m {
                 1 => 1,
                 2 => 2,
@@ -1994,7 +2010,7 @@ impl Backend for CudaBackend {
     }
 
     fn matmul_gated(&mut self, gate: &QWeight, up: &QWeight, act: Activation, n: usize) -> bool {
-        if self.exact || n > MMV_MAX || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
+        if self.exact || n > self.mmv_max || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
             return false;
         }
         let (Some((gp, rb)), Some((upp, _))) = (self.weight(gate), self.weight(up)) else { return true };
@@ -2073,6 +2089,52 @@ impl Backend for CudaBackend {
             return Some(vec![0; m]);
         }
         self.rows_host.as_mut().map(|h| h.as_i32(m).iter().map(|&i| i as u32).collect())
+    }
+
+    fn top_logits(&mut self) -> Option<Vec<(u32, f32)>> {
+        let (m, v) = (self.head_rows, self.widths.vocab_size);
+        if m == 0 || self.exact || !self.ok() {
+            return None;
+        }
+        let lists = v.div_ceil(TOP_SLICE);
+        // One stage's lists: m × lists × TOP_LOGITS values, then as many ids.
+        let half = m * lists * TOP_LOGITS;
+        if self.top_dev.as_ref().is_none_or(|d| d.bytes < 4 * half * 4) || self.top_host.as_ref().is_none_or(|h| h.bytes < m * TOP_LOGITS * 8) {
+            // Sends the LM head first; captured graphs point at the buffer being replaced.
+            self.flush();
+            self.sync();
+            self.clear_graphs();
+            self.top_dev = self.alloc(4 * half * 4);
+            self.current();
+            self.top_host = HostMem::alloc(self.api, self.ctx, m * TOP_LOGITS * 8).map_err(|e| self.fail(gpu_error(&e))).ok();
+            if !self.ok() {
+                return None;
+            }
+        }
+        let base = Self::ptr_of(&self.top_dev);
+        let stage = |k: u64| (base + k * 2 * (half as u64) * 4, base + (k * 2 + 1) * (half as u64) * 4);
+        let logits = Self::ptr_of(&self.logits_dev);
+        let (sv, si) = stage(0);
+        self.push("top1", [lists as u32, m as u32, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(sv).ptr(si));
+        let (mut k, mut n) = (0, lists);
+        while n > 1 {
+            let groups = n.div_ceil(TOP_MERGE);
+            let ((iv, ii), (ov, oi)) = (stage(k), stage(k ^ 1));
+            self.push("top2", [groups as u32, m as u32, 1], 256, Args::new().ptr(iv).ptr(ii).i32(n as i32).ptr(ov).ptr(oi));
+            (k, n) = (k ^ 1, groups);
+        }
+        self.flush();
+        let (rv, ri) = stage(k);
+        let dst = self.top_host.as_ref()?.ptr;
+        self.copy_back(dst, rv, m * TOP_LOGITS * 4);
+        self.copy_back((dst as *mut u8).wrapping_add(m * TOP_LOGITS * 4) as *mut c_void, ri, m * TOP_LOGITS * 4);
+        self.sync();
+        if !self.ok() {
+            return None;
+        }
+        let h = self.top_host.as_mut()?.as_f32(2 * m * TOP_LOGITS);
+        let (vals, ids) = h.split_at(m * TOP_LOGITS);
+        Some(ids.iter().zip(vals).map(|(&i, &l)| (i.to_bits(), l)).collect())
     }
 
     fn queue_pick(&mut self) -> bool {

@@ -81,6 +81,17 @@ impl<'t> ArSequence<'t> {
         self.sampler.is_plain_greedy() && self.constraint.is_none() && self.top_logprobs.is_none()
     }
 
+    /// Picks the next token from the row's best logits (`Backend::top_logits`) where they
+    /// decide it as [`pick`](Self::pick) would from the whole row: no constraint, no
+    /// log-probabilities, and a sampler that keeps few enough ([`Sampler::sample_top`]).
+    /// `None`: nothing was drawn; pick from the whole row.
+    pub fn pick_top(&mut self, top: &[(u32, f32)]) -> Option<u32> {
+        if self.constraint.is_some() || self.top_logprobs.is_some() {
+            return None;
+        }
+        self.sampler.sample_top(top, &self.history)
+    }
+
     /// Picks the next token from its logits (which may be modified), within the constraint.
     pub fn pick(&mut self, logits: &mut [f32]) -> Result<u32> {
         if self.top_logprobs.is_some() {
