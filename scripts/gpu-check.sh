@@ -15,10 +15,11 @@
 #                          (RUVLLM_FORCE_SCALAR=1): every operation on random inputs
 #                          (examples/gpu_exact_ops.rs, no model needed), then the check's
 #                          criteria on the model (gpu_check), where both must be bit-identical
+#   gpu-check.sh random S  a random-weight qwen2 of shape S (1.5b, 7b) for speed runs
 #   gpu-check.sh bench     speed: ours and llama-bench alternately in fresh processes (3 rounds),
 #                          peak device memory and load time of each; prints the table last.
 #                          ALTS="VAR=value ..." adds one arm per setting to every round (A/B);
-#                          BATCHED=1 adds llama-batched-bench, the anchor of gpu_check's
+#                          ROUNDS=N rounds instead of 3; BATCHED=1 adds llama-batched-bench, the anchor of gpu_check's
 #                          concurrent-request rates (section 6) (-npp 32 -ntg 128 -npl 1,4,8,16)
 set -euo pipefail
 WORK=${RUVLLM_GPU_WORK:-/tmp/ruvllm-gpu}
@@ -93,7 +94,7 @@ bench)
   LB="$WORK/llama.cpp/build/bin/llama-bench"
   [ -x "$LB" ] || { echo "llama-bench is not built (see $WORK/llama.cpp/build.log)"; exit 1; }
   nvidia-smi --query-gpu=name --format=csv,noheader
-  for r in 1 2 3; do
+  for r in $(seq 1 "${ROUNDS:-3}"); do
     echo "== round $r: ruvllm"
     peak_mem "$WORK/mem.ours.$r" "$WORK/gpu_check" "$M" --speed-only | grep -E "prefill|decode|backend|greedy:|temperature 0.7:"
     for alt in ${ALTS:-}; do
@@ -108,11 +109,16 @@ bench)
     fi
   done
   echo "== load time (process wall time: load and one token)"
-  for r in 1 2 3; do
+  for r in $(seq 1 "${ROUNDS:-3}"); do
     /usr/bin/time -f "ruvllm %e s" "$WORK/gpu_check" "$M" --load-only 2>&1 | tail -1
     /usr/bin/time -f "llama.cpp %e s" "$LB" -m "$M" -p 0 -n 1 -r 1 -ngl 99 > /dev/null 2> "$WORK/t.err"; tail -1 "$WORK/t.err"
   done
   echo "== peak device memory (MiB above idle): ruvllm $(cat $WORK/mem.ours.[0-9] | xargs), llama-bench $(cat $WORK/mem.llama.[0-9] | xargs)"
   ;;
-*) echo "usage: gpu-check.sh put DIR | check | bench" >&2; exit 2 ;;
+random)
+  # A random-weight qwen2 of shape $2 (1.5b, 7b; tools/gpu/random-gguf.py) from the Qwen
+  # template put as MODEL_NAME=qwen.gguf, for speed runs: MODEL_NAME=random-$2.gguf ... bench.
+  PYTHONPATH="$WORK/llama.cpp/gguf-py" python3 tools/gpu/random-gguf.py "$WORK/qwen.gguf" "$WORK/random-${2:?usage: gpu-check.sh random 1.5b|7b}.gguf" --shape "$2"
+  ;;
+*) echo "usage: gpu-check.sh put DIR | check | exact | bench | random SHAPE" >&2; exit 2 ;;
 esac
