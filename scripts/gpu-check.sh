@@ -6,7 +6,8 @@
 #
 #   gpu-check.sh put DIR   adds DIR's pieces to $WORK: model.part* are appended to the model,
 #                          llama.tar.xz starts llama.cpp's CUDA build in the background (the
-#                          anchor), node.xz / gpu_check.xz / ruvllm.node.xz are unpacked
+#                          anchor), node.xz / gpu_check.xz / ruvllm.node.xz / the kernel
+#                          tests (mmq-test.xz, top-test.xz) are unpacked
 #   gpu-check.sh check     correctness against the CPU path (examples/gpu_check.rs), the same
 #                          criteria for the CPU path against itself with one weight vector
 #                          perturbed by a few ulps (`--perturb`: the check's noise floor), and
@@ -51,7 +52,7 @@ put)
         tar xJf "$dir/$f" -C "$WORK"
         (cd "$WORK/llama.cpp" && setsid nohup bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && cmake --build build --target llama-bench llama-batched-bench llama-quantize -j16 >> build.log 2>&1; echo done $? >> build.log' > /dev/null 2>&1 &) ;;
       node.xz) xz -dc "$dir/$f" > "$WORK/node" && chmod +x "$WORK/node" ;;
-      gpu_*.xz) xz -dc "$dir/$f" > "$WORK/${f%.xz}" && chmod +x "$WORK/${f%.xz}" ;;
+      gpu_*.xz | *-test.xz) xz -dc "$dir/$f" > "$WORK/${f%.xz}" && chmod +x "$WORK/${f%.xz}" ;;
       ruvllm.node.xz) xz -dc "$dir/$f" > "$WORK/ruvllm.linux-x64-gnu.node" ;;
       *.txt) cp "$dir/$f" "$WORK/$f" ;;
       *) echo "unknown piece $f" >&2; exit 1 ;;

@@ -6,8 +6,8 @@
 # and `cargo build --release -p ruvllm-eval --example gpu_check --example gpu_exact_ops` first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL=${1:?usage: gpu-pack.sh MODEL.gguf LLAMA_TAR_XZ}
-LLAMA=${2:?usage: gpu-pack.sh MODEL.gguf LLAMA_TAR_XZ}
+MODEL=${1:?usage: gpu-pack.sh MODEL.gguf LLAMA_TAR_XZ [SECOND_MODEL.gguf]}
+LLAMA=${2:?usage: gpu-pack.sh MODEL.gguf LLAMA_TAR_XZ [SECOND_MODEL.gguf]}
 PART=$((37 * 1000 * 1000))
 rm -rf .gpu/c*; mkdir -p .gpu/parts
 cp "$LLAMA" .gpu/llama.tar.xz
@@ -22,8 +22,17 @@ d=$(printf ".gpu/c%02d" $i); mkdir -p $d
 cp .gpu/node.xz $d/node.xz
 xz -6 -c target/release/examples/gpu_check > $d/gpu_check.xz
 [ -f target/release/examples/gpu_exact_ops ] && xz -6 -c target/release/examples/gpu_exact_ops > $d/gpu_exact_ops.xz
+# The kernel tests, where built (scripts/cuda-test.sh mmq-test / top-test).
+for t in mmq-test top-test; do [ -f target/$t ] && xz -6 -c target/$t > $d/$t.xz; done
 xz -6 -c ruvllm.linux-x64-gnu.node > $d/ruvllm.node.xz
 # The natural text the log-probability comparison can use (`benches/text.mjs` fetches it).
 [ -f "$HOME/.cache/ruvllm-bench/hamlet.txt" ] && cp "$HOME/.cache/ruvllm-bench/hamlet.txt" $d/hamlet.txt
-du -sh .gpu/c*
+# A second model (optional third argument) in .gpu/qNN: put with MODEL_NAME=qwen.gguf.
+rm -rf .gpu/q[0-9]*
+if [ -n "${3:-}" ]; then
+  split -b $PART -d -a 2 "$3" .gpu/model.part
+  for p in .gpu/model.part*; do q=.gpu/q${p##*part}; mkdir -p $q; mv "$p" $q/; done
+  sha256sum "$3"
+fi
+du -sh .gpu/c* .gpu/q* 2>/dev/null
 sha256sum "$MODEL"

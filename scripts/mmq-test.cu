@@ -1,7 +1,7 @@
 // Kernel-level check and timing of the many-token products in kernels.cu, at Gemma 3 270M's
 // prefill shapes (512 tokens): the FP32 tiles (`gemm_*` after `act_q8_0`/`act_q8_k`), the WMMA
-// int8 version (`gemm_mma_*` after `act_q8_0_i8`) and the MMQ kernels (`mmq{32,64}_*` after
-// `act_mq_*`). Weights are random bytes in the GGUF block layouts (Q8_0 repacked as uploaded);
+// int8 version (`gemm_mma_*` after `act_q8_0_i8`), the MMQ kernels (`mmq{32,64}_*` after
+// `act_mq_*`) and, up to 16 tokens, the decode-batch kernels (`mmvq{4,8,16}_*`, same input). Weights are random bytes in the GGUF block layouts (Q8_0 repacked as uploaded);
 // the reference is a float64 product on the CPU of the dequantized weights (ggml's formulas)
 // and the activations as the FP32 path rounds them. Needs no model and no Rust:
 //   scripts/mmq-test.sh   (builds with nvcc; run the binary on the GPU machine:
@@ -347,6 +347,23 @@ static bool run(int n, bool quick, int dist, bool timing) {
                 case Q6_K: MQ_LAUNCH(q6_k) break;
             }
         };
+        // The decode-batch kernels (`mmvq{4,8,16}_*`, up to 16 tokens, one warp per row).
+        auto mmvq = [&] {
+            int total = 0;
+            for (auto& w : ws) total += w.rows;
+            dim3 g(blocks_of(total, 8));
+#define MVQ_LAUNCH(name)                                                    \
+    if (n <= 4) mmvq4_##name<<<g, 256>>>(a, dXq, dXd, dXm, cols, n);       \
+    else if (n <= 8) mmvq8_##name<<<g, 256>>>(a, dXq, dXd, dXm, cols, n);  \
+    else mmvq16_##name<<<g, 256>>>(a, dXq, dXd, dXm, cols, n);
+            switch (c.ty) {
+                case Q8_0: MVQ_LAUNCH(q8_0r) break;
+                case Q4_0: MVQ_LAUNCH(q4_0) break;
+                case Q5_0: MVQ_LAUNCH(q5_0) break;
+                case Q4_K: MVQ_LAUNCH(q4_k) break;
+                case Q6_K: MVQ_LAUNCH(q6_k) break;
+            }
+        };
         // Rounded activations (the reference's input), and the MMQ quants checked against them.
         act_old();
         act_mq();
@@ -397,13 +414,14 @@ static bool run(int n, bool quick, int dist, bool timing) {
         const double e32 = check([&] { mmq(32); });
         const double e64 = check([&] { mmq(64); });
         const double enp = check([&] { mmq(0); }), eks64 = check([&] { mmq(1); }), eks32 = check([&] { mmq(2); });
-        const bool bad = !(e_old < 1e-5) || !(e32 < 1e-5) || !(e64 < 1e-5) || !(enp < 1e-5) || !(eks64 < 1e-5) || !(eks32 < 1e-5) || (has_mma && !(e_mma < 1e-5));
+        const double evq = n <= 16 ? check(mmvq) : 0.0;
+        const bool bad = !(evq < 1e-5) || !(e_old < 1e-5) || !(e32 < 1e-5) || !(e64 < 1e-5) || !(enp < 1e-5) || !(eks64 < 1e-5) || !(eks32 < 1e-5) || (has_mma && !(e_mma < 1e-5));
         if (bad) all_ok = false;
         if (!timing) {
             worst_old = std::max(worst_old, e_old);
-            worst_mmq = std::max({worst_mmq, e32, e64, enp, eks32, eks64});
+            worst_mmq = std::max({worst_mmq, e32, e64, enp, eks32, eks64, evq});
             if (bad)
-                printf("  n %d dist %d %s: err gemm %.2e mma %.2e mmq32 %.2e mmq64 %.2e 64np %.2e ks2 32 %.2e ks2 64 %.2e\n", n, dist, c.what, e_old, e_mma, e32, e64, enp, eks32, eks64);
+                printf("  n %d dist %d %s: err gemm %.2e mma %.2e mmq32 %.2e mmq64 %.2e 64np %.2e ks2 32 %.2e ks2 64 %.2e mmvq %.2e\n", n, dist, c.what, e_old, e_mma, e32, e64, enp, eks32, eks64, evq);
             for (auto& w : ws) CK(cudaFree(w.dev));
             continue;
         }
@@ -411,11 +429,13 @@ static bool run(int n, bool quick, int dist, bool timing) {
         const float t_mma = has_mma ? time_us(gemm_mma, 50) : NAN;
         const float t32 = time_us([&] { mmq(32); }, 50), t64 = time_us([&] { mmq(64); }, 50), tnp = time_us([&] { mmq(0); }, 50);
         const float tks64 = time_us([&] { mmq(1); }, 50), tks32 = time_us([&] { mmq(2); }, 50);
+        const float tvq = n <= 16 ? time_us(mmvq, 50) : NAN;
         std::string rs;
         for (int r : c.rows) rs += (rs.empty() ? "" : "+") + std::to_string(r);
         rs += "x" + std::to_string(cols);
         printf("%-20s %-6s %-16s %8.1f %8.1f %8.1f %8.1f %4.1f/%-4.1f %6.1f %4.1f/%-4.1f | %9.2e %9.2e %9.2e\n", c.what, ty_name[c.ty], rs.c_str(), t_act, t_old, t_actmq,
-               t_mma, t32, t64, tnp, tks32, tks64, e_old, e_mma, std::max({e32, e64, enp, eks32, eks64}));
+               t_mma, t32, t64, tnp, tks32, tks64, e_old, e_mma, std::max({e32, e64, enp, eks32, eks64, evq}));
+        if (n <= 16) printf("%-20s mmvq %.1f us\n", "", tvq);
         for (auto& w : ws) CK(cudaFree(w.dev));
     }
     if (timing)

@@ -1468,6 +1468,68 @@ __device__ __forceinline__ void mmq_body(const Mmv3& a, const int8_t* __restrict
     extern "C" __global__ void __launch_bounds__(128) mmq64_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmq_body<T, 64, true, 1>(a, Xq, Xd, Xm, cols, n); } \
     extern "C" __global__ void __launch_bounds__(256) mmq32k2_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmq_body<T, 32, true, 2>(a, Xq, Xd, Xm, cols, n); } \
     extern "C" __global__ void __launch_bounds__(256) mmq64k2_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmq_body<T, 64, true, 2>(a, Xq, Xd, Xm, cols, n); }
+// Decode-size batches (2..NMAX tokens) when an MMQ grid would leave most multiprocessors idle:
+// one warp per weight row (rows numbered across the three weights), the lanes taking its
+// 32-blocks in turn, the int8 activations as `act_mq_*` left them (read through L1), four
+// bytes per `dp4a`, each 32-block's sum scaled as the MMQ kernels scale it.
+template <int T, int NMAX>
+__device__ __forceinline__ void mmvq_body(const Mmv3& a, const int8_t* __restrict__ Xq, const float* __restrict__ Xd, const float* __restrict__ Xm, int cols, int n) {
+    PDL_ENTRY();
+    constexpr int SUB = Mq<T>::sub;
+    constexpr bool MINS = Mq<T>::mins;
+    const int lane = threadIdx.x & 31;
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), k = 0;
+    if (r >= a.rows[0]) { r -= a.rows[0]; k = 1; if (r >= a.rows[1]) { r -= a.rows[1]; k = 2; if (r >= a.rows[2]) return; } }
+    const u8* row = a.w[k] + (size_t)r * a.rb[k];
+    const int nbt = cols >> 5;
+    float acc[NMAX];
+#pragma unroll
+    for (int t = 0; t < NMAX; t++) acc[t] = 0.f;
+    for (int b = lane; b < nbt; b += 32) {
+        MqRaw<T> raw;
+        raw.load(row, b);
+        uint32_t q[8];
+        float dw[2] = {0.f, 0.f}, mw = 0.f;
+        raw.get(b, q, dw, mw);
+#pragma unroll
+        for (int t = 0; t < NMAX; t++) {
+            if (t >= n) break;
+            const int4* xp = (const int4*)(Xq + (size_t)t * cols + b * 32);
+            const int4 x0 = xp[0], x1 = xp[1];
+            const float xd = Xd[(size_t)t * nbt + b];
+            int s0 = __dp4a((int)q[0], x0.x, 0);
+            s0 = __dp4a((int)q[1], x0.y, s0);
+            s0 = __dp4a((int)q[2], x0.z, s0);
+            s0 = __dp4a((int)q[3], x0.w, s0);
+            int s1 = __dp4a((int)q[4], x1.x, 0);
+            s1 = __dp4a((int)q[5], x1.y, s1);
+            s1 = __dp4a((int)q[6], x1.z, s1);
+            s1 = __dp4a((int)q[7], x1.w, s1);
+            if (SUB == 32) {
+                acc[t] = fmaf((float)(s0 + s1), dw[0] * xd, acc[t]);
+                if (MINS) acc[t] = fmaf(-mw, Xm[(size_t)t * nbt + b], acc[t]);
+            } else {
+                acc[t] = fmaf((float)s0 * dw[0] + (float)s1 * dw[1], xd, acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NMAX; t++) {
+        if (t >= n) break;
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) a.y[k][(size_t)t * a.rows[k] + r] = v;
+    }
+}
+#define INSTANTIATE_MMVQ(T, name) \
+    extern "C" __global__ void __launch_bounds__(256) mmvq4_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmvq_body<T, 4>(a, Xq, Xd, Xm, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(256) mmvq8_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmvq_body<T, 8>(a, Xq, Xd, Xm, cols, n); } \
+    extern "C" __global__ void __launch_bounds__(256) mmvq16_##name(Mmv3 a, const int8_t* Xq, const float* Xd, const float* Xm, int cols, int n) { mmvq_body<T, 16>(a, Xq, Xd, Xm, cols, n); }
+INSTANTIATE_MMVQ(T_Q8_0R, q8_0r)
+INSTANTIATE_MMVQ(T_Q4_0, q4_0)
+INSTANTIATE_MMVQ(T_Q5_0, q5_0)
+INSTANTIATE_MMVQ(T_Q4_K, q4_k)
+INSTANTIATE_MMVQ(T_Q6_K, q6_k)
+
 INSTANTIATE_MMQ(T_Q8_0R, q8_0r)
 INSTANTIATE_MMQ(T_Q4_0, q4_0)
 INSTANTIATE_MMQ(T_Q5_0, q5_0)
@@ -2160,69 +2222,139 @@ extern "C" __global__ void argmax2(const float* pv, const int* pi, int parts, in
 // The best TOPC logits of each row, sorted (higher first, lower id on ties; NaN and -inf last as
 // -inf, +inf as the largest float, as the sampler treats them): a sampler that keeps the top k
 // (k < TOPC) picks from these exactly as from the whole row (`Sampler::sample_top`). Stage 1
-// sorts 2048-logit slices and keeps each one's best TOPC; stage 2 merges up to 32 such lists per
-// block, again until one list per row is left. Every list of a row lives at
-// [(row * lists + list) * TOPC].
+// keeps each 2048-logit slice's best TOPC; stage 2 merges up to 32 such lists per block, again
+// until one list per row is left. Every list of a row lives at [(row * lists + list) * TOPC].
+// Padding takes -inf with ids from TOP_PAD up (unique, above every vocabulary id).
 
 #define TOPC 64
 #define TOP_SLICE 2048
+#define TOP_PAD 0x40000000
 
 __device__ __forceinline__ bool top_before(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
-// Sorts the block's TOP_SLICE (value, id) pairs in shared memory, best first (bitonic).
-__device__ __forceinline__ void top_sort(float* v, int* id) {
-    for (int k = 2; k <= TOP_SLICE; k <<= 1) {
+// Order-preserving unsigned key of a float (larger float, larger key).
+__device__ __forceinline__ unsigned top_key(float v) {
+    const unsigned b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Sum of every thread's `v` over the block (256 threads), to all of them.
+__device__ __forceinline__ int top_sum(int v, int* red) {
+    v = __reduce_add_sync(0xffffffff, v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int t = 0;
+#pragma unroll
+    for (int w = 0; w < 8; w++) t += red[w];
+    return t;
+}
+
+// The best TOPC of the block's TOP_SLICE (value, id) pairs, 8 per thread (ids unique), sorted to
+// ov/oi: the TOPC-th largest value found bit by bit (radix select), then among the pairs equal
+// to it the lowest ids, the chosen ones gathered and sorted in shared memory.
+__device__ __forceinline__ void top_keep(const float* v, const int* id, float* ov, int* oi) {
+    __shared__ int red[8];
+    __shared__ float sv[TOPC];
+    __shared__ int si[TOPC];
+    unsigned key[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) key[i] = top_key(v[i]);
+    unsigned T = 0;
+    for (int bit = 31; bit >= 0; bit--) {
+        const unsigned c = T | (1u << bit);
+        int cnt = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) cnt += key[i] >= c;
+        if (top_sum(cnt, red) >= TOPC) T = c;
+    }
+    int gt = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) gt += key[i] > T;
+    const int need = TOPC - top_sum(gt, red);
+    // U: the need-th smallest id among the pairs equal to T.
+    unsigned U = 0;
+    for (int bit = 30; bit >= 0; bit--) {
+        const unsigned c = U | (1u << bit);
+        int cnt = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) cnt += key[i] == T && (unsigned)id[i] < c;
+        if (top_sum(cnt, red) < need) U = c;
+    }
+    bool keep[8];
+    int mine = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        keep[i] = key[i] > T || (key[i] == T && (unsigned)id[i] <= U);
+        mine += keep[i];
+    }
+    // Exclusive scan of the per-thread counts (inclusive in a warp, then the warps' totals).
+    int inc = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffff, inc, o);
+        if ((threadIdx.x & 31) >= o) inc += x;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 31) red[threadIdx.x >> 5] = inc;
+    __syncthreads();
+    int base = 0;
+    for (int w = 0; w < (int)(threadIdx.x >> 5); w++) base += red[w];
+    int at = base + inc - mine;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (keep[i] && at < TOPC) { sv[at] = v[i]; si[at] = id[i]; at++; }
+    __syncthreads();
+    // Bitonic sort of the TOPC kept pairs, best first.
+    for (int k = 2; k <= TOPC; k <<= 1) {
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < TOP_SLICE; i += blockDim.x) {
-                const int x = i ^ j;
-                if (x > i) {
-                    const bool first = (i & k) == 0;
-                    const bool swap = first ? top_before(v[x], id[x], v[i], id[i]) : top_before(v[i], id[i], v[x], id[x]);
-                    if (swap) {
-                        const float tv = v[i]; v[i] = v[x]; v[x] = tv;
-                        const int ti = id[i]; id[i] = id[x]; id[x] = ti;
-                    }
+            const int i = threadIdx.x, x = i ^ j;
+            if (i < TOPC && x > i) {
+                const bool first = (i & k) == 0;
+                const bool swap = first ? top_before(sv[x], si[x], sv[i], si[i]) : top_before(sv[i], si[i], sv[x], si[x]);
+                if (swap) {
+                    const float tv = sv[i]; sv[i] = sv[x]; sv[x] = tv;
+                    const int ti = si[i]; si[i] = si[x]; si[x] = ti;
                 }
             }
             __syncthreads();
         }
     }
+    if (threadIdx.x < TOPC) { ov[threadIdx.x] = sv[threadIdx.x]; oi[threadIdx.x] = si[threadIdx.x]; }
 }
 
-// Grid (lists, rows): slice blockIdx.x of row blockIdx.y of `logits` (rows of `count`).
+// Grid (lists, rows), 256 threads: slice blockIdx.x of row blockIdx.y of `logits` (rows of `count`).
 extern "C" __global__ void __launch_bounds__(256) top1(const float* logits, int count, float* ov, int* oi) {
     PDL_ENTRY();
-    __shared__ float v[TOP_SLICE];
-    __shared__ int id[TOP_SLICE];
     const float* row = logits + (size_t)blockIdx.y * count;
-    const int base = blockIdx.x * TOP_SLICE;
-    for (int i = threadIdx.x; i < TOP_SLICE; i += blockDim.x) {
-        const int j = base + i;
-        float x = j < count ? row[j] : -INFINITY;
+    float v[8];
+    int id[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int j = blockIdx.x * TOP_SLICE + threadIdx.x * 8 + i;
+        const float x = j < count ? row[j] : -INFINITY;
         v[i] = isnan(x) ? -INFINITY : fminf(x, 3.402823466e38f);
-        id[i] = j < count ? j : 0x7fffffff;
+        id[i] = j < count ? j : TOP_PAD + j;
     }
-    __syncthreads();
-    top_sort(v, id);
     const size_t out = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TOPC;
-    for (int i = threadIdx.x; i < TOPC; i += blockDim.x) { ov[out + i] = v[i]; oi[out + i] = id[i]; }
+    top_keep(v, id, ov + out, oi + out);
 }
 
-// Grid (groups, rows): lists 32*blockIdx.x.. (of `lists` per row) into one.
+// Grid (groups, rows), 256 threads: lists 32*blockIdx.x.. (of `lists` per row) into one.
 extern "C" __global__ void __launch_bounds__(256) top2(const float* iv, const int* ii, int lists, float* ov, int* oi) {
     PDL_ENTRY();
-    __shared__ float v[TOP_SLICE];
-    __shared__ int id[TOP_SLICE];
     const int first = blockIdx.x * (TOP_SLICE / TOPC), have = min(TOP_SLICE / TOPC, lists - first) * TOPC;
     const size_t in = ((size_t)blockIdx.y * lists + first) * TOPC;
-    for (int i = threadIdx.x; i < TOP_SLICE; i += blockDim.x) {
-        v[i] = i < have ? iv[in + i] : -INFINITY;
-        id[i] = i < have ? ii[in + i] : 0x7fffffff;
+    float v[8];
+    int id[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int j = threadIdx.x * 8 + i;
+        v[i] = j < have ? iv[in + j] : -INFINITY;
+        id[i] = j < have ? ii[in + j] : TOP_PAD + 0x20000000 + j;
     }
-    __syncthreads();
-    top_sort(v, id);
     const size_t out = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TOPC;
-    for (int i = threadIdx.x; i < TOPC; i += blockDim.x) { ov[out + i] = v[i]; oi[out + i] = id[i]; }
+    top_keep(v, id, ov + out, oi + out);
 }
 
 // The reference mode's kernels (RUVLLM_CUDA_EXACT=1).
