@@ -194,6 +194,12 @@ pub trait Backend {
     fn matmul_fused(&mut self, ws: &[&QWeight], src: Buf, dsts: &[Buf], n: usize);
     /// `dst[t] += bias` for `n` rows.
     fn add_bias(&mut self, dst: Buf, bias: &[f32], n: usize);
+    /// [`add_bias`](Backend::add_bias) for each `(dst, bias)`, in order (a GPU: one launch).
+    fn add_biases(&mut self, items: &[(Buf, &[f32])], n: usize) {
+        for &(dst, bias) in items {
+            self.add_bias(dst, bias, n);
+        }
+    }
     /// `dsts[k][t] += scale · B·(A·src[t])` for every term `(k, factors, scale)`, in order.
     fn add_low_rank(&mut self, terms: &LowRankTerms, src: Buf, dsts: &[Buf], n: usize);
     /// RoPE of every head (`head_dim` floats) of the `n` rows of `buf`, row `t` at `pos0 + t`.

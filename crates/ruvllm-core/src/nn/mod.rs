@@ -36,10 +36,9 @@ impl Linear {
     /// are fused; each projection's bias and adapter deltas are added after its product).
     pub fn forward_fused<const N: usize>(be: &mut dyn Backend, ls: [&Linear; N], src: Buf, dsts: [Buf; N], n: usize, adapters: &AdapterSet) {
         be.matmul_fused(&ls.map(|l| &l.weight), src, &dsts, n);
-        for (l, &dst) in ls.iter().zip(&dsts) {
-            if let Some(b) = &l.bias {
-                be.add_bias(dst, b, n);
-            }
+        let biases: Vec<(Buf, &[f32])> = ls.iter().zip(&dsts).filter_map(|(l, &dst)| l.bias.as_deref().map(|b| (dst, b))).collect();
+        if !biases.is_empty() {
+            be.add_biases(&biases, n);
         }
         // One pass for the adapters of all the projections.
         be.add_low_rank(&adapters.terms(ls[0].layer, ls.map(|l| l.proj)), src, &dsts, n);

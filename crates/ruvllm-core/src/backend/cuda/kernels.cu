@@ -1768,6 +1768,17 @@ extern "C" __global__ void add_bias(float* dst, const float* bias, int width, in
     if (i < count) dst[i] += bias[i % width];
 }
 
+// Up to three biases in one launch: d_k[t * w_k + i] += b_k[i] for the n rows (w_k = 0: none).
+extern "C" __global__ void add_bias3(float* d0, const float* b0, int w0, float* d1, const float* b1, int w1, float* d2, const float* b2, int w2, int n) {
+    PDL_ENTRY();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < w0 * n) { d0[i] += b0[i % w0]; return; }
+    i -= w0 * n;
+    if (i < w1 * n) { d1[i] += b1[i % w1]; return; }
+    i -= w1 * n;
+    if (i < w2 * n) d2[i] += b2[i % w2];
+}
+
 // gate = act(gate) · up; act 0: GELU (tanh approximation), 1: SiLU.
 extern "C" __global__ void gated(float* gate, const float* up, int count, int act) {
     PDL_ENTRY();
@@ -2159,6 +2170,9 @@ extern "C" __global__ void __launch_bounds__(256) attention(ATT_ARGS) {
 }
 extern "C" __global__ void __launch_bounds__(256) attention_g4(ATT_ARGS) {
     attention_body<4, true>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu, rows, kvt);
+}
+extern "C" __global__ void __launch_bounds__(256) attention_g8n(ATT_ARGS) {
+    attention_body<ATT_MAX_G, false>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu, rows, kvt);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) attention_g4n(ATT_ARGS) {
     attention_body<4, false>(Q, O, kc, vc, kv_f16, capacity, n_head, n_kv, hd, scale, mask, block, window, step, n, part, counters, splits, min_chunk, fu, rows, kvt);

@@ -427,6 +427,11 @@ pub struct CudaBackend {
     head_mmv_max: usize,
     /// Decode-size batches of MMQ types on `mmvq*` (`RUVLLM_CUDA_MMVQ=0`: MMQ).
     mmvq: bool,
+    /// One-token products at least this wide on `mmvq4` too (0: none; see `one_token_mmvq`).
+    mmvq1_cols: usize,
+    /// Attention with 5-8 query heads per KV head on `attention_g8n` unless a folded QK step
+    /// needs `attention` (`RUVLLM_CUDA_ATT_G8N=0`: always `attention`).
+    att_g8n: bool,
     /// The one-token LM head's persistent grid (`RUVLLM_CUDA_HEAD_BLOCKS`, default
     /// `HEAD_BLOCKS`).
     head_blocks: usize,
@@ -618,6 +623,8 @@ impl CudaBackend {
             mmv_max: env_count("RUVLLM_CUDA_MMV_MAX", 1..=MMV_MAX, 1),
             head_mmv_max: env_count("RUVLLM_CUDA_HEAD_MMV_MAX", 1..=MMV_MAX, 1),
             mmvq: env_on("RUVLLM_CUDA_MMVQ"),
+            mmvq1_cols: env_count("RUVLLM_CUDA_MMVQ1", 0..=1 << 20, 0),
+            att_g8n: env_on("RUVLLM_CUDA_ATT_G8N"),
             logits_dev: None,
             logits_host: None,
             head_rows: 0,
@@ -1133,9 +1140,16 @@ impl CudaBackend {
                 _ => 8,
             };
             let mut i = 0;
+            let mut rounded: Option<&str> = None;
             while i < ws.len() {
                 let ty = ws[i].ty;
                 let (j, words, rows) = self.group3(ws, &up, dsts, i, cols);
+                if n == 1 && self.one_token_mmvq(ty, cols) {
+                    self.settle();
+                    self.mmq_launch(ty, words, rows, cols, x, n, &mut rounded);
+                    i = j;
+                    continue;
+                }
                 let total: usize = rows.iter().map(|&r| r as usize).sum();
                 let suffix = type_suffix(ty).unwrap_or("f32");
                 let args = Args::new().words(&words).ptr(x).i32(cols as i32);
@@ -1182,6 +1196,12 @@ impl CudaBackend {
             yp[k - i] = self.buf(dsts[k]);
         }
         (j, mmv3_words(wp, rb, rows, yp), rows)
+    }
+
+    /// Whether a one-token product of this type and width runs on `mmvq` (int8 activations)
+    /// instead of `mmv1s` (`RUVLLM_CUDA_MMVQ1=<fewest columns>`, 0: never).
+    fn one_token_mmvq(&self, ty: GgmlType, cols: usize) -> bool {
+        self.mmvq1_cols > 0 && cols >= self.mmvq1_cols && self.mmvq && self.mmq_on(ty, cols)
     }
 
     /// Whether a many-token product of this weight type and width runs on the MMQ kernels.
@@ -1373,9 +1393,12 @@ impl CudaBackend {
             .i32(if decode { self.att_chunk } else { ATT_MIN_CHUNK } as i32);
         // Many tokens: the instance without the folding, lean enough for two blocks per
         // multiprocessor (a 512-token prefill runs thousands of blocks).
+        // More than four query heads per KV head (Qwen2.5's 6-7) without the folding: the
+        // instance without it (fewer registers).
         let name = match (g <= 4, n > MMV_MAX) {
             (true, true) => "attention_g4n",
             (true, false) => "attention_g4",
+            (false, _) if fuse == [0; 8] && self.att_g8n => "attention_g8n",
             _ => "attention",
         };
         self.push(name, [splits as u32, shape.n_kv_head as u32, n as u32], 256, args.words(&fuse).ptr(seg[0]).ptr(seg[1]));
@@ -1863,6 +1886,27 @@ impl Backend for CudaBackend {
         self.push("add_bias", [Self::blocks(count, 256), 1, 1], 256, Args::new().ptr(self.buf(dst)).ptr(bp).i32(bias.len() as i32).i32(count as i32));
     }
 
+    fn add_biases(&mut self, items: &[(Buf, &[f32])], n: usize) {
+        if self.exact || items.len() > 3 {
+            for &(dst, bias) in items {
+                self.add_bias(dst, bias, n);
+            }
+            return;
+        }
+        // Up to three in one launch (a model with q/k/v biases: two launches fewer per layer).
+        let mut args = Args::new();
+        let mut count = 0;
+        for k in 0..3 {
+            let (dst, bp, width) = match items.get(k) {
+                Some(&(dst, bias)) => (self.buf(dst), self.vector(bias), bias.len()),
+                None => (0, 0, 0),
+            };
+            args = args.ptr(dst).ptr(bp).i32(width as i32);
+            count += n * width;
+        }
+        self.push("add_bias3", [Self::blocks(count, 256), 1, 1], 256, args.i32(n as i32));
+    }
+
     fn add_low_rank(&mut self, terms: &LowRankTerms, src: Buf, dsts: &[Buf], n: usize) {
         let tmp = Self::ptr_of(&self.lr_tmp);
         let x = self.buf(src);
@@ -2030,7 +2074,7 @@ impl Backend for CudaBackend {
     }
 
     fn matmul_gated(&mut self, gate: &QWeight, up: &QWeight, act: Activation, n: usize) -> bool {
-        if self.exact || n > self.mmv_max || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
+        if self.exact || n > self.mmv_max || (n == 1 && self.one_token_mmvq(gate.ty, gate.cols)) || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
             return false;
         }
         let (Some((gp, rb)), Some((upp, _))) = (self.weight(gate), self.weight(up)) else { return true };
