@@ -179,7 +179,7 @@ impl Sampler {
         let greedy = t.is_nan() || t <= 0.0;
         let k = if greedy { 1 } else { p.top_k };
         let raising = (p.repeat_penalty > 0.0 && p.repeat_penalty < 1.0) || p.presence_penalty < 0.0 || p.frequency_penalty < 0.0;
-        let Some((&(_, bound), pool)) = top.split_last() else { return None };
+        let (&(_, bound), pool) = top.split_last()?;
         if k == 0 || k > pool.len() || raising {
             return None;
         }
@@ -613,7 +613,10 @@ mod tests {
                     // Only where the list may not hold the answer: no top-k, too many kept, or
                     // penalties (that may push listed logits below unlisted ones).
                     let greedy = p.temperature <= 0.0;
-                    assert!((!greedy && (p.top_k == 0 || p.top_k >= 64)) || p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0, "case {case}: {p:?} undecided");
+                    assert!(
+                        (!greedy && (p.top_k == 0 || p.top_k >= 64)) || p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0,
+                        "case {case}: {p:?} undecided"
+                    );
                     undecided += 1;
                 }
             }

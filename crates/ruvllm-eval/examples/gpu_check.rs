@@ -69,7 +69,8 @@ fn concurrent(e: &Engine, prompts: &[Prompt], params: &GenerateParams) -> Vec<Co
             let sink = Box::new(move |ev| {
                 let _ = tx.send(ev);
             });
-            e.submit(GenerateRequest { prompt: p.clone(), params: params.clone(), adapters: None, cancel: Arc::new(AtomicBool::new(false)), sink }).expect("submit");
+            e.submit(GenerateRequest { prompt: p.clone(), params: params.clone(), adapters: None, cancel: Arc::new(AtomicBool::new(false)), sink })
+                .expect("submit");
             rx
         })
         .collect();
@@ -343,8 +344,9 @@ fn main() {
         for streams in [1usize, 4, 8, 16] {
             let mut rates = Vec::new();
             for round in 0..4u32 {
-                let prompts: Vec<Prompt> =
-                    (0..streams as u32).map(|s| Prompt::Tokens((0..32u32).map(|i| 2 + (i * 7919 + (round * 64 + s) * 104_729 + 17) % 20000).collect())).collect();
+                let prompts: Vec<Prompt> = (0..streams as u32)
+                    .map(|s| Prompt::Tokens((0..32u32).map(|i| 2 + (i * 7919 + (round * 64 + s) * 104_729 + 17) % 20000).collect()))
+                    .collect();
                 let mut params = greedy(128);
                 if temperature > 0.0 {
                     // The defaults otherwise (top-k 40, top-p 0.95, min-p 0.05), as llama.cpp's.

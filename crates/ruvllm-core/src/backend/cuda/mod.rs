@@ -23,7 +23,9 @@ use std::hash::{Hash, Hasher};
 
 use driver::{check, Api, CUcontext, CUdeviceptr, CUfunction, CUgraph, CUgraphExec, CUmodule, CUstream, CudaError};
 
-use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QWeight, QkNorms, RopeStyle, RopeTable, Span, TOP_LOGITS};
+use super::{
+    Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QWeight, QkNorms, RopeStyle, RopeTable, Span, TOP_LOGITS,
+};
 use crate::backend::cpu::GgmlType;
 use crate::backend::kv::{DeviceRows, KvRows};
 use crate::{Error, Result};
@@ -79,6 +81,8 @@ const SEG_KV_WORDS: usize = 6;
 /// would read the activations once per row: MMQ).
 const MMVQ_MAX: usize = 16;
 const MMVQ_TILES: usize = 1024;
+/// Models at least this wide run their one-token products on `mmvq` too (`one_token_mmvq`).
+const MMVQ1_WIDTH: usize = 768;
 /// Candidates per row of a many-row greedy pick (`argmax1` grid (parts, rows)).
 const ROW_ARGMAX_PARTS: usize = 64;
 /// `top1`'s slice of a row and `top2`'s lists per block (kernels.cu `TOP_SLICE`).
@@ -427,8 +431,12 @@ pub struct CudaBackend {
     head_mmv_max: usize,
     /// Decode-size batches of MMQ types on `mmvq*` (`RUVLLM_CUDA_MMVQ=0`: MMQ).
     mmvq: bool,
-    /// One-token products at least this wide on `mmvq4` too (0: none; see `one_token_mmvq`).
-    mmvq1_cols: usize,
+    /// One-token products of models at least this wide on `mmvq4` too
+    /// (`RUVLLM_CUDA_MMVQ1=<width>`, 0: none; see `one_token_mmvq`). On an H200, single-stream
+    /// decode: Qwen2.5-0.5B (896 wide) 660 -> 835 tok/s, a 1.5B shape 279 -> 436, a 7B shape
+    /// 92 -> 207 (`mmv1s` reads f32 activations and is tuned for narrow rows); Gemma 3 270M
+    /// (640 wide) 1,325 -> 1,237 with every product on it, so it stays on `mmv1s`.
+    mmvq1_width: usize,
     /// Attention with 5-8 query heads per KV head on `attention_g8n` unless a folded QK step
     /// needs `attention` (`RUVLLM_CUDA_ATT_G8N=0`: always `attention`).
     att_g8n: bool,
@@ -623,7 +631,7 @@ impl CudaBackend {
             mmv_max: env_count("RUVLLM_CUDA_MMV_MAX", 1..=MMV_MAX, 1),
             head_mmv_max: env_count("RUVLLM_CUDA_HEAD_MMV_MAX", 1..=MMV_MAX, 1),
             mmvq: env_on("RUVLLM_CUDA_MMVQ"),
-            mmvq1_cols: env_count("RUVLLM_CUDA_MMVQ1", 0..=1 << 20, 0),
+            mmvq1_width: env_count("RUVLLM_CUDA_MMVQ1", 0..=1 << 20, MMVQ1_WIDTH),
             att_g8n: env_on("RUVLLM_CUDA_ATT_G8N"),
             logits_dev: None,
             logits_host: None,
@@ -1198,10 +1206,10 @@ impl CudaBackend {
         (j, mmv3_words(wp, rb, rows, yp), rows)
     }
 
-    /// Whether a one-token product of this type and width runs on `mmvq` (int8 activations)
-    /// instead of `mmv1s` (`RUVLLM_CUDA_MMVQ1=<fewest columns>`, 0: never).
+    /// Whether a one-token product of this type runs on `mmvq` (int8 activations, no folded
+    /// residual step) instead of `mmv1s`: in models at least `mmvq1_width` wide.
     fn one_token_mmvq(&self, ty: GgmlType, cols: usize) -> bool {
-        self.mmvq1_cols > 0 && cols >= self.mmvq1_cols && self.mmvq && self.mmq_on(ty, cols)
+        self.mmvq1_width > 0 && self.widths.d_model >= self.mmvq1_width && self.mmvq && self.mmq_on(ty, cols)
     }
 
     /// Whether a many-token product of this weight type and width runs on the MMQ kernels.
@@ -1235,7 +1243,13 @@ impl CudaBackend {
             // where MMQ would run fewer tiles than there are multiprocessors (or, for a few
             // tokens, where reading the int8 activations once per row stays cheap).
             let total: usize = rows.iter().map(|&r| r as usize).sum();
-            let nt = if n <= 4 { 4 } else if n <= 8 { 8 } else { 16 };
+            let nt = if n <= 4 {
+                4
+            } else if n <= 8 {
+                8
+            } else {
+                16
+            };
             let args = Args::new().words(&a).ptr(q).ptr(d).ptr(m).i32(cols as i32).i32(n as i32);
             self.push(&format!("mmvq{nt}_{suffix}"), [Self::blocks(total, 8), 1, 1], 256, args);
             return;
@@ -1328,7 +1342,18 @@ impl CudaBackend {
     /// `seg`: the step block's row and `SegKv` tables of a multi-sequence pass (zero: one
     /// sequence, in `kv`).
     #[allow(clippy::too_many_arguments)]
-    fn attention_kernel(&mut self, kv: KvRef, shape: AttnShape, mask: AttentionMask, window: Option<usize>, n: usize, end: usize, decode: bool, fuse: [u64; 8], seg: [u64; 2]) {
+    fn attention_kernel(
+        &mut self,
+        kv: KvRef,
+        shape: AttnShape,
+        mask: AttentionMask,
+        window: Option<usize>,
+        n: usize,
+        end: usize,
+        decode: bool,
+        fuse: [u64; 8],
+        seg: [u64; 2],
+    ) {
         let g = shape.n_head / shape.n_kv_head.max(1);
         if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || g > 8 || g == 0 {
             self.fail(Error::Gpu {
@@ -2074,7 +2099,13 @@ impl Backend for CudaBackend {
     }
 
     fn matmul_gated(&mut self, gate: &QWeight, up: &QWeight, act: Activation, n: usize) -> bool {
-        if self.exact || n > self.mmv_max || (n == 1 && self.one_token_mmvq(gate.ty, gate.cols)) || gate.ty != up.ty || gate.rows != up.rows || gate.cols != up.cols {
+        if self.exact
+            || n > self.mmv_max
+            || (n == 1 && self.one_token_mmvq(gate.ty, gate.cols))
+            || gate.ty != up.ty
+            || gate.rows != up.rows
+            || gate.cols != up.cols
+        {
             return false;
         }
         let (Some((gp, rb)), Some((upp, _))) = (self.weight(gate), self.weight(up)) else { return true };
