@@ -14,6 +14,7 @@ fn main() {
     let src = Path::new("src/backend/cuda/kernels.cu");
     println!("cargo:rerun-if-changed={}", src.display());
     println!("cargo:rerun-if-changed=src/backend/cuda/reference.cu");
+    println!("cargo:rerun-if-changed=src/backend/cuda/kernels");
     println!("cargo:rerun-if-env-changed=RUVLLM_NVCC");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     let nvcc = find_nvcc().unwrap_or_else(|| {
