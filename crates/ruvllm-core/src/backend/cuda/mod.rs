@@ -3,8 +3,13 @@
 //! ([`driver`]), so one binary serves machines with and without a GPU.
 //!
 //! - Weights are uploaded once in their GGUF block formats and dequantized in registers by the
-//!   products (`mmv*` for up to 8 tokens; beyond, a tiled FP32 `gemm`, or with
-//!   `RUVLLM_CUDA_MMQ=1` the int8 tensor-core `mmq*` kernels for Q8_0/Q5_0/Q4_0/Q4_K/Q6_K).
+//!   products (`products.rs`: one token on `mmv1s`, or `mmvq4` in models ≥ 768 wide; 2–16 on
+//!   `mmvq*` where MMQ would leave multiprocessors idle; more on the int8 tensor-core `mmq*`
+//!   kernels for Q8_0/Q5_0/Q4_0/Q4_K/Q6_K, the FP32 tiles `gemm_*` for the other types).
+//! - Several sequences run in one pass (`begin_segments`; `attention.rs`): their rows' positions
+//!   and KV caches in the step block, one attention launch per layer for all of them. Their
+//!   greedy picks (`argmax_rows`) or best 64 logits (`top_logits`, for sampling) are found on
+//!   the device (`head.rs`).
 //! - Operations are recorded, not launched: a forward pass becomes a list of kernel launches,
 //!   sent at the first point the host needs a result (the LM head's token or logits, a hidden
 //!   state). What changes between decode steps (position, tokens, LM-head rows) lives in a small
