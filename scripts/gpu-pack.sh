@@ -16,12 +16,17 @@ head -c $first "$MODEL" > .gpu/parts/model.part00
 tail -c +$((first + 1)) "$MODEL" | split -b $PART -d -a 2 --numeric-suffixes=1 - .gpu/parts/model.part
 mkdir -p .gpu/c00 && mv .gpu/llama.tar.xz .gpu/parts/model.part00 .gpu/c00/
 i=1
-for p in .gpu/parts/model.part*; do d=$(printf ".gpu/c%02d" $i); mkdir -p $d; mv "$p" $d/; i=$((i + 1)); done
+for p in .gpu/parts/model.part*; do
+  # A last part of a few MB rides with the one before it (one command fewer).
+  if [ $i -gt 1 ] && [ "$(stat -c %s "$p")" -lt $((4 * 1000 * 1000)) ]; then mv "$p" "$(printf ".gpu/c%02d" $((i - 1)))/"; continue; fi
+  d=$(printf ".gpu/c%02d" $i); mkdir -p $d; mv "$p" $d/; i=$((i + 1))
+done
 d=$(printf ".gpu/c%02d" $i); mkdir -p $d
 [ -f .gpu/node.xz ] || xz -9 -T2 -c "$(readlink -f "$(command -v node)")" > .gpu/node.xz
 cp .gpu/node.xz $d/node.xz
 xz -6 -c target/release/examples/gpu_check > $d/gpu_check.xz
-[ -f target/release/examples/gpu_exact_ops ] && xz -6 -c target/release/examples/gpu_exact_ops > $d/gpu_exact_ops.xz
+# gpu_exact_ops only with EXACT=1 (the reference-mode check): it does not fit beside node otherwise.
+[ -n "${EXACT:-}" ] && [ -f target/release/examples/gpu_exact_ops ] && xz -6 -c target/release/examples/gpu_exact_ops > $d/gpu_exact_ops.xz
 # The kernel tests, where built (scripts/cuda-test.sh mmq-test / top-test).
 for t in mmq-test top-test; do [ -f target/$t ] && xz -6 -c target/$t > $d/$t.xz; done
 xz -6 -c ruvllm.linux-x64-gnu.node > $d/ruvllm.node.xz
