@@ -122,21 +122,27 @@ impl Sampler {
     /// Repeat penalty (llama.cpp style) then presence / frequency penalties (OpenAI style) on
     /// the tokens of the last `repeat_last_n` of `history`.
     fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+        let repeat = self.penalty_window(history);
+        for run in self.window.chunk_by(|a, b| a == b) {
+            if let Some(logit) = logits.get_mut(run[0] as usize) {
+                *logit = penalize(*logit, run.len(), &self.params, repeat);
+            }
+        }
+    }
+
+    /// Fills `window` with the penalized tokens, sorted (the last `repeat_last_n` of `history`;
+    /// empty when no penalty applies); returns whether the repeat penalty is on.
+    fn penalty_window(&mut self, history: &[u32]) -> bool {
         let p = &self.params;
         let repeat = p.repeat_penalty > 0.0 && p.repeat_penalty != 1.0;
         let additive = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
-        if !(repeat || additive) || p.repeat_last_n == 0 {
-            return;
-        }
-        let start = history.len().saturating_sub(p.repeat_last_n);
         self.window.clear();
-        self.window.extend_from_slice(&history[start..]);
-        self.window.sort_unstable();
-        for run in self.window.chunk_by(|a, b| a == b) {
-            if let Some(logit) = logits.get_mut(run[0] as usize) {
-                *logit = penalize(*logit, run.len(), p, repeat);
-            }
+        if (repeat || additive) && p.repeat_last_n > 0 {
+            let start = history.len().saturating_sub(p.repeat_last_n);
+            self.window.extend_from_slice(&history[start..]);
+            self.window.sort_unstable();
         }
+        repeat
     }
 
     /// The `top_k` best tokens (all when `top_k` is 0) among those whose logit is neither NaN
@@ -183,13 +189,7 @@ impl Sampler {
         if k == 0 || k > pool.len() || raising {
             return None;
         }
-        let repeat = p.repeat_penalty > 0.0 && p.repeat_penalty != 1.0;
-        self.window.clear();
-        if (repeat || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) && p.repeat_last_n > 0 {
-            let start = history.len().saturating_sub(p.repeat_last_n);
-            self.window.extend_from_slice(&history[start..]);
-            self.window.sort_unstable();
-        }
+        let repeat = self.penalty_window(history);
         // Every unlisted logit is at most `bound` (penalties only lower it), and one equal to
         // it has a higher id than the listed ones equal to it: a listed logit above `bound`, or
         // equal to it and not penalized, is surely ahead of every unlisted one. With `bound` =

@@ -253,7 +253,7 @@ pub trait Backend {
     fn runs_segments(&self) -> bool {
         false
     }
-    /// Announces the next pass before its [`embed`](Backend::embed): its sequences'
+    /// Announces a pass of several sequences before its [`embed`](Backend::embed): their
     /// `(pos0, tokens)` in row order and the model's layer count (each layer then calls
     /// [`segment_attention`](Backend::segment_attention) once per sequence, in this order).
     fn begin_segments(&mut self, _segs: &[(usize, usize)], _layers: usize) {}

@@ -422,7 +422,7 @@ impl Transformer {
     /// `be.max_batch()` tokens in all), the products over all of them (each weight read once
     /// for every sequence), RoPE, the KV store and attention per sequence at its own positions
     /// in its own cache. Leaves the final hidden state of every row in `X`, in the order of
-    /// `segs`: the LM head then takes the rows it wants ([`Self::logits_rows`]). All segments
+    /// `segs`: the LM head then takes the rows it wants ([`Self::heads_deferred`]). All segments
     /// run under the first one's adapters (the caller groups sequences by adapter set), and
     /// more than one segment needs a backend that [runs segments](Backend::runs_segments).
     pub fn forward_segments(&self, segs: &mut [Segment<'_>], mask: AttentionMask, be: &mut dyn Backend) -> Result<()> {
@@ -453,8 +453,10 @@ impl Transformer {
                 &all
             }
         };
-        let spans: Vec<(usize, usize)> = segs.iter().map(|s| (s.pos0, s.tokens.len())).collect();
-        be.begin_segments(&spans, self.layers.len());
+        if segs.len() > 1 {
+            let spans: Vec<(usize, usize)> = segs.iter().map(|s| (s.pos0, s.tokens.len())).collect();
+            be.begin_segments(&spans, self.layers.len());
+        }
         be.embed(&self.embed, tokens, c.embed_scale, segs[0].cache.adapters.mask_embedding());
         let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, scale: c.attn_scale, softcap: c.attn_softcap };
         // The first sequence's adapters, which the cached keys and values are computed with;
@@ -512,19 +514,5 @@ impl Transformer {
     /// [`head_deferred`](Self::head_deferred).
     pub fn head_argmax(&self, be: &mut dyn Backend, row: usize) -> Option<u32> {
         be.lm_head_argmax(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, row)
-    }
-
-    /// The logits of rows `rows` of the last pass's hidden states (final norm, LM head,
-    /// soft-capping), `rows.len() × vocab` in the order of `rows`: one LM head product for the
-    /// sequences of a [`Self::forward_segments`] pass.
-    pub fn logits_rows<'b>(&self, be: &'b mut dyn Backend, rows: &[usize]) -> Result<&'b mut [f32]> {
-        self.head(be, rows);
-        be.status()?;
-        let v = self.cfg.vocab_size;
-        let out = be.logits();
-        if out.len() < rows.len() * v {
-            return Err(Error::Internal(format!("the LM head gave {} logits for {} rows", out.len(), rows.len())));
-        }
-        Ok(&mut out[..rows.len() * v])
     }
 }

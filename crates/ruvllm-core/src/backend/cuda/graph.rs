@@ -19,7 +19,7 @@ impl CudaBackend {
             let slot = self.step_slot;
             // SAFETY: our event (one never recorded returns at once).
             unsafe { check(api, "cuEventSynchronize", (api.event_synchronize)(self.step_ev[slot]))? };
-            let (cap, n) = (self.step.len(), self.step_len.min(self.step.len()));
+            let (cap, n) = (self.step.len(), self.step_words().min(self.step.len()));
             let Some(host) = self.step_host.as_mut() else {
                 // `reserve` could not allocate it (reported then); nothing can run.
                 return Err(CudaError { call: "cuMemAllocHost", code: driver::CUDA_ERROR_OUT_OF_MEMORY, message: "no step buffer".into() });

@@ -69,12 +69,7 @@ impl CudaBackend {
             return;
         }
         if m <= self.head_mmv_max {
-            let nt = match m {
-                1 => 1,
-                2 => 2,
-                3 | 4 => 4,
-                _ => 8,
-            };
+            let nt = Self::mmv_tokens(m);
             let name = format!("mmv{nt}_{}", type_suffix(output.ty).unwrap_or("f32"));
             let args = Args::new().words(&mmv3_words([wp, 0, 0], [rb as i64, 0, 0], [v as i32, 0, 0], [logits, 0, 0])).ptr(xn).i32(d as i32).i32(m as i32);
             self.push(&name, [Self::blocks(v, 8), 1, 1], 256, args);

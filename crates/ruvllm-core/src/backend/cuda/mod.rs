@@ -401,8 +401,6 @@ pub struct CudaBackend {
     /// while the next pass is recorded (`step_ev[k]` marks slot k's upload done).
     step_host: Option<HostMem>,
     step: Vec<i32>,
-    /// Words of `step` the next flush uploads (the multi-sequence tables only when in use).
-    step_len: usize,
     segs: Option<SegPass>,
     segs_next: Option<SegPass>,
     /// Many-row greedy picks: candidates, one id per row, and their host copy.
@@ -611,7 +609,6 @@ impl CudaBackend {
             step_dev: None,
             step_host: None,
             step: Vec::new(),
-            step_len: 0,
             segs: None,
             segs_next: None,
             rows_part: None,
@@ -909,6 +906,25 @@ impl CudaBackend {
         count.div_ceil(per).max(1) as u32
     }
 
+    /// Words of the step block a flush uploads: the multi-sequence tables only when in use.
+    fn step_words(&self) -> usize {
+        let mb = self.max_batch;
+        match self.segs {
+            Some(p) => 4 + 4 * mb + p.layers * p.segs * SEG_KV_WORDS,
+            None => 4 + 2 * mb,
+        }
+    }
+
+    /// The one-row product instance (`mmv{1,2,4,8}_*`) for `n` ≤ `MMV_MAX` tokens.
+    fn mmv_tokens(n: usize) -> usize {
+        match n {
+            1 => 1,
+            2 => 2,
+            3 | 4 => 4,
+            _ => 8,
+        }
+    }
+
     /// Sets the step's position and token count (flushing a previous pass first).
     fn begin_pass(&mut self, pos0: usize, n: usize) {
         self.step[0] = pos0 as i32;
@@ -996,7 +1012,6 @@ impl Backend for CudaBackend {
             }
         }
         self.step = vec![0; 4 + 4 * max_batch];
-        self.step_len = 4 + 2 * max_batch;
         self.rows_part = self.alloc(max_batch * ROW_ARGMAX_PARTS * 8);
         self.rows_out = self.alloc(max_batch * 4);
         self.current();
@@ -1087,11 +1102,6 @@ impl Backend for CudaBackend {
         self.flush();
         self.x_alt = false;
         self.segs = self.segs_next.take();
-        let mb = self.max_batch;
-        self.step_len = match self.segs {
-            Some(p) => 4 + 4 * mb + p.layers * p.segs * SEG_KV_WORDS,
-            None => 4 + 2 * mb,
-        };
         let n = tokens.len();
         if self.segs.is_some() {
             self.step[0] = 0;

@@ -24,12 +24,7 @@ impl CudaBackend {
             }
         }
         if n <= self.mmv_max {
-            let nt = match n {
-                1 => 1,
-                2 => 2,
-                3 | 4 => 4,
-                _ => 8,
-            };
+            let nt = Self::mmv_tokens(n);
             let mut i = 0;
             let mut rounded: Option<&str> = None;
             while i < ws.len() {
