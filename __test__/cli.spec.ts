@@ -20,7 +20,7 @@ describe('ruvllm CLI', () => {
   })
 
   it('generate streams text from the real model to stdout', () => {
-    const r = run(['generate', CAPITALS, '--model', modelPath(), '--max-tokens', '8', '--temperature', '0', '--stats'])
+    const r = run(['generate', CAPITALS, '--model', modelPath(), '--max-tokens', '8', '--temperature', '0', '--gpu', 'off', '--stats'])
     expect(r.stderr).toMatch(/8 generated tokens/)
     expect(r.status).toBe(0)
     expect(r.stdout.startsWith(' Berlin')).toBe(true)
@@ -57,6 +57,7 @@ describe('ruvllm CLI', () => {
       ['generate', 'hi', '--top-p', '1.5'],
       ['generate', 'hi', '--context-size', '16', '--max-tokens', '100'],
       ['chat', '--seed', '-1'],
+      ['generate', 'hi', '--gpu', 'maybe'],
       ['chat', '--chat-template', '/nonexistent/template.jinja'],
     ]) {
       const r = run([...args, '--model', missing])

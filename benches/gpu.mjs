@@ -13,19 +13,37 @@ const exact = process.env.RUVLLM_CUDA_EXACT === '1'
 const model = process.argv[2]
 if (!model) throw new Error('usage: node benches/gpu.mjs MODEL.gguf')
 const gpu = await LLM.load(model, { gpu: 'cuda', contextSize: 2048 })
-async function decodeSpeed(wall) {
+// Median of 4 128-token greedy calls: the engine's decode rate (`timings`), or the wall-clock
+// rate of the whole call as the caller sees it (prefill, the promise, the event loop included)
+// through `generate`, `generate` with `onToken`, or `stream`.
+async function decodeSpeed(how) {
   const speeds = []
+  const opts = { maxTokens: 128, temperature: 0, stop: [] }
   for (let i = 0; i < 4; i++) {
     const t0 = performance.now()
-    const r = await gpu.generate('Once upon a time', { maxTokens: 128, temperature: 0, stop: [] })
-    speeds.push(wall ? r.tokens.length / ((performance.now() - t0) / 1000) : r.timings.decodeTokensPerSecond)
+    let tokens
+    if (how === 'stream') {
+      tokens = 0
+      for await (const _ of gpu.stream('Once upon a time', opts)) tokens++
+    } else {
+      let seen = 0
+      const r = await gpu.generate('Once upon a time', how === 'onToken' ? { ...opts, onToken: () => void seen++ } : opts)
+      if (how === 'onToken' && seen !== r.tokens.length) throw new Error(`onToken saw ${seen} of ${r.tokens.length} tokens`)
+      if (!how) {
+        speeds.push(r.timings.decodeTokensPerSecond)
+        continue
+      }
+      tokens = r.tokens.length
+    }
+    speeds.push(tokens / ((performance.now() - t0) / 1000))
   }
   speeds.sort((x, y) => x - y)
   return speeds[2]
 }
 const alone = await decodeSpeed()
-// The whole call as the caller sees it (prefill, the promise, the event loop included).
-console.log(`js: 128-token generate: ${(await decodeSpeed(true)).toFixed(0)} tok/s wall clock against timings.decodeTokensPerSecond ${alone.toFixed(0)}`)
+const walls = []
+for (const how of ['generate', 'onToken', 'stream']) walls.push(`${how} ${(await decodeSpeed(how)).toFixed(0)}`)
+console.log(`js: 128-token greedy, tok/s by the wall clock: ${walls.join(', ')}; timings.decodeTokensPerSecond ${alone.toFixed(0)}`)
 const cpu = await LLM.load(model, { gpu: false, contextSize: 2048 })
 console.log(`js: gpu backend ${gpu.info.backend}; cpu backend ${cpu.info.backend}`)
 const prompts = ['The capital of France is Paris. The capital of Germany is', 'def add(a, b):', 'The three primary colors are']
@@ -63,21 +81,30 @@ if (!exact) {
     const cells = []
     for (const streams of [1, 4, 8, 16]) {
       const rates = []
-      const engine = []
+      // Per request (rounds after the warm-up): JS wall from the call to its resolution, the
+      // engine's time to first token and decode time; what is left is queueing and hand-off.
+      const parts = { wall: [], ttft: [], decode: [], tokens: [] }
       for (let round = 0; round < 4; round++) {
         const t0 = performance.now()
         const done = await Promise.all(
-          Array.from({ length: streams }, (_, s) => many.generate(promptOf(round * 16 + s), { maxTokens: 128, temperature, seed: round, stop: [] }))
+          Array.from({ length: streams }, (_, s) =>
+            many.generate(promptOf(round * 16 + s), { maxTokens: 128, temperature, seed: round, stop: [] }).then((c) => ({ c, ms: performance.now() - t0 }))
+          )
         )
-        const tokens = done.reduce((a, c) => a + c.tokens.length, 0)
+        const tokens = done.reduce((a, d) => a + d.c.tokens.length, 0)
         rates.push(tokens / ((performance.now() - t0) / 1000))
-        engine.push(done.reduce((a, c) => a + (c.tokens.length - 1) / c.timings.decodeTokensPerSecond, 0) / streams)
+        if (round === 0) continue
+        for (const { c, ms } of done) {
+          parts.wall.push(ms)
+          parts.tokens.push(c.tokens.length)
+          parts.ttft.push(c.timings.ttftMs)
+          parts.decode.push((1000 * (c.tokens.length - 1)) / c.timings.decodeTokensPerSecond)
+        }
       }
       rates.shift()
       rates.sort((x, y) => x - y)
-      // With the engine's own decode time per request (mean over the calls): where the wall
-      // clock and the engine part.
-      cells.push(`${streams}: ${rates[1].toFixed(0)} (engine decode ${(1000 * engine.slice(1).reduce((a, b) => a + b, 0) / 3).toFixed(0)} ms/request)`)
+      const med = (xs) => xs.slice().sort((x, y) => x - y)[xs.length >> 1]
+      cells.push(`${streams}: ${rates[1].toFixed(0)} (per request ms: wall ${med(parts.wall).toFixed(0)}, ttft ${med(parts.ttft).toFixed(1)}, decode ${med(parts.decode).toFixed(0)}; tokens min ${Math.min(...parts.tokens)})`)
     }
     console.log(`js: concurrent generate, ${temperature ? `temperature ${temperature}` : 'greedy'}, aggregate tok/s (wall) ${cells.join(' ')}`)
   }

@@ -11,7 +11,7 @@ const readline = require('node:readline')
 
 const pkg = require('../package.json')
 const { templates: builtinTemplates, stops: builtinStops } = require('./chat-templates.js')
-const { CliError, UsageError, parse, report } = require('./commands/cli.js')
+const { CliError, UsageError, parse, report, gpuFlag } = require('./commands/cli.js')
 
 const HELP = `ruvllm ${pkg.version}: run GGUF language models from Node.js on a Rust engine
 
@@ -39,6 +39,7 @@ Model:
       --context-size <n>     KV cache length in tokens (default: min(model's context, 4096))
       --kv-cache-type <t>    f16 (default), q8_0 (about half the memory) or f32
       --threads <n>          compute threads (default: all cores)
+      --gpu <auto|cuda|off>  auto (default): the GPU where one is usable, else the CPU; cuda: the GPU or an error
       --lora <file>[:scale]  apply a LoRA adapter (llama.cpp LoRA GGUF, or PEFT adapter_model.safetensors
                              or its folder) to every reply, at scale (default 1); repeat for several
       --diffusion-adapter <file>  load the model as a masked-diffusion LM with this manifest.json or
@@ -79,6 +80,7 @@ const OPTIONS = {
   'context-size': { type: 'string' },
   'kv-cache-type': { type: 'string' },
   threads: { type: 'string' },
+  gpu: { type: 'string' },
   lora: { type: 'string', multiple: true },
   'diffusion-adapter': { type: 'string', multiple: true },
   steps: { type: 'string' },
@@ -124,6 +126,7 @@ function loadOptions(values) {
     contextSize: num(values, 'context-size'),
     kvCacheType: values['kv-cache-type'],
     threads: num(values, 'threads'),
+    gpu: gpuFlag(values.gpu),
     adapters: values.lora && values.lora.map(loraFlag),
     diffusion: values['diffusion-adapter'] && { adapter: values['diffusion-adapter'] },
   }

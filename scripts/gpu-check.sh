@@ -16,6 +16,10 @@
 #                          (RUVLLM_FORCE_SCALAR=1): every operation on random inputs
 #                          (examples/gpu_exact_ops.rs, no model needed), then the check's
 #                          criteria on the model (gpu_check), where both must be bit-identical
+#   gpu-check.sh js        only the JavaScript API on the GPU (benches/gpu.mjs)
+#   gpu-check.sh serve     `ruvllm serve --gpu cuda` under `ruvllm bench serve` (CLIENTS, default
+#                          16; DURATION s, default 60), the device memory in use sampled every
+#                          second: the server's RSS and device memory at the start and end
 #   gpu-check.sh random S  a random-weight qwen2 of shape S (1.5b, 7b) for speed runs
 #   gpu-check.sh bench     speed: ours and llama-bench alternately in fresh processes (3 rounds),
 #                          peak device memory and load time of each; prints the table last.
@@ -116,10 +120,30 @@ bench)
   done
   echo "== peak device memory (MiB above idle): ruvllm $(cat $WORK/mem.ours.[0-9] | xargs), llama-bench $(cat $WORK/mem.llama.[0-9] | xargs)"
   ;;
+js)
+  cp "$WORK/ruvllm.linux-x64-gnu.node" ./ruvllm.linux-x64-gnu.node
+  "$WORK/node" benches/gpu.mjs "$M"
+  ;;
+serve)
+  cp "$WORK/ruvllm.linux-x64-gnu.node" ./ruvllm.linux-x64-gnu.node
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 1 > "$WORK/serve-mem.log" 2>/dev/null &
+  mon=$!
+  rc=0
+  "$WORK/node" bin/ruvllm.js bench serve --model "$M" --gpu cuda --clients "${CLIENTS:-16}" --duration "${DURATION:-60}" --max-tokens 64 --json > "$WORK/serve.json" || rc=$?
+  kill $mon 2>/dev/null; wait $mon 2>/dev/null || true
+  "$WORK/node" -e '
+const j = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))
+const mem = require("fs").readFileSync(process.argv[2], "utf8").trim().split("\n").map(Number).filter((x) => x > 0)
+for (const r of j.rows) console.log(`clients ${r.clients}: ${r.requests} requests, ${r.errors} errors, ${r.tokensPerSecond.toFixed(0)} tok/s, TTFT p50 ${r.ttftP50.toFixed(1)} ms, ITL p50 ${r.itlP50.toFixed(2)} ms, RSS ${r.rssStartMiB.toFixed(0)} -> ${r.rssEndMiB.toFixed(0)} MiB`)
+const q = Math.floor(mem.length / 4)
+console.log(`device memory used (MiB, sampled each second): first quarter max ${Math.max(...mem.slice(0, q))}, last quarter max ${Math.max(...mem.slice(-q))}, overall max ${Math.max(...mem)} (${mem.length} samples)`)
+' "$WORK/serve.json" "$WORK/serve-mem.log"
+  exit $rc
+  ;;
 random)
   # A random-weight qwen2 of shape $2 (1.5b, 7b; tools/gpu/random-gguf.py) from the Qwen
   # template put as MODEL_NAME=qwen.gguf, for speed runs: MODEL_NAME=random-$2.gguf ... bench.
   PYTHONPATH="$WORK/llama.cpp/gguf-py" python3 tools/gpu/random-gguf.py "$WORK/qwen.gguf" "$WORK/random-${2:?usage: gpu-check.sh random 1.5b|7b}.gguf" --shape "$2"
   ;;
-*) echo "usage: gpu-check.sh put DIR | check | exact | bench | random SHAPE" >&2; exit 2 ;;
+*) echo "usage: gpu-check.sh put DIR | check | exact | js | serve | bench | random SHAPE" >&2; exit 2 ;;
 esac

@@ -103,4 +103,12 @@ async function subcommands(name, usage, handlers, argv) {
   }
 }
 
-module.exports = { CliError, UsageError, parse, report, exitCode, subcommands }
+/** `--gpu auto|cuda|off`: `LLM.load`'s `gpu` option (`off` is `false`, the CPU). */
+function gpuFlag(v) {
+  if (v === undefined) return undefined
+  if (v === 'auto' || v === 'cuda') return v
+  if (v === 'off') return false
+  throw new CliError('ERR_INVALID_ARG', `--gpu must be auto, cuda or off, got '${v}'`)
+}
+
+module.exports = { CliError, UsageError, parse, report, exitCode, subcommands, gpuFlag }

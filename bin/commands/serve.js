@@ -26,6 +26,7 @@ const SERVE_USAGE = `usage: ruvllm serve [options]
       --max-body-bytes <n>   largest request body; larger gets 413 (default 4194304)
       --context-size <n>     KV cache length in tokens
       --threads <n>          compute threads
+      --gpu <auto|cuda|off>  auto (default): the GPU where one is usable, else the CPU; cuda: the GPU or an error
       --chat-template <name|file>  a Jinja template for /v1/chat/completions (built-in: ${Object.keys(builtinTemplates).join(', ')});
                              default: the model's own, else 'plain'
       --name <name>          the model's name in responses (default: the id or file name)
@@ -35,6 +36,7 @@ const BENCH_USAGE = `usage: ruvllm bench serve [options]
       --url <url>            an OpenAI-compatible server on this machine (e.g. http://127.0.0.1:8080);
                              default: start ruvllm's own on a free loopback port
   -m, --model <path|id>      the model for the server it starts (default: $RUVLLM_MODEL, else gemma-3-270m)
+      --gpu <auto|cuda|off>  where the server it starts runs the model (default auto)
       --clients <list>       concurrent clients, one run per value (default 1,4,8,16)
       --duration <s>         seconds per run (default 60; at most 600)
       --max-tokens <n>       tokens per reply (default 128)
@@ -71,6 +73,7 @@ async function start(values, host, port) {
   const load = {}
   if (values['context-size'] !== undefined) load.contextSize = int(values['context-size'], '--context-size', 1, 1048576)
   if (values.threads !== undefined) load.threads = int(values.threads, '--threads', 1, 1024)
+  if (values.gpu !== undefined) load.gpu = cli.gpuFlag(values.gpu)
   // The engine decodes together as many requests as the server hands it at once.
   const parallel = int(values.parallel, '--parallel', 1, 256)
   if (parallel !== undefined) load.parallel = parallel
@@ -108,6 +111,7 @@ const SERVE_OPTIONS = {
   'max-body-bytes': { type: 'string' },
   'context-size': { type: 'string' },
   threads: { type: 'string' },
+  gpu: { type: 'string' },
   'chat-template': { type: 'string' },
   name: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
@@ -288,6 +292,7 @@ const BENCH_OPTIONS = {
   'system-prompt-tokens': { type: 'string' },
   'max-requests': { type: 'string' },
   'api-key': { type: 'string' },
+  gpu: { type: 'string' },
   json: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
 }
@@ -332,7 +337,7 @@ async function benchServeRun(argv) {
     if (!isLoopback(u)) throw new UsageError(`--url must point at this machine (127.0.0.1, localhost or ::1); got ${u.hostname}`)
     url = url.replace(/\/+$/, '').replace(/\/v1$/, '')
   } else {
-    own = await start({ model: values.model, parallel: String(Math.max(...clients)), 'api-key': apiKey }, '127.0.0.1', 0)
+    own = await start({ model: values.model, gpu: values.gpu, parallel: String(Math.max(...clients)), 'api-key': apiKey }, '127.0.0.1', 0)
     url = own.server.url
     // The server runs in this process: its RSS is this process's.
     o.rss = () => process.memoryUsage().rss

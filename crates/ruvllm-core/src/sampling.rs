@@ -175,7 +175,7 @@ impl Sampler {
     }
 
     /// [`sample`](Self::sample) from a row's best logits `top` (sorted as
-    /// `Backend::top_logits` gives them: higher first, lower id on ties; the last one bounds
+    /// `DevicePicks::top_logits` gives them: higher first, lower id on ties; the last one bounds
     /// every logit not listed), where they decide the pick as the whole row would, with the
     /// same result: greedy, or top-k with `top_k` below `top.len()`, under penalties that only
     /// lower logits. `None` (nothing drawn): sample from the whole row.
@@ -564,7 +564,7 @@ impl StopMatcher {
 mod tests {
     use super::*;
 
-    /// A row's best `n` logits as `Backend::top_logits` lists them.
+    /// A row's best `n` logits as `DevicePicks::top_logits` lists them.
     fn top_of(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
         let mut c: Vec<Candidate> = logits
             .iter()

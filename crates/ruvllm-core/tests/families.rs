@@ -12,6 +12,7 @@
 //! The fixtures live in `RUVLLM_FAMILY_FIXTURES` (default `target/families`), made by
 //! `npm run test:families`; without them the test fails and says how to make them.
 
+use ruvllm_core::models::Outputs;
 use std::path::{Path, PathBuf};
 
 use ruvllm_core::backend::{cpu::CpuBackend, Backend};
@@ -75,7 +76,7 @@ fn ours(path: &Path, tokens: &[u32], split: usize, kv: KvType) -> Vec<f32> {
     let mut cache = model.new_cache_typed(&be, context, tokens.len(), kv);
     let mut out = Vec::new();
     model
-        .forward_each_logits(&tokens[..split], 0, ruvllm_core::nn::AttentionMask::Causal, &mut cache, &mut be, &mut |_, l| out.extend_from_slice(l))
+        .forward_each(&tokens[..split], 0, ruvllm_core::nn::AttentionMask::Causal, &mut cache, &mut be, Outputs::Logits, &mut |_, l| out.extend_from_slice(l))
         .expect("prefill");
     for (i, &t) in tokens.iter().enumerate().skip(split) {
         model.forward(&[t], i, &mut cache, &mut be).expect("decode");

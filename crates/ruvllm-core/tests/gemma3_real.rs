@@ -10,6 +10,7 @@
 //! continuation is fed through our model and each of its tokens must be our top token or within
 //! a small log-probability of it. Free-running greedy agreement is printed, not asserted.
 
+use ruvllm_core::models::Outputs;
 use std::path::PathBuf;
 
 use ruvllm_core::engine::{Completion, Engine, GenerateParams, LoadOptions, Prompt};
@@ -288,7 +289,7 @@ fn decode_logits_do_not_depend_on_the_thread_count() {
 
 #[test]
 fn hidden_states_are_what_the_lm_head_multiplies() {
-    // `forward_each_hidden` hands out each token's final hidden state after the output norm.
+    // `forward_each` with `Outputs::Hidden` hands out each token's final hidden state after the output norm.
     // The (tied) LM head's logit of token `j` is the dot product of that vector with embedding
     // row `j`, so the vectors are checked against the logits of the same tokens (which the
     // llama.cpp tests above check): per token over 64 vocabulary ids, correlation > 0.995 and
@@ -311,13 +312,13 @@ fn hidden_states_are_what_the_lm_head_multiplies() {
     {
         let mut cache = model.new_cache(&be, 512, 64);
         model.reserve(&mut be, 64);
-        model.forward_each_hidden(&tokens, 0, AttentionMask::Causal, &mut cache, &mut be, &mut |_, h| hidden.push(h.to_vec())).unwrap();
+        model.forward_each(&tokens, 0, AttentionMask::Causal, &mut cache, &mut be, Outputs::Hidden, &mut |_, h| hidden.push(h.to_vec())).unwrap();
     }
     let mut logits = Vec::new();
     {
         let mut cache = model.new_cache(&be, 512, 64);
         model.reserve(&mut be, 64);
-        model.forward_each_logits(&tokens, 0, AttentionMask::Causal, &mut cache, &mut be, &mut |_, l| logits.push(l.to_vec())).unwrap();
+        model.forward_each(&tokens, 0, AttentionMask::Causal, &mut cache, &mut be, Outputs::Logits, &mut |_, l| logits.push(l.to_vec())).unwrap();
     }
     assert_eq!((hidden.len(), logits.len()), (tokens.len(), tokens.len()));
     let mut row = vec![0.0f32; d];
@@ -371,7 +372,9 @@ fn embed_pools_normalises_and_rejects_overlong_texts() {
     let mut sum = vec![0.0f64; d];
     let mut cache = model.new_cache(&be, 512, 512);
     model
-        .forward_each_hidden(&ids, 0, AttentionMask::Causal, &mut cache, &mut be, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &x)| *s += x as f64))
+        .forward_each(&ids, 0, AttentionMask::Causal, &mut cache, &mut be, Outputs::Hidden, &mut |_, h| {
+            sum.iter_mut().zip(h).for_each(|(s, &x)| *s += x as f64)
+        })
         .unwrap();
     let n = sum.iter().map(|x| x * x).sum::<f64>().sqrt();
     let diff = sum.iter().zip(&batch[0]).map(|(a, &b)| (a / n - b as f64).abs()).fold(0.0, f64::max);
@@ -452,7 +455,7 @@ fn a_q8_0_kv_cache_stays_close_to_f16() {
         let mut cache = model.new_cache_typed(&be, 512, 128, ty);
         model.reserve(&mut be, 128);
         let mut out = Vec::new();
-        model.forward_each_logits(&tokens, 0, AttentionMask::Causal, &mut cache, &mut be, &mut |_, l| out.push(l.to_vec())).unwrap();
+        model.forward_each(&tokens, 0, AttentionMask::Causal, &mut cache, &mut be, Outputs::Logits, &mut |_, l| out.push(l.to_vec())).unwrap();
         for i in 0..24u32 {
             model.forward(&[300 + i * 37], tokens.len() + i as usize, &mut cache, &mut be).unwrap();
             out.push(be.logits().to_vec());

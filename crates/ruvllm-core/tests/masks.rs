@@ -7,6 +7,7 @@
 
 use ruvllm_core::backend::cpu::CpuBackend;
 use ruvllm_core::gguf::GgufFile;
+use ruvllm_core::models::Outputs;
 use ruvllm_core::models::{config_from_gguf, Transformer, WeightLoader};
 use ruvllm_core::nn::AttentionMask;
 
@@ -34,7 +35,7 @@ impl Model {
         let mut cache = self.model.new_cache(&*be, 256, 64);
         self.model.reserve(&mut *be, 64);
         let mut out = Vec::new();
-        self.model.forward_each_logits(tokens, 0, mask, &mut cache, &mut *be, &mut |_, l| out.push(l.to_vec())).unwrap();
+        self.model.forward_each(tokens, 0, mask, &mut cache, &mut *be, Outputs::Logits, &mut |_, l| out.push(l.to_vec())).unwrap();
         out
     }
 }

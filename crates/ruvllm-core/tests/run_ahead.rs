@@ -90,7 +90,7 @@ fn run_ahead_decoding_gives_what_plain_decoding_gives() {
     }
     // Run-ahead decoding ran: about one queued pick per token of the requests that decoded
     // alone (all but the two decoded together, cases 5 and 6).
-    let queued = ruvllm_core::backend::cpu::QUEUED_PICKS.load(std::sync::atomic::Ordering::Relaxed);
+    let queued = ruvllm_core::backend::host_picks::QUEUED_PICKS.load(std::sync::atomic::Ordering::Relaxed);
     let alone: usize = ahead.iter().enumerate().filter(|(i, _)| *i != 5 && *i != 6).map(|(_, o)| o.1.len()).sum();
     assert!(queued + 6 >= alone, "run-ahead decoding did not run: {queued} picks queued for {alone} tokens");
     // The cases reach each way of ending: the length limit, a stop string, the end token.

@@ -15,8 +15,8 @@ use half::f16;
 use ruvllm_core::backend::cpu::{quant, CpuBackend, GgmlType};
 use ruvllm_core::backend::cuda::CudaBackend;
 use ruvllm_core::backend::{
-    Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRank, LowRankTerms, QWeight, QkNorms, RopeStyle, RopeTable, Span,
-    WeightData,
+    Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, DevicePicks, KvType, LayerCache, LowRank, LowRankTerms, Memory, QWeight, QkNorms, RopeStyle,
+    RopeTable, Span, WeightData,
 };
 use ruvllm_eval::bench::Rng;
 

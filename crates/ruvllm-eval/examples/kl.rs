@@ -6,6 +6,7 @@
 //! one JSON line.
 //!
 //! `cargo run --release -p ruvllm-eval --example kl -- MODEL.gguf REF.kld [threads]`
+use ruvllm_core::models::Outputs;
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::time::Instant;
@@ -142,7 +143,7 @@ fn main() {
             let want: Vec<usize> = rows.iter().filter(|&&p| p >= done && p < done + n).map(|&p| p - done).collect();
             let slice = &ids[done..done + n];
             model
-                .forward_rows(slice, done, AttentionMask::Causal, &mut cache, &mut be, &want, &mut |i, logits| {
+                .forward_each(slice, done, AttentionMask::Causal, &mut cache, &mut be, Outputs::LogitsOf(&want), &mut |i, logits| {
                     let pos = done + want[i];
                     let j = pos - first;
                     stats.add(logits, &base[j * nv..(j + 1) * nv], tokens[c * n_ctx + pos + 1] as usize);

@@ -3,7 +3,7 @@
 //! holds host slices, a thread pool or kernel choices; the CPU backend ([`cpu::CpuBackend`]) runs
 //! them on this process's kernels and thread pool. Another backend (CUDA) implements the same
 //! trait, keeps the buffers and KV rows in its own memory and uploads the weights in
-//! [`Backend::prepare_weight`]; the model files do not change.
+//! [`Memory::prepare_weight`]; the model files do not change.
 //!
 //! What the trait speaks in is backend-neutral data: quantized weights as the file holds them
 //! ([`QWeight`]), RoPE tables ([`RopeTable`]), attention masks ([`AttentionMask`]), the KV rows
@@ -13,6 +13,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod host_picks;
 pub mod kv;
 pub mod mask;
 pub mod rope;
@@ -107,7 +108,7 @@ pub struct QkNorms<'a> {
     pub eps: f32,
 }
 
-/// How many of each row's best logits [`Backend::top_logits`] hands back.
+/// How many of each row's best logits [`DevicePicks::top_logits`] hands back.
 pub const TOP_LOGITS: usize = 64;
 
 /// What a query attends to: the mask, within an optional sliding window.
@@ -160,27 +161,41 @@ impl<'a> LowRankTerms<'a> {
     }
 }
 
-/// The operations a forward pass is made of. Row counts `n` are at most
-/// [`max_batch`](Backend::max_batch); buffers hold `n` rows of their width, row-major.
-pub trait Backend {
+/// What a backend holds: the weights it prepared, its activation buffers, the KV rows it
+/// allocates, and the work it may still be running.
+pub trait Memory {
     /// A short description for logs and benchmarks (e.g. the CPU kernels' instruction set).
     fn describe(&self) -> String;
     /// How many threads the backend's CPU work runs on.
     fn threads(&self) -> usize;
-    /// Prepares a weight for the products (the CPU packs tiles; a GPU would upload).
+    /// Prepares a weight for the products (the CPU packs tiles; a GPU uploads).
     fn prepare_weight(&mut self, w: &QWeight);
-    /// [`prepare_weight`](Backend::prepare_weight) for the LM head, which decode reads whole
+    /// [`prepare_weight`](Memory::prepare_weight) for the LM head, which decode reads whole
     /// for one token per pass (the CPU packs it in its compact tile format).
     fn prepare_head(&mut self, w: &QWeight) {
         self.prepare_weight(w)
     }
     /// Sizes the activation buffers for up to `max_batch` tokens of these widths.
     fn reserve(&mut self, widths: BufWidths, max_batch: usize);
-    /// The most tokens one pass may carry (0 before [`reserve`](Backend::reserve)).
+    /// The most tokens one pass may carry (0 before [`reserve`](Memory::reserve)).
     fn max_batch(&self) -> usize;
     /// The KV rows of one layer: `capacity` slots of `row` floats each for keys and values.
     fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache;
+    /// Waits until the work asked for so far is done (a GPU runs it asynchronously): what a
+    /// timing of it must include. A no-op on the CPU.
+    fn finish(&mut self) {}
+    /// The first failure since the last call (a GPU's failed launch, copy or allocation),
+    /// after which the backend's results are void; always `Ok` on the CPU.
+    fn status(&mut self) -> crate::Result<()> {
+        Ok(())
+    }
+}
 
+/// The operations a forward pass is made of, which every backend implements (some with a
+/// default made of the others), and the optional capabilities a backend may offer besides.
+/// Row counts `n` are at most [`max_batch`](Memory::max_batch); buffers hold `n` rows of
+/// their width, row-major.
+pub trait Backend: Memory {
     /// `X[t] = scale · table[tokens[t]]` (token ids checked by the caller); a token equal to
     /// `replace.0` takes the row `replace.1` instead of its table row (an adapter's trained
     /// embedding of the diffusion mask token).
@@ -192,6 +207,12 @@ pub trait Backend {
     fn matmul(&mut self, w: &QWeight, src: Buf, dst: Buf, n: usize);
     /// `dsts[k] = ws[k]·src` for `n` rows, in one pass over `src`.
     fn matmul_fused(&mut self, ws: &[&QWeight], src: Buf, dsts: &[Buf], n: usize);
+    /// `Gate = act(gate·Xn) · (up·Xn)` for `n` rows in one pass, where the backend has such a
+    /// kernel (a GPU, for a few tokens); `false`: not done, run the products and
+    /// [`gated_activation`](Backend::gated_activation) instead.
+    fn matmul_gated(&mut self, _gate: &QWeight, _up: &QWeight, _act: Activation, _n: usize) -> bool {
+        false
+    }
     /// `dst[t] += bias` for `n` rows.
     fn add_bias(&mut self, dst: Buf, bias: &[f32], n: usize);
     /// [`add_bias`](Backend::add_bias) for each `(dst, bias)`, in order (a GPU: one launch).
@@ -218,6 +239,12 @@ pub trait Backend {
     /// (`norm`, `eps`), `output` product and optional soft-capping `cap · tanh(v / cap)`;
     /// returns the logits, `rows.len() × vocab`, in the order of `rows`.
     fn lm_head(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) -> &mut [f32];
+    /// [`lm_head`](Backend::lm_head) whose logits may stay where they were computed until
+    /// [`logits`](Backend::logits) or a [device pick](DevicePicks) asks (a GPU copies them
+    /// back only when the sampler needs them all).
+    fn lm_head_deferred(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) {
+        self.lm_head(output, norm, eps, softcap, rows);
+    }
     /// The final RMSNorm of the first `n` rows of `X`, read back as `n × d_model`.
     fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32];
     /// The logits of the last [`lm_head`](Backend::lm_head) call, for the sampler to modify.
@@ -278,74 +305,59 @@ pub trait Backend {
         self.attention(cache, shape, span.mask, span.window, pos0, n);
     }
 
-    /// `Gate = act(gate·Xn) · (up·Xn)` for `n` rows in one pass, where the backend has such a
-    /// kernel (a GPU, for a few tokens); `false`: not done, run the products and
-    /// [`gated_activation`](Backend::gated_activation) instead.
-    fn matmul_gated(&mut self, _gate: &QWeight, _up: &QWeight, _act: Activation, _n: usize) -> bool {
-        false
+    /// The backend's [greedy head screening](HeadScreening), where it has one.
+    fn screening(&mut self) -> Option<&mut dyn HeadScreening> {
+        None
     }
+    /// The backend's [picks from the logits where they were computed](DevicePicks), where it
+    /// has them.
+    fn device_picks(&mut self) -> Option<&mut dyn DevicePicks> {
+        None
+    }
+    /// The backend's [queue of greedy picks](PickQueue), where it has one.
+    fn pick_queue(&mut self) -> Option<&mut dyn PickQueue> {
+        None
+    }
+}
 
-    /// [`lm_head`](Backend::lm_head) whose logits may stay where they were computed until
-    /// [`logits`](Backend::logits) or [`argmax`](Backend::argmax) asks (a GPU copies them back
-    /// only when the sampler needs them all).
-    fn lm_head_deferred(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, rows: &[usize]) {
-        self.lm_head(output, norm, eps, softcap, rows);
-    }
+/// Optional: the greedy token of a row without computing every logit.
+pub trait HeadScreening {
     /// The greedy token (the largest non-NaN logit, the lowest id on ties) of row `row` of the
-    /// last pass's hidden states, found without computing every logit where the backend can
-    /// (the CPU's exact screening of a Q8_0 head, `cpu::matmul::head_argmax`); `None`: run
-    /// [`lm_head_deferred`](Backend::lm_head_deferred) instead. [`logits`](Backend::logits) is
-    /// left unspecified.
-    fn lm_head_argmax(&mut self, _output: &QWeight, _norm: &[f32], _eps: f32, _softcap: Option<f32>, _row: usize) -> Option<u32> {
-        None
-    }
-    /// The greedy token of the first row of the last LM head (the largest non-NaN logit, the
-    /// lowest id on ties), where the backend finds it without handing over the logits; `None`:
-    /// read [`logits`](Backend::logits) instead.
-    /// The greedy token of each row of the last LM head (as [`argmax`](Backend::argmax) does
-    /// for one), where the backend finds them without handing the logits back; `None`: take
-    /// them from [`logits`](Backend::logits).
-    fn argmax_rows(&mut self) -> Option<Vec<u32>> {
-        None
-    }
-    /// The best [`TOP_LOGITS`] logits of each row of the last LM head as `(id, logit)`, sorted
-    /// (higher first, lower id on ties; NaN and -inf as -inf, +inf as `f32::MAX`), rows one
-    /// after another, where the backend finds them without handing the logits back (what
-    /// [`Sampler::sample_top`](crate::sampling::Sampler::sample_top) samples from); `None`:
-    /// take the logits.
-    fn top_logits(&mut self) -> Option<Vec<(u32, f32)>> {
-        None
-    }
-    fn argmax(&mut self) -> Option<u32> {
-        None
-    }
-    /// Queues the greedy pick of the last LM head (as [`argmax`](Backend::argmax) finds it)
-    /// without waiting for it, so the next pass can be sent meanwhile; `false` where the
-    /// backend cannot (then use `argmax`). At most two are queued; [`next_pick`](Backend::next_pick)
-    /// returns them in order.
-    fn queue_pick(&mut self) -> bool {
-        false
-    }
+    /// last pass's hidden states, found without computing every logit where it can (the CPU's
+    /// exact screening of a Q8_0 head, `cpu::matmul::head_argmax`); `None`: run
+    /// [`Backend::lm_head_deferred`] instead. [`Backend::logits`] is left unspecified.
+    fn lm_head_argmax(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, row: usize) -> Option<u32>;
+}
+
+/// Optional: picks made from the last LM head's logits where they were computed, so that only
+/// ids (or a few candidates) cross back, not vocabulary rows. Each `None`: take the logits
+/// ([`Backend::logits`]) instead.
+pub trait DevicePicks {
+    /// The greedy token of the first row (the largest non-NaN logit, the lowest id on ties).
+    fn argmax(&mut self) -> Option<u32>;
+    /// The greedy token of each row, as [`argmax`](DevicePicks::argmax) finds it for one.
+    fn argmax_rows(&mut self) -> Option<Vec<u32>>;
+    /// The best [`TOP_LOGITS`] logits of each row as `(id, logit)`, sorted (higher first,
+    /// lower id on ties; NaN and -inf as -inf, +inf as `f32::MAX`), rows one after another
+    /// (what [`Sampler::sample_top`](crate::sampling::Sampler::sample_top) samples from).
+    fn top_logits(&mut self) -> Option<Vec<(u32, f32)>>;
+}
+
+/// Optional: greedy picks queued without waiting for them, so that the pass for the next
+/// token can be sent before the host knows it (run-ahead decoding).
+pub trait PickQueue {
+    /// Queues the greedy pick of the last LM head (as [`DevicePicks::argmax`] finds it);
+    /// `false` where it cannot now (then pick otherwise). At most two are queued;
+    /// [`next_pick`](PickQueue::next_pick) returns them in order.
+    fn queue_pick(&mut self) -> bool;
     /// The oldest queued pick, once it is known; `None` when none is queued.
-    fn next_pick(&mut self) -> Option<u32> {
-        None
-    }
+    fn next_pick(&mut self) -> Option<u32>;
     /// Forgets the queued picks (waiting for the device to finish what it was sent).
-    fn drop_picks(&mut self) {}
-    /// While on, a one-token pass takes its token from the last queued pick on the device (the
-    /// token given to [`embed`](Backend::embed) is a placeholder): the pass can be sent before
-    /// the host knows that token.
-    fn embed_last_pick(&mut self, on: bool) {
-        let _ = on;
-    }
-    /// Waits until the work asked for so far is done (a GPU runs it asynchronously): what a
-    /// timing of it must include. A no-op on the CPU.
-    fn finish(&mut self) {}
-    /// The first failure since the last call (a GPU's failed launch, copy or allocation),
-    /// after which the backend's results are void; always `Ok` on the CPU.
-    fn status(&mut self) -> crate::Result<()> {
-        Ok(())
-    }
+    fn drop_picks(&mut self);
+    /// While on, a one-token pass takes its token from the last queued pick (the token given
+    /// to [`Backend::embed`] is a placeholder): the pass can be sent before the host knows
+    /// that token.
+    fn embed_last_pick(&mut self, on: bool);
 }
 
 /// [`Backend::residual_norm`] as its separate operations (the default; a GPU's reference mode).

@@ -163,17 +163,32 @@ fn send_ahead(model: &Transformer, be: &mut dyn Backend, s: &mut Seq<'_>) -> Res
         return Ok(false);
     }
     let (_, pos) = s.ar.last();
-    be.embed_last_pick(true);
+    let Some(q) = be.pick_queue() else { return Ok(false) };
+    q.embed_last_pick(true);
     // A placeholder token: the cache's record of it is set once the pick is read.
     let r = model.forward_segments(&mut [Segment { tokens: &[0], pos0: pos + 1, cache: &mut s.cache }], AttentionMask::Causal, be);
-    be.embed_last_pick(false);
+    if let Some(q) = be.pick_queue() {
+        q.embed_last_pick(false);
+    }
     r?;
     model.head_deferred(be, 0);
-    if !be.queue_pick() {
+    if !be.pick_queue().is_some_and(|q| q.queue_pick()) {
         be.status()?;
         return Err(Error::Internal("the backend could not queue a greedy pick".into()));
     }
     Ok(true)
+}
+
+/// The oldest queued pick of a backend with a pick queue.
+fn next_pick(be: &mut dyn Backend) -> Option<u32> {
+    be.pick_queue()?.next_pick()
+}
+
+/// Forgets the backend's queued picks (after a failure: none may outlive it).
+pub(super) fn drop_picks(be: &mut dyn Backend) {
+    if let Some(q) = be.pick_queue() {
+        q.drop_picks();
+    }
 }
 
 /// Ends the sequences of a failed pass with its error (their caches may be half-written: they
@@ -306,7 +321,7 @@ impl Worker {
         if !matches!(r, Ok(Ok(()))) {
             // A pick may have been queued before the failure (whether or not a pass was sent
             // ahead): none may outlive it.
-            self.backend.drop_picks();
+            drop_picks(&mut *self.backend);
             active.iter_mut().for_each(|s| s.ahead = false);
         }
         match r {
@@ -326,7 +341,7 @@ impl Worker {
         if s.outcome.is_some() {
             // Finished (or cancelled) meanwhile: the pick is not wanted.
             s.ahead = false;
-            be.next_pick();
+            next_pick(be);
             return be.status();
         }
         let sent = alone && send_ahead(&self.model, be, s)?;
@@ -336,7 +351,7 @@ impl Worker {
     /// Hands `s` the oldest queued pick; `sent`: the pass for the token after it was sent
     /// ahead (the cache's record of that pass's token is the pick).
     fn take_pick(&mut self, s: &mut Seq<'_>, sent: bool) -> Result<()> {
-        let picked = self.backend.next_pick();
+        let picked = next_pick(&mut *self.backend);
         self.backend.status()?;
         let id = picked.ok_or_else(|| Error::Internal("no greedy pick was queued".into()))?;
         s.ahead = sent;
@@ -443,11 +458,11 @@ impl Worker {
                 // Decoding alone: the pick stays on the device as the next pass's token, and
                 // that pass is sent before the host reads the pick.
                 let alone = active.iter().filter(|s| s.outcome.is_none()).count() == 1;
-                if alone && be.queue_pick() {
+                if alone && be.pick_queue().is_some_and(|q| q.queue_pick()) {
                     let sent = send_ahead(model, be, &mut active[i])?;
                     return self.take_pick(&mut active[i], sent);
                 }
-                let id = match be.argmax() {
+                let id = match be.device_picks().and_then(|p| p.argmax()) {
                     Some(id) => id,
                     None => {
                         be.status()?;
@@ -470,7 +485,7 @@ impl Worker {
         let mut picks: Vec<(usize, u32)> = Vec::with_capacity(rows.len());
         let mut rest: Vec<usize> = (0..rows.len()).collect();
         if rows.iter().all(|&(i, _)| active[i].ar.plain_greedy()) {
-            if let Some(ids) = be.argmax_rows() {
+            if let Some(ids) = be.device_picks().and_then(|p| p.argmax_rows()) {
                 be.status()?;
                 if ids.len() != rows.len() {
                     return Err(Error::Internal(format!("{} greedy picks for {} rows", ids.len(), rows.len())));
@@ -478,7 +493,7 @@ impl Worker {
                 picks.extend(rows.iter().map(|r| r.0).zip(ids));
                 rest.clear();
             }
-        } else if let Some(top) = be.top_logits() {
+        } else if let Some(top) = be.device_picks().and_then(|p| p.top_logits()) {
             be.status()?;
             if top.len() != rows.len() * TOP_LOGITS {
                 return Err(Error::Internal(format!("{} top logits for {} rows", top.len(), rows.len())));
@@ -535,7 +550,7 @@ impl Worker {
             // The pass sent ahead evaluated a token the sequence took: its cache row is valid,
             // its pick is not wanted.
             s.ahead = false;
-            self.backend.next_pick();
+            next_pick(&mut *self.backend);
         }
         let outcome = s.outcome.take().unwrap_or(Ok(FinishReason::Abort));
         let now = Instant::now();

@@ -15,11 +15,12 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::Backend;
+use crate::backend::host_picks::HostPicks;
+use crate::backend::{Backend, Memory};
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::gguf::GgufFile;
 use crate::kv::{KvCache, KvType, Q8_BLOCK};
-use crate::models::{self, Transformer};
+use crate::models::{self, Outputs, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
 use crate::sampling::{log_softmax_at, SamplingParams};
 use crate::structured::{Constraint, TokenEnv, Tool, ToolCall, ToolChoice, ToolFormat};
@@ -462,9 +463,10 @@ fn model_info(file: &GgufFile, cfg: &models::TransformerConfig, context: usize, 
 fn open_backend(mode: GpuMode, model: &Transformer, threads: usize, context: usize, kv_type: KvType) -> Result<(Box<dyn Backend + Send>, usize)> {
     let cpu = |model: &Transformer| -> (Box<dyn Backend + Send>, usize) {
         let max_batch = MAX_BATCH.min(context);
-        let mut be = CpuBackend::new(threads);
-        model.prepare(&mut be, max_batch);
-        (Box::new(be), max_batch)
+        let cpu = CpuBackend::new(threads);
+        let mut be: Box<dyn Backend + Send> = if crate::runtime::cpu_run_ahead() { Box::new(HostPicks::new(cpu)) } else { Box::new(cpu) };
+        model.prepare(&mut *be, max_batch);
+        (be, max_batch)
     };
     match mode {
         GpuMode::Off => Ok(cpu(model)),
@@ -890,14 +892,6 @@ fn refuse(cmd: Command) {
     }
 }
 
-/// Which per-token rows [`Worker::evaluate`] hands out.
-enum Rows {
-    /// The LM head's logits (after soft-capping).
-    Logits,
-    /// The final hidden state after the output norm.
-    Hidden,
-}
-
 /// Longest common prefix of two token sequences.
 /// The next command: `busy` is cleared while the worker waits for one and set while it works.
 fn next_command(rx: &Receiver<Command>, busy: &AtomicBool) -> Option<Command> {
@@ -988,7 +982,7 @@ impl Worker {
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.step(&mut active))) {
                 // Whatever was running may be half-done: it ends with the panic's error.
                 let msg = Error::from_panic(panic).to_string();
-                let _ = catch_unwind(AssertUnwindSafe(|| self.backend.drop_picks()));
+                let _ = catch_unwind(AssertUnwindSafe(|| batch::drop_picks(&mut *self.backend)));
                 for s in active.drain(..) {
                     let mut sink = s.req.sink;
                     let _ = catch_unwind(AssertUnwindSafe(|| sink(Event::Error(Error::Internal(msg.clone())))));
@@ -1073,7 +1067,7 @@ impl Worker {
             return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
         }
         let mut sum = vec![0.0f64; self.model.cfg.d_model];
-        self.evaluate(ids, cancel, Rows::Hidden, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &v)| *s += v as f64))?;
+        self.evaluate(ids, cancel, Outputs::Hidden, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &v)| *s += v as f64))?;
         let norm = sum.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-30);
         let q: Vec<f32> = sum.iter().map(|v| (v / norm) as f32).collect();
         let (set, used) = resolver(&q)?;
@@ -1110,7 +1104,7 @@ impl Worker {
     /// rewritten: the cache keeps what this evaluates) and calls `each(position, row)` with
     /// every token's logits or final hidden state (`rows`). Between chunks, `cancel` stops it
     /// with `Aborted`, the cache keeping the chunks already evaluated.
-    fn evaluate(&mut self, ids: &[u32], cancel: &AtomicBool, rows: Rows, each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
+    fn evaluate(&mut self, ids: &[u32], cancel: &AtomicBool, rows: Outputs<'static>, each: &mut dyn FnMut(usize, &[f32])) -> Result<()> {
         let batch = self.backend.max_batch();
         self.cache.tokens.clear();
         for (i, chunk) in ids.chunks(batch).enumerate() {
@@ -1121,10 +1115,7 @@ impl Worker {
             let pos0 = i * batch;
             let mut at = |t: usize, row: &[f32]| each(pos0 + t, row);
             let (cache, be) = (&mut self.cache, &mut *self.backend);
-            match rows {
-                Rows::Logits => self.model.forward_each_logits(chunk, pos0, AttentionMask::Causal, cache, be, &mut at)?,
-                Rows::Hidden => self.model.forward_each_hidden(chunk, pos0, AttentionMask::Causal, cache, be, &mut at)?,
-            }
+            self.model.forward_each(chunk, pos0, AttentionMask::Causal, cache, be, rows, &mut at)?;
         }
         Ok(())
     }
@@ -1154,7 +1145,7 @@ impl Worker {
         let start = Instant::now();
         let n = ids.len().saturating_sub(1);
         let (mut logprobs, mut top_tokens, mut top_logprobs) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-        self.evaluate(&ids, cancel, Rows::Logits, &mut |p, logits| {
+        self.evaluate(&ids, cancel, Outputs::Logits, &mut |p, logits| {
             if let Some(&next) = ids.get(p + 1) {
                 let (lp, top, top_lp) = log_softmax_at(logits, next as usize);
                 logprobs.push(lp);
@@ -1217,7 +1208,7 @@ impl Worker {
                 return Err(Error::ContextOverflow { tokens: ids.len(), context: self.context });
             }
             let mut sum = vec![0.0f64; d];
-            self.evaluate(&ids, cancel, Rows::Hidden, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &v)| *s += v as f64))?;
+            self.evaluate(&ids, cancel, Outputs::Hidden, &mut |_, h| sum.iter_mut().zip(h).for_each(|(s, &v)| *s += v as f64))?;
             let norm = sum.iter().map(|v| v * v).sum::<f64>().sqrt();
             if !(norm > 0.0 && norm.is_finite()) {
                 return Err(Error::Internal(format!("texts[{i}]: the pooled hidden state has norm {norm}")));

@@ -7,7 +7,7 @@ pub mod llama;
 pub mod phi3;
 pub mod transformer;
 
-pub use transformer::{RopeFactors, Segment, Transformer, TransformerConfig, WeightLoader};
+pub use transformer::{Outputs, RopeFactors, Segment, Transformer, TransformerConfig, WeightLoader};
 
 use crate::backend::RopeStyle;
 use crate::gguf::GgufFile;

@@ -12,6 +12,18 @@ use crate::kv::{KvCache, KvType};
 use crate::nn::{AttentionMask, Linear, Proj};
 use crate::{Error, Result};
 
+/// What [`Transformer::forward_each`] hands back per token.
+#[derive(Debug, Clone, Copy)]
+pub enum Outputs<'r> {
+    /// The logits of every token (after soft-capping).
+    Logits,
+    /// The logits of the tokens at these offsets only (any order, each at most once).
+    LogitsOf(&'r [usize]),
+    /// The final hidden state after the output norm: the vector the LM head multiplies (and
+    /// what llama.cpp's embedding mode pools). The LM head does not run.
+    Hidden,
+}
+
 /// One sequence's rows in a pass of [`Transformer::forward_segments`]: its tokens at positions
 /// `pos0..` of its cache.
 pub struct Segment<'a> {
@@ -332,27 +344,51 @@ impl Transformer {
         be.status()
     }
 
-    /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(t, logits)` with
-    /// the logits of every token `t` of `tokens` in order (the LM head runs on a few tokens at a
-    /// time, so memory stays at a few vocabulary rows). `be.logits()` is left unspecified.
-    pub fn forward_each_logits(
+    /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(i, row)` with
+    /// what `outputs` asks for: the logits of every token (`i` its offset in `tokens`), of the
+    /// tokens at some offsets only (`i` the index into that list; the LM head runs only on
+    /// those rows: a diffusion step needs the logits of its masked positions alone), or every
+    /// token's final hidden state. The LM head runs on a few tokens at a time, so memory stays
+    /// at a few vocabulary rows. `be.logits()` is left unspecified.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_each(
         &self,
         tokens: &[u32],
         pos0: usize,
         mask: AttentionMask,
         cache: &mut KvCache,
         be: &mut dyn Backend,
+        outputs: Outputs<'_>,
         each: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<()> {
-        let rows: Vec<usize> = (0..tokens.len()).collect();
-        self.forward_rows(tokens, pos0, mask, cache, be, &rows, each)
+        const HEAD_BATCH: usize = 8;
+        let all: Vec<usize>;
+        let rows = match outputs {
+            Outputs::Hidden => return self.each_hidden(tokens, pos0, mask, cache, be, each),
+            Outputs::Logits => {
+                all = (0..tokens.len()).collect();
+                &all[..]
+            }
+            Outputs::LogitsOf(rows) => rows,
+        };
+        if let Some(&r) = rows.iter().find(|&&r| r >= tokens.len()) {
+            return Err(Error::Internal(format!("logits asked for row {r} of a {}-token call", tokens.len())));
+        }
+        self.forward_hidden(tokens, pos0, mask, cache, be)?;
+        let v = self.cfg.vocab_size;
+        for (c, chunk) in rows.chunks(HEAD_BATCH).enumerate() {
+            self.head(be, chunk);
+            be.status()?;
+            let out = be.logits();
+            for i in 0..chunk.len() {
+                each(c * HEAD_BATCH + i, &out[i * v..(i + 1) * v]);
+            }
+        }
+        Ok(())
     }
 
-    /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(t, h)` with the
-    /// final hidden state of every token `t` of `tokens` after the output norm: the vector the
-    /// LM head multiplies (and what llama.cpp's embedding mode pools). The LM head does not run.
-    /// `be.logits()` is left unspecified.
-    pub fn forward_each_hidden(
+    /// [`forward_each`](Self::forward_each) for [`Outputs::Hidden`].
+    fn each_hidden(
         &self,
         tokens: &[u32],
         pos0: usize,
@@ -372,38 +408,6 @@ impl Transformer {
         }
         for t in 0..n {
             each(t, &h[t * d..(t + 1) * d]);
-        }
-        Ok(())
-    }
-
-    /// Like [`forward`](Self::forward) under attention `mask`, then calls `each(i, logits)` with
-    /// the logits of the tokens at offsets `rows[i]` of `tokens` (any order, each at most once),
-    /// the LM head running only on those rows: a diffusion step needs the logits of its masked
-    /// positions alone. `be.logits()` is left unspecified.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_rows(
-        &self,
-        tokens: &[u32],
-        pos0: usize,
-        mask: AttentionMask,
-        cache: &mut KvCache,
-        be: &mut dyn Backend,
-        rows: &[usize],
-        each: &mut dyn FnMut(usize, &[f32]),
-    ) -> Result<()> {
-        const HEAD_BATCH: usize = 8;
-        if let Some(&r) = rows.iter().find(|&&r| r >= tokens.len()) {
-            return Err(Error::Internal(format!("logits asked for row {r} of a {}-token call", tokens.len())));
-        }
-        self.forward_hidden(tokens, pos0, mask, cache, be)?;
-        let v = self.cfg.vocab_size;
-        for (c, chunk) in rows.chunks(HEAD_BATCH).enumerate() {
-            self.head(be, chunk);
-            be.status()?;
-            let out = be.logits();
-            for i in 0..chunk.len() {
-                each(c * HEAD_BATCH + i, &out[i * v..(i + 1) * v]);
-            }
         }
         Ok(())
     }
@@ -510,9 +514,9 @@ impl Transformer {
     }
 
     /// The greedy token of row `row` of the last pass, where the backend finds it without
-    /// computing every logit (`Backend::lm_head_argmax`); `None`: use
+    /// computing every logit ([`HeadScreening`](crate::backend::HeadScreening)); `None`: use
     /// [`head_deferred`](Self::head_deferred).
     pub fn head_argmax(&self, be: &mut dyn Backend, row: usize) -> Option<u32> {
-        be.lm_head_argmax(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, row)
+        be.screening()?.lm_head_argmax(&self.output, &self.output_norm, self.cfg.norm_eps, self.cfg.final_logit_softcap, row)
     }
 }

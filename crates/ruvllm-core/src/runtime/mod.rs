@@ -10,8 +10,9 @@
 //! | `RUVLLM_NO_VNNI` | no VNNI, AVX-512 or AVX (so no VNNI dot products; the AVX2 tile GEMM emulates `vpdpbusd`) |
 //! | `RUVLLM_NO_GEMM` | no tile GEMM (AVX-512 or AVX2): the per-row kernels for prefill too |
 //! | `RUVLLM_NO_FLASH` | no tiled attention: prefill's attention runs the per-query kernels decode runs |
+//! | `RUVLLM_CPU_AHEAD=1` | an engine loaded on the CPU decodes greedily ahead, as on a GPU ([`cpu_run_ahead`]) |
 //!
-//! The switches are read once, when [`cpu`] is first called. [`ThreadPool`] is the workers the
+//! The switches are read once, when [`cpu`] is first called (`RUVLLM_CPU_AHEAD` at each load). [`ThreadPool`] is the workers the
 //! kernels split their work over.
 
 pub mod mem;
@@ -84,6 +85,13 @@ impl CpuFeatures {
 pub fn cpu() -> &'static CpuFeatures {
     static CPU: std::sync::OnceLock<CpuFeatures> = std::sync::OnceLock::new();
     CPU.get_or_init(|| CpuFeatures::detect(|k| std::env::var_os(k).is_some()))
+}
+
+/// Whether an engine loaded now on the CPU queues its greedy picks as a GPU does
+/// (`backend::host_picks`), so that the engine's run-ahead decoding runs without a GPU (its
+/// test); read at each load.
+pub fn cpu_run_ahead() -> bool {
+    std::env::var("RUVLLM_CPU_AHEAD").is_ok_and(|v| v == "1")
 }
 
 #[cfg(test)]

@@ -25,11 +25,11 @@ pub mod vec;
 pub use matmul::{matmul, QWeight};
 pub mod low_rank;
 
-use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QkNorms, RopeTable, Span};
+use super::{Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, HeadScreening, KvType, LayerCache, LowRankTerms, Memory, QkNorms, RopeTable, Span};
 use crate::runtime::ThreadPool;
 
 /// The CPU backend: this process's kernels on a thread pool, activation buffers in host memory,
-/// allocated once by [`Backend::reserve`] (nothing is allocated per token).
+/// allocated once by [`Memory::reserve`](crate::backend::Memory::reserve) (nothing is allocated per token).
 pub struct CpuBackend {
     pool: ThreadPool,
     widths: BufWidths,
@@ -40,12 +40,6 @@ pub struct CpuBackend {
     logits_len: usize,
     /// Attention scores of the split decode path, grown on use.
     att_scores: Vec<f32>,
-    /// `RUVLLM_CPU_AHEAD=1`: queue greedy picks as a GPU does (`Backend::queue_pick`), so the
-    /// engine's run-ahead decoding is tested on the CPU. Off by default: a CPU pass runs when it
-    /// is sent, so there is nothing to overlap, and a pass sent ahead of a final token is wasted.
-    ahead: bool,
-    picks: std::collections::VecDeque<u32>,
-    embed_pick: bool,
 }
 
 /// A zeroed f32 buffer that starts on a 64-byte cache line. The kernels split a buffer's rows
@@ -84,10 +78,6 @@ impl std::ops::DerefMut for LineBuf {
     }
 }
 
-/// Greedy picks queued by CPU backends under `RUVLLM_CPU_AHEAD=1` in this process (so a test
-/// can tell that run-ahead decoding ran).
-pub static QUEUED_PICKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
 impl CpuBackend {
     /// A backend on `threads` threads (its own pool).
     pub fn new(threads: usize) -> Self {
@@ -96,18 +86,7 @@ impl CpuBackend {
 
     pub fn with_pool(pool: ThreadPool) -> Self {
         let widths = BufWidths { d_model: 0, q_dim: 0, kv_dim: 0, ff_dim: 0, vocab_size: 0 };
-        CpuBackend {
-            pool,
-            widths,
-            max_batch: 0,
-            bufs: Default::default(),
-            logits: Vec::new(),
-            logits_len: 0,
-            att_scores: Vec::new(),
-            ahead: std::env::var("RUVLLM_CPU_AHEAD").is_ok_and(|v| v == "1"),
-            picks: Default::default(),
-            embed_pick: false,
-        }
+        CpuBackend { pool, widths, max_batch: 0, bufs: Default::default(), logits: Vec::new(), logits_len: 0, att_scores: Vec::new() }
     }
 
     /// The thread pool the kernels run on.
@@ -171,7 +150,7 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
+impl Memory for CpuBackend {
     fn describe(&self) -> String {
         format!("cpu ({}, {} threads)", matmul::isa(), self.pool.threads())
     }
@@ -205,17 +184,11 @@ impl Backend for CpuBackend {
     fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache {
         LayerCache::new(capacity, row, ty)
     }
+}
 
+impl Backend for CpuBackend {
     fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>, replace: Option<(u32, &[f32])>) {
         let d = self.widths.d_model;
-        let picked;
-        let tokens = match (self.embed_pick, tokens.len(), self.picks.back()) {
-            (true, 1, Some(&p)) => {
-                picked = [p];
-                &picked[..]
-            }
-            _ => tokens,
-        };
         let x = self.buf_mut(Buf::X, tokens.len());
         for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
             match replace {
@@ -357,22 +330,6 @@ impl Backend for CpuBackend {
         logits
     }
 
-    fn lm_head_argmax(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, row: usize) -> Option<u32> {
-        // Soft-capping is monotone, but in floats it can make near logits equal and so change
-        // which one a tie gives: left to the full head. Run-ahead decoding queues its picks from
-        // the logits.
-        if softcap.is_some() || self.ahead {
-            return None;
-        }
-        let d = self.widths.d_model;
-        self.norm_rows(norm, eps, &[row]);
-        let xn = &self.bufs[Buf::Xn.index()][..d];
-        let id = matmul::head_argmax(&self.pool, output, xn)?;
-        // The logits are unspecified now: make sure nothing reads stale ones as this token's.
-        self.logits_len = 0;
-        Some(id)
-    }
-
     fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32] {
         self.rms_norm(Buf::X, Buf::Xn, norm, eps, n);
         self.rows(Buf::Xn, n)
@@ -382,26 +339,24 @@ impl Backend for CpuBackend {
         &mut self.logits[..self.logits_len]
     }
 
-    fn queue_pick(&mut self) -> bool {
-        let v = self.widths.vocab_size;
-        if !self.ahead || self.picks.len() >= 2 || self.logits_len < v {
-            return false;
+    fn screening(&mut self) -> Option<&mut dyn HeadScreening> {
+        Some(self)
+    }
+}
+
+impl HeadScreening for CpuBackend {
+    fn lm_head_argmax(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, row: usize) -> Option<u32> {
+        // Soft-capping is monotone, but in floats it can make near logits equal and so change
+        // which one a tie gives: left to the full head.
+        if softcap.is_some() {
+            return None;
         }
-        self.picks.push_back(crate::sampling::argmax(&self.logits[..v]));
-        QUEUED_PICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        true
-    }
-
-    fn next_pick(&mut self) -> Option<u32> {
-        self.picks.pop_front()
-    }
-
-    fn drop_picks(&mut self) {
-        self.picks.clear();
-        self.embed_pick = false;
-    }
-
-    fn embed_last_pick(&mut self, on: bool) {
-        self.embed_pick = on;
+        let d = self.widths.d_model;
+        self.norm_rows(norm, eps, &[row]);
+        let xn = &self.bufs[Buf::Xn.index()][..d];
+        let id = matmul::head_argmax(&self.pool, output, xn)?;
+        // The logits are unspecified now: make sure nothing reads stale ones as this token's.
+        self.logits_len = 0;
+        Some(id)
     }
 }

@@ -2,8 +2,26 @@
 //! as a CUDA graph captured the second time a list is seen; and the synchronisation around them.
 
 use super::*;
+use driver::CUgraph;
 
 impl CudaBackend {
+    pub(super) fn push(&mut self, name: &str, grid: [u32; 3], block: u32, args: Args) {
+        if !self.ok() {
+            return;
+        }
+        if self.pending_res.is_some() {
+            // Whatever comes next may read X or Xn: the residual step runs first.
+            self.settle();
+        }
+        let func = self.func(name);
+        // The name only labels the profile; decode records ~190 launches per token.
+        let name = if self.profile.is_some() { name.to_string() } else { String::new() };
+        self.pending.push(Launch { name, func, grid, block, args: args.words, offs: args.offs });
+    }
+    pub(super) fn blocks(count: usize, per: usize) -> u32 {
+        count.div_ceil(per).max(1) as u32
+    }
+
     /// Sends the recorded launches (after the step block), as a graph when this list was seen
     /// before.
     pub(super) fn flush(&mut self) {
@@ -220,4 +238,82 @@ impl CudaBackend {
             self.fail(gpu_error(&e));
         }
     }
+}
+
+/// One recorded kernel launch: the function, its geometry and its argument bytes (each argument
+/// at an 8-byte aligned offset of `args`).
+pub(super) struct Launch {
+    pub(super) name: String,
+    pub(super) func: CUfunction,
+    pub(super) grid: [u32; 3],
+    pub(super) block: u32,
+    pub(super) args: Vec<u64>,
+    /// Start (in u64 words) of each argument in `args`.
+    pub(super) offs: Vec<u32>,
+}
+
+/// Builds a launch's argument list.
+pub(super) struct Args {
+    pub(super) words: Vec<u64>,
+    pub(super) offs: Vec<u32>,
+}
+
+impl Args {
+    pub(super) fn new() -> Self {
+        Args { words: Vec::with_capacity(24), offs: Vec::with_capacity(20) }
+    }
+    pub(super) fn ptr(mut self, p: CUdeviceptr) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.push(p);
+        self
+    }
+    pub(super) fn i32(mut self, v: i32) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.push(v as u32 as u64);
+        self
+    }
+    pub(super) fn i64(mut self, v: i64) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.push(v as u64);
+        self
+    }
+    pub(super) fn f32(mut self, v: f32) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.push(v.to_bits() as u64);
+        self
+    }
+    /// A by-value struct of `words` 8-byte words.
+    pub(super) fn words(mut self, w: &[u64]) -> Self {
+        self.offs.push(self.words.len() as u32);
+        self.words.extend_from_slice(w);
+        self
+    }
+}
+
+/// A captured decode step.
+pub(super) struct Graph {
+    pub(super) graph: CUgraph,
+    pub(super) exec: CUgraphExec,
+}
+
+/// A hash of the launches (functions, geometry, argument bytes): equal lists replay one graph.
+/// A multiply-rotate hash over 64-bit words: it runs once per decode step over ~200 launches,
+/// on the host while the device waits, so it must cost little; a collision would need two
+/// different launch lists of one model to meet, and lists are compared only within a process.
+pub(super) fn signature(ls: &[Launch]) -> u64 {
+    let mut h = 0x9e37_79b9_7f4a_7c15u64 ^ ls.len() as u64;
+    let mut mix = |w: u64| h = (h.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    for l in ls {
+        mix(l.func as u64);
+        mix(u64::from(l.grid[0]) | (u64::from(l.grid[1]) << 32));
+        mix(u64::from(l.grid[2]) | (u64::from(l.block) << 32));
+        mix(l.args.len() as u64 | ((l.offs.len() as u64) << 32));
+        for &w in &l.args {
+            mix(w);
+        }
+        for &o in &l.offs {
+            mix(u64::from(o));
+        }
+    }
+    h | 1
 }

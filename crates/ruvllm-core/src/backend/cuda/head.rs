@@ -101,3 +101,150 @@ impl CudaBackend {
         self.logits_ready = false;
     }
 }
+
+impl DevicePicks for CudaBackend {
+    fn argmax(&mut self) -> Option<u32> {
+        if self.head_rows > 1 {
+            // A many-row head picks every row (`head_tail`).
+            return self.argmax_rows().and_then(|r| r.first().copied());
+        }
+        self.flush();
+        let out = Self::ptr_of(&self.argmax_out);
+        let dst = self.argmax_host.as_ref()?.ptr;
+        self.copy_back(dst, out, 4);
+        self.sync();
+        let ok = self.ok();
+        match (&mut self.argmax_host, ok) {
+            (Some(h), true) => Some(h.as_i32(1)[0] as u32),
+            // The failure is reported by `status`.
+            _ => Some(0),
+        }
+    }
+    fn argmax_rows(&mut self) -> Option<Vec<u32>> {
+        let m = self.head_rows;
+        if m < 2 || self.exact {
+            return None;
+        }
+        self.flush();
+        let (out, dst) = (Self::ptr_of(&self.rows_out), self.rows_host.as_ref()?.ptr);
+        self.copy_back(dst, out, m * 4);
+        self.sync();
+        if !self.ok() {
+            // The failure is reported by `status`.
+            return Some(vec![0; m]);
+        }
+        self.rows_host.as_mut().map(|h| h.as_i32(m).iter().map(|&i| i as u32).collect())
+    }
+    fn top_logits(&mut self) -> Option<Vec<(u32, f32)>> {
+        let (m, v) = (self.head_rows, self.widths.vocab_size);
+        if m == 0 || self.exact || !self.ok() {
+            return None;
+        }
+        let lists = v.div_ceil(TOP_SLICE);
+        // One stage's lists: m × lists × TOP_LOGITS values, then as many ids.
+        let half = m * lists * TOP_LOGITS;
+        if self.top_dev.as_ref().is_none_or(|d| d.bytes < 4 * half * 4) || self.top_host.as_ref().is_none_or(|h| h.bytes < m * TOP_LOGITS * 8) {
+            // Sends the LM head first; captured graphs point at the buffer being replaced.
+            self.flush();
+            self.sync();
+            self.clear_graphs();
+            self.top_dev = self.alloc(4 * half * 4);
+            self.current();
+            self.top_host = HostMem::alloc(self.api, self.ctx, m * TOP_LOGITS * 8).map_err(|e| self.fail(gpu_error(&e))).ok();
+            if !self.ok() {
+                return None;
+            }
+        }
+        let base = Self::ptr_of(&self.top_dev);
+        let stage = |k: u64| (base + k * 2 * (half as u64) * 4, base + (k * 2 + 1) * (half as u64) * 4);
+        let logits = Self::ptr_of(&self.logits_dev);
+        let (sv, si) = stage(0);
+        self.push("top1", [lists as u32, m as u32, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(sv).ptr(si));
+        let (mut k, mut n) = (0, lists);
+        while n > 1 {
+            let groups = n.div_ceil(TOP_MERGE);
+            let ((iv, ii), (ov, oi)) = (stage(k), stage(k ^ 1));
+            self.push("top2", [groups as u32, m as u32, 1], 256, Args::new().ptr(iv).ptr(ii).i32(n as i32).ptr(ov).ptr(oi));
+            (k, n) = (k ^ 1, groups);
+        }
+        self.flush();
+        let (rv, ri) = stage(k);
+        let dst = self.top_host.as_ref()?.ptr;
+        self.copy_back(dst, rv, m * TOP_LOGITS * 4);
+        self.copy_back((dst as *mut u8).wrapping_add(m * TOP_LOGITS * 4) as *mut c_void, ri, m * TOP_LOGITS * 4);
+        self.sync();
+        if !self.ok() {
+            return None;
+        }
+        let h = self.top_host.as_mut()?.as_f32(2 * m * TOP_LOGITS);
+        let (vals, ids) = h.split_at(m * TOP_LOGITS);
+        Some(ids.iter().zip(vals).map(|(&i, &l)| (i.to_bits(), l)).collect())
+    }
+}
+
+impl PickQueue for CudaBackend {
+    fn queue_pick(&mut self) -> bool {
+        if !self.ahead_on || self.picks.len() >= 2 || self.argmax_host.is_none() {
+            return false;
+        }
+        // The LM head still to be sent keeps its own pick (the step block goes with it);
+        // otherwise a device copy does.
+        let keep = self.pick_kernel && !self.pending.is_empty();
+        if keep {
+            self.step[3] |= STEP_KEEP_PICK;
+        }
+        self.flush();
+        self.step[3] &= !STEP_KEEP_PICK;
+        if !self.ok() {
+            return false;
+        }
+        let slot = if self.picks.back() == Some(&1) { 2 } else { 1 };
+        let out = Self::ptr_of(&self.argmax_out);
+        let dst = self.argmax_host.as_ref().map_or(std::ptr::null_mut(), |h| (h.ptr as *mut i32).wrapping_add(slot) as *mut c_void);
+        let (api, stream, ev) = (self.api, self.stream, self.pick_ev[slot - 1]);
+        self.current();
+        // SAFETY: device and page-locked host buffers of 16 bytes; our stream and event. The
+        // pick is kept on the device too (for a pass that takes it as its token: a later LM
+        // head of another request may rewrite `argmax_out` first).
+        let r = unsafe {
+            (if keep { Ok(()) } else { check(api, "cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(out + PICK_OFFSET, out, 4, stream)) })
+                .and_then(|_| check(api, "cuMemcpyDtoHAsync", (api.memcpy_dtoh_async)(dst, out, 4, stream)))
+                .and_then(|_| check(api, "cuEventRecord", (api.event_record)(ev, stream)))
+        };
+        if let Err(e) = r {
+            self.fail(gpu_error(&e));
+            return false;
+        }
+        self.picks.push_back(slot);
+        true
+    }
+    fn next_pick(&mut self) -> Option<u32> {
+        let slot = self.picks.pop_front()?;
+        if self.ok() {
+            self.current();
+            // SAFETY: an event recorded on our stream.
+            let r = unsafe { (self.api.event_synchronize)(self.pick_ev[slot - 1]) };
+            if let Err(e) = check(self.api, "cuEventSynchronize", r) {
+                self.fail(gpu_error(&e));
+            }
+        }
+        match (&mut self.argmax_host, self.error.is_none()) {
+            (Some(h), true) => Some(h.as_i32(4)[slot] as u32),
+            // The failure is reported by `status`.
+            _ => Some(0),
+        }
+    }
+    fn drop_picks(&mut self) {
+        self.flush();
+        self.sync();
+        self.picks.clear();
+        self.embed_pick = false;
+        self.pass_pick = false;
+        if let Some(f) = self.step.get_mut(3) {
+            *f = 0;
+        }
+    }
+    fn embed_last_pick(&mut self, on: bool) {
+        self.embed_pick = on;
+    }
+}

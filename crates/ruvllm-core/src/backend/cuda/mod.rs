@@ -15,30 +15,36 @@
 //!   state). What changes between decode steps (position, tokens, LM-head rows) lives in a small
 //!   device "step" block, so two decode steps make the same list; the second time a list is
 //!   seen it is captured as a CUDA graph and replayed from then on: one launch per token.
-//! - Greedy decoding reads back one token id ([`Backend::argmax`]); the logits come back only
+//! - Greedy decoding reads back one token id ([`DevicePicks::argmax`](crate::backend::DevicePicks::argmax)); the logits come back only
 //!   when the sampler needs them.
 //! - Failures (a launch, a copy, out of device memory) are kept and reported by
-//!   [`Backend::status`] as coded errors; nothing panics across the API.
+//!   [`Memory::status`](crate::backend::Memory::status) as coded errors; nothing panics across the API.
 
 mod attention;
 pub mod driver;
 mod graph;
 mod head;
+mod memory;
 mod products;
 mod reference;
+mod weights;
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::hash::{Hash, Hasher};
 
-use driver::{check, Api, CUcontext, CUdeviceptr, CUfunction, CUgraph, CUgraphExec, CUmodule, CUstream, CudaError};
+use driver::{check, Api, CUcontext, CUdeviceptr, CUfunction, CUgraphExec, CUmodule, CUstream, CudaError};
 
 use super::{
-    Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, KvType, LayerCache, LowRankTerms, QWeight, QkNorms, RopeStyle, RopeTable, Span, TOP_LOGITS,
+    Activation, AttentionMask, AttnShape, Backend, Buf, BufWidths, DevicePicks, KvType, LayerCache, LowRankTerms, Memory, PickQueue, QWeight, QkNorms,
+    RopeStyle, RopeTable, Span, TOP_LOGITS,
 };
 use crate::backend::cpu::GgmlType;
-use crate::backend::kv::{DeviceRows, KvRows};
 use crate::{Error, Result};
+use graph::{Args, Graph, Launch};
+use memory::{DevMem, HostMem};
+pub use weights::supports;
+use weights::{act_kernel, type_suffix, DevWeight};
 
 /// The kernels, compiled for sm_80 and sm_90 plus PTX (see build.rs).
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ruvllm_kernels.fatbin"));
@@ -132,198 +138,10 @@ fn usable_device(api: &Api) -> std::result::Result<(driver::DeviceInfo, String),
     Ok((d, desc))
 }
 
-/// Device memory freed on drop.
-struct DevMem {
-    ptr: CUdeviceptr,
-    bytes: usize,
-    ctx: CUcontext,
-}
-
-// SAFETY: a device address and the primary context handle are plain values usable from any
-// thread once the context is made current.
-unsafe impl Send for DevMem {}
-// SAFETY: DevMem has no interior mutability; shared references only read the address.
-unsafe impl Sync for DevMem {}
-
-impl DevMem {
-    fn alloc(api: &'static Api, ctx: CUcontext, bytes: usize) -> std::result::Result<DevMem, CudaError> {
-        let mut ptr = 0;
-        // SAFETY: the context is current on this thread (set by the caller).
-        unsafe { check(api, "cuMemAlloc", (api.mem_alloc)(&mut ptr, bytes.max(16)))? };
-        Ok(DevMem { ptr, bytes, ctx })
-    }
-}
-
-impl Drop for DevMem {
-    fn drop(&mut self) {
-        if let Ok(api) = driver::api() {
-            // SAFETY: freeing memory this context allocated.
-            unsafe {
-                (api.ctx_set_current)(self.ctx);
-                (api.mem_free)(self.ptr);
-            }
-        }
-    }
-}
-
-/// Page-locked host memory (fast, asynchronous copies).
-struct HostMem {
-    ptr: *mut c_void,
-    bytes: usize,
-    ctx: CUcontext,
-}
-
-// SAFETY: owned host memory.
-unsafe impl Send for HostMem {}
-
-impl HostMem {
-    fn alloc(api: &'static Api, ctx: CUcontext, bytes: usize) -> std::result::Result<HostMem, CudaError> {
-        let mut ptr = std::ptr::null_mut();
-        // SAFETY: the context is current on this thread.
-        unsafe { check(api, "cuMemAllocHost", (api.mem_alloc_host)(&mut ptr, bytes.max(16)))? };
-        Ok(HostMem { ptr, bytes, ctx })
-    }
-
-    fn as_f32(&mut self, n: usize) -> &mut [f32] {
-        assert!(n * 4 <= self.bytes);
-        // SAFETY: `bytes` of page-locked memory, f32-aligned.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut f32, n) }
-    }
-
-    fn as_i32(&mut self, n: usize) -> &mut [i32] {
-        assert!(n * 4 <= self.bytes);
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut i32, n) }
-    }
-}
-
-impl Drop for HostMem {
-    fn drop(&mut self) {
-        if let Ok(api) = driver::api() {
-            // SAFETY: freeing what cuMemAllocHost returned.
-            unsafe {
-                (api.ctx_set_current)(self.ctx);
-                (api.mem_free_host)(self.ptr);
-            }
-        }
-    }
-}
-
-/// One recorded kernel launch: the function, its geometry and its argument bytes (each argument
-/// at an 8-byte aligned offset of `args`).
-struct Launch {
-    name: String,
-    func: CUfunction,
-    grid: [u32; 3],
-    block: u32,
-    args: Vec<u64>,
-    /// Start (in u64 words) of each argument in `args`.
-    offs: Vec<u32>,
-}
-
-/// Builds a launch's argument list.
-struct Args {
-    words: Vec<u64>,
-    offs: Vec<u32>,
-}
-
-impl Args {
-    fn new() -> Self {
-        Args { words: Vec::with_capacity(24), offs: Vec::with_capacity(20) }
-    }
-    fn ptr(mut self, p: CUdeviceptr) -> Self {
-        self.offs.push(self.words.len() as u32);
-        self.words.push(p);
-        self
-    }
-    fn i32(mut self, v: i32) -> Self {
-        self.offs.push(self.words.len() as u32);
-        self.words.push(v as u32 as u64);
-        self
-    }
-    fn i64(mut self, v: i64) -> Self {
-        self.offs.push(self.words.len() as u32);
-        self.words.push(v as u64);
-        self
-    }
-    fn f32(mut self, v: f32) -> Self {
-        self.offs.push(self.words.len() as u32);
-        self.words.push(v.to_bits() as u64);
-        self
-    }
-    /// A by-value struct of `words` 8-byte words.
-    fn words(mut self, w: &[u64]) -> Self {
-        self.offs.push(self.words.len() as u32);
-        self.words.extend_from_slice(w);
-        self
-    }
-}
-
 /// The `Mmv3` struct of kernels.cu: three (weight, row bytes, rows, output) sets.
 fn mmv3_words(w: [CUdeviceptr; 3], rb: [i64; 3], rows: [i32; 3], y: [CUdeviceptr; 3]) -> [u64; 11] {
     let r = |i: usize| rows[i] as u32 as u64;
     [w[0], w[1], w[2], rb[0] as u64, rb[1] as u64, rb[2] as u64, r(0) | (r(1) << 32), r(2), y[0], y[1], y[2]]
-}
-
-/// Q8_0 rows in the layout the kernels read (`T_Q8_0R` in kernels.cu): per 256 columns, the
-/// eight f16 scales then the 256 values; rows padded to 16 bytes. Returns the bytes and the row
-/// stride.
-fn repack_q8_0(src: &[u8], rows: usize, cols: usize) -> (Vec<u8>, usize) {
-    let blocks = cols / 32;
-    let chunks = cols.div_ceil(256);
-    let stride = (chunks * 16 + cols).div_ceil(16) * 16;
-    let mut out = vec![0u8; rows * stride];
-    for r in 0..rows {
-        let (row, dst) = (&src[r * blocks * 34..(r + 1) * blocks * 34], &mut out[r * stride..(r + 1) * stride]);
-        for b in 0..blocks {
-            let blk = &row[b * 34..(b + 1) * 34];
-            let (c, k) = (b / 8, b % 8);
-            let base = c * 272;
-            dst[base + 2 * k..base + 2 * k + 2].copy_from_slice(&blk[..2]);
-            let at = base + 16 + k * 32;
-            dst[at..at + 32].copy_from_slice(&blk[2..]);
-        }
-    }
-    (out, stride)
-}
-
-/// Kernel names by weight type (Q8_0 runs in its uploaded layout, `q8_0r`).
-fn type_suffix(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        GgmlType::F32 => "f32",
-        GgmlType::F16 => "f16",
-        GgmlType::BF16 => "bf16",
-        GgmlType::Q4_0 => "q4_0",
-        GgmlType::Q4_1 => "q4_1",
-        GgmlType::Q5_0 => "q5_0",
-        GgmlType::Q5_1 => "q5_1",
-        GgmlType::Q8_0 => "q8_0r",
-        GgmlType::Q4_K => "q4_k",
-        GgmlType::Q5_K => "q5_k",
-        GgmlType::Q6_K => "q6_k",
-        _ => return None,
-    })
-}
-
-/// How the products round a weight type's activations (as the CPU path does): the kernel that
-/// does it ahead of the tiled product, or none for float weights.
-fn act_kernel(ty: GgmlType) -> Option<&'static str> {
-    match ty {
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => Some("act_q8_0"),
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => Some("act_q8_k"),
-        _ => None,
-    }
-}
-
-/// Can the CUDA backend run a weight of this type and width?
-pub fn supports(ty: GgmlType, cols: usize) -> bool {
-    type_suffix(ty).is_some() && cols.is_multiple_of(8)
-}
-
-/// An uploaded weight.
-struct DevWeight {
-    mem: DevMem,
-    row_bytes: usize,
 }
 
 /// A deferred residual step (see `CudaBackend::pending_res`): its norm weights and epsilon.
@@ -377,12 +195,6 @@ struct KvRef {
     capacity: usize,
 }
 
-/// A captured decode step.
-struct Graph {
-    graph: CUgraph,
-    exec: CUgraphExec,
-}
-
 /// The CUDA backend (see the module docs).
 pub struct CudaBackend {
     api: &'static Api,
@@ -412,7 +224,7 @@ pub struct CudaBackend {
     top_host: Option<HostMem>,
     step_slot: usize,
     step_ev: [driver::CUevent; 2],
-    /// Queued greedy picks (see `Backend::queue_pick`): host slots 1 and 2 of `argmax_host`,
+    /// Queued greedy picks (see `PickQueue::queue_pick`): host slots 1 and 2 of `argmax_host`,
     /// oldest first, each with the event that marks its copy done.
     picks: std::collections::VecDeque<usize>,
     pick_ev: [driver::CUevent; 2],
@@ -676,59 +488,6 @@ impl CudaBackend {
         })
     }
 
-    /// Overwrites the first rows of buffer `b` with `data`, after the work sent so far (op-level
-    /// tests across backends).
-    #[doc(hidden)]
-    pub fn write_buf(&mut self, b: Buf, data: &[f32]) {
-        self.flush();
-        self.sync();
-        let p = self.buf(b);
-        // SAFETY: reinterpreting f32s as bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, data.len() * 4) };
-        if p != 0 && data.len() <= self.max_batch * self.widths.of(b) {
-            self.upload(p, bytes);
-        }
-    }
-
-    /// The first `n` rows of buffer `b` once the work sent so far is done (op-level tests across
-    /// backends); empty after a failure.
-    #[doc(hidden)]
-    pub fn read_buf(&mut self, b: Buf, n: usize) -> Vec<f32> {
-        self.flush();
-        self.sync();
-        let len = (n * self.widths.of(b)).min(self.max_batch * self.widths.of(b));
-        let mut out = vec![0f32; len];
-        let src = self.buf(b);
-        if self.ok() && src != 0 {
-            self.current();
-            // SAFETY: a copy of `len` floats into our vector, waited for below.
-            let r = unsafe { (self.api.memcpy_dtoh_async)(out.as_mut_ptr() as *mut c_void, src, len * 4, self.stream) };
-            if let Err(e) = check(self.api, "cuMemcpyDtoH", r) {
-                self.fail(gpu_error(&e));
-            }
-            self.sync();
-        }
-        if self.ok() {
-            out
-        } else {
-            Vec::new()
-        }
-    }
-
-    /// The widest input of a product (the activation buffer holds `max_batch` of them).
-    fn widest(&self) -> usize {
-        self.widths.d_model.max(self.widths.q_dim).max(self.widths.ff_dim)
-    }
-
-    /// Device memory in use and total, in bytes.
-    pub fn memory(&self) -> (usize, usize) {
-        let (mut free, mut total) = (0usize, 0usize);
-        self.current();
-        // SAFETY: out-parameters.
-        unsafe { (self.api.mem_get_info)(&mut free, &mut total) };
-        (total - free, total)
-    }
-
     fn current(&self) {
         // SAFETY: our retained primary context.
         unsafe { (self.api.ctx_set_current)(self.ctx) };
@@ -762,52 +521,6 @@ impl CudaBackend {
         f
     }
 
-    fn alloc(&mut self, bytes: usize) -> Option<DevMem> {
-        self.current();
-        match DevMem::alloc(self.api, self.ctx, bytes) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                self.fail(gpu_error(&e));
-                None
-            }
-        }
-    }
-
-    fn upload(&mut self, dst: CUdeviceptr, src: &[u8]) {
-        self.current();
-        // SAFETY: `dst` holds at least `src.len()` bytes (allocated for it).
-        let r = unsafe { (self.api.memcpy_htod)(dst, src.as_ptr() as *const c_void, src.len()) };
-        if let Err(e) = check(self.api, "cuMemcpyHtoD", r) {
-            self.fail(gpu_error(&e));
-        }
-    }
-
-    /// A layer's KV rows in device memory (recording the failure when they are not).
-    fn device_rows<'c>(&mut self, cache: &'c LayerCache) -> Option<&'c DeviceRows> {
-        match &cache.rows {
-            KvRows::Device(d) if d.k != 0 => Some(d),
-            KvRows::Device(_) => {
-                self.fail(Error::Gpu { code: "ERR_GPU_OOM", msg: "out of GPU memory for the KV cache".into() });
-                None
-            }
-            _ => {
-                self.fail(Error::Internal("the CUDA backend was given a host KV cache".into()));
-                None
-            }
-        }
-    }
-
-    fn ptr_of(m: &Option<DevMem>) -> CUdeviceptr {
-        m.as_ref().map_or(0, |m| m.ptr)
-    }
-
-    fn buf(&self, b: Buf) -> CUdeviceptr {
-        if b == Buf::X && self.x_alt {
-            return Self::ptr_of(&self.x2);
-        }
-        self.bufs.get(b.index()).map_or(0, |m| m.ptr)
-    }
-
     /// Launches the deferred residual step, if any, as its own kernel (in place).
     fn settle(&mut self) {
         if let Some(r) = self.pending_res.take() {
@@ -836,76 +549,6 @@ impl CudaBackend {
         [x, p, r.post, r.next, xo, xn, r.eps.to_bits() as u64 | (1u64 << 32)]
     }
 
-    /// A host f32 slice in device memory, uploaded on first use (model vectors live as long as
-    /// the model, which outlives the backend's use of them).
-    fn vector(&mut self, v: &[f32]) -> CUdeviceptr {
-        let key = (v.as_ptr() as usize, v.len());
-        if let Some(m) = self.vectors.get(&key) {
-            return m.ptr;
-        }
-        self.upload_vector(key, v)
-    }
-
-    /// Uploads `v` into new device memory kept under `key` in `vectors`.
-    fn upload_vector(&mut self, key: (usize, usize), v: &[f32]) -> CUdeviceptr {
-        let Some(m) = self.alloc(v.len() * 4) else { return 0 };
-        // SAFETY: reinterpreting f32s as bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) };
-        self.upload(m.ptr, bytes);
-        let p = m.ptr;
-        self.vectors.insert(key, m);
-        p
-    }
-
-    /// [`vector`](Self::vector) for a slice that may not outlive the model: keyed by its values.
-    fn vector_by_content(&mut self, v: &[f32]) -> CUdeviceptr {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for x in v {
-            x.to_bits().hash(&mut h);
-        }
-        let key = (h.finish() as usize | 1, usize::MAX - v.len());
-        if let Some(m) = self.vectors.get(&key) {
-            return m.ptr;
-        }
-        self.upload_vector(key, v)
-    }
-
-    fn weight(&mut self, w: &QWeight) -> Option<(CUdeviceptr, usize)> {
-        let bytes = w.bytes();
-        let key = (bytes.as_ptr() as usize, bytes.len());
-        if !self.weights.contains_key(&key) {
-            if type_suffix(w.ty).is_none() {
-                self.fail(Error::Gpu { code: "ERR_GPU", msg: format!("the CUDA kernels do not run {} weights", w.ty.name()) });
-                return None;
-            }
-            let (data, row_bytes) = if w.ty == GgmlType::Q8_0 { repack_q8_0(bytes, w.rows, w.cols) } else { (Vec::new(), w.row_size()) };
-            let src = if data.is_empty() { bytes } else { &data };
-            let mem = self.alloc(src.len())?;
-            self.upload(mem.ptr, src);
-            self.weights.insert(key, DevWeight { mem, row_bytes });
-        }
-        let d = &self.weights[&key];
-        Some((d.mem.ptr, d.row_bytes))
-    }
-
-    fn push(&mut self, name: &str, grid: [u32; 3], block: u32, args: Args) {
-        if !self.ok() {
-            return;
-        }
-        if self.pending_res.is_some() {
-            // Whatever comes next may read X or Xn: the residual step runs first.
-            self.settle();
-        }
-        let func = self.func(name);
-        // The name only labels the profile; decode records ~190 launches per token.
-        let name = if self.profile.is_some() { name.to_string() } else { String::new() };
-        self.pending.push(Launch { name, func, grid, block, args: args.words, offs: args.offs });
-    }
-
-    fn blocks(count: usize, per: usize) -> u32 {
-        count.div_ceil(per).max(1) as u32
-    }
-
     /// Words of the step block a flush uploads: the multi-sequence tables only when in use.
     fn step_words(&self) -> usize {
         let mb = self.max_batch;
@@ -930,28 +573,6 @@ impl CudaBackend {
         self.step[0] = pos0 as i32;
         self.step[1] = n as i32;
     }
-}
-
-/// A hash of the launches (functions, geometry, argument bytes): equal lists replay one graph.
-/// A multiply-rotate hash over 64-bit words: it runs once per decode step over ~200 launches,
-/// on the host while the device waits, so it must cost little; a collision would need two
-/// different launch lists of one model to meet, and lists are compared only within a process.
-fn signature(ls: &[Launch]) -> u64 {
-    let mut h = 0x9e37_79b9_7f4a_7c15u64 ^ ls.len() as u64;
-    let mut mix = |w: u64| h = (h.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    for l in ls {
-        mix(l.func as u64);
-        mix(u64::from(l.grid[0]) | (u64::from(l.grid[1]) << 32));
-        mix(u64::from(l.grid[2]) | (u64::from(l.block) << 32));
-        mix(l.args.len() as u64 | ((l.offs.len() as u64) << 32));
-        for &w in &l.args {
-            mix(w);
-        }
-        for &o in &l.offs {
-            mix(u64::from(o));
-        }
-    }
-    h | 1
 }
 
 impl Drop for CudaBackend {
@@ -989,54 +610,6 @@ impl Drop for CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    fn describe(&self) -> String {
-        format!("cuda ({}{})", self.device, if self.exact { ", exact reference mode" } else { "" })
-    }
-
-    fn threads(&self) -> usize {
-        1
-    }
-
-    fn prepare_weight(&mut self, w: &QWeight) {
-        self.weight(w);
-    }
-
-    fn reserve(&mut self, widths: BufWidths, max_batch: usize) {
-        self.widths = widths;
-        self.max_batch = max_batch;
-        self.bufs.clear();
-        for b in Buf::ALL {
-            match self.alloc(max_batch * widths.of(b) * 4) {
-                Some(m) => self.bufs.push(m),
-                None => return,
-            }
-        }
-        self.step = vec![0; 4 + 4 * max_batch];
-        self.rows_part = self.alloc(max_batch * ROW_ARGMAX_PARTS * 8);
-        self.rows_out = self.alloc(max_batch * 4);
-        self.current();
-        self.rows_host = HostMem::alloc(self.api, self.ctx, max_batch * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
-        self.step_dev = self.alloc(self.step.len() * 4);
-        self.current();
-        self.step_host = HostMem::alloc(self.api, self.ctx, 2 * self.step.len() * 4).map_err(|e| self.fail(gpu_error(&e))).ok();
-        self.argmax_part = self.alloc(ARGMAX_BLOCKS.max(HEAD_BLOCKS_MAX) * 8);
-        self.head_counter = self.alloc(16);
-        if let Some(c) = &self.head_counter {
-            // SAFETY: zero the fresh counter.
-            unsafe { (self.api.memset_d8)(c.ptr, 0, 16) };
-        }
-        self.argmax_out = self.alloc(16);
-        self.argmax_host = HostMem::alloc(self.api, self.ctx, 16).map_err(|e| self.fail(gpu_error(&e))).ok();
-        self.lr_tmp = self.alloc(max_batch * 64 * 4);
-        self.x2 = self.alloc(max_batch * widths.d_model * 4);
-        let widest = widths.d_model.max(widths.q_dim).max(widths.ff_dim);
-        self.act_buf = self.alloc(max_batch * widest * 4);
-    }
-
-    fn max_batch(&self) -> usize {
-        self.max_batch
-    }
-
     fn runs_segments(&self) -> bool {
         // The reference mode keeps the CPU's order of operations: one sequence per pass.
         !self.exact
@@ -1075,26 +648,6 @@ impl Backend for CudaBackend {
         }
         let end = segs.iter().map(|s| s.0 + s.1).max().unwrap_or(0);
         self.segs_next = Some(SegPass { segs: segs.len(), rows, layers, decode: segs.iter().all(|s| s.1 == 1), end, calls: 0 });
-    }
-
-    fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache {
-        // The engine opens no CUDA backend for a q8_0 cache (`open_cuda`).
-        assert!(ty != KvType::Q8_0, "the CUDA backend has no q8_0 KV cache");
-        let elem = if ty == KvType::F16 { 2 } else { 4 };
-        let bytes = capacity * row * elem;
-        self.current();
-        let (k, v) = match (DevMem::alloc(self.api, self.ctx, bytes), DevMem::alloc(self.api, self.ctx, bytes)) {
-            (Ok(k), Ok(v)) => (k, v),
-            // Reported at the first pass (see `attention`): a cache of null rows.
-            _ => return LayerCache { capacity, rows: KvRows::Device(DeviceRows::new(0, 0, elem, 0, Box::new(|| {}))) },
-        };
-        // SAFETY: zero the fresh rows.
-        unsafe {
-            (self.api.memset_d8)(k.ptr, 0, bytes);
-            (self.api.memset_d8)(v.ptr, 0, bytes);
-        }
-        let (kp, vp) = (k.ptr, v.ptr);
-        LayerCache { capacity, rows: KvRows::Device(DeviceRows::new(kp, vp, elem, 2 * bytes, Box::new(move || drop((k, v))))) }
     }
 
     fn embed(&mut self, table: &QWeight, tokens: &[u32], scale: Option<f32>, replace: Option<(u32, &[f32])>) {
@@ -1408,154 +961,6 @@ impl Backend for CudaBackend {
         self.head(output, norm, eps, softcap, rows);
     }
 
-    fn argmax(&mut self) -> Option<u32> {
-        if self.head_rows > 1 {
-            // A many-row head picks every row (`head_tail`).
-            return self.argmax_rows().and_then(|r| r.first().copied());
-        }
-        self.flush();
-        let out = Self::ptr_of(&self.argmax_out);
-        let dst = self.argmax_host.as_ref()?.ptr;
-        self.copy_back(dst, out, 4);
-        self.sync();
-        let ok = self.ok();
-        match (&mut self.argmax_host, ok) {
-            (Some(h), true) => Some(h.as_i32(1)[0] as u32),
-            // The failure is reported by `status`.
-            _ => Some(0),
-        }
-    }
-
-    fn argmax_rows(&mut self) -> Option<Vec<u32>> {
-        let m = self.head_rows;
-        if m < 2 || self.exact {
-            return None;
-        }
-        self.flush();
-        let (out, dst) = (Self::ptr_of(&self.rows_out), self.rows_host.as_ref()?.ptr);
-        self.copy_back(dst, out, m * 4);
-        self.sync();
-        if !self.ok() {
-            // The failure is reported by `status`.
-            return Some(vec![0; m]);
-        }
-        self.rows_host.as_mut().map(|h| h.as_i32(m).iter().map(|&i| i as u32).collect())
-    }
-
-    fn top_logits(&mut self) -> Option<Vec<(u32, f32)>> {
-        let (m, v) = (self.head_rows, self.widths.vocab_size);
-        if m == 0 || self.exact || !self.ok() {
-            return None;
-        }
-        let lists = v.div_ceil(TOP_SLICE);
-        // One stage's lists: m × lists × TOP_LOGITS values, then as many ids.
-        let half = m * lists * TOP_LOGITS;
-        if self.top_dev.as_ref().is_none_or(|d| d.bytes < 4 * half * 4) || self.top_host.as_ref().is_none_or(|h| h.bytes < m * TOP_LOGITS * 8) {
-            // Sends the LM head first; captured graphs point at the buffer being replaced.
-            self.flush();
-            self.sync();
-            self.clear_graphs();
-            self.top_dev = self.alloc(4 * half * 4);
-            self.current();
-            self.top_host = HostMem::alloc(self.api, self.ctx, m * TOP_LOGITS * 8).map_err(|e| self.fail(gpu_error(&e))).ok();
-            if !self.ok() {
-                return None;
-            }
-        }
-        let base = Self::ptr_of(&self.top_dev);
-        let stage = |k: u64| (base + k * 2 * (half as u64) * 4, base + (k * 2 + 1) * (half as u64) * 4);
-        let logits = Self::ptr_of(&self.logits_dev);
-        let (sv, si) = stage(0);
-        self.push("top1", [lists as u32, m as u32, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(sv).ptr(si));
-        let (mut k, mut n) = (0, lists);
-        while n > 1 {
-            let groups = n.div_ceil(TOP_MERGE);
-            let ((iv, ii), (ov, oi)) = (stage(k), stage(k ^ 1));
-            self.push("top2", [groups as u32, m as u32, 1], 256, Args::new().ptr(iv).ptr(ii).i32(n as i32).ptr(ov).ptr(oi));
-            (k, n) = (k ^ 1, groups);
-        }
-        self.flush();
-        let (rv, ri) = stage(k);
-        let dst = self.top_host.as_ref()?.ptr;
-        self.copy_back(dst, rv, m * TOP_LOGITS * 4);
-        self.copy_back((dst as *mut u8).wrapping_add(m * TOP_LOGITS * 4) as *mut c_void, ri, m * TOP_LOGITS * 4);
-        self.sync();
-        if !self.ok() {
-            return None;
-        }
-        let h = self.top_host.as_mut()?.as_f32(2 * m * TOP_LOGITS);
-        let (vals, ids) = h.split_at(m * TOP_LOGITS);
-        Some(ids.iter().zip(vals).map(|(&i, &l)| (i.to_bits(), l)).collect())
-    }
-
-    fn queue_pick(&mut self) -> bool {
-        if !self.ahead_on || self.picks.len() >= 2 || self.argmax_host.is_none() {
-            return false;
-        }
-        // The LM head still to be sent keeps its own pick (the step block goes with it);
-        // otherwise a device copy does.
-        let keep = self.pick_kernel && !self.pending.is_empty();
-        if keep {
-            self.step[3] |= STEP_KEEP_PICK;
-        }
-        self.flush();
-        self.step[3] &= !STEP_KEEP_PICK;
-        if !self.ok() {
-            return false;
-        }
-        let slot = if self.picks.back() == Some(&1) { 2 } else { 1 };
-        let out = Self::ptr_of(&self.argmax_out);
-        let dst = self.argmax_host.as_ref().map_or(std::ptr::null_mut(), |h| (h.ptr as *mut i32).wrapping_add(slot) as *mut c_void);
-        let (api, stream, ev) = (self.api, self.stream, self.pick_ev[slot - 1]);
-        self.current();
-        // SAFETY: device and page-locked host buffers of 16 bytes; our stream and event. The
-        // pick is kept on the device too (for a pass that takes it as its token: a later LM
-        // head of another request may rewrite `argmax_out` first).
-        let r = unsafe {
-            (if keep { Ok(()) } else { check(api, "cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(out + PICK_OFFSET, out, 4, stream)) })
-                .and_then(|_| check(api, "cuMemcpyDtoHAsync", (api.memcpy_dtoh_async)(dst, out, 4, stream)))
-                .and_then(|_| check(api, "cuEventRecord", (api.event_record)(ev, stream)))
-        };
-        if let Err(e) = r {
-            self.fail(gpu_error(&e));
-            return false;
-        }
-        self.picks.push_back(slot);
-        true
-    }
-
-    fn next_pick(&mut self) -> Option<u32> {
-        let slot = self.picks.pop_front()?;
-        if self.ok() {
-            self.current();
-            // SAFETY: an event recorded on our stream.
-            let r = unsafe { (self.api.event_synchronize)(self.pick_ev[slot - 1]) };
-            if let Err(e) = check(self.api, "cuEventSynchronize", r) {
-                self.fail(gpu_error(&e));
-            }
-        }
-        match (&mut self.argmax_host, self.error.is_none()) {
-            (Some(h), true) => Some(h.as_i32(4)[slot] as u32),
-            // The failure is reported by `status`.
-            _ => Some(0),
-        }
-    }
-
-    fn drop_picks(&mut self) {
-        self.flush();
-        self.sync();
-        self.picks.clear();
-        self.embed_pick = false;
-        self.pass_pick = false;
-        if let Some(f) = self.step.get_mut(3) {
-            *f = 0;
-        }
-    }
-
-    fn embed_last_pick(&mut self, on: bool) {
-        self.embed_pick = on;
-    }
-
     fn final_hidden(&mut self, norm: &[f32], eps: f32, n: usize) -> &[f32] {
         self.rms_norm(Buf::X, Buf::Xn, norm, eps, n);
         self.flush();
@@ -1598,22 +1003,12 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn finish(&mut self) {
-        self.flush();
-        self.sync();
+    fn device_picks(&mut self) -> Option<&mut dyn DevicePicks> {
+        Some(self)
     }
 
-    fn status(&mut self) -> Result<()> {
-        match self.error.take() {
-            None => Ok(()),
-            Some(e) => {
-                // The pass's results are void; the next pass starts clean.
-                self.pending.clear();
-                self.picks.clear();
-                self.pending_res = None;
-                Err(e)
-            }
-        }
+    fn pick_queue(&mut self) -> Option<&mut dyn PickQueue> {
+        Some(self)
     }
 }
 
@@ -1624,44 +1019,4 @@ fn content_id(a: &[half::f16], bt: &[half::f16]) -> u64 {
         v.to_bits().hash(&mut h);
     }
     h.finish() | (1 << 63)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::repack_q8_0;
-    use crate::backend::cpu::{quant, GgmlType};
-
-    /// Element `j` of a row in the uploaded Q8_0 layout, read as kernels.cu's `dq8<T_Q8_0R>` does.
-    fn read_q8_0r(row: &[u8], j: usize) -> f32 {
-        let c = &row[(j / 256) * 272..];
-        let e = j % 256;
-        let d = half::f16::from_le_bytes([c[2 * (e / 32)], c[2 * (e / 32) + 1]]).to_f32();
-        d * (c[16 + e] as i8) as f32
-    }
-
-    #[test]
-    fn q8_0_upload_layout_holds_every_value() {
-        for cols in [32usize, 224, 256, 640, 1024] {
-            let rows = 3;
-            let mut state = 12345u32;
-            let mut bytes = Vec::with_capacity(rows * cols / 32 * 34);
-            for _ in 0..rows * cols / 32 {
-                state = state.wrapping_mul(1664525).wrapping_add(1013904223);
-                bytes.extend_from_slice(&half::f16::from_f32(0.001 + (state >> 20) as f32 * 1e-5).to_le_bytes());
-                for _ in 0..32 {
-                    state = state.wrapping_mul(1664525).wrapping_add(1013904223);
-                    bytes.push((state >> 24) as u8);
-                }
-            }
-            let (packed, stride) = repack_q8_0(&bytes, rows, cols);
-            assert_eq!(stride % 16, 0);
-            for r in 0..rows {
-                let mut want = vec![0f32; cols];
-                quant::dequantize(GgmlType::Q8_0, &bytes[r * cols / 32 * 34..(r + 1) * cols / 32 * 34], &mut want);
-                for (j, w) in want.iter().enumerate() {
-                    assert_eq!(read_q8_0r(&packed[r * stride..(r + 1) * stride], j), *w, "cols {cols} row {r} col {j}");
-                }
-            }
-        }
-    }
 }

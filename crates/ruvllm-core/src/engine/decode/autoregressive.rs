@@ -81,7 +81,7 @@ impl<'t> ArSequence<'t> {
         self.sampler.is_plain_greedy() && self.constraint.is_none() && self.top_logprobs.is_none()
     }
 
-    /// Picks the next token from the row's best logits (`Backend::top_logits`) where they
+    /// Picks the next token from the row's best logits (`DevicePicks::top_logits`) where they
     /// decide it as [`pick`](Self::pick) would from the whole row: no constraint, no
     /// log-probabilities, and a sampler that keeps few enough ([`Sampler::sample_top`]).
     /// `None`: nothing was drawn; pick from the whole row.

@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use super::{DecodeContext, DecodeRequest, DecodeStrategy, Decoded};
 use crate::engine::{Event, FinishReason};
+use crate::models::Outputs;
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
 use crate::sampling::{log_softmax_at, softmax_norm, Rng, Sampler, StopMatcher, StopResult};
 use crate::tokenizer::StreamDecoder;
@@ -234,7 +235,7 @@ impl DecodeStrategy for Diffusion<'_> {
             if req.cancel.load(Ordering::Relaxed) {
                 return Ok(Decoded::aborted());
             }
-            ctx.model.forward_rows(chunk, i * batch, mask, ctx.cache, ctx.backend, &[], &mut |_, _| {})?;
+            ctx.model.forward_each(chunk, i * batch, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&[]), &mut |_, _| {})?;
             stats.forward_passes += 1;
         }
         let prefill_s = t_prefill.elapsed().as_secs_f64();
@@ -299,7 +300,7 @@ impl DecodeStrategy for Diffusion<'_> {
                 }
                 cands.clear();
                 let mask_id = dm.mask_token as usize;
-                ctx.model.forward_rows(&input, call0, mask, ctx.cache, ctx.backend, &rows, &mut |i, logits| {
+                ctx.model.forward_each(&input, call0, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&rows), &mut |i, logits| {
                     let offset = s + rows[i];
                     row_logits.clear();
                     row_logits.extend_from_slice(logits);
@@ -390,7 +391,7 @@ impl DecodeStrategy for Diffusion<'_> {
             // positions committed in its last step were masks when it last ran).
             if e < len && end.is_none() {
                 block_input(&mut input, &answer, s, e);
-                ctx.model.forward_rows(&input, call0, mask, ctx.cache, ctx.backend, &[], &mut |_, _| {})?;
+                ctx.model.forward_each(&input, call0, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&[]), &mut |_, _| {})?;
                 stats.forward_passes += 1;
             }
         }
@@ -495,7 +496,7 @@ pub fn elbo(ctx: &mut DecodeContext<'_>, dm: &DiffusionModel, ids: &[u32], p: El
         }
         ctx.cache.adapters = dm.adapter_set(t as f32);
         let mut ce = 0.0f64;
-        ctx.model.forward_rows(&input, 0, AttentionMask::Bidirectional, ctx.cache, ctx.backend, &rows, &mut |r, logits| {
+        ctx.model.forward_each(&input, 0, AttentionMask::Bidirectional, ctx.cache, ctx.backend, Outputs::LogitsOf(&rows), &mut |r, logits| {
             ce -= log_softmax_at(logits, targets[r] as usize).0;
         })?;
         total += ce / t;
