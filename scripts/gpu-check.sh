@@ -129,7 +129,7 @@ serve)
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 1 > "$WORK/serve-mem.log" 2>/dev/null &
   mon=$!
   rc=0
-  "$WORK/node" bin/ruvllm.js bench serve --model "$M" --gpu cuda --clients "${CLIENTS:-16}" --duration "${DURATION:-60}" --max-tokens 64 --json > "$WORK/serve.json" || rc=$?
+  "$WORK/node" bin/ruvllm.js bench serve --model "$M" --gpu cuda --clients "${CLIENTS:-16}" --duration "${DURATION:-60}" --max-tokens 64 --max-requests 1000000 --json > "$WORK/serve.json" || rc=$?
   kill $mon 2>/dev/null; wait $mon 2>/dev/null || true
   "$WORK/node" -e '
 const j = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::host_picks::HostPicks;
-use crate::backend::{Backend, Memory};
+use crate::backend::Backend;
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::gguf::GgufFile;
 use crate::kv::{KvCache, KvType, Q8_BLOCK};
@@ -482,7 +482,7 @@ fn open_backend(mode: GpuMode, model: &Transformer, threads: usize, context: usi
 
 #[cfg(feature = "cuda")]
 fn open_cuda(model: &Transformer, context: usize, kv_type: KvType) -> Result<(Box<dyn Backend + Send>, usize)> {
-    use crate::backend::cuda;
+    use crate::backend::{cuda, Memory};
     if kv_type == KvType::Q8_0 {
         return Err(cuda::unavailable("the CUDA attention kernel reads f16 or f32 KV caches, not q8_0"));
     }

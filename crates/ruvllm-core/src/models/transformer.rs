@@ -457,7 +457,7 @@ impl Transformer {
                 &all
             }
         };
-        if segs.len() > 1 {
+        if segs.len() > 1 || (n == 1 && mask == AttentionMask::Causal) {
             let spans: Vec<(usize, usize)> = segs.iter().map(|s| (s.pos0, s.tokens.len())).collect();
             be.begin_segments(&spans, self.layers.len());
         }

@@ -180,6 +180,9 @@ impl CudaBackend {
         }
         let step = Self::ptr_of(&self.step_dev);
         let seg = [step + ((4 + 2 * mb) * 4) as u64, step + (table * 4) as u64];
+        // The kernels read each row's cache from the table: the launches name no cache, so a
+        // captured step serves whichever sequences the next step carries.
+        let kv = KvRef { k: 0, v: 0, f16: kv.f16, capacity: 0 };
         self.qk_kernel(norms, rope, shape.head_dim, kv, p.rows, seg);
         self.attention_kernel(kv, shape, span.mask, span.window, p.rows, p.end, p.decode, [0; 8], seg);
     }

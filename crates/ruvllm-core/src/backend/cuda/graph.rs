@@ -64,15 +64,23 @@ impl CudaBackend {
                     return self.launch_graph(exec);
                 }
                 if sig == self.last_sig {
+                    let t0 = std::time::Instant::now();
                     let g = self.capture()?;
+                    if let Some(t) = self.timing.as_mut() {
+                        t.captures += 1;
+                        t.capture_s += t0.elapsed().as_secs_f64();
+                    }
                     self.launch_graph(g.exec)?;
-                    if self.graphs.len() >= 16 {
+                    if self.graphs.len() >= MAX_GRAPHS {
                         self.clear_graphs();
                     }
                     self.graphs.insert(sig, g);
                     return Ok(());
                 }
                 self.last_sig = sig;
+                if let Some(t) = self.timing.as_mut() {
+                    t.uncaptured += 1;
+                }
             }
             if self.profile.is_some() {
                 return self.launch_profiled();
@@ -206,6 +214,9 @@ impl CudaBackend {
     /// replaced or freed.
     pub(super) fn clear_graphs(&mut self) {
         self.last_sig = 0;
+        if let Some(t) = self.timing.as_mut().filter(|_| !self.graphs.is_empty()) {
+            t.clears += 1;
+        }
         for (_, g) in self.graphs.drain() {
             // SAFETY: graphs we created.
             unsafe {

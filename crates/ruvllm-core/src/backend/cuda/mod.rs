@@ -92,6 +92,9 @@ const HEAD2_MAX_CHUNKS: usize = 8;
 const MMV1_MAX_COLS: usize = 4096;
 /// Step-block words of one `SegKv` (kernels.cu): K and V pointers, capacity, f16 flag.
 const SEG_KV_WORDS: usize = 6;
+/// Captured steps kept before all are dropped: one per batch size of decode steps (1–16
+/// sequences, the run-ahead pass beside the one-sequence one) and a few more.
+const MAX_GRAPHS: usize = 64;
 /// The most tokens the decode-batch products (`mmvq*`) take, and the most 64-row MMQ tiles a
 /// product of up to 4 tokens may have for them (an LM head's 262,144 rows read through `mmvq`
 /// would read the activations once per row: MMQ).
@@ -166,6 +169,12 @@ struct Timing {
     last: Option<std::time::Instant>,
     periods: u64,
     period_s: f64,
+    /// Graphs captured (and the host time it took), graph caches dropped, and decode steps
+    /// sent launch by launch (no graph for their list yet).
+    captures: u64,
+    capture_s: f64,
+    clears: u64,
+    uncaptured: u64,
 }
 
 /// A pass of several sequences (staged by `begin_segments`, taken by the next `embed`): each
@@ -404,7 +413,22 @@ impl CudaBackend {
                 }
                 check(api, "cuEventCreate", (api.event_create)(&mut end, 0)).map_err(|e| gpu_error(&e))?;
             }
-            Some(Timing { start, cur: 0, starts_us: Vec::new(), end, pending: false, replays: 0, gpu_ms: 0.0, last: None, periods: 0, period_s: 0.0 })
+            Some(Timing {
+                start,
+                cur: 0,
+                starts_us: Vec::new(),
+                end,
+                pending: false,
+                replays: 0,
+                gpu_ms: 0.0,
+                last: None,
+                periods: 0,
+                period_s: 0.0,
+                captures: 0,
+                capture_s: 0.0,
+                clears: 0,
+                uncaptured: 0,
+            })
         } else {
             None
         };
@@ -596,6 +620,13 @@ impl Drop for CudaBackend {
                     t.starts_us.get(t.starts_us.len() / 2).copied().unwrap_or(0.0),
                     self.pdl
                 );
+                eprintln!(
+                    "ruvllm cuda graphs: {} captured ({:.1} ms of host time), {} cache clears, {} decode steps sent without a graph",
+                    t.captures,
+                    t.capture_s * 1e3,
+                    t.clears,
+                    t.uncaptured
+                );
             }
         }
         self.current();
@@ -617,7 +648,7 @@ impl Backend for CudaBackend {
 
     fn begin_segments(&mut self, segs: &[(usize, usize)], layers: usize) {
         self.segs_next = None;
-        if segs.len() < 2 || self.exact {
+        if self.exact || segs.is_empty() || (segs.len() == 1 && segs[0].1 != 1) {
             return;
         }
         // The previous pass is sent with the step block as it was.
