@@ -57,9 +57,8 @@ impl CudaBackend {
             return;
         }
         // Decode: a fixed split count over the span (one graph for every step); many tokens:
-        // splits only while the queries alone leave the GPU short of blocks (at 512 tokens one
-        // split took the attention from 131 to 108 us per layer on an H200; 2: 116, 8: 166),
-        // each at least ATT_MIN_CHUNK positions.
+        // splits only while the queries alone leave the GPU short of blocks (more splits at
+        // 512 tokens only add combining work), each at least ATT_MIN_CHUNK positions.
         let splits = if decode {
             DECODE_SPLITS
         } else {

@@ -62,8 +62,8 @@ const PREFILL_SPLITS: usize = 4;
 const ATT_FILL_BLOCKS: usize = 264;
 /// Shortest slice of a span the attention kernel gives one block (`ATT_MIN_CHUNK`).
 const ATT_MIN_CHUNK: usize = 32;
-/// A decode attention slice's fewest positions: 16 took ~18 us off an H200 decode step against
-/// 32 (8: the same as 16; 4: slower).
+/// A decode attention slice's fewest positions: short spans spread over more blocks (fewer
+/// positions per slice cost more combining than they save).
 const DECODE_ATT_CHUNK: usize = 16;
 const ARGMAX_BLOCKS: usize = 256;
 /// Where in `argmax_out` a queued pick is kept for a pass that takes it as its token (the
@@ -73,10 +73,8 @@ const PICK_OFFSET: u64 = 8;
 /// pick), and the pass's token is read from there (it takes the last queued pick).
 const STEP_KEEP_PICK: i32 = 1;
 const STEP_TOKEN_PICK: i32 = 2;
-/// The one-token LM head over Q8_0 (`head_q8_0r`): blocks of its persistent grid, rows per
-/// block step, widest input.
-/// The one-token LM head's grid: 2048 blocks of 4 tiles each gave 840 against 849 us of device
-/// time per decode step with 1024 on an H200 (same card, alternating; 528: 844, 4096: 846).
+/// The one-token LM head over Q8_0 (`head_q8_0r`): blocks of its persistent grid (the fastest of
+/// 528–4,096 tried), rows per block step, widest input.
 const HEAD_BLOCKS: usize = 2048;
 /// The most blocks `RUVLLM_CUDA_HEAD_BLOCKS` may ask for (the candidates' buffer is sized for it).
 const HEAD_BLOCKS_MAX: usize = 8192;
@@ -253,18 +251,14 @@ pub struct CudaBackend {
     /// Most tokens a layer product runs on the one-row kernels (`mmv*`; more: MMQ), and most
     /// rows an LM head does (`RUVLLM_CUDA_MMV_MAX`, `RUVLLM_CUDA_HEAD_MMV_MAX`, 1..=8): the
     /// `mmv` kernels read the f32 activations once per weight row, which over a 262,144-row
-    /// head costs more than the weights (8 rows: ~3 ms per step on an H200), and 4 / 8
-    /// concurrent Gemma 3 270M decodes ran 2,218 / 4,449 tok/s on MMQ against 1,792 / 2,684
-    /// with `mmv` up to 8 rows (H200, same run).
+    /// head costs more than the weights, so several rows go to MMQ.
     mmv_max: usize,
     head_mmv_max: usize,
     /// Decode-size batches of MMQ types on `mmvq*` (`RUVLLM_CUDA_MMVQ=0`: MMQ).
     mmvq: bool,
     /// One-token products of models at least this wide on `mmvq4` too
-    /// (`RUVLLM_CUDA_MMVQ1=<width>`, 0: none; see `one_token_mmvq`). On an H200, single-stream
-    /// decode: Qwen2.5-0.5B (896 wide) 660 -> 835 tok/s, a 1.5B shape 279 -> 436, a 7B shape
-    /// 92 -> 207 (`mmv1s` reads f32 activations and is tuned for narrow rows); Gemma 3 270M
-    /// (640 wide) 1,325 -> 1,237 with every product on it, so it stays on `mmv1s`.
+    /// (`RUVLLM_CUDA_MMVQ1=<width>`, 0: none; see `one_token_mmvq`): `mmv1s` reads f32
+    /// activations and suits narrow rows (Gemma 3 270M's 640), the int8 `mmvq4` wider ones.
     mmvq1_width: usize,
     /// Attention with 5-8 query heads per KV head on `attention_g8n` unless a folded QK step
     /// needs `attention` (`RUVLLM_CUDA_ATT_G8N=0`: always `attention`).
@@ -279,28 +273,17 @@ pub struct CudaBackend {
     /// `None` (`RUVLLM_CUDA_HEAD2=0`).
     head2_blocks: Option<usize>,
     /// Many-token products of Q8_0 / Q5_0 / Q4_0 weights on the int8 tensor cores
-    /// (`RUVLLM_CUDA_MMA=1`; off by default: on an H200 a 512-token prefill was only 1.05x
-    /// faster than with the FP32 tiles, 43.7k against 41.6k tok/s, because each 32-block's
-    /// integer tile is scaled through shared memory, and greedy tokens parted from the CPU's at
-    /// larger gaps on 2 of 7 prompts; the way forward is `mma.sync` with the scales applied in
-    /// registers, as llama.cpp's MMQ does: that is `mmq`, which takes precedence).
+    /// (`RUVLLM_CUDA_MMA=1`; off by default: each 32-block's integer tile is scaled through
+    /// shared memory, which left it barely faster than the FP32 tiles; `mmq` scales in
+    /// registers, as llama.cpp's MMQ does, and takes precedence).
     mma: bool,
     /// Many-token products of Q8_0 / Q5_0 / Q4_0 / Q4_K / Q6_K weights by the MMQ kernels
     /// (int8 `mma.sync`, every 32-block's integer sum scaled in registers; up to three weights
     /// of one type in one launch); on by default, `RUVLLM_CUDA_MMQ=0` for the FP32 tiles; takes
-    /// precedence over `mma`. On an H200 a 512-token prefill runs 86k tok/s against 42k with
-    /// the FP32 tiles and its log-probabilities are closer to the CPU's (Hamlet mean 0.073 vs
-    /// 0.076 nat, max 0.46 vs 0.54), while gpu_check's greedy prompts come out 0/7 identical
-    /// with 2 partings at 0.43 / 0.50 nat gaps (FP32 tiles: 3/7, near-ties only). No kernel
-    /// fault behind them: the kernels match a
-    /// float64 product to 3.4e-7 at every token count tried (scripts/mmq-test.cu `check`); the
-    /// 0.50 parting (prompt 4) comes with MMQ off too when the prompt runs without the prefix
-    /// cache (all of it on the one-token kernels), and the CPU's own paths (tile GEMM, per-row,
-    /// scalar) differ from each other as much as the GPU differs from the CPU (Hamlet mean
-    /// 0.069-0.074 nat, max 0.49-0.66; greedy 2/7 identical with a 0.14 nat parting), the gap
-    /// at prompt 4's parting being 0.50 / 0.16 / 0.12 nat by those three. Which prompts part
-    /// depends on which kernels computed each row (the BOS row of a short prompt comes from an
-    /// earlier request's prefill through the prefix cache).
+    /// precedence over `mma`. They match a float64 product to 3.4e-7 at every token count
+    /// tried (scripts/mmq-test.cu `check`); which greedy prompts part from the CPU's at a
+    /// near-tie depends on which kernels computed each row, as it does between the CPU's own
+    /// paths (BENCHMARKS, GPU).
     mmq: bool,
     /// `RUVLLM_CUDA_MMQ_TYPES=q5_0,q4_k,..`: MMQ only for those weight types (A/B runs).
     mmq_types: Option<String>,
@@ -347,8 +330,8 @@ pub struct CudaBackend {
     pending_res: Option<PendingRes>,
     /// Fold a one-token residual step into the next product (on unless `RUVLLM_CUDA_FUSE` is `0`
     /// or `qk`), and a one-token QK-norm, RoPE and KV store into the attention kernel (only with
-    /// `RUVLLM_CUDA_FUSE=qk` or `all`: it made the attention kernel slower by more than the
-    /// launch it saves, ~100 us per step on an H200).
+    /// `RUVLLM_CUDA_FUSE=qk` or `all`: it makes the attention kernel slower by more than the
+    /// launch it saves).
     fuse_res: bool,
     fuse_qk: bool,
     /// The residual stream lives in `x2` instead of `Buf::X` (a folded residual step writes
@@ -391,11 +374,9 @@ impl CudaBackend {
         }
         let exact = std::env::var("RUVLLM_CUDA_EXACT").is_ok_and(|v| v == "1");
         let graphs_on = env_on("RUVLLM_CUDA_GRAPHS") && !exact;
-        // On unless `RUVLLM_CUDA_PDL=0`: with each kernel letting its dependents start only once
-        // it has passed its own wait (see kernels.cu), an H200 decode step takes ~740 against
-        // ~818 us of device time and prefill is unchanged. (Letting them start first made decode
-        // slower and prefill 1.7x as long: chains of early-started kernels held the
-        // multiprocessors while they waited.)
+        // On unless `RUVLLM_CUDA_PDL=0`: each kernel lets its dependents start only once it has
+        // passed its own wait (see kernels.cu), which shortens decode steps. (Letting them start
+        // first held the multiprocessors with chains of early-started kernels waiting.)
         let pdl_env = std::env::var("RUVLLM_CUDA_PDL").unwrap_or_default();
         let pdl = dev.major >= 9 && api.launch_kernel_ex.is_some() && pdl_env != "0" && !exact;
         let pdl_decode_only = pdl_env == "decode";
