@@ -119,22 +119,56 @@ __device__ __forceinline__ void att_new_row(const AttFuse& f, const void* kc, co
     }
 }
 
-// One key/value row into the online softmax of the G (≤ MG) heads.
+// Key/value rows `k, v` and (when `two`, warp-uniform) `k2, v2` into the online softmax of the
+// G (≤ MG) heads. Every head's score of both rows is summed across the warp first, the shuffle
+// chains interleaved so their latencies overlap (a chain per head and row, one after another,
+// made decode attention latency-bound), then the heads take the rows in order: the same sums
+// in the same order as one row and one head at a time.
 template <int MG>
-__device__ __forceinline__ void att_step(int G, float (*q)[ATT_MAX_D], const float* k, const float* v, float (*acc)[ATT_MAX_D], float* m, float* l) {
+__device__ __forceinline__ void att_step2(int G, bool two, float (*q)[ATT_MAX_D], const float* k, const float* v, const float* k2, const float* v2, float (*acc)[ATT_MAX_D],
+                                          float* m, float* l) {
+    float s1[MG], s2[MG];
 #pragma unroll
     for (int h = 0; h < MG; h++) {
-        if (h >= G) break;
-        float sc = 0.f;
+        s1[h] = 0.f;
+        s2[h] = 0.f;
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_D; i++) sc += q[h][i] * k[i];
-        sc = warp_sum(sc);
+        for (int i = 0; i < ATT_MAX_D; i++) s1[h] += q[h][i] * k[i];
+        if (two) {
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_D; i++) s2[h] += q[h][i] * k2[i];
+        }
+    }
+    if (two) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+            for (int h = 0; h < MG; h++) {
+                s1[h] += __shfl_xor_sync(0xffffffff, s1[h], o);
+                s2[h] += __shfl_xor_sync(0xffffffff, s2[h], o);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+            for (int h = 0; h < MG; h++) s1[h] += __shfl_xor_sync(0xffffffff, s1[h], o);
+        }
+    }
+    auto take = [&](int h, float sc, const float* vv) {
         const float mn = fmaxf(m[h], sc);
         const float c = __expf(m[h] - mn), e = __expf(sc - mn);
         l[h] = l[h] * c + e;
 #pragma unroll
-        for (int i = 0; i < ATT_MAX_D; i++) acc[h][i] = acc[h][i] * c + e * v[i];
+        for (int i = 0; i < ATT_MAX_D; i++) acc[h][i] = acc[h][i] * c + e * vv[i];
         m[h] = mn;
+    };
+#pragma unroll
+    for (int h = 0; h < MG; h++) {
+        if (h < G) {
+            take(h, s1[h], v);
+            if (two) take(h, s2[h], v2);
+        }
     }
 }
 
@@ -198,8 +232,7 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
             if (FUSE && fu.on && p2 == pos) att_new_row(fu, kc, vc, kv_f16, off2, src, D, hd, lane, pos, k2, v2);
             else att_load(kc, vc, kv_f16, off2, D, k2, v2);
         }
-        att_step<MG>(G, q, k, v, acc, m, l);
-        if (p2 < b) att_step<MG>(G, q, k2, v2, acc, m, l);
+        att_step2<MG>(G, p2 < b, q, k, v, k2, v2, acc, m, l);
     }
     // Combine the warps through shared memory: all heads at once where they fit (MG ≤ 4: one
     // barrier), else one head at a time.
