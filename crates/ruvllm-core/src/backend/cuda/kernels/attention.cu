@@ -234,8 +234,8 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
         }
         att_step2<MG>(G, p2 < b, q, k, v, k2, v2, acc, m, l);
     }
-    // Combine the warps through shared memory: all heads at once where they fit (MG ≤ 4: one
-    // barrier), else one head at a time.
+    // Combine the warps through shared memory: all heads at once where they fit (MG ≤ 4, or
+    // head_dim ≤ 128: one barrier), else one head at a time.
     __shared__ bool last;
     const int key = t * n_kv + g;
     // Thread's output element d of head h: the warps' partial sums combined.
@@ -248,8 +248,9 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
             if (d == 0) { pp[0] = M; pp[1] = L; }
         }
     };
-    if constexpr (MG <= 4) {
-        __shared__ float sm[ATT_WARPS][MG][2 + 256];
+    // Every head's partial sums in `sm`, one barrier, then every (head, element) combined at
+    // once.
+    auto combine_all = [&](auto& sm) {
 #pragma unroll
         for (int h = 0; h < MG; h++) {
             if (h >= G) break;
@@ -271,6 +272,13 @@ __device__ __forceinline__ void attention_body(const float* Q, float* O, const v
             }
             emit(h, d, M, L, A);
         }
+    };
+    if constexpr (MG <= 4) {
+        __shared__ float sm[ATT_WARPS][MG][2 + 256];
+        combine_all(sm);
+    } else if (hd <= 128) {
+        __shared__ float sm[ATT_WARPS][MG][2 + 128];
+        combine_all(sm);
     } else {
         __shared__ float sm[ATT_WARPS][2 + 256];
 #pragma unroll
