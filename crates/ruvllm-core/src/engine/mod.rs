@@ -482,25 +482,11 @@ fn open_backend(mode: GpuMode, model: &Transformer, threads: usize, context: usi
 
 #[cfg(feature = "cuda")]
 fn open_cuda(model: &Transformer, context: usize, kv_type: KvType) -> Result<(Box<dyn Backend + Send>, usize)> {
-    use crate::backend::{cuda, Memory};
-    if kv_type == KvType::Q8_0 {
-        return Err(cuda::unavailable("the CUDA attention kernel reads f16 or f32 KV caches, not q8_0"));
-    }
-    let mut all = [&model.embed, &model.output].into_iter().chain(model.layer_weights());
-    if let Some(w) = all.find(|w| !cuda::supports(w.ty, w.cols)) {
-        return Err(cuda::unavailable(format!("the CUDA kernels do not run this model's {} weights ({} columns)", w.ty.name(), w.cols)));
-    }
+    use crate::backend::{cuda, AttnShape, Memory};
     let c = &model.cfg;
-    if c.attn_softcap.is_some() {
-        return Err(cuda::unavailable(format!("the CUDA attention kernel has no attention-score soft-capping ({})", c.architecture)));
-    }
-    if c.head_dim > 256 || !c.head_dim.is_multiple_of(32) || c.n_head / c.n_kv_head.max(1) > 8 || c.d_model > 16 * 256 {
-        return Err(cuda::unavailable(format!(
-            "the CUDA attention kernel does not cover head_dim {} with {} heads per KV head",
-            c.head_dim,
-            c.n_head / c.n_kv_head.max(1)
-        )));
-    }
+    let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, scale: c.attn_scale, softcap: c.attn_softcap };
+    let weights = [&model.embed, &model.output].into_iter().chain(model.layer_weights());
+    cuda::check_model(weights, shape, c.d_model, kv_type).map_err(|why| cuda::unavailable(format!("{why} ({})", c.architecture)))?;
     let mut be = cuda::CudaBackend::new()?;
     let max_batch = MAX_BATCH.min(context);
     model.prepare(&mut be, max_batch);

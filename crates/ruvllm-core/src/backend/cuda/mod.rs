@@ -44,8 +44,7 @@ use crate::backend::cpu::GgmlType;
 use crate::{Error, Result};
 use graph::{Args, Graph, Launch};
 use memory::{DevMem, HostMem};
-pub use weights::supports;
-use weights::{act_kernel, type_suffix, DevWeight};
+use weights::{act_kernel, supports, type_suffix, DevWeight};
 
 /// The kernels, compiled for sm_80 and sm_90 plus PTX (see build.rs).
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ruvllm_kernels.fatbin"));
@@ -106,6 +105,28 @@ const ROW_ARGMAX_PARTS: usize = 64;
 /// `top1`'s slice of a row and `top2`'s lists per block (kernels.cu `TOP_SLICE`).
 const TOP_SLICE: usize = 2048;
 const TOP_MERGE: usize = TOP_SLICE / TOP_LOGITS;
+
+/// Whether the CUDA kernels run a model with these weights, attention shape, width and KV
+/// cache type; `Err` says why not (the backend decides what it supports, not its caller).
+pub fn check_model<'w>(mut weights: impl Iterator<Item = &'w QWeight>, shape: AttnShape, d_model: usize, kv: KvType) -> std::result::Result<(), String> {
+    if kv == KvType::Q8_0 {
+        return Err("the CUDA attention kernel reads f16 or f32 KV caches, not q8_0".into());
+    }
+    if let Some(w) = weights.find(|w| !supports(w.ty, w.cols)) {
+        return Err(format!("the CUDA kernels do not run this model's {} weights ({} columns)", w.ty.name(), w.cols));
+    }
+    if shape.softcap.is_some() {
+        return Err("the CUDA attention kernel has no attention-score soft-capping".into());
+    }
+    let group = shape.n_head / shape.n_kv_head.max(1);
+    if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || group == 0 || group > 8 {
+        return Err(format!("the CUDA attention kernel does not cover head_dim {} with {group} heads per KV head", shape.head_dim));
+    }
+    if d_model > 16 * 256 {
+        return Err(format!("the CUDA kernels take models at most 4,096 wide, not {d_model}"));
+    }
+    Ok(())
+}
 
 /// Why the GPU cannot be used, as the coded error `gpu: 'cuda'` reports.
 pub fn unavailable(msg: impl Into<String>) -> Error {
@@ -834,4 +855,25 @@ fn content_id(a: &[half::f16], bt: &[half::f16]) -> u64 {
         v.to_bits().hash(&mut h);
     }
     h.finish() | (1 << 63)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_model, AttnShape, KvType};
+
+    #[test]
+    fn the_backend_says_which_models_it_runs() {
+        let shape = |n_head, n_kv_head, head_dim, softcap| AttnShape { n_head, n_kv_head, head_dim, scale: 1.0, softcap };
+        let check = |s, d, kv| check_model(std::iter::empty(), s, d, kv);
+        // Qwen2.5-0.5B, Gemma 3 270M, a Llama 3 8B shape.
+        assert!(check(shape(14, 2, 64, None), 896, KvType::F16).is_ok());
+        assert!(check(shape(4, 1, 256, None), 640, KvType::F16).is_ok());
+        assert!(check(shape(32, 8, 128, None), 4096, KvType::F32).is_ok());
+        let why = |r: std::result::Result<(), String>| r.expect_err("refused");
+        assert!(why(check(shape(14, 2, 64, None), 896, KvType::Q8_0)).contains("q8_0"));
+        assert!(why(check(shape(8, 4, 256, Some(50.0)), 2304, KvType::F16)).contains("soft-capping"));
+        assert!(why(check(shape(36, 4, 128, None), 4096, KvType::F16)).contains("9 heads per KV head"));
+        assert!(why(check(shape(16, 16, 48, None), 768, KvType::F16)).contains("head_dim 48"));
+        assert!(why(check(shape(40, 8, 128, None), 5120, KvType::F16)).contains("5120"));
+    }
 }

@@ -54,7 +54,7 @@ pub(super) fn act_kernel(ty: GgmlType) -> Option<&'static str> {
 }
 
 /// Can the CUDA backend run a weight of this type and width?
-pub fn supports(ty: GgmlType, cols: usize) -> bool {
+pub(super) fn supports(ty: GgmlType, cols: usize) -> bool {
     type_suffix(ty).is_some() && cols.is_multiple_of(8)
 }
 
