@@ -177,11 +177,11 @@ struct Timing {
     uncaptured: u64,
 }
 
-/// A pass of several sequences (staged by `begin_segments`, taken by the next `embed`): each
-/// row's position and sequence sit in the step block after the LM-head rows, then one `SegKv`
-/// per (layer, sequence), filled as `segment_attention` is called for each sequence in turn;
-/// the call for a layer's last sequence launches that layer's QK-norm/RoPE/store and attention
-/// over every row at once.
+/// A pass of several sequences, or one sequence's one-token step (staged by `begin_segments`,
+/// taken by the next `embed`): each row's position and sequence sit in the step block after the
+/// LM-head rows, then one `SegKv` per (layer, sequence), filled as `segment_attention` is called
+/// for each sequence in turn; the call for a layer's last sequence launches that layer's
+/// QK-norm/RoPE/store and attention over every row at once.
 #[derive(Clone, Copy)]
 struct SegPass {
     segs: usize,
