@@ -135,8 +135,8 @@ impl<B: Backend> Backend for HostPicks<B> {
     fn runs_segments(&self) -> bool {
         self.inner.runs_segments()
     }
-    fn begin_segments(&mut self, segs: &[(usize, usize)], layers: usize) {
-        self.inner.begin_segments(segs, layers)
+    fn begin_segments(&mut self, segs: &[(usize, usize)], layers: usize, mask: AttentionMask) {
+        self.inner.begin_segments(segs, layers, mask)
     }
     fn segment_attention(
         &mut self,

@@ -280,12 +280,12 @@ pub trait Backend: Memory {
     fn runs_segments(&self) -> bool {
         false
     }
-    /// Announces a pass of several sequences, or a causal one-token pass, before its
-    /// [`embed`](Backend::embed): their `(pos0, tokens)` in row order and the model's layer
-    /// count (each layer then calls [`segment_attention`](Backend::segment_attention) once per
-    /// sequence, in this order). A GPU then finds each row's cache through a table instead of
-    /// the launch's arguments, so one captured decode step serves any sequences.
-    fn begin_segments(&mut self, _segs: &[(usize, usize)], _layers: usize) {}
+    /// Announces every pass before its [`embed`](Backend::embed): its sequences' `(pos0,
+    /// tokens)` in row order, the model's layer count (each layer then calls
+    /// [`segment_attention`](Backend::segment_attention) once per sequence, in this order) and
+    /// the mask. A GPU takes the rows' caches from a table for passes of several sequences and
+    /// for causal one-token steps, so one captured decode step serves any sequences.
+    fn begin_segments(&mut self, _segs: &[(usize, usize)], _layers: usize, _mask: AttentionMask) {}
     /// [`qk_rope_store`](Backend::qk_rope_store) then [`attention`](Backend::attention) for
     /// the `n` rows `row0..row0 + n` of `Q`/`K`/`V`/`Attn`: one sequence (at positions
     /// `pos0..` of its `cache`) of a pass that may carry others. A backend that does not

@@ -457,10 +457,8 @@ impl Transformer {
                 &all
             }
         };
-        if segs.len() > 1 || (n == 1 && mask == AttentionMask::Causal) {
-            let spans: Vec<(usize, usize)> = segs.iter().map(|s| (s.pos0, s.tokens.len())).collect();
-            be.begin_segments(&spans, self.layers.len());
-        }
+        let spans: Vec<(usize, usize)> = segs.iter().map(|s| (s.pos0, s.tokens.len())).collect();
+        be.begin_segments(&spans, self.layers.len(), mask);
         be.embed(&self.embed, tokens, c.embed_scale, segs[0].cache.adapters.mask_embedding());
         let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, scale: c.attn_scale, softcap: c.attn_softcap };
         // The first sequence's adapters, which the cached keys and values are computed with;

@@ -48,14 +48,11 @@ impl CudaBackend {
         fuse: [u64; 8],
         seg: [u64; 2],
     ) {
-        let g = shape.n_head / shape.n_kv_head.max(1);
-        if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || g > 8 || g == 0 {
-            self.fail(Error::Gpu {
-                code: "ERR_GPU",
-                msg: format!("attention shape {shape:?} is outside the CUDA kernel's (head_dim ≤ 256, multiple of 32; ≤ 8 query heads per KV head)"),
-            });
+        if let Err(why) = attention_fits(shape) {
+            self.fail(Error::Gpu { code: "ERR_GPU", msg: why });
             return;
         }
+        let g = shape.n_head / shape.n_kv_head.max(1);
         // Decode: a fixed split count over the span (one graph for every step); many tokens:
         // splits only while the queries alone leave the GPU short of blocks (more splits at
         // 512 tokens only add combining work), each at least ATT_MIN_CHUNK positions.

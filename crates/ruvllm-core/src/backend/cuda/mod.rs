@@ -118,12 +118,19 @@ pub fn check_model<'w>(mut weights: impl Iterator<Item = &'w QWeight>, shape: At
     if shape.softcap.is_some() {
         return Err("the CUDA attention kernel has no attention-score soft-capping".into());
     }
+    attention_fits(shape)?;
+    if d_model > 16 * 256 {
+        return Err(format!("the CUDA kernels take models at most 4,096 wide, not {d_model}"));
+    }
+    Ok(())
+}
+
+/// Whether the attention kernel covers this shape (head_dim ≤ 256, a multiple of 32; 1–8 query
+/// heads per KV head); `Err` says why not.
+fn attention_fits(shape: AttnShape) -> std::result::Result<(), String> {
     let group = shape.n_head / shape.n_kv_head.max(1);
     if shape.head_dim > 256 || !shape.head_dim.is_multiple_of(32) || group == 0 || group > 8 {
         return Err(format!("the CUDA attention kernel does not cover head_dim {} with {group} heads per KV head", shape.head_dim));
-    }
-    if d_model > 16 * 256 {
-        return Err(format!("the CUDA kernels take models at most 4,096 wide, not {d_model}"));
     }
     Ok(())
 }
@@ -451,9 +458,11 @@ impl Backend for CudaBackend {
         !self.exact
     }
 
-    fn begin_segments(&mut self, segs: &[(usize, usize)], layers: usize) {
+    fn begin_segments(&mut self, segs: &[(usize, usize)], layers: usize, mask: AttentionMask) {
         self.segs_next = None;
-        if self.exact || segs.is_empty() || (segs.len() == 1 && segs[0].1 != 1) {
+        // One sequence takes the table only for a causal one-token step (a decode step); the
+        // table path runs causal passes only.
+        if self.exact || mask != AttentionMask::Causal || segs.is_empty() || (segs.len() == 1 && segs[0].1 != 1) {
             return;
         }
         // The previous pass is sent with the step block as it was.
