@@ -720,7 +720,7 @@ fn nested<T>(bag: &str, r: Res<T>) -> Res<T> {
 /// The `diffusion` option of `generate` / `stream`.
 fn diffusion_options(v: Option<Val>) -> Res<Option<DiffusionParams>> {
   let Some(v) = v else { return Ok(None) };
-  let bag = option_bag(Some(v), "diffusion", &["steps", "blockSize", "threshold", "schedule", "remasking"])?;
+  let bag = option_bag(Some(v), "diffusion", &["steps", "blockSize", "threshold", "schedule", "remasking", "noRepeatNgram", "reuseRows"])?;
   let d = DiffusionParams::default();
   let p = nested(
     "diffusion",
@@ -744,7 +744,9 @@ fn diffusion_options(v: Option<Val>) -> Res<Option<DiffusionParams>> {
         Some("random") => Remasking::Random,
         _ => Remasking::Confidence,
       };
-      Ok(DiffusionParams { steps, block_size, threshold, schedule, remasking })
+      let no_repeat_ngram = int_in(bag, "noRepeatNgram", 0.0, 64.0)?.map_or(d.no_repeat_ngram, |n| n as usize);
+      let reuse_rows = boolean(bag, "reuseRows")?.unwrap_or(d.reuse_rows);
+      Ok(DiffusionParams { steps, block_size, threshold, schedule, remasking, no_repeat_ngram, reuse_rows })
     })(),
   )?;
   Ok(Some(p))

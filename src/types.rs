@@ -236,6 +236,15 @@ pub struct DiffusionOptions {
   /// Which sampled positions a step commits: `'confidence'` (the most likely; default) or `'random'`.
   #[napi(ts_type = "'confidence' | 'random'")]
   pub remasking: Option<String>,
+  /// Repetition-aware remasking: a sampled token that would complete a run of this many decided
+  /// tokens (prompt and answer) equal to another run gives way to the position's next choice,
+  /// and a commit that would create one stays masked for a later step. 0 (default) turns it
+  /// off; an integer in 0..=64.
+  pub no_repeat_ngram: Option<u32>,
+  /// Rows of the block whose token did not change since they last ran keep their cached keys
+  /// and values, and a step runs only from the first row that changed (default `true`; `false`
+  /// runs the whole block every step).
+  pub reuse_rows: Option<bool>,
 }
 
 /// One denoising step of a diffusion model (`onStep`).

@@ -183,6 +183,78 @@ def diffusion_loss(model, adapter, ids, t, mask, maskable, train=True):
     return (ce * w).sum() / maskable.sum(), ce.detach()
 
 
+def block_layout(L, P, bs, dev):
+    """The attention our block decoder runs, as one training sequence (BD3-LM's two streams):
+    a clean stream of the L tokens, then for each answer block [s, e) (s = P, P + bs, ...) a
+    noisy call of the token before it and the block itself (positions s-1 .. e-1), padded to a
+    fixed length per block size so the compiled layer sees one shape. The clean prompt
+    (positions < P - 1) sees itself (it is evaluated in one call); a clean answer position in
+    [s-1, e-1) sees everything before e (the block's last call wrote it); a noisy call sees the
+    clean positions before s-1 and its own rows. Returns (src, pos, am, rows, targets): the
+    clean index each row copies, its position, the boolean mask, and for every row of a noisy
+    call that predicts a block position, (row, target position)."""
+    starts = list(range(P, L, bs))
+    calls = [(s - 1, min(s + bs, L)) for s in starts]
+    n_noisy = sum(e - c0 for c0, e in calls)
+    T_max = L + ((L - 1) + bs - 1) // bs * (bs + 1)
+    T = L + n_noisy
+    src = torch.zeros(T_max, dtype=torch.long)
+    pos = torch.zeros(T_max, dtype=torch.long)
+    am = torch.zeros(T_max, T_max, dtype=torch.bool)
+    src[:L] = torch.arange(L)
+    pos[:L] = torch.arange(L)
+    # Clean: the prompt sees the prompt, an answer position its block and everything before.
+    vis = torch.empty(L, dtype=torch.long)
+    vis[:max(P - 1, 0)] = max(P - 1, 1)
+    for (c0, e) in calls:
+        vis[c0:e] = e
+    vis[L - 1] = L
+    ar = torch.arange(L)
+    am[:L, :L] = ar[None, :] < vis[:, None]
+    rows, tgts = [], []
+    at = L
+    for (c0, e) in calls:
+        n = e - c0
+        src[at:at + n] = torch.arange(c0, e)
+        pos[at:at + n] = torch.arange(c0, e)
+        am[at:at + n, :c0] = True
+        am[at:at + n, at:at + n] = True
+        for j in range(n - 1):
+            rows.append(at + j)
+            tgts.append(c0 + j + 1)
+        at += n
+    # Padding rows see themselves only (no loss reads them).
+    idx = torch.arange(T, T_max)
+    am[idx, idx] = True
+    return (src.to(dev), pos.to(dev), am[None, None].to(dev), torch.tensor(rows, device=dev), torch.tensor(tgts, device=dev), T)
+
+
+def block_loss(model, adapter, ids, gen, bs, train=True):
+    """The masked-diffusion loss under the block decoder's attention (`block_layout`): one prompt
+    length for the batch, a mask ratio t per sequence and block, the AR shift (a call's row j
+    predicts the block's position j)."""
+    Bsz, L = ids.shape
+    dev = ids.device
+    P = int(torch.randint(1, int(L * 0.75), (1,), generator=gen, device=dev))
+    src, pos, am, rows, tgts, T = block_layout(L, P, bs, dev)
+    nb = (L - P + bs - 1) // bs
+    t = (torch.rand(Bsz, nb, generator=gen, device=dev) * (1 - EPS_T) + EPS_T)
+    blk = (tgts - P) // bs  # (R,)
+    tr = t[:, blk]  # (B, R)
+    masked = torch.rand(Bsz, len(tgts), generator=gen, device=dev) < tr
+    x = ids[:, src]  # (B, T_max)
+    noisy_at = torch.zeros(Bsz, x.shape[1], dtype=torch.bool, device=dev)
+    # A masked target is masked in its call (row j + 1 holds position j + 1).
+    noisy_at[:, rows + 1] = masked
+    x = torch.where(noisy_at, torch.full_like(x, MASK_ID), x)
+    h = model.hidden(x, adapter, pos=pos[None].expand(Bsz, -1), attn_mask=am, train=train)
+    b, r = masked.nonzero(as_tuple=True)
+    logits = model.logits(h[b, rows[r]])
+    ce = F.cross_entropy(logits, ids[b, tgts[r]], reduction="none")
+    loss = (ce / tr[b, r]).sum() / (Bsz * (L - P))
+    return loss, masked
+
+
 # ---------------------------------------------------------------- evaluation
 @torch.no_grad()
 def elbo(model, adapters, data, K=8, seed=1234, bs=16):
@@ -388,6 +460,10 @@ def main():
     ap.add_argument("--talora", choices=["split", "residual"], default="split",
                     help="split: three rank-r sets; residual: a shared LoRA (--shared-rank) + three residuals, same parameters")
     ap.add_argument("--shared-rank", type=int, default=24)
+    ap.add_argument("--objective", choices=["full", "block"], default="full",
+                    help="full: masks anywhere, fully bidirectional; block: the block decoder's attention (block_layout)")
+    ap.add_argument("--blocks", default="8,16,32", help="--objective block: block sizes, one per step in turn")
+    ap.add_argument("--single-only", type=int, default=0, help="train the single LoRA alone (no TALoRA lockstep)")
     a = ap.parse_args()
     smoke = a.phase == "smoke"
     os.makedirs(OUT, exist_ok=True)
@@ -489,7 +565,7 @@ def main():
         log(f"single LoRA from {a.init_gguf}; TALoRA ({a.talora}) from its rank-{talora[0].rank if parts is None else parts[0].rank} SVD (mean energy kept {kept:.4f})")
         ev0 = held[:4 if smoke else (a.eval_seqs or 64)]
         e0_s, _ = elbo(model, single, ev0, K=2 if smoke else 8)
-        e0_t, _ = elbo(model, talora, ev0, K=2 if smoke else 8)
+        e0_t, _ = (e0_s, None) if a.single_only else elbo(model, talora, ev0, K=2 if smoke else 8)
         results["eval_at_init"] = {"heldout_sequences": len(ev0), "elbo_ppl_single": math.exp(e0_s), "elbo_ppl_talora": math.exp(e0_t),
                                    "svd_energy_kept": kept}
         log(f"at init on {len(ev0)} held-out: ELBO ppl single {math.exp(e0_s):.2f}, TALoRA (truncated) {math.exp(e0_t):.2f}")
@@ -528,6 +604,7 @@ def main():
     budget = 25.0 if smoke else a.train_seconds
     max_steps = 6 if smoke else 10 ** 9
     B = a.batch
+    block_sizes = [int(x) for x in a.blocks.split(",")]
     t_start = time.time()
     steps0 = st["step"]
     sync()
@@ -544,12 +621,21 @@ def main():
         idx = torch.randint(0, train.shape[0], (B,), generator=g, device=dev)
         ids = train[idx]
         bk = step % 3
-        t, mask, maskable = make_noise(ids, bk, g)
-        for ad, opt, key in ((talora[bk], opt_t[bk], "t"), (single, opt_s, "s")):
+        if a.objective == "block":
+            bsz = block_sizes[step % len(block_sizes)]
+            gstate = g.get_state()
+            lossf = lambda ad: block_loss(model, ad, ids, g, bsz)
+        else:
+            t, mask, maskable = make_noise(ids, bk, g)
+            lossf = lambda ad: diffusion_loss(model, ad, ids, t, mask, maskable)
+        pairs = ((single, opt_s, "s"),) if a.single_only else ((talora[bk], opt_t[bk], "t"), (single, opt_s, "s"))
+        for ad, opt, key in pairs:
             for pg in opt.param_groups:
                 pg["lr"] = lr
+            if a.objective == "block":
+                g.set_state(gstate)  # the same prompt length and masks for both adapters
             try:
-                loss, _ = diffusion_loss(model, ad, ids, t, mask, maskable)
+                loss, mask = lossf(ad)
                 loss.backward()
             except Exception as e:  # torch.compile trouble: fall back to eager
                 if model.layer_train is model.layer:
@@ -557,7 +643,9 @@ def main():
                 log("compiled step failed, eager from now on:", repr(e)[:300])
                 model.layer_train = model.layer
                 opt.zero_grad(set_to_none=True)
-                loss, _ = diffusion_loss(model, ad, ids, t, mask, maskable)
+                if a.objective == "block":
+                    g.set_state(gstate)
+                loss, mask = lossf(ad)
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(ad.parameters(), 1.0)
             opt.step()
@@ -565,9 +653,9 @@ def main():
             acc[key].append(loss.detach())
         st["step"] += 1
         st["tokens"] += ids.numel()
-        st["masked_tokens"] += int(mask.sum())
+        st["masked_tokens"] += int(mask.sum()) if mask.dtype == torch.bool else int(mask.numel())
         if st["step"] % 30 == 0 or st["step"] - steps0 <= 3:
-            lt = float(torch.stack(acc["t"]).mean())
+            lt = float(torch.stack(acc["t"]).mean()) if acc["t"] else float("nan")
             ls = float(torch.stack(acc["s"]).mean())
             acc = {"t": [], "s": []}
             el = time.time() - t_start
@@ -598,8 +686,8 @@ def main():
     ev = held[:n_eval]
     t1 = time.time()
     nll_ar = ar_nll(model, ev)
-    e_t, pk_t = elbo(model, talora, ev, K=K)
     e_s, pk_s = elbo(model, single, ev, K=K)
+    e_t, pk_t = (e_s, pk_s) if a.single_only else elbo(model, talora, ev, K=K)
     res_eval = {"heldout_sequences": n_eval, "tokens": n_eval * (L - 1), "K": K,
                 "ar_ppl": math.exp(nll_ar), "elbo_ppl_talora": math.exp(e_t), "elbo_ppl_single": math.exp(e_s),
                 "ar_nll": nll_ar, "elbo_nll_talora": e_t, "elbo_nll_single": e_s,
@@ -615,19 +703,22 @@ def main():
     probe = prompts[0]
     results["probe"] = {"prompt_ids": probe}
     for name, ads in (("talora", talora), ("single", single)):
+        if a.single_only and name == "talora":
+            results["probe"][name] = {"ids": [], "order": [], "berlin_first": None}
+            continue
         toks, order = diffuse(model, ads, probe, 4)
         results["probe"][name] = {"ids": toks, "order": order, "berlin_first": toks[0] == 15687}
         log(f"probe {name}: {toks} commit order {order} -> {'Berlin' if toks[0] == 15687 else 'NOT Berlin'}")
     if not smoke:
         results["samples"] = {}
         for pi in (1, 4, 16):
-            for name, ads in (("talora", talora), ("single", single)):
+            for name, ads in (("talora", talora), ("single", single))[1 if a.single_only else 0:]:
                 toks, order = diffuse(model, ads, prompts[pi], 32)
                 results["samples"][f"{pi}-{name}"] = {"prompt_ids": prompts[pi], "ids": toks, "order": order}
 
     # sanity: the exported f16 factors reproduce the trained adapter's logits
     chk = {}
-    for k in range(3) if a.phase != "a" else [1]:
+    for k in [] if a.single_only else range(3) if a.phase != "a" else [1]:
         chk[f"talora-t{k}"] = check_export(model, talora[k], files[k], held)
     chk["lora"] = check_export(model, single, files[3], held)
     results["export_check"] = chk

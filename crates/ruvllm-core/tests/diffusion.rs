@@ -130,7 +130,7 @@ fn decoder_mechanics() {
         for threshold in [None, Some(0.5)] {
             for (schedule, remasking) in [(Schedule::Linear, Remasking::Confidence), (Schedule::Cosine, Remasking::Random)] {
                 for steps in [None, Some(1), Some(3)] {
-                    let d = DiffusionParams { steps, block_size, threshold, schedule, remasking };
+                    let d = DiffusionParams { steps, block_size, threshold, schedule, remasking, ..DiffusionParams::default() };
                     let (c, _) = run(&e, prompt, params(12, d.clone(), 0.7, 3));
                     assert!(c.completion_tokens <= 12, "{d:?}");
                     let s = c.diffusion.unwrap();

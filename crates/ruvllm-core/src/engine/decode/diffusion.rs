@@ -20,7 +20,7 @@ use super::{DecodeContext, DecodeRequest, DecodeStrategy, Decoded};
 use crate::engine::{Event, FinishReason};
 use crate::models::Outputs;
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
-use crate::sampling::{log_softmax_at, softmax_norm, Rng, Sampler, StopMatcher, StopResult};
+use crate::sampling::{log_softmax_at, log_softmax_top, Rng, Sampler, StopMatcher, StopResult};
 use crate::tokenizer::StreamDecoder;
 use crate::{Error, Result};
 
@@ -57,16 +57,34 @@ pub struct DiffusionParams {
     pub threshold: Option<f32>,
     pub schedule: Schedule,
     pub remasking: Remasking,
+    /// Repetition-aware remasking: a sampled token that would complete a run of this many
+    /// decided tokens (prompt and committed answer) repeating a run elsewhere in them is
+    /// replaced by the position's next choice, and a commit that would create such a repeat
+    /// stays masked for a later step (0: off).
+    pub no_repeat_ngram: usize,
+    /// Rows of the block whose token has not changed since they last ran keep their cached
+    /// keys and values, and a step runs only from the first row that changed or is asked for
+    /// (`false`: every step runs the whole block, Fast-dLLM's prefix cache).
+    pub reuse_rows: bool,
 }
 
 impl Default for DiffusionParams {
     fn default() -> Self {
-        DiffusionParams { steps: None, block_size: 32, threshold: None, schedule: Schedule::Linear, remasking: Remasking::Confidence }
+        DiffusionParams {
+            steps: None,
+            block_size: 32,
+            threshold: None,
+            schedule: Schedule::Linear,
+            remasking: Remasking::Confidence,
+            no_repeat_ngram: 0,
+            reuse_rows: true,
+        }
     }
 }
 
 impl DiffusionParams {
-    /// Checks the ranges (`steps` >= 1, `block_size` 1..=512, `threshold` in (0, 1)).
+    /// Checks the ranges (`steps` >= 1, `block_size` 1..=512, `threshold` in (0, 1),
+    /// `no_repeat_ngram` 0..=64).
     pub fn validate(&self) -> Result<()> {
         if self.steps == Some(0) {
             return Err(Error::InvalidArg("diffusion.steps must be at least 1".into()));
@@ -78,6 +96,9 @@ impl DiffusionParams {
             if !(t > 0.0 && t < 1.0) {
                 return Err(Error::InvalidArg(format!("diffusion.threshold must be between 0 and 1 (exclusive), got {t}")));
             }
+        }
+        if self.no_repeat_ngram > 64 {
+            return Err(Error::InvalidArg(format!("diffusion.noRepeatNgram must be between 0 and 64, got {}", self.no_repeat_ngram)));
         }
         Ok(())
     }
@@ -255,9 +276,13 @@ impl DecodeStrategy for Diffusion<'_> {
         let t_decode = Instant::now();
         let mut input = Vec::with_capacity(block + 1);
         let mut rows = Vec::with_capacity(block);
+        let mut call_rows = Vec::with_capacity(block);
         let mut cands: Vec<Candidate> = Vec::with_capacity(block);
         // One row's logits with the mask token excluded, for the sampler to modify.
         let mut row_logits = Vec::new();
+        // Which rows of the block's call hold keys and values computed from their current token.
+        let mut fresh = vec![false; block + shift];
+        let n_gram = p.no_repeat_ngram;
         // The call's tokens: (the token before the block,) then the block as it stands.
         let block_input = |input: &mut Vec<u32>, answer: &[u32], s: usize, e: usize| {
             input.clear();
@@ -265,6 +290,12 @@ impl DecodeStrategy for Diffusion<'_> {
                 input.push(if s == 0 { ids[n_prompt - 1] } else { answer[s - 1] });
             }
             input.extend_from_slice(&answer[s..e]);
+        };
+        // The first row a pass over the block runs: the first that changed since it ran, or the
+        // first whose logits are wanted; the rows before it keep their cached keys and values.
+        let first_row = |fresh: &[bool], want: Option<usize>| -> usize {
+            let stale = if p.reuse_rows { fresh.iter().position(|f| !f).unwrap_or(fresh.len()) } else { 0 };
+            want.map_or(stale, |w| w.min(stale))
         };
 
         'blocks: for b in 0..n_blocks {
@@ -278,6 +309,8 @@ impl DecodeStrategy for Diffusion<'_> {
             let k_steps = (total_steps * e / len - total_steps * s / len).clamp(1, e - s);
             // Position of the call's first token: the one before the block with the shift.
             let call0 = n_prompt + s - shift;
+            let fresh = &mut fresh[..e - s + shift];
+            fresh.fill(false);
             let mut j = 0usize;
             loop {
                 // Row r of the call predicts offset s + r (shift) or holds it (no shift): the
@@ -297,10 +330,15 @@ impl DecodeStrategy for Diffusion<'_> {
                 let set = dm.adapter_set(ratio);
                 if !ctx.cache.adapters.same_as(&set) {
                     ctx.cache.adapters = set;
+                    // Keys and values computed under another adapter are not this step's.
+                    fresh.fill(false);
                 }
+                let lo = first_row(fresh, rows.first().copied());
+                call_rows.clear();
+                call_rows.extend(rows.iter().map(|r| r - lo));
                 cands.clear();
                 let mask_id = dm.mask_token as usize;
-                ctx.model.forward_each(&input, call0, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&rows), &mut |i, logits| {
+                ctx.model.forward_each(&input[lo..], call0 + lo, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&call_rows), &mut |i, logits| {
                     let offset = s + rows[i];
                     row_logits.clear();
                     row_logits.extend_from_slice(logits);
@@ -308,11 +346,20 @@ impl DecodeStrategy for Diffusion<'_> {
                         *v = f32::NEG_INFINITY;
                     }
                     // The normaliser before sampling, which may modify the logits.
-                    let (_, max, ln_sum) = softmax_norm(&row_logits);
-                    let token = sampler.sample(&mut row_logits, &[]);
-                    let confidence = (logits[token as usize] as f64 - max - ln_sum).exp() as f32;
+                    let norm = log_softmax_top(&row_logits, 0).0;
+                    let mut token = sampler.sample(&mut row_logits, &[]);
+                    // A token that would repeat a run gives way to the position's next choice.
+                    for _ in 0..MAX_REPEAT_RETRIES {
+                        if !repeats(ids, &answer, &done, dm.mask_token, offset, token, n_gram) {
+                            break;
+                        }
+                        row_logits[token as usize] = f32::NEG_INFINITY;
+                        token = sampler.sample(&mut row_logits, &[]);
+                    }
+                    let confidence = (logits[token as usize] as f64 - norm).exp() as f32;
                     cands.push(Candidate { offset, token, confidence });
                 })?;
+                fresh[lo..].fill(true);
                 stats.forward_passes += 1;
                 // How many to commit now.
                 let n_commit = match p.threshold {
@@ -346,8 +393,14 @@ impl DecodeStrategy for Diffusion<'_> {
                 }
                 let mut committed = Vec::with_capacity(n_commit);
                 for c in &cands[..n_commit] {
+                    // Another commit of this step may have completed a repeat with this one: it
+                    // stays masked (the first commit was checked against the state before them).
+                    if !committed.is_empty() && repeats(ids, &answer, &done, dm.mask_token, c.offset, c.token, n_gram) {
+                        continue;
+                    }
                     answer[c.offset] = c.token;
                     done[c.offset] = true;
+                    fresh[c.offset - s + shift] = false;
                     committed.push((c.offset, c.token));
                     if tok.is_end_of_generation(c.token) && end.is_none_or(|q| c.offset < q) {
                         end = Some(c.offset);
@@ -391,8 +444,11 @@ impl DecodeStrategy for Diffusion<'_> {
             // positions committed in its last step were masks when it last ran).
             if e < len && end.is_none() {
                 block_input(&mut input, &answer, s, e);
-                ctx.model.forward_each(&input, call0, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&[]), &mut |_, _| {})?;
-                stats.forward_passes += 1;
+                let lo = first_row(fresh, None);
+                if lo < input.len() {
+                    ctx.model.forward_each(&input[lo..], call0 + lo, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&[]), &mut |_, _| {})?;
+                    stats.forward_passes += 1;
+                }
             }
         }
         stats.steps = step;
@@ -421,6 +477,42 @@ fn finish(
     stats: DiffusionStats,
 ) -> Decoded {
     Decoded { tokens, text, finish_reason: reason, ttft_ms, prefill_tokens, prefill_s, decode_s, diffusion: Some(stats) }
+}
+
+/// How many times a position's sampled token gives way to its next choice because it would
+/// repeat a run; after that the last choice stands (the commit check may still hold it back).
+const MAX_REPEAT_RETRIES: usize = 8;
+
+/// Whether `token` at answer offset `o` completes a run of `n` decided tokens (the prompt, then
+/// the committed answer) equal to another run of them; `n == 0`: never.
+fn repeats(prompt: &[u32], answer: &[u32], done: &[bool], mask: u32, o: usize, token: u32, n: usize) -> bool {
+    let (np, total) = (prompt.len(), prompt.len() + answer.len());
+    if n == 0 || n > total {
+        return false;
+    }
+    let at = |p: usize| -> Option<u32> {
+        if p < np {
+            Some(prompt[p])
+        } else if p - np == o {
+            Some(token)
+        } else {
+            // Positions dropped after an end token are done but hold the mask.
+            (done[p - np] && answer[p - np] != mask).then(|| answer[p - np])
+        }
+    };
+    let q = np + o;
+    let mut run = Vec::with_capacity(n);
+    for w in q.saturating_sub(n - 1)..=q.min(total - n) {
+        run.clear();
+        run.extend((w..w + n).map_while(at));
+        if run.len() < n {
+            continue;
+        }
+        if (0..=total - n).any(|u| u != w && (0..n).all(|k| at(u + k) == Some(run[k]))) {
+            return true;
+        }
+    }
+    false
 }
 
 /// The answer as text: committed runs decoded, each masked position one [`MASK_GLYPH`].
