@@ -189,8 +189,11 @@ def block_layout(L, P, bs, dev):
     noisy call of the token before it and the block itself (positions s-1 .. e-1), padded to a
     fixed length per block size so the compiled layer sees one shape. The clean prompt
     (positions < P - 1) sees itself (it is evaluated in one call); a clean answer position in
-    [s-1, e-1) sees everything before e (the block's last call wrote it); a noisy call sees the
-    clean positions before s-1 and its own rows. Returns (src, pos, am, rows, targets): the
+    [s-1, e-1) (the rows the block's last call leaves in the cache) sees everything before e-1;
+    a noisy call sees the clean positions before s-1 and its own rows. (The decoder's last call
+    also showed those rows position e-1 as it stood then; letting the clean stream see it would
+    leak: its final state has seen the next block, and two layers carry that back to the rows a
+    noisy call reads.) Returns (src, pos, am, rows, targets): the
     clean index each row copies, its position, the boolean mask, and for every row of a noisy
     call that predicts a block position, (row, target position)."""
     starts = list(range(P, L, bs))
@@ -207,7 +210,7 @@ def block_layout(L, P, bs, dev):
     vis = torch.empty(L, dtype=torch.long)
     vis[:max(P - 1, 0)] = max(P - 1, 1)
     for (c0, e) in calls:
-        vis[c0:e] = e
+        vis[c0:e - 1] = e - 1
     vis[L - 1] = L
     ar = torch.arange(L)
     am[:L, :L] = ar[None, :] < vis[:, None]
@@ -229,7 +232,7 @@ def block_layout(L, P, bs, dev):
     return (src.to(dev), pos.to(dev), am[None, None].to(dev), torch.tensor(rows, device=dev), torch.tensor(tgts, device=dev), T)
 
 
-def block_loss(model, adapter, ids, gen, bs, train=True):
+def block_loss(model, adapter, ids, gen, bs, train=True, clean=None):
     """The masked-diffusion loss under the block decoder's attention (`block_layout`): one prompt
     length for the batch, a mask ratio t per sequence and block, the AR shift (a call's row j
     predicts the block's position j)."""
@@ -242,7 +245,7 @@ def block_loss(model, adapter, ids, gen, bs, train=True):
     blk = (tgts - P) // bs  # (R,)
     tr = t[:, blk]  # (B, R)
     masked = torch.rand(Bsz, len(tgts), generator=gen, device=dev) < tr
-    x = ids[:, src]  # (B, T_max)
+    x = (ids if clean is None else clean)[:, src]  # (B, T_max)
     noisy_at = torch.zeros(Bsz, x.shape[1], dtype=torch.bool, device=dev)
     # A masked target is masked in its call (row j + 1 holds position j + 1).
     noisy_at[:, rows + 1] = masked
@@ -497,7 +500,7 @@ def main():
 
     # self-distillation (phase a; the smoke test a little of it)
     dpath = os.path.join(WORK, "distill.bin")
-    if a.phase in ("smoke", "a"):
+    if a.phase in ("smoke", "a") and (smoke or a.distill_rounds > 0):
         t1 = time.time()
         ps = prompts[1:33] if smoke else prompts[1:]  # prompts[0] is the probe: never distilled
         rounds = 1 if smoke else a.distill_rounds
@@ -505,10 +508,10 @@ def main():
         temps = [float(x) for x in a.distill_temps.split(",")] if a.distill_temps else [a.distill_temp] * rounds
         if len(temps) != rounds:
             raise SystemExit(f"--distill-temps has {len(temps)} values for {rounds} rounds")
-        d = torch.cat([sample_ar(model, ps, seq, temps[r], a.distill_seed + r, batch=a.distill_batch) for r in range(rounds)])
+        d = torch.cat([sample_ar(model, ps, seq, temps[r], a.distill_seed + r, batch=a.distill_batch) for r in range(rounds)] or [torch.zeros(0, seq, dtype=torch.long)])
         sync()
         log(f"self-distillation: {d.shape[0]} sequences x {seq} tokens in {time.time() - t1:.1f}s")
-        log("sample:", d[0, :48].tolist())
+        log("sample:", d[0, :48].tolist() if len(d) else [])
         results["distill"] = {"sequences": int(d.shape[0]), "tokens": int(d.numel()), "seconds": time.time() - t1,
                               "temperature": temps if len(set(temps)) > 1 else temps[0], "prompts": len(ps), "rounds": rounds,
                               "seeds": [a.distill_seed + r for r in range(rounds)]}
