@@ -493,23 +493,38 @@ export interface DiffusionLoadOptions {
 export interface DiffusionOptions {
   /**
    * Denoising steps for the whole answer, split over its blocks by length; equal to `maxTokens`
-   * (the default) is one token per step. An integer >= 1.
+   * is one token per step. An integer >= 1. Without `steps` or `threshold`, the threshold is 0.9.
    */
   steps?: number
   /**
    * Positions per block, decoded left to right (the prompt and finished blocks are cached).
-   * An integer in 1..=512. Default 32.
+   * An integer in 1..=512. Default 8 (smaller blocks commit more per step and loop less with
+   * the shipped model; `bench diffusion` compares them).
    */
   blockSize?: number
   /**
    * Confidence-threshold decoding: each step commits every masked position whose
-   * probability exceeds it (at least one), instead of following `steps`. In (0, 1).
+   * probability exceeds it (at least one), instead of following `steps`. In (0, 1); 0.9 when
+   * neither it nor `steps` is given.
    */
   threshold?: number
   /** How many positions stay masked after each step: `'linear'` (default) or `'cosine'`. */
   schedule?: 'linear' | 'cosine'
   /** Which sampled positions a step commits: `'confidence'` (the most likely; default) or `'random'`. */
   remasking?: 'confidence' | 'random'
+  /**
+   * Repetition-aware remasking: a sampled token that would complete a run of this many decided
+   * tokens (prompt and answer) equal to another run gives way to the position's next choice,
+   * and a commit that would create one stays masked for a later step. 0 (default) turns it
+   * off; an integer in 0..=64.
+   */
+  noRepeatNgram?: number
+  /**
+   * Rows of the block whose token did not change since they last ran keep their cached keys
+   * and values, and a step runs only from the first row that changed (default `true`; `false`
+   * runs the whole block every step).
+   */
+  reuseRows?: boolean
 }
 
 /** One denoising step of a diffusion model (`onStep`). */

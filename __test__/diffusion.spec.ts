@@ -49,7 +49,7 @@ describe('a diffusion model', () => {
   it('reports every step and streams the committed text in order', async () => {
     expect(llm.info.diffusion).toBe(true)
     const steps: any[] = []
-    const c = await llm.generate(PROMPT, { maxTokens: 12, temperature: 0, diffusion: { blockSize: 6 }, onStep: (s) => void steps.push(s) })
+    const c = await llm.generate(PROMPT, { maxTokens: 12, temperature: 0, diffusion: { blockSize: 6, steps: 12 }, onStep: (s) => void steps.push(s) })
     expect(c.diffusion).toBeDefined()
     expect(c.diffusion!.steps).toBe(steps.length)
     expect(steps.map((s) => s.step)).toEqual(steps.map((_, i) => i))
@@ -58,7 +58,7 @@ describe('a diffusion model', () => {
     if (c.usage.completionTokens === 12) expect(c.diffusion!.blocks).toBe(2)
     expect(steps[0].text).toContain('░')
     // The stream gives the same text, chunk by chunk.
-    const stream = llm.stream(PROMPT, { maxTokens: 12, temperature: 0, diffusion: { blockSize: 6 } })
+    const stream = llm.stream(PROMPT, { maxTokens: 12, temperature: 0, diffusion: { blockSize: 6, steps: 12 } })
     let text = ''
     for await (const chunk of stream) text += chunk.text
     expect(text).toBe(c.text)
@@ -72,6 +72,10 @@ describe('a diffusion model', () => {
     expect(tau.diffusion!.tokensPerStep).toBeGreaterThanOrEqual(1)
     const opts = { maxTokens: 16, temperature: 0.9, seed: 11, diffusion: { schedule: 'cosine', remasking: 'random', blockSize: 8 } } as const
     expect((await llm.generate(PROMPT, opts)).text).toBe((await llm.generate(PROMPT, opts)).text)
+    // Whole-block passes and repetition-aware remasking run the same request.
+    const other = await llm.generate(PROMPT, { maxTokens: 16, temperature: 0, diffusion: { threshold: 0.5, reuseRows: false, noRepeatNgram: 3 } })
+    expect(other.usage.completionTokens).toBeGreaterThan(0)
+    expect(other.diffusion!.tokensPerStep).toBeGreaterThanOrEqual(1)
   })
 
   it('rejects bad diffusion options with ERR_INVALID_ARG, before any work', async () => {
@@ -82,6 +86,8 @@ describe('a diffusion model', () => {
       [{ diffusion: { threshold: 1 } }, 'RangeError'],
       [{ diffusion: { schedule: 'zigzag' } }, 'RangeError'],
       [{ diffusion: { remasking: 3 } }, 'TypeError'],
+      [{ diffusion: { noRepeatNgram: 65 } }, 'RangeError'],
+      [{ diffusion: { reuseRows: 'yes' } }, 'TypeError'],
       [{ diffusion: { speed: 2 } }, 'TypeError'],
       [{ onStep: 'yes' }, 'TypeError'],
     ]
@@ -148,7 +154,10 @@ describe.skipIf(!existsSync(MANIFEST))('the shipped gemma-3-270m-diffusion', () 
     const m = await LLM.load('gemma-3-270m-diffusion', { contextSize: 256, download: false })
     try {
       expect(m.info.diffusion).toBe(true)
-      const c = await m.generate(PROMPT, { maxTokens: 4, temperature: 0, diffusion: { blockSize: 4 } })
+      const c = await m.generate(PROMPT, { maxTokens: 4, temperature: 0, diffusion: { blockSize: 4, steps: 4 } })
+      // The default decoding (threshold 0.9, blocks of 8) too.
+      const d = await m.generate(PROMPT, { maxTokens: 8, temperature: 0 })
+      expect(d.text.startsWith(' Berlin'), JSON.stringify(d.text)).toBe(true)
       expect(c.text.startsWith(' Berlin'), JSON.stringify(c.text)).toBe(true)
     } finally {
       await m.close()

@@ -59,11 +59,13 @@ Generation:
       --stats                print tokens, tokens/s and time to first token on stderr
 
 Diffusion (a diffusion model, e.g. --model gemma-3-270m-diffusion; on a terminal the masks resolve live):
-      --steps <n>            denoising steps for the whole answer (default: one token per step)
-      --block-size <n>       positions per block, decoded left to right (default 32)
-      --threshold <x>        commit every position more likely than x per step (0 < x < 1)
+      --steps <n>            denoising steps for the whole answer (= -n: one token per step)
+      --block-size <n>       positions per block, decoded left to right (default 8)
+      --threshold <x>        commit every position more likely than x per step (0 < x < 1;
+                             0.9 when neither --steps nor --threshold is given)
       --schedule <s>         linear (default) or cosine
       --remasking <r>        confidence (default) or random
+      --no-repeat-ngram <n>  a token that would repeat a run of n decided tokens gives way (default 0: off)
 
 Chat:
       --chat-template <name|file>  a Jinja chat template: a file, or a built-in name
@@ -85,6 +87,7 @@ const OPTIONS = {
   'diffusion-adapter': { type: 'string', multiple: true },
   steps: { type: 'string' },
   'block-size': { type: 'string' },
+  'no-repeat-ngram': { type: 'string' },
   threshold: { type: 'string' },
   schedule: { type: 'string' },
   remasking: { type: 'string' },
@@ -158,6 +161,7 @@ function diffusionOptions(values) {
     threshold: num(values, 'threshold'),
     schedule: values.schedule,
     remasking: values.remasking,
+    noRepeatNgram: num(values, 'no-repeat-ngram'),
   }
   const given = Object.entries(d).filter(([, v]) => v !== undefined)
   return given.length ? Object.fromEntries(given) : undefined

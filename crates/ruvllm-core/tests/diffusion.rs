@@ -99,7 +99,7 @@ fn decoder_mechanics() {
     // One token per step: as many steps as tokens; steps reported in order; the stream is the text.
     // Blocks of 6 (6, 6, 4): 1 - 1/6 is not exact in floating point, so a schedule computed in
     // floats would commit two in some step.
-    let d = DiffusionParams { block_size: 6, ..DiffusionParams::default() };
+    let d = DiffusionParams { block_size: 6, steps: Some(16), ..DiffusionParams::default() };
     let (c, events) = run(&e, prompt, params(16, d.clone(), 0.0, 0));
     let stats = c.diffusion.clone().expect("diffusion stats");
     assert!(c.completion_tokens <= 16);
@@ -130,7 +130,9 @@ fn decoder_mechanics() {
         for threshold in [None, Some(0.5)] {
             for (schedule, remasking) in [(Schedule::Linear, Remasking::Confidence), (Schedule::Cosine, Remasking::Random)] {
                 for steps in [None, Some(1), Some(3)] {
-                    let d = DiffusionParams { steps, block_size, threshold, schedule, remasking, ..DiffusionParams::default() };
+                    // Repetition-aware remasking and whole-block passes on some of them.
+                    let (no_repeat_ngram, reuse_rows) = (if steps == Some(3) { 2 } else { 0 }, threshold.is_none());
+                    let d = DiffusionParams { steps, block_size, threshold, schedule, remasking, no_repeat_ngram, reuse_rows };
                     let (c, _) = run(&e, prompt, params(12, d.clone(), 0.7, 3));
                     assert!(c.completion_tokens <= 12, "{d:?}");
                     let s = c.diffusion.unwrap();
@@ -169,6 +171,7 @@ fn bad_adapters_and_options_are_coded_errors() {
         DiffusionParams { block_size: 0, ..DiffusionParams::default() },
         DiffusionParams { steps: Some(0), ..DiffusionParams::default() },
         DiffusionParams { threshold: Some(1.5), ..DiffusionParams::default() },
+        DiffusionParams { no_repeat_ngram: 65, ..DiffusionParams::default() },
     ] {
         let err = e.generate_blocking(Prompt::Text("Hi".into()), params(8, d, 0.0, 0)).unwrap_err();
         assert_eq!(err.code(), "ERR_INVALID_ARG");

@@ -47,8 +47,9 @@ pub enum Remasking {
 /// A request's diffusion settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DiffusionParams {
-    /// Denoising steps for the whole answer, split over its blocks by length (`None`: one token
-    /// per step). Ignored with a threshold.
+    /// Denoising steps for the whole answer, split over its blocks by length (`steps == len`: one
+    /// token per step). Ignored with a threshold; without either, the threshold is
+    /// [`DEFAULT_THRESHOLD`].
     pub steps: Option<usize>,
     /// Positions per block.
     pub block_size: usize,
@@ -72,7 +73,7 @@ impl Default for DiffusionParams {
     fn default() -> Self {
         DiffusionParams {
             steps: None,
-            block_size: 32,
+            block_size: 8,
             threshold: None,
             schedule: Schedule::Linear,
             remasking: Remasking::Confidence,
@@ -103,6 +104,11 @@ impl DiffusionParams {
         Ok(())
     }
 }
+
+/// The confidence threshold a request runs with when it sets neither `steps` nor `threshold`:
+/// the setting that makes diffusion pay (two or more tokens per forward pass) at the
+/// generative perplexity of one token per step (BENCHMARKS.md, Diffusion LM).
+pub const DEFAULT_THRESHOLD: f32 = 0.9;
 
 /// A masked-diffusion model: the base model with its conversion adapters, one per range of mask
 /// ratios (one adapter for all of `[0, 1]` without TALoRA), and what was learned on top of them
@@ -228,6 +234,7 @@ impl DecodeStrategy for Diffusion<'_> {
     fn decode(&self, ctx: &mut DecodeContext<'_>, req: DecodeRequest<'_>) -> Result<Decoded> {
         self.params.validate()?;
         let (dm, p) = (self.model, self.params);
+        let threshold = p.threshold.or(p.steps.is_none().then_some(DEFAULT_THRESHOLD));
         let ids = req.prompt;
         let tok = ctx.tokenizer;
         let n_prompt = ids.len();
@@ -362,7 +369,7 @@ impl DecodeStrategy for Diffusion<'_> {
                 fresh[lo..].fill(true);
                 stats.forward_passes += 1;
                 // How many to commit now.
-                let n_commit = match p.threshold {
+                let n_commit = match threshold {
                     Some(tau) => cands.iter().filter(|c| c.confidence > tau).count().max(1),
                     None => {
                         // Positions left masked after step j of k: the schedule's fraction of the
@@ -380,7 +387,7 @@ impl DecodeStrategy for Diffusion<'_> {
                     }
                 }
                 .min(n_open);
-                match (p.threshold, p.remasking) {
+                match (threshold, p.remasking) {
                     (Some(_), _) | (None, Remasking::Confidence) => {
                         cands.sort_by(|a, b| b.confidence.total_cmp(&a.confidence).then(a.offset.cmp(&b.offset)));
                     }
@@ -595,4 +602,32 @@ pub fn elbo(ctx: &mut DecodeContext<'_>, dm: &DiffusionModel, ids: &[u32], p: El
     }
     ctx.cache.tokens.clear();
     Ok(total / p.samples as f64 / (n - 1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::repeats;
+
+    const M: u32 = 9;
+
+    #[test]
+    fn a_run_repeats_only_when_all_of_it_is_decided() {
+        let prompt = [1, 2, 3, 5];
+        let (answer, done) = ([1, 2, M, M, M], [true, true, false, false, false]);
+        // 1 2 3 at answer 0..3 is the prompt's 1 2 3.
+        assert!(repeats(&prompt, &answer, &done, M, 2, 3, 3));
+        assert!(!repeats(&prompt, &answer, &done, M, 2, 4, 3));
+        assert!(!repeats(&prompt, &answer, &done, M, 2, 3, 4), "1 2 3 5 is not 5 1 2 3");
+        assert!(!repeats(&prompt, &answer, &done, M, 2, 3, 0), "0 turns it off");
+        // A run with a masked position in it is not decided.
+        assert!(!repeats(&prompt, &answer, &done, M, 4, 3, 3));
+        // The token itself may be the run's first: 3 5 after the prompt's 3 5.
+        let (answer, done) = ([7, M, 5, M, M], [true, false, true, false, false]);
+        assert!(repeats(&prompt, &answer, &done, M, 1, 3, 2));
+        // Positions dropped after an end token hold the mask: they match nothing.
+        let (answer, done) = ([M, M, M, M, M], [false, true, true, true, true]);
+        assert!(!repeats(&[M, M], &answer, &done, M, 0, 4, 2));
+        // Runs longer than everything decided never repeat.
+        assert!(!repeats(&prompt, &answer, &done, M, 0, 1, 12));
+    }
 }

@@ -23,7 +23,8 @@ use crate::Result;
 
 pub use autoregressive::ArSequence;
 pub use diffusion::{
-    elbo, Diffusion, DiffusionModel, DiffusionParams, DiffusionStats, DiffusionStep, ElboParams, LearnedRange, Remasking, Schedule, MASK_GLYPH,
+    elbo, Diffusion, DiffusionModel, DiffusionParams, DiffusionStats, DiffusionStep, ElboParams, LearnedRange, Remasking, Schedule, DEFAULT_THRESHOLD,
+    MASK_GLYPH,
 };
 
 /// What a strategy works with: the worker's model, cache and backend.
