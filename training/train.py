@@ -232,7 +232,7 @@ def block_layout(L, P, bs, dev):
     return (src.to(dev), pos.to(dev), am[None, None].to(dev), torch.tensor(rows, device=dev), torch.tensor(tgts, device=dev), T)
 
 
-def block_loss(model, adapter, ids, gen, bs, train=True, clean=None):
+def block_loss(model, adapter, ids, gen, bs, train=True):
     """The masked-diffusion loss under the block decoder's attention (`block_layout`): one prompt
     length for the batch, a mask ratio t per sequence and block, the AR shift (a call's row j
     predicts the block's position j)."""
@@ -245,7 +245,7 @@ def block_loss(model, adapter, ids, gen, bs, train=True, clean=None):
     blk = (tgts - P) // bs  # (R,)
     tr = t[:, blk]  # (B, R)
     masked = torch.rand(Bsz, len(tgts), generator=gen, device=dev) < tr
-    x = (ids if clean is None else clean)[:, src]  # (B, T_max)
+    x = ids[:, src]  # (B, T_max)
     noisy_at = torch.zeros(Bsz, x.shape[1], dtype=torch.bool, device=dev)
     # A masked target is masked in its call (row j + 1 holds position j + 1).
     noisy_at[:, rows + 1] = masked

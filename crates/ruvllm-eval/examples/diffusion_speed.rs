@@ -2,6 +2,7 @@
 //! tokens/s of both (alternating, medians), tokens per step and forward passes, for profiling
 //! a denoising step.
 //! `cargo run --release -p ruvllm-eval --example diffusion_speed -- MODEL.gguf ADAPTER.gguf [threads] [rounds] [cpu|cuda] [threshold]`
+use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -14,34 +15,34 @@ const PROMPTS: [&str; 3] = [
     "The best way to learn a new language is",
 ];
 
-fn main() {
+fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().collect();
     let usage = "usage: diffusion_speed MODEL.gguf ADAPTER.gguf [threads] [rounds] [cpu|cuda] [threshold]";
-    let (model, adapter) = (Path::new(args.get(1).expect(usage)), PathBuf::from(args.get(2).expect(usage)));
-    let threads: usize = args.get(3).map_or(2, |s| s.parse().expect("threads"));
-    let rounds: usize = args.get(4).map_or(3, |s| s.parse().expect("rounds"));
+    let (Some(model), Some(adapter)) = (args.get(1), args.get(2)) else { return Err(usage.into()) };
+    let (model, adapter) = (Path::new(model), PathBuf::from(adapter));
+    let threads: usize = args.get(3).map_or(Ok(2), |s| s.parse())?;
+    let rounds: usize = args.get(4).map_or(Ok(3), |s| s.parse())?;
     let gpu = match args.get(5).map(String::as_str) {
         Some("cuda") => GpuMode::Cuda,
         _ => GpuMode::Off,
     };
-    let threshold: f32 = args.get(6).map_or(0.9, |s| s.parse().expect("threshold"));
-    let load = |diffusion: Vec<PathBuf>| {
-        Engine::load(model, LoadOptions { context_size: Some(1024), threads: Some(threads), gpu, diffusion, ..Default::default() }).expect("load")
-    };
-    let (ar, dm) = (load(vec![]), load(vec![adapter]));
-    let run = |e: &Engine, diffusion: Option<DiffusionParams>| {
+    let threshold: f32 = args.get(6).map_or(Ok(0.9), |s| s.parse())?;
+    let load =
+        |diffusion: Vec<PathBuf>| Engine::load(model, LoadOptions { context_size: Some(1024), threads: Some(threads), gpu, diffusion, ..Default::default() });
+    let (ar, dm) = (load(vec![])?, load(vec![adapter])?);
+    let run = |e: &Engine, diffusion: Option<DiffusionParams>| -> ruvllm_core::Result<(f64, usize, usize, usize)> {
         let t = Instant::now();
         let (mut n, mut steps, mut passes) = (0usize, 0usize, 0usize);
         for p in PROMPTS {
             let params = GenerateParams { max_tokens: 128, sampling: SamplingParams::greedy(), diffusion: diffusion.clone(), ..Default::default() };
-            let c = e.generate_blocking(Prompt::Text(p.into()), params).expect("generate");
+            let c = e.generate_blocking(Prompt::Text(p.into()), params)?;
             n += c.completion_tokens;
             if let Some(d) = &c.diffusion {
                 steps += d.steps;
                 passes += d.forward_passes;
             }
         }
-        (n as f64 / t.elapsed().as_secs_f64(), n, steps, passes)
+        Ok((n as f64 / t.elapsed().as_secs_f64(), n, steps, passes))
     };
     // DIFF_BLOCK, DIFF_NGRAM, DIFF_REUSE=0|1 override the decoder's defaults.
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
@@ -55,11 +56,11 @@ fn main() {
     };
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        a.push(run(&ar, None).0);
-        let r = run(&dm, Some(d.clone()));
+        a.push(run(&ar, None)?.0);
+        let r = run(&dm, Some(d.clone()))?;
         if std::env::var_os("DIFF_TEXT").is_some() {
             let params = GenerateParams { max_tokens: 128, sampling: SamplingParams::greedy(), diffusion: Some(d.clone()), ..Default::default() };
-            println!("{:?}", dm.generate_blocking(Prompt::Text(PROMPTS[0].into()), params).expect("generate").text);
+            println!("{:?}", dm.generate_blocking(Prompt::Text(PROMPTS[0].into()), params)?.text);
         }
         println!(
             "AR {:.1} tok/s, diffusion {:.1} tok/s ({} tokens, {:.2} per step, {} passes)",
@@ -77,4 +78,5 @@ fn main() {
     };
     let (ma, mb) = (median(a), median(b));
     println!("median: AR {ma:.1} tok/s, diffusion {mb:.1} tok/s, ratio {:.3}", mb / ma);
+    Ok(())
 }
