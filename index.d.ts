@@ -521,8 +521,9 @@ export interface DiffusionOptions {
   noRepeatNgram?: number
   /**
    * Rows of the block whose token did not change since they last ran keep their cached keys
-   * and values, and a step runs only from the first row that changed (default `true`; `false`
-   * runs the whole block every step).
+   * and values, a step runs only from the first row that changed, and a finished block's last
+   * commits run with the next block's first step (default `true`; `false` runs the whole block
+   * every step and each finished block once more on its own).
    */
   reuseRows?: boolean
 }

@@ -13,7 +13,8 @@
 #                          perturbed by a few ulps (`--perturb`: the check's noise floor), and
 #                          the JavaScript API on the GPU (benches/gpu.mjs)
 #   gpu-check.sh exact     the reference mode (RUVLLM_CUDA_EXACT=1) against the CPU's scalar path
-#                          (RUVLLM_FORCE_SCALAR=1): every operation on random inputs
+#                          (RUVLLM_FORCE_SCALAR=1) with the per-query attention the reference
+#                          mode reproduces (RUVLLM_NO_FLASH=1): every operation on random inputs
 #                          (examples/gpu_exact_ops.rs, no model needed), then the check's
 #                          criteria on the model (gpu_check), where both must be bit-identical
 #   gpu-check.sh js        only the JavaScript API on the GPU (benches/gpu.mjs)
@@ -80,7 +81,7 @@ check)
   ;;
 exact)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  export RUVLLM_CUDA_EXACT=1 RUVLLM_FORCE_SCALAR=1
+  export RUVLLM_CUDA_EXACT=1 RUVLLM_FORCE_SCALAR=1 RUVLLM_NO_FLASH=1
   rc=0
   "$WORK/gpu_exact_ops" || rc=$?
   if [ -s "$M" ]; then

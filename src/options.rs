@@ -433,6 +433,7 @@ pub fn load_options(v: Option<Val>) -> Res<LoadOptions> {
     parallel: int_in(bag, "parallel", 1.0, ruvllm_core::engine::MAX_PARALLEL as f64)?.map(|n| n as usize),
     prefix_cache_mb: int_in(bag, "prefixCacheMb", 0.0, 1048576.0)?.map(|n| n as usize),
     kv_type: kv_cache_type(field(bag, "kvCacheType")?)?,
+    merge_diffusion: None,
   })
 }
 

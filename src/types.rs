@@ -244,8 +244,9 @@ pub struct DiffusionOptions {
   /// off; an integer in 0..=64.
   pub no_repeat_ngram: Option<u32>,
   /// Rows of the block whose token did not change since they last ran keep their cached keys
-  /// and values, and a step runs only from the first row that changed (default `true`; `false`
-  /// runs the whole block every step).
+  /// and values, a step runs only from the first row that changed, and a finished block's last
+  /// commits run with the next block's first step (default `true`; `false` runs the whole block
+  /// every step and each finished block once more on its own).
   pub reuse_rows: Option<bool>,
 }
 

@@ -50,6 +50,9 @@ impl<B: Memory> Memory for HostPicks<B> {
     fn max_batch(&self) -> usize {
         self.inner.max_batch()
     }
+    fn prefers_merged_adapters(&self) -> bool {
+        self.inner.prefers_merged_adapters()
+    }
     fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache {
         self.inner.new_layer_cache(capacity, row, ty)
     }

@@ -179,6 +179,12 @@ pub trait Memory {
     fn reserve(&mut self, widths: BufWidths, max_batch: usize);
     /// The most tokens one pass may carry (0 before [`reserve`](Memory::reserve)).
     fn max_batch(&self) -> usize;
+    /// Whether an adapter that every pass applies had better be folded into a copy of the
+    /// weights than run as low-rank products: on a GPU each product is two launches per
+    /// projection; on the CPU they cost about what the copy's larger weights would.
+    fn prefers_merged_adapters(&self) -> bool {
+        false
+    }
     /// The KV rows of one layer: `capacity` slots of `row` floats each for keys and values.
     fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache;
     /// Waits until the work asked for so far is done (a GPU runs it asynchronously): what a
@@ -331,6 +337,10 @@ pub trait HeadScreening {
     fn lm_head_argmax(&mut self, output: &QWeight, norm: &[f32], eps: f32, softcap: Option<f32>, row: usize) -> Option<u32>;
 }
 
+/// [`DevicePicks::top_logits_norm`]'s answer: each row's best [`TOP_LOGITS`] logits (rows one
+/// after another) and each row's log-sum-exp.
+pub type TopNorms = (Vec<(u32, f32)>, Vec<f64>);
+
 /// Optional: picks made from the last LM head's logits where they were computed, so that only
 /// ids (or a few candidates) cross back, not vocabulary rows. Each `None`: take the logits
 /// ([`Backend::logits`]) instead.
@@ -343,6 +353,12 @@ pub trait DevicePicks {
     /// lower id on ties; NaN and -inf as -inf, +inf as `f32::MAX`), rows one after another
     /// (what [`Sampler::sample_top`](crate::sampling::Sampler::sample_top) samples from).
     fn top_logits(&mut self) -> Option<Vec<(u32, f32)>>;
+    /// [`top_logits`](DevicePicks::top_logits) with token `drop` (if any) taken out of every
+    /// row first (as if its logit were -inf), and each row's log-sum-exp over the rest of the
+    /// row: what a diffusion step's sampling and confidences need, without the rows.
+    fn top_logits_norm(&mut self, _drop: Option<u32>) -> Option<TopNorms> {
+        None
+    }
 }
 
 /// Optional: greedy picks queued without waiting for them, so that the pass for the next

@@ -57,6 +57,10 @@ pub struct LoadOptions {
     pub prefix_cache_mb: Option<usize>,
     /// How the KV cache stores keys and values (default [`KvType::F16`]).
     pub kv_type: Option<KvType>,
+    /// Whether a diffusion model's one conversion adapter is folded into a copy of the weights
+    /// ([`DiffusionModel::merge`]); default: `RUVLLM_DIFFUSION_MERGE`, else as the backend
+    /// prefers (on a GPU, not in its reference mode).
+    pub merge_diffusion: Option<bool>,
 }
 
 /// Where the forward pass runs.
@@ -543,7 +547,7 @@ impl Engine {
             None
         } else {
             let adapters = opts.diffusion.iter().map(|p| LoraAdapter::load(p, &cfg, &cfg.architecture).map(Arc::new)).collect::<Result<Vec<_>>>()?;
-            Some(Arc::new(DiffusionModel::new(adapters)?))
+            Some(DiffusionModel::new(adapters)?)
         };
         let kv_type = opts.kv_type.unwrap_or_default();
         let kv_row = cfg.n_kv_head * cfg.head_dim;
@@ -551,6 +555,15 @@ impl Engine {
             return Err(Error::InvalidArg(format!("kvCacheType 'q8_0' stores blocks of {Q8_BLOCK} values; this model's key rows have {kv_row}")));
         }
         let (backend, max_batch) = open_backend(opts.gpu, &model, threads, context, kv_type)?;
+        let diffusion = match diffusion {
+            Some(mut dm) => {
+                if opts.merge_diffusion.or_else(crate::runtime::diffusion_merge).unwrap_or_else(|| backend.prefers_merged_adapters()) {
+                    dm.merge(&model, threads)?;
+                }
+                Some(Arc::new(dm))
+            }
+            None => None,
+        };
         let mut info = model_info(&file, &cfg, context, threads, tokenizer.vocab_size(), template.is_some());
         info.diffusion = diffusion.is_some();
         info.backend = backend.describe();

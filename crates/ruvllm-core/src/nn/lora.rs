@@ -389,6 +389,21 @@ impl LoraAdapter {
         Self::from_pairs(path, AdapterFormat::Peft, cfg, base_scale, pairs)
     }
 
+    /// This adapter without its factors (a new id, the same diffusion metadata and mask
+    /// embedding): what still applies to a model its factors were merged into.
+    pub fn without_factors(&self) -> LoraAdapter {
+        LoraAdapter {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            path: self.path.clone(),
+            format: self.format,
+            rank: 0,
+            base_scale: self.base_scale,
+            targets: Vec::new(),
+            layers: self.layers.iter().map(|_| Default::default()).collect(),
+            diffusion: self.diffusion.clone(),
+        }
+    }
+
     /// The factors of block `layer`'s projection `p`, if the adapter changes it.
     pub fn pair(&self, layer: usize, p: Proj) -> Option<&LoraPair> {
         self.layers.get(layer).and_then(|l| l[p.index()].as_ref())

@@ -11,8 +11,9 @@
 //! | `RUVLLM_NO_GEMM` | no tile GEMM (AVX-512 or AVX2): the per-row kernels for prefill too |
 //! | `RUVLLM_NO_FLASH` | no tiled attention: prefill's attention runs the per-query kernels decode runs |
 //! | `RUVLLM_CPU_AHEAD=1` | an engine loaded on the CPU decodes greedily ahead, as on a GPU ([`cpu_run_ahead`]) |
+//! | `RUVLLM_DIFFUSION_MERGE=0\|1` | a diffusion model's conversion adapter is (1) or is not (0) folded into a copy of the weights, whatever the backend prefers ([`diffusion_merge`]) |
 //!
-//! The switches are read once, when [`cpu`] is first called (`RUVLLM_CPU_AHEAD` at each load). [`ThreadPool`] is the workers the
+//! The switches are read once, when [`cpu`] is first called (`RUVLLM_CPU_AHEAD` and `RUVLLM_DIFFUSION_MERGE` at each load). [`ThreadPool`] is the workers the
 //! kernels split their work over.
 
 pub mod mem;
@@ -92,6 +93,17 @@ pub fn cpu() -> &'static CpuFeatures {
 /// test); read at each load.
 pub fn cpu_run_ahead() -> bool {
     std::env::var("RUVLLM_CPU_AHEAD").is_ok_and(|v| v == "1")
+}
+
+/// Whether a diffusion model loaded now folds its one conversion adapter into a copy of the
+/// weights (`DiffusionModel::merge`), when `RUVLLM_DIFFUSION_MERGE` says; `None`: as the
+/// backend prefers (`Memory::prefers_merged_adapters`). Read at each load.
+pub fn diffusion_merge() -> Option<bool> {
+    match std::env::var("RUVLLM_DIFFUSION_MERGE").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

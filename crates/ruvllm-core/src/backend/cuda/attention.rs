@@ -28,7 +28,7 @@ impl CudaBackend {
             return self.ref_attention(cache, shape, mask, window, pos0, n);
         }
         let Some(kv) = self.kv_ref(cache) else { return };
-        self.attention_kernel(kv, shape, mask, window, n, pos0 + n, n <= MMV_MAX, fuse, [0, 0]);
+        self.attention_kernel(kv, shape, mask, window, n, pos0 + n, n <= GRAPH_ROWS, fuse, [0, 0]);
     }
 
     /// The attention kernel for `n` rows whose spans end at most at `end`; `decode`: one token

@@ -142,7 +142,7 @@ impl CudaBackend {
             lora: HashMap::new(),
             pending: Vec::new(),
             graphs: HashMap::new(),
-            last_sig: 0,
+            seen: Default::default(),
             graphs_on: graphs_on && std::env::var_os("RUVLLM_CUDA_PROFILE").is_none(),
             profile: std::env::var_os("RUVLLM_CUDA_PROFILE").map(|_| HashMap::new()),
             pdl,

@@ -56,14 +56,14 @@ impl CudaBackend {
             // SAFETY: our event, on our stream.
             unsafe { check(api, "cuEventRecord", (api.event_record)(self.step_ev[slot], self.stream))? };
             self.step_slot ^= 1;
-            let graphable = self.graphs_on && (self.step[1] == 1 || self.segs.is_some_and(|p| p.decode));
+            let graphable = self.graphs_on && (self.step[1] as usize <= GRAPH_ROWS || self.segs.is_some_and(|p| p.decode));
             let sig = if graphable { signature(&self.pending) } else { 0 };
             if graphable {
                 if let Some(g) = self.graphs.get(&sig) {
                     let exec = g.exec;
                     return self.launch_graph(exec);
                 }
-                if sig == self.last_sig {
+                if self.seen.remove(&sig) {
                     let t0 = std::time::Instant::now();
                     let g = self.capture()?;
                     if let Some(t) = self.timing.as_mut() {
@@ -77,7 +77,10 @@ impl CudaBackend {
                     self.graphs.insert(sig, g);
                     return Ok(());
                 }
-                self.last_sig = sig;
+                if self.seen.len() >= MAX_SEEN {
+                    self.seen.clear();
+                }
+                self.seen.insert(sig);
                 if let Some(t) = self.timing.as_mut() {
                     t.uncaptured += 1;
                 }
@@ -213,7 +216,7 @@ impl CudaBackend {
     /// Destroys the captured graphs (call with the stream idle): before a buffer they use is
     /// replaced or freed.
     pub(super) fn clear_graphs(&mut self) {
-        self.last_sig = 0;
+        self.seen.clear();
         if let Some(t) = self.timing.as_mut().filter(|_| !self.graphs.is_empty()) {
             t.clears += 1;
         }

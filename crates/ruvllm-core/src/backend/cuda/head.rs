@@ -136,28 +136,49 @@ impl DevicePicks for CudaBackend {
         self.rows_host.as_mut().map(|h| h.as_i32(m).iter().map(|&i| i as u32).collect())
     }
     fn top_logits(&mut self) -> Option<Vec<(u32, f32)>> {
+        self.top_lists(None, false).map(|t| t.0)
+    }
+    fn top_logits_norm(&mut self, drop: Option<u32>) -> Option<crate::backend::TopNorms> {
+        self.top_lists(drop, true)
+    }
+}
+
+impl CudaBackend {
+    /// `top_logits`, after `drop`'s logit is made -inf in every row, and with `norms` each row's
+    /// log-sum-exp (parts found on the device, merged here in f64).
+    fn top_lists(&mut self, drop: Option<u32>, norms: bool) -> Option<crate::backend::TopNorms> {
         let (m, v) = (self.head_rows, self.widths.vocab_size);
         if m == 0 || self.exact || !self.ok() {
             return None;
         }
         let lists = v.div_ceil(TOP_SLICE);
-        // One stage's lists: m × lists × TOP_LOGITS values, then as many ids.
+        // One stage's lists: m × lists × TOP_LOGITS values, then as many ids; then the
+        // log-sum-exp parts (max, sum) of each row.
         let half = m * lists * TOP_LOGITS;
-        if self.top_dev.as_ref().is_none_or(|d| d.bytes < 4 * half * 4) || self.top_host.as_ref().is_none_or(|h| h.bytes < m * TOP_LOGITS * 8) {
+        let parts = m * LSE_PARTS * 2;
+        let (dev_bytes, host_bytes) = (4 * half * 4 + parts * 4, m * TOP_LOGITS * 8 + parts * 4);
+        if self.top_dev.as_ref().is_none_or(|d| d.bytes < dev_bytes) || self.top_host.as_ref().is_none_or(|h| h.bytes < host_bytes) {
             // Sends the LM head first; captured graphs point at the buffer being replaced.
             self.flush();
             self.sync();
             self.clear_graphs();
-            self.top_dev = self.alloc(4 * half * 4);
+            self.top_dev = self.alloc(dev_bytes);
             self.current();
-            self.top_host = HostMem::alloc(self.api, self.ctx, m * TOP_LOGITS * 8).map_err(|e| self.fail(gpu_error(&e))).ok();
+            self.top_host = HostMem::alloc(self.api, self.ctx, host_bytes).map_err(|e| self.fail(gpu_error(&e))).ok();
             if !self.ok() {
                 return None;
             }
         }
         let base = Self::ptr_of(&self.top_dev);
         let stage = |k: u64| (base + k * 2 * (half as u64) * 4, base + (k * 2 + 1) * (half as u64) * 4);
+        let lse = base + 4 * (half as u64) * 4;
         let logits = Self::ptr_of(&self.logits_dev);
+        if let Some(id) = drop.filter(|&id| (id as usize) < v) {
+            self.push("drop_logit", [1, 1, 1], 32, Args::new().ptr(logits).i32(v as i32).i32(m as i32).i32(id as i32));
+        }
+        if norms {
+            self.push("row_lse", [LSE_PARTS as u32, m as u32, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(lse));
+        }
         let (sv, si) = stage(0);
         self.push("top1", [lists as u32, m as u32, 1], 256, Args::new().ptr(logits).i32(v as i32).ptr(sv).ptr(si));
         let (mut k, mut n) = (0, lists);
@@ -170,16 +191,33 @@ impl DevicePicks for CudaBackend {
         self.flush();
         let (rv, ri) = stage(k);
         let dst = self.top_host.as_ref()?.ptr;
+        let at = |bytes: usize| (dst as *mut u8).wrapping_add(bytes) as *mut c_void;
         self.copy_back(dst, rv, m * TOP_LOGITS * 4);
-        self.copy_back((dst as *mut u8).wrapping_add(m * TOP_LOGITS * 4) as *mut c_void, ri, m * TOP_LOGITS * 4);
+        self.copy_back(at(m * TOP_LOGITS * 4), ri, m * TOP_LOGITS * 4);
+        if norms {
+            self.copy_back(at(m * TOP_LOGITS * 8), lse, parts * 4);
+        }
         self.sync();
         if !self.ok() {
             return None;
         }
-        let h = self.top_host.as_mut()?.as_f32(2 * m * TOP_LOGITS);
-        let (vals, ids) = h.split_at(m * TOP_LOGITS);
-        Some(ids.iter().zip(vals).map(|(&i, &l)| (i.to_bits(), l)).collect())
+        let h = self.top_host.as_mut()?.as_f32(2 * m * TOP_LOGITS + parts);
+        let (vals, rest) = h.split_at(m * TOP_LOGITS);
+        let (ids, lse) = rest.split_at(m * TOP_LOGITS);
+        let top = ids.iter().zip(vals).map(|(&i, &l)| (i.to_bits(), l)).collect();
+        let norms = if norms { lse.chunks_exact(LSE_PARTS * 2).map(merge_lse).collect() } else { Vec::new() };
+        Some((top, norms))
     }
+}
+
+/// A row's log-sum-exp from its parts' (max, sum of exp(x - max)) pairs (`row_lse`).
+fn merge_lse(parts: &[f32]) -> f64 {
+    let top = parts.chunks_exact(2).map(|p| p[0]).fold(f32::NEG_INFINITY, f32::max);
+    if top == f32::NEG_INFINITY {
+        return f64::NEG_INFINITY;
+    }
+    let sum: f64 = parts.chunks_exact(2).filter(|p| p[0] > f32::NEG_INFINITY).map(|p| p[1] as f64 * (p[0] as f64 - top as f64).exp()).sum();
+    top as f64 + sum.ln()
 }
 
 impl PickQueue for CudaBackend {

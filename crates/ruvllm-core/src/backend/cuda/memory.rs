@@ -125,6 +125,10 @@ impl Memory for CudaBackend {
     fn max_batch(&self) -> usize {
         self.max_batch
     }
+    fn prefers_merged_adapters(&self) -> bool {
+        // The reference mode runs what the CPU runs.
+        !self.exact
+    }
     fn new_layer_cache(&self, capacity: usize, row: usize, ty: KvType) -> LayerCache {
         // The engine opens no CUDA backend for a q8_0 cache (`open_cuda`).
         assert!(ty != KvType::Q8_0, "the CUDA backend has no q8_0 KV cache");

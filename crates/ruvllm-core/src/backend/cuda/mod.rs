@@ -91,8 +91,15 @@ const MMV1_MAX_COLS: usize = 4096;
 /// Step-block words of one `SegKv` (kernels.cu): K and V pointers, capacity, f16 flag.
 const SEG_KV_WORDS: usize = 6;
 /// Captured steps kept before all are dropped: one per batch size of decode steps (1–16
-/// sequences, the run-ahead pass beside the one-sequence one) and a few more.
-const MAX_GRAPHS: usize = 64;
+/// sequences, the run-ahead pass beside the one-sequence one) and per (rows, head rows) of a
+/// diffusion step (up to ~45 with blocks of 8).
+const MAX_GRAPHS: usize = 128;
+/// Passes of at most this many rows are captured as graphs when their launch list comes back
+/// (decode steps, diffusion steps, short prompts): their launches name no position (the
+/// attention takes a fixed split count, see `attention_launch`).
+const GRAPH_ROWS: usize = 32;
+/// Most launch lists remembered as seen once.
+const MAX_SEEN: usize = 512;
 /// The most tokens the decode-batch products (`mmvq*`) take, and the most 64-row MMQ tiles a
 /// product of up to 4 tokens may have for them (an LM head's 262,144 rows read through `mmvq`
 /// would read the activations once per row: MMQ).
@@ -104,6 +111,8 @@ const MMVQ1_WIDTH: usize = 768;
 const ROW_ARGMAX_PARTS: usize = 64;
 /// `top1`'s slice of a row and `top2`'s lists per block (kernels.cu `TOP_SLICE`).
 const TOP_SLICE: usize = 2048;
+/// Blocks per row of `row_lse` (each ~8,000 logits of a 262,144-token vocabulary).
+const LSE_PARTS: usize = 32;
 const TOP_MERGE: usize = TOP_SLICE / TOP_LOGITS;
 
 /// Whether the CUDA kernels run a model with these weights, attention shape, width and KV
@@ -320,7 +329,8 @@ pub struct CudaBackend {
     lora: HashMap<u64, (DevMem, DevMem)>,
     pending: Vec<Launch>,
     graphs: HashMap<u64, Graph>,
-    last_sig: u64,
+    /// Launch lists seen once and not captured yet (a list is captured the second time).
+    seen: std::collections::HashSet<u64>,
     graphs_on: bool,
     /// `RUVLLM_CUDA_PROFILE=1`: time every kernel with events (no graphs), report at drop.
     profile: Option<HashMap<String, (u64, f64)>>,

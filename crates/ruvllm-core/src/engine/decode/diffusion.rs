@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{DecodeContext, DecodeRequest, DecodeStrategy, Decoded};
+use crate::backend::TOP_LOGITS;
 use crate::engine::{Event, FinishReason};
-use crate::models::Outputs;
+use crate::models::{Outputs, Segment, Transformer};
 use crate::nn::{AdapterSet, AttentionMask, LoraAdapter};
 use crate::sampling::{log_softmax_at, log_softmax_top, Rng, Sampler, StopMatcher, StopResult};
 use crate::tokenizer::StreamDecoder;
@@ -64,8 +65,10 @@ pub struct DiffusionParams {
     /// stays masked for a later step (0: off).
     pub no_repeat_ngram: usize,
     /// Rows of the block whose token has not changed since they last ran keep their cached
-    /// keys and values, and a step runs only from the first row that changed or is asked for
-    /// (`false`: every step runs the whole block, Fast-dLLM's prefix cache).
+    /// keys and values, a step runs only from the first row that changed or is asked for, and
+    /// a finished block's changed rows run with the next block's first step (so they also see
+    /// its masks) instead of in a pass of their own (`false`: every step runs the whole block
+    /// and each finished block runs once more, Fast-dLLM's prefix cache).
     pub reuse_rows: bool,
 }
 
@@ -113,13 +116,27 @@ pub const DEFAULT_THRESHOLD: f32 = 0.9;
 /// A masked-diffusion model: the base model with its conversion adapters, one per range of mask
 /// ratios (one adapter for all of `[0, 1]` without TALoRA), and what was learned on top of them
 /// (SONA's TALoRA: adapters per range of mask ratios, [`DiffusionModel::set_learned`]).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DiffusionModel {
     pub mask_token: u32,
     pub shift: bool,
     /// Sorted by `t_min`; together they cover `[0, 1]`.
     pub adapters: Vec<Arc<LoraAdapter>>,
     learned: Arc<std::sync::RwLock<Vec<LearnedRange>>>,
+    /// The base model with the one conversion adapter folded into its weights
+    /// ([`DiffusionModel::merge`]), and that adapter without its factors (its mask embedding).
+    merged: Option<(Arc<Transformer>, Arc<LoraAdapter>)>,
+}
+
+impl std::fmt::Debug for DiffusionModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiffusionModel")
+            .field("mask_token", &self.mask_token)
+            .field("shift", &self.shift)
+            .field("adapters", &self.adapters)
+            .field("merged", &self.merged.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Learned adapters applied, after the conversion adapter, at mask ratios in `[t_min, t_max)`
@@ -158,7 +175,26 @@ impl DiffusionModel {
             return Err(Error::InvalidArg(format!("the diffusion adapters cover mask ratios up to {end}, not 1")));
         }
         let adapters = ranges.into_iter().map(|(_, a)| a).collect();
-        Ok(DiffusionModel { mask_token, shift, adapters, learned: Default::default() })
+        Ok(DiffusionModel { mask_token, shift, adapters, learned: Default::default(), merged: None })
+    }
+
+    /// Folds the conversion adapter into a copy of `base`'s projection weights, stored as Q8_0,
+    /// so that a step runs no low-rank products (on a GPU they were two thirds of a step's
+    /// launches; an H200 decodes twice as fast with the copy). Only for one adapter covering
+    /// every mask ratio (TALoRA's several would need a copy each); the copy costs the layers'
+    /// size again in Q8_0 (~107 MB for Gemma 3 270M). F16 copies score the same held-out ELBO
+    /// but run the GPU's many-row products on its float GEMM, at a fifth of the speed.
+    pub fn merge(&mut self, base: &Transformer, threads: usize) -> Result<()> {
+        if let [a] = &self.adapters[..] {
+            let model = base.merged(a, 1.0, crate::gguf::GgmlType::Q8_0, threads)?;
+            self.merged = Some((Arc::new(model), Arc::new(a.without_factors())));
+        }
+        Ok(())
+    }
+
+    /// The model a step runs: the merged copy, or `base` with the conversion adapters.
+    pub fn model<'a>(&'a self, base: &'a Transformer) -> &'a Transformer {
+        self.merged.as_ref().map_or(base, |m| &m.0)
     }
 
     /// Makes `ranges` the learned adapters (from the next step on; empty: none).
@@ -168,8 +204,11 @@ impl DiffusionModel {
 
     /// What the forward pass applies at mask ratio `ratio`: the conversion adapter for it, then
     /// the learned adapters of the range holding it.
+    /// With a merged model ([`DiffusionModel::merge`]) the conversion adapter is there without
+    /// its factors.
     pub fn adapter_set(&self, ratio: f32) -> AdapterSet {
-        let mut set = vec![(self.adapter_for(ratio).clone(), 1.0)];
+        let conversion = self.merged.as_ref().map_or_else(|| self.adapter_for(ratio), |m| &m.1);
+        let mut set = vec![(conversion.clone(), 1.0)];
         let learned = self.learned.read().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = learned.iter().find(|r| ratio >= r.t_min && (ratio < r.t_max || (r.t_max >= 1.0 && ratio >= 1.0))) {
             set.extend(r.adapters.iter().map(|a| (a.clone(), 1.0)));
@@ -234,6 +273,9 @@ impl DecodeStrategy for Diffusion<'_> {
     fn decode(&self, ctx: &mut DecodeContext<'_>, req: DecodeRequest<'_>) -> Result<Decoded> {
         self.params.validate()?;
         let (dm, p) = (self.model, self.params);
+        let model = dm.model(ctx.model);
+        // A backend that picks where the logits are (a GPU) hands back a few per row.
+        let on_device = ctx.backend.device_picks().is_some();
         let threshold = p.threshold.or(p.steps.is_none().then_some(DEFAULT_THRESHOLD));
         let ids = req.prompt;
         let tok = ctx.tokenizer;
@@ -263,7 +305,7 @@ impl DecodeStrategy for Diffusion<'_> {
             if req.cancel.load(Ordering::Relaxed) {
                 return Ok(Decoded::aborted());
             }
-            ctx.model.forward_each(chunk, i * batch, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&[]), &mut |_, _| {})?;
+            model.forward_each(chunk, i * batch, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&[]), &mut |_, _| {})?;
             stats.forward_passes += 1;
         }
         let prefill_s = t_prefill.elapsed().as_secs_f64();
@@ -281,7 +323,11 @@ impl DecodeStrategy for Diffusion<'_> {
         let mut stopped_by_string = false;
         let mut step = 0usize;
         let t_decode = Instant::now();
-        let mut input = Vec::with_capacity(block + 1);
+        let mut input = Vec::with_capacity(2 * block + 1);
+        // A finished block's rows still to run, before the next block's first call (they end
+        // where that call starts).
+        let mut carry: Vec<u32> = Vec::with_capacity(block);
+        let carry_fits = p.reuse_rows && 2 * block + shift <= batch;
         let mut rows = Vec::with_capacity(block);
         let mut call_rows = Vec::with_capacity(block);
         let mut cands: Vec<Candidate> = Vec::with_capacity(block);
@@ -333,6 +379,9 @@ impl DecodeStrategy for Diffusion<'_> {
                     break 'blocks;
                 }
                 block_input(&mut input, &answer, s, e);
+                // Only the block's first call carries rows (every row of it runs then).
+                let ext = carry.len();
+                input.splice(0..0, carry.drain(..));
                 let ratio = n_open as f32 / (e - s) as f32;
                 let set = dm.adapter_set(ratio);
                 if !ctx.cache.adapters.same_as(&set) {
@@ -340,33 +389,53 @@ impl DecodeStrategy for Diffusion<'_> {
                     // Keys and values computed under another adapter are not this step's.
                     fresh.fill(false);
                 }
-                let lo = first_row(fresh, rows.first().copied());
+                let lo = if ext > 0 { 0 } else { first_row(fresh, rows.first().copied()) };
                 call_rows.clear();
-                call_rows.extend(rows.iter().map(|r| r - lo));
+                call_rows.extend(rows.iter().map(|r| r + ext - lo));
+                let pos = call0 + lo - ext;
                 cands.clear();
                 let mask_id = dm.mask_token as usize;
-                ctx.model.forward_each(&input[lo..], call0 + lo, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&call_rows), &mut |i, logits| {
-                    let offset = s + rows[i];
-                    row_logits.clear();
-                    row_logits.extend_from_slice(logits);
-                    if let Some(v) = row_logits.get_mut(mask_id) {
-                        *v = f32::NEG_INFINITY;
-                    }
-                    // The normaliser before sampling, which may modify the logits.
-                    let norm = log_softmax_top(&row_logits, 0).0;
-                    let mut token = sampler.sample(&mut row_logits, &[]);
-                    // A token that would repeat a run gives way to the position's next choice.
-                    for _ in 0..MAX_REPEAT_RETRIES {
-                        if !repeats(ids, &answer, &done, dm.mask_token, offset, token, n_gram) {
-                            break;
+                let repeat = |offset: usize, token: u32| repeats(ids, &answer, &done, dm.mask_token, offset, token, n_gram);
+                if on_device {
+                    // The rows stay on the device: only each row's best logits and its
+                    // normaliser come back, unless a pick needs the whole row.
+                    model.forward_segments(&mut [Segment { tokens: &input[lo..], pos0: pos, cache: ctx.cache }], mask, ctx.backend)?;
+                    model.heads_deferred(ctx.backend, &call_rows);
+                    let top = ctx.backend.device_picks().and_then(|d| d.top_logits_norm(Some(dm.mask_token)));
+                    ctx.backend.status()?;
+                    let mut whole = Vec::new();
+                    match top {
+                        Some((top, norms)) if top.len() == call_rows.len() * TOP_LOGITS && norms.len() == call_rows.len() => {
+                            for (i, (list, &norm)) in top.chunks_exact(TOP_LOGITS).zip(&norms).enumerate() {
+                                let offset = s + rows[i];
+                                match pick_top(&mut sampler, list, norm, |t| repeat(offset, t)) {
+                                    Some((token, confidence)) => cands.push(Candidate { offset, token, confidence }),
+                                    None => whole.push(i),
+                                }
+                            }
                         }
-                        row_logits[token as usize] = f32::NEG_INFINITY;
-                        token = sampler.sample(&mut row_logits, &[]);
+                        _ => whole.extend(0..call_rows.len()),
                     }
-                    let confidence = (logits[token as usize] as f64 - norm).exp() as f32;
-                    cands.push(Candidate { offset, token, confidence });
-                })?;
-                fresh[lo..].fill(true);
+                    if !whole.is_empty() {
+                        let v = model.cfg.vocab_size;
+                        let logits = ctx.backend.logits();
+                        if logits.len() < call_rows.len() * v {
+                            return Err(Error::Internal(format!("the LM head gave {} logits for {} rows", logits.len(), call_rows.len())));
+                        }
+                        for i in whole {
+                            let offset = s + rows[i];
+                            let (token, confidence) = pick_row(&mut sampler, &mut row_logits, &logits[i * v..(i + 1) * v], mask_id, |t| repeat(offset, t));
+                            cands.push(Candidate { offset, token, confidence });
+                        }
+                    }
+                } else {
+                    model.forward_each(&input[lo..], pos, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&call_rows), &mut |i, logits| {
+                        let offset = s + rows[i];
+                        let (token, confidence) = pick_row(&mut sampler, &mut row_logits, logits, mask_id, |t| repeat(offset, t));
+                        cands.push(Candidate { offset, token, confidence });
+                    })?;
+                }
+                fresh[lo.saturating_sub(ext)..].fill(true);
                 stats.forward_passes += 1;
                 // How many to commit now.
                 let n_commit = match threshold {
@@ -452,8 +521,11 @@ impl DecodeStrategy for Diffusion<'_> {
             if e < len && end.is_none() {
                 block_input(&mut input, &answer, s, e);
                 let lo = first_row(fresh, None);
-                if lo < input.len() {
-                    ctx.model.forward_each(&input[lo..], call0 + lo, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&[]), &mut |_, _| {})?;
+                if carry_fits {
+                    // Its last row (with the shift) starts the next block's call anyway.
+                    carry.extend_from_slice(&input[lo.min(input.len() - shift)..input.len() - shift]);
+                } else if lo < input.len() {
+                    model.forward_each(&input[lo..], call0 + lo, mask, ctx.cache, ctx.backend, Outputs::LogitsOf(&[]), &mut |_, _| {})?;
                     stats.forward_passes += 1;
                 }
             }
@@ -470,6 +542,44 @@ impl DecodeStrategy for Diffusion<'_> {
         stats.tokens_per_step = if step == 0 { 0.0 } else { tokens.len() as f64 / step as f64 };
         Ok(finish(tokens, text, reason, ttft.unwrap_or(0.0), prefix, prefill_s, t_decode.elapsed().as_secs_f64(), stats))
     }
+}
+
+/// A masked position's token and confidence from its row's logits: the mask token left out,
+/// the normaliser taken before sampling (which may modify the row), and a token that would
+/// repeat a run (`repeat`) giving way to the position's next choice.
+fn pick_row(sampler: &mut Sampler, row: &mut Vec<f32>, logits: &[f32], mask_id: usize, repeat: impl Fn(u32) -> bool) -> (u32, f32) {
+    row.clear();
+    row.extend_from_slice(logits);
+    if let Some(v) = row.get_mut(mask_id) {
+        *v = f32::NEG_INFINITY;
+    }
+    let norm = log_softmax_top(row, 0).0;
+    let mut token = sampler.sample(row, &[]);
+    for _ in 0..MAX_REPEAT_RETRIES {
+        if !repeat(token) {
+            break;
+        }
+        row[token as usize] = f32::NEG_INFINITY;
+        token = sampler.sample(row, &[]);
+    }
+    (token, (logits[token as usize] as f64 - norm).exp() as f32)
+}
+
+/// [`pick_row`] from the row's best logits (`DevicePicks::top_logits_norm`, the mask token
+/// already out) and its normaliser `norm`; `None` where they do not decide the pick as the
+/// whole row would ([`Sampler::sample_top`]).
+fn pick_top(sampler: &mut Sampler, top: &[(u32, f32)], norm: f64, repeat: impl Fn(u32) -> bool) -> Option<(u32, f32)> {
+    let mut list = top.to_vec();
+    let mut token = sampler.sample_top(&list, &[])?;
+    for _ in 0..MAX_REPEAT_RETRIES {
+        if !repeat(token) {
+            break;
+        }
+        list.iter_mut().find(|c| c.0 == token)?.1 = f32::NEG_INFINITY;
+        token = sampler.sample_top(&list, &[])?;
+    }
+    let logit = top.iter().find(|c| c.0 == token)?.1;
+    Some((token, (logit as f64 - norm).exp() as f32))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -568,6 +678,7 @@ pub fn elbo(ctx: &mut DecodeContext<'_>, dm: &DiffusionModel, ids: &[u32], p: El
     }
     let mut rng = Rng::new(p.seed);
     let shift = usize::from(dm.shift);
+    let model = dm.model(ctx.model);
     let mut total = 0.0f64;
     let mut input = ids.to_vec();
     let mut rows = Vec::with_capacity(n);
@@ -595,7 +706,7 @@ pub fn elbo(ctx: &mut DecodeContext<'_>, dm: &DiffusionModel, ids: &[u32], p: El
         }
         ctx.cache.adapters = dm.adapter_set(t as f32);
         let mut ce = 0.0f64;
-        ctx.model.forward_each(&input, 0, AttentionMask::Bidirectional, ctx.cache, ctx.backend, Outputs::LogitsOf(&rows), &mut |r, logits| {
+        model.forward_each(&input, 0, AttentionMask::Bidirectional, ctx.cache, ctx.backend, Outputs::LogitsOf(&rows), &mut |r, logits| {
             ce -= log_softmax_at(logits, targets[r] as usize).0;
         })?;
         total += ce / t;

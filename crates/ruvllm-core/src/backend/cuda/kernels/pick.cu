@@ -192,3 +192,51 @@ extern "C" __global__ void __launch_bounds__(256) top2(const float* iv, const in
     const size_t out = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TOPC;
     top_keep(v, id, ov + out, oi + out);
 }
+
+// ---------------------------------------------------------------------------------------------
+// What a diffusion step's confidences need besides the best logits: each row's log-sum-exp,
+// with one token (the mask) taken out of every row first.
+
+// Rows 0..rows-1 of `logits` (rows of `count`): logit `id` becomes -inf.
+extern "C" __global__ void drop_logit(float* logits, int count, int rows, int id) {
+    PDL_ENTRY();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) logits[(size_t)r * count + id] = -INFINITY;
+}
+
+// (max, sum of exp(x - max)) pairs merged; a max of -inf holds nothing.
+__device__ __forceinline__ void lse_merge(float& m, float& s, float om, float os) {
+    if (om == -INFINITY) return;
+    if (m == -INFINITY) { m = om; s = os; return; }
+    if (om > m) { s = s * expf(m - om) + os; m = om; } else s += os * expf(om - m);
+}
+
+// Grid (parts, rows), 256 threads: part blockIdx.x of row blockIdx.y (rows of `count`): its
+// largest logit and the sum of exp(logit - that) into out[(row * parts + part) * 2 ..], NaN and
+// -inf left out, +inf as the largest float (the sampler's view); the host merges the parts.
+extern "C" __global__ void __launch_bounds__(256) row_lse(const float* logits, int count, float* out) {
+    PDL_ENTRY();
+    const float* row = logits + (size_t)blockIdx.y * count;
+    const int per = (count + gridDim.x - 1) / gridDim.x;
+    const int lo = blockIdx.x * per, hi = min(count, lo + per);
+    float m = -INFINITY, s = 0.f;
+    for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        const float x = row[j];
+        if (!(x > -INFINITY)) continue;
+        lse_merge(m, s, fminf(x, 3.402823466e38f), 1.f);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float om = __shfl_xor_sync(0xffffffff, m, o), os = __shfl_xor_sync(0xffffffff, s, o);
+        lse_merge(m, s, om, os);
+    }
+    __shared__ float sm[8], ss[8];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) { sm[warp] = m; ss[warp] = s; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) lse_merge(m, s, sm[w], ss[w]);
+        const size_t o = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * 2;
+        out[o] = m;
+        out[o + 1] = s;
+    }
+}
