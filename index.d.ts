@@ -498,8 +498,8 @@ export interface DiffusionOptions {
   steps?: number
   /**
    * Positions per block, decoded left to right (the prompt and finished blocks are cached).
-   * An integer in 1..=512. Default 8 (a step costs its rows: blocks of 8 commit about as many
-   * tokens per step as blocks of 32 at a quarter of the rows; `bench diffusion` compares them).
+   * An integer in 1..=512. Default 4 (a step costs its rows: blocks of 4 and 8 commit about as
+   * many tokens per step as blocks of 32 at a fraction of the rows; `bench diffusion` compares them).
    */
   blockSize?: number
   /**

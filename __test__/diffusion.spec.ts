@@ -155,7 +155,7 @@ describe.skipIf(!existsSync(MANIFEST))('the shipped gemma-3-270m-diffusion', () 
     try {
       expect(m.info.diffusion).toBe(true)
       const c = await m.generate(PROMPT, { maxTokens: 4, temperature: 0, diffusion: { blockSize: 4, steps: 4 } })
-      // The default decoding (threshold 0.9, blocks of 8) too.
+      // The default decoding (threshold 0.9, blocks of 4) too.
       const d = await m.generate(PROMPT, { maxTokens: 8, temperature: 0 })
       expect(d.text.startsWith(' Berlin'), JSON.stringify(d.text)).toBe(true)
       expect(c.text.startsWith(' Berlin'), JSON.stringify(c.text)).toBe(true)

@@ -60,7 +60,7 @@ Generation:
 
 Diffusion (a diffusion model, e.g. --model gemma-3-270m-diffusion; on a terminal the masks resolve live):
       --steps <n>            denoising steps for the whole answer (= -n: one token per step)
-      --block-size <n>       positions per block, decoded left to right (default 8)
+      --block-size <n>       positions per block, decoded left to right (default 4)
       --threshold <x>        commit every position more likely than x per step (0 < x < 1;
                              0.9 when neither --steps nor --threshold is given)
       --schedule <s>         linear (default) or cosine

@@ -225,8 +225,8 @@ pub struct DiffusionOptions {
   /// is one token per step. An integer >= 1. Without `steps` or `threshold`, the threshold is 0.9.
   pub steps: Option<u32>,
   /// Positions per block, decoded left to right (the prompt and finished blocks are cached).
-  /// An integer in 1..=512. Default 8 (a step costs its rows: blocks of 8 commit about as many
-  /// tokens per step as blocks of 32 at a quarter of the rows; `bench diffusion` compares them).
+  /// An integer in 1..=512. Default 4 (a step costs its rows: blocks of 4 and 8 commit about as
+  /// many tokens per step as blocks of 32 at a fraction of the rows; `bench diffusion` compares them).
   pub block_size: Option<u32>,
   /// Confidence-threshold decoding: each step commits every masked position whose
   /// probability exceeds it (at least one), instead of following `steps`. In (0, 1); 0.9 when

@@ -52,7 +52,8 @@ pub struct DiffusionParams {
     /// token per step). Ignored with a threshold; without either, the threshold is
     /// [`DEFAULT_THRESHOLD`].
     pub steps: Option<usize>,
-    /// Positions per block.
+    /// Positions per block (default 4: as fast as 8 on a GPU and on AVX-512, faster where a
+    /// step's rows are dear, at the same quality).
     pub block_size: usize,
     /// Confidence-threshold decoding: commit every masked position whose probability exceeds
     /// it, at least one per step.
@@ -76,7 +77,7 @@ impl Default for DiffusionParams {
     fn default() -> Self {
         DiffusionParams {
             steps: None,
-            block_size: 8,
+            block_size: 4,
             threshold: None,
             schedule: Schedule::Linear,
             remasking: Remasking::Confidence,
