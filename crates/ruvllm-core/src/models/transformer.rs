@@ -275,32 +275,32 @@ impl Transformer {
         Ok(Transformer { cfg, embed, layers, output_norm, output, rope, rope_swa })
     }
 
-    /// This model with `adapter`'s factors at `scale` folded into the projections it changes,
-    /// stored as `ty` ([`Linear::merged`]); everything else is shared. The layers are merged on up to
+    /// This model with `adapter`'s factors at `scale` folded into the projections it changes
+    /// ([`Linear::merged`]); everything else is shared. The layers are merged on up to
     /// `threads` threads (a rank-48 adapter of Gemma 3 270M: about 5 GFLOP).
-    pub fn merged(&self, adapter: &LoraAdapter, scale: f32, ty: GgmlType, threads: usize) -> Result<Transformer> {
+    pub fn merged(&self, adapter: &LoraAdapter, scale: f32, threads: usize) -> Result<Transformer> {
         let s = scale * adapter.base_scale;
         let merge_layer = |l: usize| -> Result<Layer> {
             let mut layer = self.layers[l].clone();
             for lin in [&mut layer.wq, &mut layer.wk, &mut layer.wv, &mut layer.wo, &mut layer.ffn_gate, &mut layer.ffn_up, &mut layer.ffn_down] {
                 if let Some(pair) = adapter.pair(l, lin.proj) {
-                    *lin = lin.merged(pair, s, ty)?;
+                    *lin = lin.merged(pair, s)?;
                 }
             }
             Ok(layer)
         };
         let n = self.layers.len();
         let threads = threads.clamp(1, n.max(1));
-        let mut parts: Vec<Vec<(usize, Result<Layer>)>> = Vec::new();
-        std::thread::scope(|sc| {
+        // A thread that panicked hands back nothing: its layers are missing below.
+        let mut done: Vec<(usize, Result<Layer>)> = std::thread::scope(|sc| {
             let handles: Vec<_> = (0..threads).map(|t| sc.spawn(move || (t..n).step_by(threads).map(|l| (l, merge_layer(l))).collect::<Vec<_>>())).collect();
-            parts = handles.into_iter().map(|h| h.join().unwrap_or_default()).collect();
+            handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
         });
-        let mut layers: Vec<Option<Layer>> = (0..n).map(|_| None).collect();
-        for (l, r) in parts.into_iter().flatten() {
-            layers[l] = Some(r?);
+        if done.len() != n {
+            return Err(Error::Internal("a merging thread failed".into()));
         }
-        let layers = layers.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| Error::Internal("a merging thread failed".into()))?;
+        done.sort_by_key(|d| d.0);
+        let layers = done.into_iter().map(|d| d.1).collect::<Result<Vec<_>>>()?;
         Ok(Transformer {
             cfg: self.cfg.clone(),
             embed: self.embed.clone(),

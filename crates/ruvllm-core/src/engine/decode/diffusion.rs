@@ -183,11 +183,10 @@ impl DiffusionModel {
     /// so that a step runs no low-rank products (on a GPU they were two thirds of a step's
     /// launches; an H200 decodes twice as fast with the copy). Only for one adapter covering
     /// every mask ratio (TALoRA's several would need a copy each); the copy costs the layers'
-    /// size again in Q8_0 (~107 MB for Gemma 3 270M). F16 copies score the same held-out ELBO
-    /// but run the GPU's many-row products on its float GEMM, at a fifth of the speed.
+    /// size again in Q8_0 (~107 MB for Gemma 3 270M).
     pub fn merge(&mut self, base: &Transformer, threads: usize) -> Result<()> {
         if let [a] = &self.adapters[..] {
-            let model = base.merged(a, 1.0, crate::gguf::GgmlType::Q8_0, threads)?;
+            let model = base.merged(a, 1.0, threads)?;
             self.merged = Some((Arc::new(model), Arc::new(a.without_factors())));
         }
         Ok(())
@@ -390,7 +389,9 @@ impl DecodeStrategy for Diffusion<'_> {
                     // Keys and values computed under another adapter are not this step's.
                     fresh.fill(false);
                 }
-                let lo = if ext > 0 { 0 } else { first_row(fresh, rows.first().copied()) };
+                let lo = first_row(fresh, rows.first().copied());
+                // Rows are carried only into a block's first call, where no row is fresh yet.
+                debug_assert!(ext == 0 || lo == 0);
                 call_rows.clear();
                 call_rows.extend(rows.iter().map(|r| r + ext - lo));
                 let pos = call0 + lo - ext;
@@ -436,7 +437,7 @@ impl DecodeStrategy for Diffusion<'_> {
                         cands.push(Candidate { offset, token, confidence });
                     })?;
                 }
-                fresh[lo.saturating_sub(ext)..].fill(true);
+                fresh[lo..].fill(true);
                 stats.forward_passes += 1;
                 // How many to commit now.
                 let n_commit = match threshold {
