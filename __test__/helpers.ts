@@ -13,8 +13,8 @@ export const { LLM } = addon
 export type LLMType = import('../index.js').LLM
 export type Completion = import('../index.js').Completion
 
-/** `chat-templates.js` of the CLI: `templates.gemma` is Gemma 3's published template. */
-export const { templates } = require('../bin/chat-templates.js') as { templates: Record<string, string> }
+/** The built-in chat templates (`lib/chat-templates.js`): `templates.gemma` is Gemma 3's published template. */
+export const { templates } = require('../lib/chat-templates.js') as { templates: Record<string, string> }
 
 /**
  * The real Gemma 3 270M (Q4_K_M): `$RUVLLM_TEST_MODEL`, else the file `LLM.load('gemma-3-270m')`

@@ -95,12 +95,12 @@ afterAll(() => {
 describe('npm packages', () => {
   it('the tarballs hold what the runtime and the CLI need, and no build output', () => {
     const files = tarList(mainTgz)
-    const tracked = run('git', ['ls-files', 'bin'], { cwd: ROOT, env: process.env }).stdout.split('\n').filter(Boolean)
+    const tracked = run('git', ['ls-files', 'bin', 'lib'], { cwd: ROOT, env: process.env }).stdout.split('\n').filter(Boolean)
     expect(tracked.length).toBeGreaterThan(0)
-    for (const f of ['package.json', 'README.md', 'index.js', 'index.mjs', 'index.d.ts', 'index.d.mts', ...tracked]) {
+    for (const f of ['package.json', 'README.md', 'index.js', 'index.mjs', 'index.d.ts', 'index.d.mts', 'binding.js', 'binding.d.ts', ...tracked]) {
       expect(files, f).toContain(f)
     }
-    for (const f of files) expect(f).toMatch(/^(package\.json|README\.md|LICENSE(\.\w+)?|index\.(js|mjs|d\.ts|d\.mts)|bin\/[\w/-]+\.js)$/)
+    for (const f of files) expect(f).toMatch(/^(package\.json|README\.md|LICENSE(\.\w+)?|(index|binding)\.(js|mjs|d\.ts|d\.mts)|(bin|lib)\/[\w/-]+\.js)$/)
 
     expect(tarList(platformTgz).sort()).toEqual(['README.md', ADDON, 'package.json'].sort())
 

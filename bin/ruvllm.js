@@ -10,7 +10,7 @@ const path = require('node:path')
 const readline = require('node:readline')
 
 const pkg = require('../package.json')
-const { templates: builtinTemplates, stops: builtinStops } = require('./chat-templates.js')
+const { templates: builtinTemplates, stops: builtinStops } = require('../lib/chat-templates.js')
 const { CliError, UsageError, parse, report, gpuFlag } = require('./commands/cli.js')
 
 const HELP = `ruvllm ${pkg.version}: run GGUF language models from Node.js on a Rust engine
@@ -284,14 +284,6 @@ function defaultTemplate(info) {
   return { name: 'plain', text: builtinTemplates.plain }
 }
 
-/** Removes the oldest user/assistant exchange (keeping a system message); false if none can go. */
-function dropOldestExchange(history) {
-  const first = history.findIndex((m) => m.role !== 'system')
-  if (first < 0 || history.length - first <= 1) return false
-  history.splice(first, 2)
-  return true
-}
-
 async function chat(values, positionals) {
   if (positionals.length !== 0) throw new UsageError('chat takes no positional arguments (see --help)')
   const { load: loadOpts, generate: opts } = checkOptions(values)
@@ -299,7 +291,13 @@ async function chat(values, positionals) {
   const llm = await load(values, loadOpts)
   const template = flagTemplate || defaultTemplate(llm.info)
   const stop = [...(opts.stop || []), ...((template.text && builtinStops[template.name]) || [])]
-  const history = values.system ? [{ role: 'system', content: values.system }] : []
+  const { ChatSession } = addon()
+  const session = new ChatSession(llm, {
+    ...opts,
+    ...(stop.length && { stop }),
+    ...(template.text && { chatTemplate: template.text }),
+    ...(values.system && { systemPrompt: values.system }),
+  })
   const rl = readline.createInterface({ input: process.stdin, output: process.stdout, terminal: process.stdin.isTTY })
   process.stderr.write(`ruvllm chat: ${llm.info.name || llm.info.architecture} (${template.name} template). Ctrl-D or /exit to quit.\n`)
 
@@ -320,34 +318,27 @@ async function chat(values, positionals) {
   rl.on('SIGINT', interrupt)
   process.on('SIGINT', interrupt)
 
-  /** Streams the reply to `history`; null when the last message cannot be answered at all. */
-  const answer = async () => {
-    for (;;) {
-      controller = new AbortController()
-      let reply = ''
-      try {
-        const stream = llm.stream(history, { ...opts, stop, chatTemplate: template.text, signal: controller.signal })
-        for await (const chunk of stream) {
-          reply += chunk.text
-          process.stdout.write(chunk.text)
-        }
-        process.stdout.write('\n')
-        if (values.stats) printStats(stream)
-        return reply
-      } catch (e) {
-        if (e && e.code === 'ABORT_ERR') {
-          process.stdout.write(' [stopped]\n')
-          return (e.partial && e.partial.text) || reply
-        }
-        if (!e || e.code !== 'ERR_CONTEXT_OVERFLOW') throw e
-        if (!dropOldestExchange(history)) {
-          process.stderr.write(`ruvllm: ${e.code}: ${e.message} (the message is too long for the context; try --context-size)\n`)
-          return null
-        }
-        process.stderr.write('ruvllm: note: the conversation outgrew the context; forgetting its oldest exchange\n')
-      } finally {
-        controller = null
+  /** Streams the reply to `line`; the session keeps the exchange when it completes. */
+  const answer = async (line) => {
+    controller = new AbortController()
+    try {
+      const stream = session.stream(line, { signal: controller.signal })
+      for await (const chunk of stream) process.stdout.write(chunk.text)
+      process.stdout.write('\n')
+      if (stream.completion.droppedMessages > 0) {
+        process.stderr.write(`ruvllm: note: the conversation outgrew the context; its oldest ${stream.completion.droppedMessages} messages were dropped\n`)
       }
+      if (values.stats) printStats(stream)
+    } catch (e) {
+      if (e && e.code === 'ABORT_ERR') {
+        process.stdout.write(' [stopped]\n')
+      } else if (e && e.code === 'ERR_CONTEXT_OVERFLOW') {
+        process.stderr.write(`ruvllm: ${e.code}: ${e.message}\n`)
+      } else {
+        throw e
+      }
+    } finally {
+      controller = null
     }
   }
 
@@ -361,10 +352,7 @@ async function chat(values, positionals) {
       const { value: line, done } = await lines.next()
       if (done || line.trim() === '/exit') break
       if (line.trim() === '') continue
-      history.push({ role: 'user', content: line })
-      const reply = await answer()
-      if (reply === null) history.pop()
-      else history.push({ role: 'assistant', content: reply.trim() })
+      await answer(line)
     }
   } finally {
     rl.close()

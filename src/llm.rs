@@ -194,15 +194,20 @@ impl Llm {
     })
   }
 
-  /// Text to token ids, as generation would tokenize a prompt (`addSpecial`, default true, adds
-  /// the model's BOS token).
-  #[napi(catch_unwind, ts_args_type = "text: string, options?: TokenizeOptions")]
-  pub fn tokenize(&self, env: &Env, text: Unknown, options: Unknown) -> napi::Result<Vec<u32>> {
+  /// Text, or chat messages, to token ids, as generation would tokenize the prompt: text with
+  /// the model's BOS token (unless `addSpecial: false`); messages rendered with `chatTemplate`
+  /// (else the model's template) and `tools`, so `tokenize(messages).length` is what they take
+  /// of the context.
+  #[napi(catch_unwind, ts_args_type = "prompt: string | ChatMessage[], options?: TokenizeOptions")]
+  pub fn tokenize(&self, env: &Env, prompt: Unknown, options: Unknown) -> napi::Result<Vec<u32>> {
     sync_call(env, || {
       self.check_open()?;
-      let text = options::text_arg(Some(Val::new(env, &text)), "text")?;
-      let add_special = options::tokenize_options(Some(Val::new(env, &options)))?;
-      Ok(self.engine.tokenize(&text, add_special)?)
+      let (add_special, template, tools) = options::tokenize_options(Some(Val::new(env, &options)))?;
+      match options::prompt(Some(Val::new(env, &prompt)), self.info.vocab_size)? {
+        Prompt::Text(text) => Ok(self.engine.tokenize(&text, add_special)?),
+        Prompt::Chat(messages) => Ok(self.engine.chat_tokens(&messages, template.as_deref(), &tools)?),
+        Prompt::Tokens(_) => Err(CodedError::invalid_type("tokenize takes a string or an array of chat messages, got token ids")),
+      }
     })
   }
 

@@ -703,6 +703,12 @@ impl Engine {
         shared.tokenizer.decode(ids, false)
     }
 
+    /// The token ids generation feeds for chat `messages` (rendered with `template`, else the
+    /// model's, and `tools`): what a chat session counts to keep its history inside the context.
+    pub fn chat_tokens(&self, messages: &[ChatMessage], template: Option<&str>, tools: &[Tool]) -> Result<Vec<u32>> {
+        self.shared()?.chat_ids(messages, template, tools)
+    }
+
     /// Renders chat messages to the prompt text (the model's template, or `template`).
     pub fn apply_chat_template(&self, messages: &[ChatMessage], template: Option<&str>) -> Result<String> {
         self.shared()?.render_chat(messages, template, &[])
@@ -830,6 +836,14 @@ impl Drop for Engine {
 }
 
 impl Shared {
+    /// Chat messages rendered and tokenized as a prompt.
+    fn chat_ids(&self, messages: &[ChatMessage], template: Option<&str>, tools: &[Tool]) -> Result<Vec<u32>> {
+        let text = self.render_chat(messages, template, tools)?;
+        // Templates usually write the BOS text themselves; don't add a second one.
+        let add_special = self.bos_text.is_empty() || !text.starts_with(&self.bos_text);
+        self.tokenizer.encode(&text, add_special, true)
+    }
+
     /// Renders messages, and `tools` through the template's `tools` variable, or, for a
     /// template that has none, described in a system message.
     fn render_chat(&self, messages: &[ChatMessage], template: Option<&str>, tools: &[Tool]) -> Result<String> {
@@ -1086,12 +1100,7 @@ impl Worker {
                 }
                 ids.clone()
             }
-            Prompt::Chat(messages) => {
-                let text = self.shared.render_chat(messages, chat_template, tools)?;
-                // Templates usually write the BOS text themselves; don't add a second one.
-                let add_special = self.shared.bos_text.is_empty() || !text.starts_with(&self.shared.bos_text);
-                tok.encode(&text, add_special, true)?
-            }
+            Prompt::Chat(messages) => self.shared.chat_ids(messages, chat_template, tools)?,
         };
         if ids.is_empty() {
             return Err(Error::InvalidArg("the prompt is empty".into()));

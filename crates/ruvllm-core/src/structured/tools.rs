@@ -99,10 +99,36 @@ pub fn tools_system_prompt(tools: &[Tool], format: ToolFormat) -> String {
 }
 
 /// `messages` with the tools described in a system message (merged into a leading one), for
-/// templates that do not read `tools`.
+/// templates that do not read `tools`. Such templates know no tool calls or `tool` messages
+/// (Gemma's rejects any role but user and assistant, alternating), so an assistant's calls are
+/// written into its text in the format the model was asked for, and the results of a run of
+/// `tool` messages become one user message.
 pub fn messages_with_tools_prompt(messages: &[ChatMessage], tools: &[Tool], format: ToolFormat) -> Vec<ChatMessage> {
     let prompt = tools_system_prompt(tools, format);
-    let mut out = messages.to_vec();
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    for m in messages {
+        if m.role == "tool" {
+            let result = format!("Result of {}: {}", m.name.as_deref().unwrap_or("the function"), m.content);
+            match out.last_mut() {
+                Some(prev) if prev.role == "user" && prev.tool_call_id.is_some() => prev.content = format!("{}\n{result}", prev.content),
+                // The id marks the message as tool results, so the next result joins it.
+                _ => out.push(ChatMessage { tool_call_id: m.tool_call_id.clone().or(Some(String::new())), ..ChatMessage::new("user", result) }),
+            }
+        } else if !m.tool_calls.is_empty() {
+            let (open, close) = format.wrap();
+            let calls = m.tool_calls.iter().map(|c| {
+                let args: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!(c.arguments));
+                format!("{open}{{\"name\": {}, \"{}\": {args}}}{close}", json!(c.name), format.arguments_key())
+            });
+            let text = m.content.trim().lines().map(str::to_string).chain(calls).collect::<Vec<_>>().join("\n");
+            out.push(ChatMessage::new(m.role.as_str(), text));
+        } else {
+            out.push(m.clone());
+        }
+    }
+    for m in out.iter_mut().filter(|m| m.role == "user") {
+        m.tool_call_id = None;
+    }
     match out.first_mut() {
         Some(first) if first.role == "system" => first.content = format!("{}\n\n{prompt}", first.content),
         _ => out.insert(0, ChatMessage::new("system", prompt)),
@@ -230,6 +256,25 @@ mod tests {
             description: Some("Current weather".into()),
             parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
         }
+    }
+
+    #[test]
+    fn calls_and_results_become_text_for_templates_without_tools() {
+        let call = ToolCall { id: "call_1".into(), name: "get_weather".into(), arguments: "{\"city\":\"Oslo\"}".into() };
+        let result = |c: &str| ChatMessage { tool_call_id: Some("call_1".into()), name: Some("get_weather".into()), ..ChatMessage::new("tool", c) };
+        let msgs = [
+            ChatMessage::new("user", "Weather in Oslo?"),
+            ChatMessage { tool_calls: vec![call], ..ChatMessage::new("assistant", "") },
+            result("3 C"),
+            result("windy"),
+        ];
+        let out = messages_with_tools_prompt(&msgs, &[weather()], ToolFormat::Fenced);
+        let roles: Vec<&str> = out.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert_eq!(out[2].content, "```tool_call\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n```");
+        assert!(out[2].tool_calls.is_empty());
+        assert_eq!(out[3].content, "Result of get_weather: 3 C\nResult of get_weather: windy");
+        assert!(out.iter().all(|m| m.tool_call_id.is_none()));
     }
 
     #[test]
