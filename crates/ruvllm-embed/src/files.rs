@@ -1,5 +1,5 @@
-//! Per-user directories and atomic file writes: the embedder remembers where it found its model,
-//! and the router (which depends on this crate) saves its state the same way.
+//! Per-user directories and atomic file writes, for the router (which depends on this crate) to
+//! save its state.
 
 use std::path::{Path, PathBuf};
 

