@@ -346,9 +346,13 @@ async function chat(values, positionals) {
   // while a reply is generating is not lost.
   const lines = rl[Symbol.asyncIterator]()
   rl.setPrompt('> ')
+  // Bun closes the interface as soon as piped input ends, and prompting then throws; the lines
+  // already read still come from the iterator.
+  let inputEnded = false
+  rl.on('close', () => (inputEnded = true))
   try {
     for (;;) {
-      rl.prompt()
+      if (!inputEnded) rl.prompt()
       const { value: line, done } = await lines.next()
       if (done || line.trim() === '/exit') break
       if (line.trim() === '') continue
