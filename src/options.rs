@@ -506,11 +506,9 @@ pub fn load_fetch_options(v: Option<Val>) -> Res<FetchOptions> {
 }
 
 /// `llm.tokenize(_, opts)`.
-/// `llm.tokenize(_, opts)`: whether to add special tokens (text), the chat template and the
-/// tools (chat messages).
-pub fn tokenize_options(v: Option<Val>) -> Res<(bool, Option<String>, Vec<Tool>)> {
-  let bag = option_bag(v, "tokenize", &["addSpecial", "chatTemplate", "tools"])?;
-  Ok((boolean(bag, "addSpecial")?.unwrap_or(true), chat_template_opt(bag)?, tool_options(bag)?.0))
+pub fn tokenize_options(v: Option<Val>) -> Res<bool> {
+  let bag = option_bag(v, "tokenize", &["addSpecial"])?;
+  Ok(boolean(bag, "addSpecial")?.unwrap_or(true))
 }
 
 /// `llm.tokenize(text)`.
@@ -877,7 +875,7 @@ pub struct ServerArgs {
   pub name: Option<String>,
 }
 
-const SERVER_KEYS: &[&str] = &["model", "load", "name", "host", "port", "apiKey", "parallel", "maxQueue", "maxBodyBytes", "chatTemplate", "stop"];
+const SERVER_KEYS: &[&str] = &["model", "load", "name", "host", "port", "apiKey", "parallel", "maxQueue", "maxBodyBytes", "chatTemplate", "stop", "cors"];
 
 /// `createServer(opts)`.
 pub fn server_options(v: Option<Val>) -> Res<ServerArgs> {
@@ -894,6 +892,8 @@ pub fn server_options(v: Option<Val>) -> Res<ServerArgs> {
     max_body_bytes: int_in(bag, "maxBodyBytes", 1.0, MAX_SAFE_INTEGER)?.map(|n| n as usize).unwrap_or(d.max_body_bytes),
     chat_template: text("chatTemplate")?,
     chat_stops: stop_strings(field(bag, "stop")?)?,
+    // Checked by the server when it starts (`*` or origins), so both callers share one message.
+    cors: text("cors")?,
     ..d
   };
   Ok(ServerArgs { model, load: field(bag, "load")?, opts, name: text("name")? })

@@ -1,4 +1,4 @@
-//! `createServer`: the OpenAI-compatible HTTP server of `ruvllm-server` over an `LLM` (shared
+//! `createServer`: the OpenAI- and Ollama-compatible HTTP server of `ruvllm-server` over an `LLM` (shared
 //! with the caller) or a model loaded for the server alone (closed with it). The server runs
 //! on its own tokio runtime; loading, starting and closing run on the blocking pool, so the JS
 //! thread only validates and awaits.
@@ -18,7 +18,7 @@ use crate::models::JsOpts;
 use crate::options::{self, Val};
 use crate::task::spawn;
 
-/// A running OpenAI-compatible server (from `createServer`). `close()` stops it.
+/// A running OpenAI- and Ollama-compatible server (from `createServer`). `close()` stops it.
 #[napi]
 pub struct Server {
   url: String,
@@ -45,8 +45,11 @@ fn file_stem(path: &str) -> String {
   Path::new(path).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| path.to_string())
 }
 
-/// Starts an OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`,
-/// `/v1/embeddings`, `/v1/models`, `/health`) for `model`: an `LLM` (which stays the caller's
+/// Starts an HTTP server for `model` with OpenAI's endpoints (`/v1/chat/completions`,
+/// `/v1/completions`, `/v1/embeddings`, `/v1/models`), Ollama's (`/api/generate`, `/api/chat`,
+/// `/api/embed`, `/api/tags`, `/api/show`, `/api/version`), llama-server's `/tokenize` and
+/// `/detokenize`, `/health` and `/metrics` (Prometheus). `cors` (`'*'` or comma-separated
+/// origins) turns CORS on. `model` is an `LLM` (which stays the caller's
 /// to close), or a path or model id loaded as `LLM.load` does (with `load` options) and closed
 /// with the server. Binds `host` (default `127.0.0.1`) and `port` (default 8080; 0 picks a free
 /// one). Resolves once it listens. Rejects with `ERR_INVALID_ARG`, `ERR_ADDR_IN_USE`, `ERR_IO`

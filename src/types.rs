@@ -416,13 +416,7 @@ pub struct ScoreOptions {
 #[napi(object, object_to_js = false)]
 pub struct TokenizeOptions {
   /// Add the model's special tokens (BOS for Gemma and Llama), as generation does. Default true.
-  /// Text only: chat messages get what their template writes.
   pub add_special: Option<bool>,
-  /// Chat messages only: the Jinja chat template to render them with (default: the model's).
-  pub chat_template: Option<String>,
-  /// Chat messages only: the tools offered with them, as `generate` renders them.
-  #[napi(ts_type = "Array<{ type: 'function', function: { name: string, description?: string, parameters?: Record<string, unknown> } }>")]
-  pub tools: Option<serde_json::Value>,
 }
 
 /// One piece of generated output.
@@ -697,7 +691,8 @@ pub struct ServerOptions {
   pub host: Option<String>,
   /// TCP port; 0 picks a free one (see `server.port`). Default 8080.
   pub port: Option<u32>,
-  /// When set, `/v1/` requests must send `Authorization: Bearer <apiKey>` (else 401).
+  /// When set, requests must send `Authorization: Bearer <apiKey>` (else 401); `/health`, `/`
+  /// and `/api/version` (liveness probes) are open.
   pub api_key: Option<String>,
   /// Most generation or embedding requests handed to the engine at once. Default 8 (the
   /// engine's default `parallel`). A model given by path or id is loaded with this `parallel`
@@ -707,11 +702,16 @@ pub struct ServerOptions {
   pub max_queue: Option<u32>,
   /// Largest request body in bytes; larger gets 413. Default 4 MiB.
   pub max_body_bytes: Option<f64>,
-  /// A Jinja chat template for `/v1/chat/completions` (needed for a model that ships none).
+  /// A Jinja chat template for `/v1/chat/completions`, `/api/chat` and `/api/generate`
+  /// (needed for a model that ships none).
   pub chat_template: Option<String>,
   /// Stop strings added to every chat request (e.g. the turn markers of `chatTemplate`).
   #[napi(ts_type = "string | string[]")]
   pub stop: Option<serde_json::Value>,
+  /// CORS: `'*'` or comma-separated origins (`'https://app.example'`) whose pages may call the
+  /// server; answers carry `Access-Control-Allow-*` headers and preflights are answered.
+  /// Default: off.
+  pub cors: Option<String>,
 }
 
 /// `llm.federation.join(options)`.

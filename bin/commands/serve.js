@@ -1,6 +1,7 @@
 'use strict'
-// CLI subcommands for the OpenAI-compatible server:
+// CLI subcommands for the OpenAI- and Ollama-compatible server:
 //   ruvllm serve [--model <path|id>] [--host 127.0.0.1] [--port 8080] [--api-key K] [--parallel N] ...
+//   (llama-server's -c/--ctx-size, -np, -a/--alias and --lora are taken too)
 //   ruvllm bench serve [--url http://127.0.0.1:8080] [--clients 1,4,8,16] [--duration 60] ...
 // `serve(argv)` and `benchServe(argv)` resolve to the exit code (`serve` only when the server
 // is stopped by SIGINT/SIGTERM).
@@ -20,17 +21,22 @@ const SERVE_USAGE = `usage: ruvllm serve [options]
   -m, --model <path|id>      a .gguf file or a known model id (default: $RUVLLM_MODEL, else gemma-3-270m)
       --host <addr>          interface to bind (default 127.0.0.1: this machine only)
       --port <n>             TCP port (default 8080; 0 picks a free one)
-      --api-key <key>        require "Authorization: Bearer <key>" (default: $RUVLLM_API_KEY, else none)
-      --parallel <n>         requests decoded together (the engine's batch) and handed to it at once (default 8)
+      --api-key <key>        require "Authorization: Bearer <key>" on every endpoint but /health, / and /api/version
+                             (default: $RUVLLM_API_KEY, else none)
+  -np, --parallel <n>        requests decoded together (the engine's batch) and handed to it at once (default 8)
       --max-queue <n>        requests waiting beyond those; more get 429 (default 64)
       --max-body-bytes <n>   largest request body; larger gets 413 (default 4194304)
-      --context-size <n>     KV cache length in tokens
+  -c, --context-size <n>     KV cache length in tokens (--ctx-size too)
       --threads <n>          compute threads
       --gpu <auto|cuda|off>  auto (default): the GPU where one is usable, else the CPU; cuda: the GPU or an error
-      --chat-template <name|file>  a Jinja template for /v1/chat/completions (built-in: ${Object.keys(builtinTemplates).join(', ')});
+      --lora <file>          a LoRA adapter (GGUF or PEFT safetensors) applied to the served model; repeatable
+      --chat-template <name|file>  a Jinja template for chat requests (built-in: ${Object.keys(builtinTemplates).join(', ')});
                              default: the model's own, else 'plain'
-      --name <name>          the model's name in responses (default: the id or file name)
-Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /health.`
+  -a, --name <name>          the model's name in responses (--alias too; default: the id or file name)
+      --cors <origin|*>      let web pages from these origins (comma-separated, or * for any) call the server (default: off)
+Endpoints: OpenAI: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models.
+  Ollama: POST /api/generate, /api/chat, /api/embed, /api/show; GET /api/tags, /api/version.
+  llama-server: POST /tokenize, /detokenize. GET /health; GET /metrics (Prometheus).`
 
 const BENCH_USAGE = `usage: ruvllm bench serve [options]
       --url <url>            an OpenAI-compatible server on this machine (e.g. http://127.0.0.1:8080);
@@ -74,6 +80,7 @@ async function start(values, host, port) {
   if (values['context-size'] !== undefined) load.contextSize = int(values['context-size'], '--context-size', 1, 1048576)
   if (values.threads !== undefined) load.threads = int(values.threads, '--threads', 1, 1024)
   if (values.gpu !== undefined) load.gpu = cli.gpuFlag(values.gpu)
+  if (values.lora?.length) load.adapters = values.lora.map((f) => path.resolve(f))
   // The engine decodes together as many requests as the server hands it at once.
   const parallel = int(values.parallel, '--parallel', 1, 256)
   if (parallel !== undefined) load.parallel = parallel
@@ -93,6 +100,7 @@ async function start(values, host, port) {
       maxBodyBytes: int(values['max-body-bytes'], '--max-body-bytes', 1, Number.MAX_SAFE_INTEGER),
       chatTemplate: t.text,
       stop: t.stop,
+      cors: values.cors,
     })
     return { server, llm }
   } catch (e) {
@@ -109,24 +117,50 @@ const SERVE_OPTIONS = {
   parallel: { type: 'string' },
   'max-queue': { type: 'string' },
   'max-body-bytes': { type: 'string' },
-  'context-size': { type: 'string' },
+  'context-size': { type: 'string', short: 'c' },
   threads: { type: 'string' },
   gpu: { type: 'string' },
+  lora: { type: 'string', multiple: true },
   'chat-template': { type: 'string' },
-  name: { type: 'string' },
+  name: { type: 'string', short: 'a' },
+  cors: { type: 'string' },
   help: { type: 'boolean', short: 'h' },
+}
+
+/** llama-server's spellings of our flags. `-np` is two letters, which `parseArgs` would read as `-n -p`. */
+const LLAMA_SERVER_ALIASES = { '-np': '--parallel', '--ctx-size': '--context-size', '--alias': '--name' }
+
+/**
+ * `argv` with llama-server's spellings (`-np 4`, `--ctx-size=512`, `--alias x`) rewritten to ours.
+ * A token that is the value of the option before it (`--name -np`) is left alone.
+ */
+function llamaServerAliases(argv, options) {
+  const takesValue = (a) => {
+    if (a.includes('=')) return false
+    const name = a.startsWith('--') ? a.slice(2) : /^-[^-]$/.test(a) ? Object.keys(options).find((k) => options[k].short === a[1]) : undefined
+    return name !== undefined && options[name]?.type === 'string'
+  }
+  const out = []
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]
+    const [flag, ...value] = a.split('=')
+    const canonical = Object.hasOwn(LLAMA_SERVER_ALIASES, flag) ? LLAMA_SERVER_ALIASES[flag] : undefined
+    out.push(canonical ? [canonical, ...value].join('=') : a)
+    if (takesValue(out.at(-1)) && i + 1 < argv.length) out.push(argv[++i])
+  }
+  return out
 }
 
 async function serve(argv) {
   try {
-    const { values, positionals } = parse(argv, SERVE_OPTIONS)
+    const { values, positionals } = parse(llamaServerAliases(argv, SERVE_OPTIONS), SERVE_OPTIONS)
     if (values.help) {
       process.stdout.write(SERVE_USAGE + '\n')
       return 0
     }
     if (positionals.length) throw new UsageError(`unexpected argument '${positionals[0]}'`)
     const { server, llm } = await start(values, values.host ?? '127.0.0.1', int(values.port, '--port', 0, 65535) ?? 8080)
-    process.stderr.write(`ruvllm: serving ${llm.info.name || 'the model'} at ${server.url}/v1 (Ctrl-C stops)\n`)
+    process.stderr.write(`ruvllm: serving ${llm.info.name || 'the model'} at ${server.url}/v1 (Ollama: ${server.url}/api; Ctrl-C stops)\n`)
     await new Promise((resolve) => {
       process.once('SIGINT', resolve)
       process.once('SIGTERM', resolve)
@@ -364,4 +398,4 @@ async function benchServeRun(argv) {
   return rows.some((r) => r.errors > 0) ? 1 : 0
 }
 
-module.exports = { serve, benchServe, SERVE_USAGE, BENCH_USAGE }
+module.exports = { serve, benchServe, llamaServerAliases, SERVE_OPTIONS, SERVE_USAGE, BENCH_USAGE }

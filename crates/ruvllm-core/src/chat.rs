@@ -312,14 +312,9 @@ fn strftime_now(format: String) -> String {
     format_time(secs, &format)
 }
 
-/// Formats seconds since the Unix epoch (UTC).
-fn format_time(secs: i64, format: &str) -> String {
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (hour, minute, second) = (rem / 3600, rem / 60 % 60, rem % 60);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+/// The (year, month, day) of a count of days since 1970-01-01 in the proleptic Gregorian
+/// calendar (Howard Hinnant's `civil_from_days`).
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -328,7 +323,17 @@ fn format_time(secs: i64, format: &str) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// Formats seconds since the Unix epoch (UTC).
+fn format_time(secs: i64, format: &str) -> String {
+    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (hour, minute, second) = (rem / 3600, rem / 60 % 60, rem % 60);
+    let (year, month, day) = civil_from_days(days);
     let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
     let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
     const CUM: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];

@@ -1,5 +1,5 @@
 //! Errors as an OpenAI-compatible client expects them: an HTTP status and a body
-//! `{"error":{"message","type","param","code"}}`. `code` is one of the project's stable codes
+//! `{"error":{"message","type","param","code"}}` (Ollama's endpoints: `{"error","code"}`). `code` is one of the project's stable codes
 //! (`ERR_INVALID_ARG`, `ERR_CONTEXT_OVERFLOW`, ...), the same a JS caller of the library sees.
 
 use serde_json::{json, Value};
@@ -65,6 +65,16 @@ impl ApiError {
     /// The body sent to the client.
     pub fn to_json(&self) -> Value {
         json!({ "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code } })
+    }
+
+    /// The body an Ollama client reads: `{"error": "<message>"}` (the string Ollama's clients
+    /// throw), with the stable `code` and the field at fault beside it.
+    pub fn to_ollama_json(&self) -> Value {
+        let mut v = json!({ "error": self.message, "code": self.code });
+        if let Some(p) = &self.param {
+            v["param"] = json!(p);
+        }
+        v
     }
 }
 

@@ -1,6 +1,13 @@
-//! An OpenAI-compatible HTTP server over a loaded [`Engine`]: `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /v1/embeddings`, `GET /v1/models`, `GET /health`, with SSE
-//! streaming. It runs on its own tokio runtime thread(s), so whoever starts it (the Node
+//! An OpenAI- and Ollama-compatible HTTP server over a loaded [`Engine`]:
+//! - OpenAI: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
+//!   `GET /v1/models`, streaming as Server-Sent Events ([`openai`]);
+//! - Ollama: `POST /api/generate`, `POST /api/chat` (NDJSON streaming, on by default),
+//!   `POST /api/embed`, `POST /api/embeddings`, `GET /api/tags`, `POST /api/show`,
+//!   `GET /api/version`, `GET /` ([`ollama`]);
+//! - llama-server's `POST /tokenize`, `POST /detokenize`, and `GET /health`, `GET /metrics`
+//!   (Prometheus text format).
+//!
+//! It runs on its own tokio runtime thread(s), so whoever starts it (the Node
 //! binding, a Rust program) only holds a [`Server`] handle; the model runs on the engine's
 //! thread as for any other caller.
 //!
@@ -8,6 +15,7 @@
 //! embedding requests are submitted to the engine at once, up to `max_queue` more wait, and
 //! beyond that a request gets 429. A client that disconnects cancels its request (the engine
 //! stops within a token). [`Server::close`] stops accepting, cancels what is running and waits.
+//! CORS is off unless [`ServerOptions::cors`] names the origins allowed.
 
 use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
 use std::sync::Arc;
@@ -24,9 +32,11 @@ use tokio::sync::oneshot;
 
 mod error;
 mod handlers;
+mod metrics;
+pub mod ollama;
 pub mod openai;
-mod sse;
 mod state;
+mod stream;
 
 pub use error::ApiError;
 use state::State;
@@ -48,7 +58,8 @@ pub struct ServerOptions {
     pub host: String,
     /// TCP port; 0 picks a free one (see [`Server::local_addr`]).
     pub port: u16,
-    /// When set, every `/v1/` request must carry `Authorization: Bearer <key>`.
+    /// When set, every request but `/health`, `/` and `/api/version` must carry
+    /// `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
     /// Most generation/embedding requests handed to the engine at once (the engine decodes up
     /// to its `LoadOptions::parallel` of them together; give it the same number).
@@ -67,6 +78,9 @@ pub struct ServerOptions {
     /// Threads of the server's tokio runtime (HTTP parsing and JSON only; the model runs on the
     /// engine's thread).
     pub http_threads: usize,
+    /// CORS: `*` or comma-separated origins whose pages may call the server (answers get
+    /// `Access-Control-Allow-*` headers, preflights are answered); `None`: off.
+    pub cors: Option<String>,
 }
 
 impl Default for ServerOptions {
@@ -82,6 +96,7 @@ impl Default for ServerOptions {
             chat_template: None,
             chat_stops: Vec::new(),
             http_threads: 2,
+            cors: None,
         }
     }
 }
@@ -125,6 +140,7 @@ impl Server {
         if opts.max_body_bytes == 0 {
             return Err(ServerError::InvalidArg("maxBodyBytes must be at least 1".into()));
         }
+        let cors = opts.cors.as_deref().map(handlers::Cors::parse).transpose().map_err(ServerError::InvalidArg)?;
         let shown = format!("{}:{}", opts.host, opts.port);
         let addr = (opts.host.as_str(), opts.port)
             .to_socket_addrs()
@@ -144,7 +160,7 @@ impl Server {
             let _enter = runtime.enter();
             TcpListener::from_std(std_listener).map_err(ServerError::Start)?
         };
-        let state = Arc::new(State::new(engine, &opts));
+        let state = Arc::new(State::new(engine, &opts, cors));
         let (stop, stopped) = oneshot::channel();
         let serve_state = state.clone();
         let thread = std::thread::Builder::new()

@@ -4,6 +4,7 @@
 
 use ruvllm_core::chat::ChatMessage;
 use ruvllm_core::engine::{Completion, FinishReason, GenerateParams, Prompt, TokenLogprob, TokenProb, MAX_TOP_LOGPROBS};
+use ruvllm_core::sampling::SamplingParams;
 use ruvllm_core::structured::{Constraint, Tool, ToolCall, ToolChoice};
 use serde_json::{json, Map, Value};
 
@@ -53,34 +54,48 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 }
 
 /// A field that is absent or `null` reads as `None`.
-fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     o.get(name).filter(|v| !v.is_null())
 }
 
-fn number(o: &Map<String, Value>, name: &str, min: f64, max: f64) -> Result<Option<f64>, ApiError> {
+/// `o[name]` as a number in `min..=max`; errors name it `prefix` + `name` (the object's place
+/// in the body: `options.` for Ollama's options).
+pub(crate) fn number_in(o: &Map<String, Value>, prefix: &str, name: &str, min: f64, max: f64) -> Result<Option<f64>, ApiError> {
     let Some(v) = field(o, name) else { return Ok(None) };
-    let x = v.as_f64().ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a number")))?;
+    let p = format!("{prefix}{name}");
+    let x = v.as_f64().ok_or_else(|| ApiError::invalid(&p, format!("'{p}' must be a number")))?;
     if !(min..=max).contains(&x) {
-        return Err(ApiError::invalid(name, format!("'{name}' must be between {min} and {max}, got {x}")));
+        return Err(ApiError::invalid(&p, format!("'{p}' must be between {min} and {max}, got {x}")));
     }
     Ok(Some(x))
 }
 
-fn integer(o: &Map<String, Value>, name: &str, min: i64) -> Result<Option<i64>, ApiError> {
+/// `o[name]` as an integer of at least `min` (errors named as for [`number_in`]).
+pub(crate) fn integer_in(o: &Map<String, Value>, prefix: &str, name: &str, min: i64) -> Result<Option<i64>, ApiError> {
     let Some(v) = field(o, name) else { return Ok(None) };
-    let n = v.as_i64().ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be an integer")))?;
+    let p = format!("{prefix}{name}");
+    let n = v.as_i64().ok_or_else(|| ApiError::invalid(&p, format!("'{p}' must be an integer")))?;
     if n < min {
-        return Err(ApiError::invalid(name, format!("'{name}' must be at least {min}, got {n}")));
+        return Err(ApiError::invalid(&p, format!("'{p}' must be at least {min}, got {n}")));
     }
     Ok(Some(n))
 }
 
-fn boolean(o: &Map<String, Value>, name: &str) -> Result<bool, ApiError> {
+pub(crate) fn integer(o: &Map<String, Value>, name: &str, min: i64) -> Result<Option<i64>, ApiError> {
+    integer_in(o, "", name, min)
+}
+
+/// An optional boolean; `None` when absent.
+pub(crate) fn flag(o: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
     match field(o, name) {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(_) => Err(ApiError::invalid(name, format!("'{name}' must be a boolean"))),
     }
+}
+
+pub(crate) fn boolean(o: &Map<String, Value>, name: &str) -> Result<bool, ApiError> {
+    Ok(flag(o, name)?.unwrap_or(false))
 }
 
 fn string<'a>(v: &'a Value, param: &str) -> Result<&'a str, ApiError> {
@@ -89,11 +104,57 @@ fn string<'a>(v: &'a Value, param: &str) -> Result<&'a str, ApiError> {
 
 /// `model`, when given, must be a string; any name is served by the one loaded model (as
 /// llama.cpp's server does), so a client configured for another server still works.
-fn check_model(o: &Map<String, Value>) -> Result<(), ApiError> {
+pub(crate) fn check_model(o: &Map<String, Value>) -> Result<(), ApiError> {
     match field(o, "model") {
         None | Some(Value::String(_)) => Ok(()),
         Some(_) => Err(ApiError::invalid("model", "'model' must be a string")),
     }
+}
+
+/// The sampling fields every surface shares, read from `o` under their OpenAI names (Ollama's
+/// `options` use the same ones); `prefix` is where `o` sits in the body, for error messages.
+pub(crate) fn sampling(o: &Map<String, Value>, prefix: &str, s: &mut SamplingParams) -> Result<(), ApiError> {
+    if let Some(t) = number_in(o, prefix, "temperature", 0.0, 2.0)? {
+        s.temperature = t as f32;
+    }
+    if let Some(p) = number_in(o, prefix, "top_p", 0.0, 1.0)? {
+        s.top_p = p as f32;
+    }
+    // Not OpenAI's, but llama.cpp's server takes them and clients send them.
+    if let Some(k) = integer_in(o, prefix, "top_k", 0)? {
+        s.top_k = usize::try_from(k).unwrap_or(usize::MAX);
+    }
+    if let Some(p) = number_in(o, prefix, "min_p", 0.0, 1.0)? {
+        s.min_p = p as f32;
+    }
+    if let Some(p) = number_in(o, prefix, "presence_penalty", -2.0, 2.0)? {
+        s.presence_penalty = p as f32;
+    }
+    if let Some(p) = number_in(o, prefix, "frequency_penalty", -2.0, 2.0)? {
+        s.frequency_penalty = p as f32;
+    }
+    if let Some(v) = field(o, "seed") {
+        // OpenAI takes any 64-bit integer; a negative one is as good a seed as its bits.
+        let p = format!("{prefix}seed");
+        s.seed = v.as_i64().map(|n| n as u64).or_else(|| v.as_u64()).ok_or_else(|| ApiError::invalid(&p, format!("'{p}' must be an integer")))?;
+    }
+    Ok(())
+}
+
+/// `stop`: a string or at most `max` strings, none empty.
+pub(crate) fn stops(o: &Map<String, Value>, prefix: &str, max: usize) -> Result<Vec<String>, ApiError> {
+    let p = format!("{prefix}stop");
+    let stop = match field(o, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= max => a.iter().map(|v| string(v, &p).map(str::to_string)).collect::<Result<_, _>>()?,
+        Some(Value::Array(_)) => return Err(ApiError::invalid(&p, format!("'{p}' takes at most {max} strings"))),
+        Some(_) => return Err(ApiError::invalid(&p, format!("'{p}' must be a string or an array of strings"))),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(&p, "a stop string must not be empty"));
+    }
+    Ok(stop)
 }
 
 /// What every generation endpoint shares: sampling, stop strings, token budget, streaming, and
@@ -112,40 +173,8 @@ fn common(o: &Map<String, Value>, default_max_tokens: usize) -> Result<(Generate
             params.max_tokens = usize::try_from(n).unwrap_or(usize::MAX);
         }
     }
-    let s = &mut params.sampling;
-    if let Some(t) = number(o, "temperature", 0.0, 2.0)? {
-        s.temperature = t as f32;
-    }
-    if let Some(p) = number(o, "top_p", 0.0, 1.0)? {
-        s.top_p = p as f32;
-    }
-    // Not OpenAI's, but llama.cpp's server takes them and clients send them.
-    if let Some(k) = integer(o, "top_k", 0)? {
-        s.top_k = usize::try_from(k).unwrap_or(usize::MAX);
-    }
-    if let Some(p) = number(o, "min_p", 0.0, 1.0)? {
-        s.min_p = p as f32;
-    }
-    if let Some(p) = number(o, "presence_penalty", -2.0, 2.0)? {
-        s.presence_penalty = p as f32;
-    }
-    if let Some(p) = number(o, "frequency_penalty", -2.0, 2.0)? {
-        s.frequency_penalty = p as f32;
-    }
-    if let Some(v) = field(o, "seed") {
-        // OpenAI takes any 64-bit integer; a negative one is as good a seed as its bits.
-        s.seed = v.as_i64().map(|n| n as u64).or_else(|| v.as_u64()).ok_or_else(|| ApiError::invalid("seed", "'seed' must be an integer"))?;
-    }
-    params.stop = match field(o, "stop") {
-        None => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) if a.len() <= MAX_STOPS => a.iter().map(|v| string(v, "stop").map(str::to_string)).collect::<Result<_, _>>()?,
-        Some(Value::Array(_)) => return Err(ApiError::invalid("stop", format!("'stop' takes at most {MAX_STOPS} strings"))),
-        Some(_) => return Err(ApiError::invalid("stop", "'stop' must be a string or an array of strings")),
-    };
-    if params.stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "a stop string must not be empty"));
-    }
+    sampling(o, "", &mut params.sampling)?;
+    params.stop = stops(o, "", MAX_STOPS)?;
     let stream = boolean(o, "stream")?;
     let include_usage = match field(o, "stream_options") {
         None => false,
@@ -162,7 +191,7 @@ const COMPLETIONS_MAX_LOGPROBS: i64 = 5;
 
 /// Chat: `logprobs` (a boolean) and `top_logprobs` (0..=20, only with `logprobs: true`), as
 /// how many alternatives each token's log-probability comes with.
-fn chat_logprobs(o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+pub(crate) fn chat_logprobs(o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
     let on = boolean(o, "logprobs")?;
     let top = integer(o, "top_logprobs", 0)?;
     match top {
@@ -205,6 +234,22 @@ fn content_text(v: Option<&Value>, param: &str) -> Result<String, ApiError> {
     }
 }
 
+/// `messages[i]`: its name for errors, the object, and its role.
+pub(crate) fn message(i: usize, m: &Value) -> Result<(String, &Map<String, Value>, &'static str), ApiError> {
+    let param = format!("messages[{i}]");
+    let m = m.as_object().ok_or_else(|| ApiError::invalid(&param, format!("'{param}' must be an object")))?;
+    let role = match m.get("role").and_then(Value::as_str) {
+        // OpenAI's newer name for the system role; chat templates know `system`.
+        Some("developer" | "system") => "system",
+        Some("user") => "user",
+        Some("assistant") => "assistant",
+        Some("tool") => "tool",
+        Some(r) => return Err(ApiError::invalid(&format!("{param}.role"), format!("unknown role '{r}'"))),
+        None => return Err(ApiError::invalid(&format!("{param}.role"), "'role' is required and must be a string")),
+    };
+    Ok((param, m, role))
+}
+
 fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match field(o, "messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
@@ -215,15 +260,7 @@ fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
     list.iter()
         .enumerate()
         .map(|(i, m)| {
-            let param = format!("messages[{i}]");
-            let m = m.as_object().ok_or_else(|| ApiError::invalid(&param, format!("'{param}' must be an object")))?;
-            let role = match m.get("role").and_then(Value::as_str) {
-                // OpenAI's newer name for the system role; chat templates know `system`.
-                Some("developer") => "system",
-                Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
-                Some(r) => return Err(ApiError::invalid(&format!("{param}.role"), format!("unknown role '{r}'"))),
-                None => return Err(ApiError::invalid(&format!("{param}.role"), "'role' is required and must be a string")),
-            };
+            let (param, m, role) = message(i, m)?;
             let mut msg = ChatMessage::new(role, content_text(m.get("content"), &format!("{param}.content"))?);
             if let Some(calls) = field(m, "tool_calls") {
                 let at = format!("{param}.tool_calls");
@@ -252,7 +289,7 @@ fn messages(o: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
-fn response_format(o: &Map<String, Value>) -> Result<Option<Constraint>, ApiError> {
+pub(crate) fn response_format(o: &Map<String, Value>) -> Result<Option<Constraint>, ApiError> {
     let Some(rf) = field(o, "response_format") else { return Ok(None) };
     let bad = || ApiError::invalid("response_format", "'response_format' must be { type: 'text' | 'json_object' | 'json_schema', ... }");
     let rf = rf.as_object().ok_or_else(bad)?;
@@ -271,7 +308,7 @@ fn response_format(o: &Map<String, Value>) -> Result<Option<Constraint>, ApiErro
     }
 }
 
-fn tools(o: &Map<String, Value>) -> Result<(Vec<Tool>, ToolChoice), ApiError> {
+pub(crate) fn tools(o: &Map<String, Value>) -> Result<(Vec<Tool>, ToolChoice), ApiError> {
     let tools = match field(o, "tools") {
         None => Vec::new(),
         Some(Value::Array(a)) => a
@@ -374,16 +411,8 @@ pub fn completion_request(o: &Map<String, Value>) -> Result<GenerationBody, ApiE
     Ok(GenerationBody { prompt, params, stream, include_usage })
 }
 
-/// A read embeddings request.
-#[derive(Debug)]
-pub struct EmbeddingsBody {
-    pub texts: Vec<String>,
-    pub base64: bool,
-}
-
-/// `POST /v1/embeddings`. `dim` is the model's embedding width: `dimensions` may only repeat it.
-pub fn embeddings_request(o: &Map<String, Value>, dim: usize) -> Result<EmbeddingsBody, ApiError> {
-    check_model(o)?;
+/// `input`: a string or 1..=[`MAX_EMBED_INPUTS`] strings.
+pub(crate) fn embed_inputs(o: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
     let texts: Vec<String> = match field(o, "input") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) if !a.is_empty() && a.len() <= MAX_EMBED_INPUTS => a
@@ -395,6 +424,20 @@ pub fn embeddings_request(o: &Map<String, Value>, dim: usize) -> Result<Embeddin
         Some(_) => return Err(ApiError::invalid("input", "'input' must be a string or an array of strings")),
         None => return Err(ApiError::invalid("input", "'input' is required")),
     };
+    Ok(texts)
+}
+
+/// A read embeddings request.
+#[derive(Debug)]
+pub struct EmbeddingsBody {
+    pub texts: Vec<String>,
+    pub base64: bool,
+}
+
+/// `POST /v1/embeddings`. `dim` is the model's embedding width: `dimensions` may only repeat it.
+pub fn embeddings_request(o: &Map<String, Value>, dim: usize) -> Result<EmbeddingsBody, ApiError> {
+    check_model(o)?;
+    let texts = embed_inputs(o)?;
     let base64 = match field(o, "encoding_format").map(|v| v.as_str()) {
         None | Some(Some("float")) => false,
         Some(Some("base64")) => true,
@@ -413,7 +456,7 @@ pub fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn finish_reason(c: &Completion) -> &'static str {
+pub(crate) fn finish_reason(c: &Completion) -> &'static str {
     if !c.tool_calls.is_empty() {
         return "tool_calls";
     }
@@ -445,7 +488,7 @@ fn tool_calls_json(calls: &[ToolCall], with_index: bool) -> Value {
 }
 
 /// A log-probability as JSON: a token the model rules out (`-inf`) as -9999, as OpenAI does.
-fn logprob_value(lp: f64) -> Value {
+pub(crate) fn logprob_value(lp: f64) -> Value {
     json!(if lp.is_finite() { lp } else { -9999.0 })
 }
 
@@ -610,10 +653,11 @@ pub fn embeddings_json(model: &str, vectors: &[Vec<f32>], base64: bool, prompt_t
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn obj(v: Value) -> Map<String, Value> {
+    /// A test body as the object `parse_object` would give.
+    pub(crate) fn obj(v: Value) -> Map<String, Value> {
         match v {
             Value::Object(m) => m,
             _ => unreachable!("test bodies are objects"),

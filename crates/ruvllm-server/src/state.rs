@@ -10,6 +10,8 @@ use subtle::ConstantTimeEq;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ApiError;
+use crate::handlers::{Cors, ModelFile};
+use crate::metrics::Metrics;
 use crate::ServerOptions;
 
 pub struct State {
@@ -21,6 +23,11 @@ pub struct State {
     pub created: u64,
     pub chat_template: Option<String>,
     pub chat_stops: Vec<String>,
+    pub metrics: Arc<Metrics>,
+    /// `None`: CORS off (no `Access-Control-*` headers, `OPTIONS` is not answered).
+    pub cors: Option<Cors>,
+    /// The served file, as `/api/tags` describes it.
+    pub file: ModelFile,
     /// SHA-256 of the API key: comparing digests takes the same time whatever the key's length
     /// and wherever a guess first differs.
     key_digest: Option<[u8; 32]>,
@@ -56,9 +63,12 @@ fn digest(s: &str) -> [u8; 32] {
 }
 
 impl State {
-    pub fn new(engine: Arc<Engine>, o: &ServerOptions) -> State {
+    pub fn new(engine: Arc<Engine>, o: &ServerOptions, cors: Option<Cors>) -> State {
         let info = engine.info();
         State {
+            file: ModelFile::stat(&info.path),
+            metrics: Arc::new(Metrics::default()),
+            cors,
             context: info.context_length,
             embedding_length: info.embedding_length,
             engine,
