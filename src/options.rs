@@ -506,9 +506,11 @@ pub fn load_fetch_options(v: Option<Val>) -> Res<FetchOptions> {
 }
 
 /// `llm.tokenize(_, opts)`.
-pub fn tokenize_options(v: Option<Val>) -> Res<bool> {
-  let bag = option_bag(v, "tokenize", &["addSpecial"])?;
-  Ok(boolean(bag, "addSpecial")?.unwrap_or(true))
+/// `llm.tokenize(_, opts)`: whether to add special tokens (text), the chat template and the
+/// tools (chat messages).
+pub fn tokenize_options(v: Option<Val>) -> Res<(bool, Option<String>, Vec<Tool>)> {
+  let bag = option_bag(v, "tokenize", &["addSpecial", "chatTemplate", "tools"])?;
+  Ok((boolean(bag, "addSpecial")?.unwrap_or(true), chat_template_opt(bag)?, tool_options(bag)?.0))
 }
 
 /// `llm.tokenize(text)`.

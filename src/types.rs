@@ -416,7 +416,13 @@ pub struct ScoreOptions {
 #[napi(object, object_to_js = false)]
 pub struct TokenizeOptions {
   /// Add the model's special tokens (BOS for Gemma and Llama), as generation does. Default true.
+  /// Text only: chat messages get what their template writes.
   pub add_special: Option<bool>,
+  /// Chat messages only: the Jinja chat template to render them with (default: the model's).
+  pub chat_template: Option<String>,
+  /// Chat messages only: the tools offered with them, as `generate` renders them.
+  #[napi(ts_type = "Array<{ type: 'function', function: { name: string, description?: string, parameters?: Record<string, unknown> } }>")]
+  pub tools: Option<serde_json::Value>,
 }
 
 /// One piece of generated output.
