@@ -275,7 +275,8 @@ describe('serve: llama-server flag spellings', () => {
     dir = mkdtempSync(join(tmpdir(), 'ruvllm-serve-'))
     const adapter = join(dir, 'adapter.gguf')
     const meta = llm.metadata() as Record<string, any>
-    writeLoraGguf(adapter, meta['general.architecture'], 16, 8, randomFactors(shapeOf(meta), 8, 0.03, 7n))
+    // Random factors large enough that the greedy continuation changes (checked below).
+    writeLoraGguf(adapter, meta['general.architecture'], 16, 8, randomFactors(shapeOf(meta), 8, 0.3, 7n))
     const args = [CLI, 'serve', '-m', modelPath(), '--port', '0', '-c', '512', '-np', '2', '-a', 'aliased', '--lora', adapter, '--threads', '2']
     const child = spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'pipe'] })
     let stderr = ''
@@ -292,11 +293,12 @@ describe('serve: llama-server flag spellings', () => {
       expect(models.data[0].id).toBe('aliased')
       expect(models.data[0].meta.context_length).toBe(512)
       expect((await (await fetch(`${url}/health`)).json()).parallel).toBe(2)
-      // The adapter is applied: the served text is the library's with the same adapter.
+      // The adapter is applied: the served text is the library's with the same adapter, not the base model's.
       const prompt = 'The capital of France is Paris. The capital of Germany is'
       const served = await new Ollama({ host: url }).generate({ model: 'aliased', prompt, raw: true, options: greedy(8) })
       const withAdapter = await llm.loadAdapter(adapter)
       expect(served.response).toBe(await direct(prompt, 8, { adapters: [withAdapter] }))
+      expect(served.response).not.toBe(await direct(prompt, 8))
     } finally {
       const exited = new Promise((r) => child.on('exit', (code, signal) => r({ code, signal })))
       child.kill('SIGINT')
