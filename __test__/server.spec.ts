@@ -5,6 +5,7 @@ import OpenAI from 'openai'
 import Ajv from 'ajv'
 import { basename, join } from 'node:path'
 import { spawn, spawnSync } from 'node:child_process'
+import { Agent, request } from 'node:http'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { addon, LLM, modelPath, ROOT, templates, type LLMType } from './helpers.js'
 
@@ -37,6 +38,9 @@ async function waitIdle() {
     await new Promise((r) => setTimeout(r, 20))
   }
 }
+
+/** The openai client's promise as a plain Promise: Bun's `expect(…).rejects` does not wait for its own promise class. */
+const native = <T>(p: PromiseLike<T>): Promise<T> => Promise.resolve(p)
 
 describe('server: the openai client', () => {
   it('answers a chat completion with usage', async () => {
@@ -119,7 +123,7 @@ describe('server: the openai client', () => {
     expect(r.choices[0].logprobs).not.toBeNull()
     const none = await client.chat.completions.create({ ...body, logprobs: false, top_logprobs: undefined })
     expect(none.choices[0].logprobs).toBeNull()
-    await expect(client.chat.completions.create({ ...body, top_logprobs: 30 })).rejects.toMatchObject({ status: 400 })
+    await expect(native(client.chat.completions.create({ ...body, top_logprobs: 30 }))).rejects.toMatchObject({ status: 400 })
   })
 
   it('embeds (base64, as the client asks by default, and float)', async () => {
@@ -169,6 +173,21 @@ describe('server: errors', () => {
     await bad(client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'x'.repeat(70 * 1024) }] }), 413, 'ERR_BODY_TOO_LARGE')
   })
 
+  it('says it closes a connection whose request body it did not read', async () => {
+    // A keep-alive client would otherwise send its next request into a socket the server closes.
+    const answer = (body: string) =>
+      new Promise<{ status?: number; connection?: string }>((resolve, reject) => {
+        const req = request(`${server.url}/v1/chat/completions`, { method: 'POST', agent: new Agent({ keepAlive: true }), headers: { 'content-type': 'application/json' } }, (res) => {
+          res.resume()
+          res.on('end', () => resolve({ status: res.statusCode, connection: res.headers.connection }))
+        })
+        req.on('error', reject)
+        req.end(body)
+      })
+    expect(await answer(JSON.stringify({ messages: [{ role: 'user', content: 'x'.repeat(70 * 1024) }] }))).toEqual({ status: 413, connection: 'close' })
+    expect((await answer('{"messages": [')).connection).not.toBe('close')
+  })
+
   it('answers malformed JSON, unknown paths and wrong methods with coded errors', async () => {
     const post = (path: string, body: string) => fetch(`${server.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body })
     let r = await post('/v1/chat/completions', '{"messages": [')
@@ -211,7 +230,7 @@ describe('server: a model by path, with an API key', () => {
     const keyed = await createServer({ model: modelPath(), load: { contextSize: 512 }, port: 0, apiKey: 's3cret', ...chat })
     try {
       const wrong = new OpenAI({ baseURL: `${keyed.url}/v1`, apiKey: 'nope', maxRetries: 0 })
-      await expect(wrong.models.list()).rejects.toMatchObject({ status: 401, code: 'ERR_UNAUTHORIZED' })
+      await expect(native(wrong.models.list())).rejects.toMatchObject({ status: 401, code: 'ERR_UNAUTHORIZED' })
       const right = new OpenAI({ baseURL: `${keyed.url}/v1`, apiKey: 's3cret', maxRetries: 0 })
       expect((await right.models.list()).data[0].id).toBe(basename(modelPath()).replace(/\.gguf$/, ''))
       const stream = await right.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Tell a long story.' }], max_tokens: 400, stream: true })
@@ -345,7 +364,7 @@ describe('server: structured output', () => {
       messages: [{ role: 'user', content: 'x' }],
       response_format: { type: 'json_schema', json_schema: { name: 'bad', schema: { type: 'nonsense' } } },
     })
-    await expect(p).rejects.toMatchObject({ status: 400, code: 'ERR_GRAMMAR' })
+    await expect(native(p)).rejects.toMatchObject({ status: 400, code: 'ERR_GRAMMAR' })
   })
 
   it('tools: a required call comes back as tool_calls with valid arguments, streamed too, and goes back as history', async () => {

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, ORIGIN, TRANSFER_ENCODING};
 use hyper::{Method, Request, Response, StatusCode};
 use ruvllm_core::engine::{Completion, EmbedRequest, Event, FinishReason, GenerateRequest};
 use serde_json::{json, Map, Value};
@@ -59,10 +59,20 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Respons
     let path = route_path(req.uri().path()).to_string();
     let ollama = path.starts_with("/api/");
     let origin = req.headers().get(ORIGIN).cloned();
+    let has_body = req.headers().contains_key(TRANSFER_ENCODING) || req.headers().get(CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0");
     let fut = AssertUnwindSafe(route(state.clone(), req, &path));
     let mut resp = match futures_catch(fut).await {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => error_response(&e, ollama),
+        Ok(Err(e)) => {
+            let mut r = error_response(&e, ollama);
+            // These answers come before the body is read (or while it is being read): the
+            // connection cannot carry another request, and saying so keeps a client that pools
+            // connections (Bun's fetch does) from sending its next request into a closed socket.
+            if has_body && matches!(e.status, 401 | 404 | 405 | 408 | 413) {
+                r.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+            }
+            r
+        }
         Err(msg) => error_response(&ApiError::internal(format!("internal error: {msg}")), ollama),
     };
     state.metrics.count_request(metrics::endpoint_index(&path), resp.status().as_u16());
