@@ -9,7 +9,7 @@
 const fs = require('node:fs')
 const path = require('node:path')
 const cli = require('./cli.js')
-const { templates: builtinTemplates, stops: builtinStops } = require('../chat-templates.js')
+const { templates: builtinTemplates, stops: builtinStops } = require('../../lib/chat-templates.js')
 
 const { UsageError, parse } = cli
 
