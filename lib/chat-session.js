@@ -83,7 +83,6 @@ class ChatSession {
   #template
   #shift
   #defaults
-  #functions
   #handlers
   #tools
   #maxToolRounds
@@ -118,7 +117,6 @@ class ChatSession {
     this.#template = resolveTemplate(llm, chatTemplate)
     this.#shift = contextShift
     this.#defaults = defaults
-    this.#functions = functions
     const f = readFunctions(functions)
     this.#tools = f.tools
     this.#handlers = f.handlers
